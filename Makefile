@@ -1,0 +1,52 @@
+# The two commands (see README): `make run` and `make test`. Everything else is their plumbing.
+# Both install what they need: Debian packages via apt when missing, Python packages into .venv,
+# the rhea test client via npm.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 5672
+HTTP_PORT ?= 8080
+REDIS_URL ?=
+
+.PHONY: run test lint unit system-deps venv node-deps bench clean
+
+run: venv
+	$(VENV)/bin/shoal-broker --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP_PORT) \
+		$(if $(REDIS_URL),--redis-url $(REDIS_URL),--data-dir .data/redis)
+
+test: venv node-deps lint
+	$(PY) -m pytest -p no:cacheprovider
+
+lint: venv
+	$(VENV)/bin/ruff check broker operator analytics tests bench
+	$(VENV)/bin/ruff format --check broker operator analytics tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+unit: venv
+	$(PY) -m pytest -p no:cacheprovider tests/unit
+
+# Debian packages, installed only when missing.
+system-deps: .stamp-system
+.stamp-system: scripts/ensure-system-deps.sh
+	PYTHON=$(PYTHON) bash scripts/ensure-system-deps.sh
+	@touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml .stamp-system
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[broker,dev]'
+	@touch $@
+
+node-deps: tests/rhea/node_modules/.installed
+tests/rhea/node_modules/.installed: tests/rhea/package.json tests/rhea/package-lock.json .stamp-system
+	cd tests/rhea && npm ci --silent --no-audit --no-fund
+	@touch $@
+
+bench: venv
+	bash bench/run.sh
+
+clean:
+	rm -rf $(VENV) .stamp-system tests/rhea/node_modules .mypy_cache .ruff_cache .import_linter_cache

@@ -1,0 +1,345 @@
+"""
+Just enough of the AMQP 1.0 type system to route a message without re-encoding it.
+
+The bare message is immutable (AMQP 1.0 §3.2): the broker stores the bytes it received and
+delivers them unchanged. Routing needs a few fields from the header, the message annotations and
+the properties, so this module walks the encoded sections, decodes those three small sections and
+skips everything else by its encoded width. Decoding a whole message through proton's ``Message``
+would cost tens of microseconds and re-encoding it would lose fidelity.
+
+Written by hand, not through proton's ``Data``: this runs once per message on the hot path, and
+the walk is the part of AMQP's type system that never changes (Part 1 §1.6).
+"""
+
+import dataclasses
+import struct
+import uuid
+from typing import Any, Final
+
+# Section descriptors (AMQP 1.0 Part 3 §3.2).
+HEADER: Final = 0x70
+DELIVERY_ANNOTATIONS: Final = 0x71
+MESSAGE_ANNOTATIONS: Final = 0x72
+PROPERTIES: Final = 0x73
+APPLICATION_PROPERTIES: Final = 0x74
+DATA: Final = 0x75
+AMQP_SEQUENCE: Final = 0x76
+AMQP_VALUE: Final = 0x77
+FOOTER: Final = 0x78
+
+_SECTION_SYMBOLS: Final = {
+    b'amqp:header:list': HEADER,
+    b'amqp:delivery-annotations:map': DELIVERY_ANNOTATIONS,
+    b'amqp:message-annotations:map': MESSAGE_ANNOTATIONS,
+    b'amqp:properties:list': PROPERTIES,
+    b'amqp:application-properties:map': APPLICATION_PROPERTIES,
+    b'amqp:data:binary': DATA,
+    b'amqp:amqp-sequence:list': AMQP_SEQUENCE,
+    b'amqp:amqp-value:*': AMQP_VALUE,
+    b'amqp:footer:map': FOOTER,
+}
+
+DEFAULT_PRIORITY: Final = 4
+
+
+class DecodeError(ValueError):
+    """The bytes are not a well-formed AMQP message."""
+
+
+class Symbol(str):
+    """An AMQP symbol, kept apart from strings so annotation keys stay symbols."""
+
+    __slots__ = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Described:
+    descriptor: Any
+    value: Any
+
+
+# Width of the size/count prefix for variable, compound and array encodings, by high nibble.
+_FIXED_WIDTH: Final = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}
+_VAR_WIDTH: Final = {0xA: 1, 0xB: 4, 0xC: 1, 0xD: 4, 0xE: 1, 0xF: 4}
+
+
+def skip(buf: bytes, pos: int) -> int:
+    """Return the position just after the encoded value starting at ``pos``."""
+    try:
+        code = buf[pos]
+        if code == 0x00:
+            return skip(buf, skip(buf, pos + 1))
+        nibble = code >> 4
+        fixed = _FIXED_WIDTH.get(nibble)
+        if fixed is not None:
+            end = pos + 1 + fixed
+        elif nibble in (0xA, 0xC, 0xE):
+            end = pos + 2 + buf[pos + 1]
+        elif nibble in (0xB, 0xD, 0xF):
+            end = pos + 5 + int.from_bytes(buf[pos + 1 : pos + 5], 'big')
+        else:
+            raise DecodeError(f'unknown AMQP type constructor 0x{code:02x} at {pos}')
+    except IndexError as exc:
+        raise DecodeError(f'truncated value at {pos}') from exc
+    if end > len(buf):
+        raise DecodeError(f'value at {pos} runs past the end of the message')
+    return end
+
+
+def decode(buf: bytes, pos: int) -> tuple[Any, int]:  # noqa: C901 - one branch per AMQP type family
+    """Decode the value at ``pos``; return it and the position after it."""
+    end = skip(buf, pos)
+    code = buf[pos]
+    if code == 0x00:
+        descriptor, vpos = decode(buf, pos + 1)
+        value, _ = decode(buf, vpos)
+        return Described(descriptor, value), end
+    if code == 0x40:
+        return None, end
+    if code in (0x41, 0x42):
+        return code == 0x41, end
+    if code in (0x43, 0x44):
+        return 0, end
+    if code == 0x45:
+        return [], end
+    if code == 0x56:
+        return buf[pos + 1] != 0, end
+    if code in (0x50, 0x52, 0x53, 0x60, 0x70, 0x80, 0x83):
+        return int.from_bytes(buf[pos + 1 : end], 'big'), end
+    if code in (0x51, 0x54, 0x55, 0x61, 0x71, 0x81):
+        return int.from_bytes(buf[pos + 1 : end], 'big', signed=True), end
+    if code == 0x72:
+        return struct.unpack_from('>f', buf, pos + 1)[0], end
+    if code == 0x82:
+        return struct.unpack_from('>d', buf, pos + 1)[0], end
+    if code == 0x73:
+        return chr(int.from_bytes(buf[pos + 1 : end], 'big')), end
+    if code == 0x98:
+        return uuid.UUID(bytes=bytes(buf[pos + 1 : end])), end
+    if code in (0xA0, 0xA1, 0xA3):
+        return _variable(code, bytes(buf[pos + 2 : end])), end
+    if code in (0xB0, 0xB1, 0xB3):
+        return _variable(code, bytes(buf[pos + 5 : end])), end
+    if code in (0xC0, 0xC1, 0xD0, 0xD1):
+        return _compound(buf, pos, code, end), end
+    # arrays, decimals: not needed for routing; returned raw so callers can still compare them
+    return bytes(buf[pos:end]), end
+
+
+def _variable(code: int, raw: bytes) -> Any:
+    kind = code & 0x0F
+    if kind == 0x0:
+        return raw
+    try:
+        text = raw.decode('utf-8')
+    except UnicodeDecodeError as exc:
+        raise DecodeError('invalid UTF-8 in string or symbol') from exc
+    return Symbol(text) if kind == 0x3 else text
+
+
+def _compound(buf: bytes, pos: int, code: int, end: int) -> Any:
+    wide = code >= 0xD0
+    count = int.from_bytes(buf[pos + 5 : pos + 9], 'big') if wide else buf[pos + 2]
+    p = pos + (9 if wide else 3)
+    items = []
+    for _ in range(count):
+        item, p = decode(buf, p)
+        items.append(item)
+    if p != end:
+        raise DecodeError(f'compound value at {pos} has a wrong size or count')
+    if code in (0xC0, 0xD0):
+        return items
+    if count % 2:
+        raise DecodeError(f'map at {pos} has an odd number of elements')
+    try:
+        return dict(zip(items[::2], items[1::2], strict=True))
+    except TypeError as exc:  # unhashable key
+        raise DecodeError(f'map at {pos} has an unhashable key') from exc
+
+
+def section_code(buf: bytes, pos: int) -> tuple[int, int]:
+    """Return the section descriptor code at ``pos`` and the position of its value."""
+    if buf[pos] != 0x00:
+        raise DecodeError(f'expected a described section at {pos}')
+    descriptor, vpos = decode(buf, pos + 1)
+    if isinstance(descriptor, bytes | str):
+        code = _SECTION_SYMBOLS.get(
+            descriptor.encode() if isinstance(descriptor, str) else descriptor
+        )
+        if code is None:
+            raise DecodeError(f'unknown section descriptor {descriptor!r}')
+        return code, vpos
+    if not isinstance(descriptor, int) or not HEADER <= descriptor <= FOOTER:
+        raise DecodeError(f'unknown section descriptor {descriptor!r}')
+    return descriptor, vpos
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Header:
+    durable: bool = False
+    priority: int = DEFAULT_PRIORITY
+    ttl: int | None = None
+    first_acquirer: bool = False
+    delivery_count: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RoutingView:
+    """What the broker reads from a message; ``header`` and ``rest`` are the stored bytes."""
+
+    header: Header
+    header_bytes: bytes
+    rest: bytes
+    """Message annotations, bare message and footer, byte for byte as received; delivery
+    annotations (one hop only, AMQP §3.2.2) are dropped."""
+    annotations: dict[Any, Any]
+    to: str | None = None
+    absolute_expiry_time: int | None = None
+    creation_time: int | None = None
+
+
+def parse(buf: bytes) -> RoutingView:
+    """Split a received message into stored parts and decode what routing needs."""
+    pos, n = 0, len(buf)
+    header, header_bytes = Header(), b''
+    annotations: dict[Any, Any] = {}
+    props: list[Any] = []
+    rest_start: int | None = None
+    try:
+        while pos < n:
+            code, vpos = section_code(buf, pos)
+            end = skip(buf, vpos)
+            if code == HEADER:
+                header, header_bytes = _header(decode(buf, vpos)[0]), bytes(buf[pos:end])
+            elif code == DELIVERY_ANNOTATIONS:
+                pass
+            else:
+                if rest_start is None:
+                    rest_start = pos
+                if code == MESSAGE_ANNOTATIONS:
+                    value = decode(buf, vpos)[0]
+                    annotations = value if isinstance(value, dict) else {}
+                elif code == PROPERTIES:
+                    value = decode(buf, vpos)[0]
+                    props = value if isinstance(value, list) else []
+                    break
+                else:
+                    break
+            pos = end
+    except IndexError as exc:
+        raise DecodeError('truncated section') from exc
+    props += [None] * (10 - len(props))
+    to = props[2] if isinstance(props[2], str) else None
+    return RoutingView(
+        header=header,
+        header_bytes=header_bytes,
+        rest=bytes(buf[rest_start:]) if rest_start is not None else b'',
+        annotations=annotations,
+        to=to,
+        absolute_expiry_time=props[8] if isinstance(props[8], int) else None,
+        creation_time=props[9] if isinstance(props[9], int) else None,
+    )
+
+
+def _header(fields: Any) -> Header:
+    if not isinstance(fields, list):
+        raise DecodeError('header section is not a list')
+    f = [*fields, None, None, None, None, None][:5]
+    return Header(
+        durable=bool(f[0]),
+        priority=f[1] if isinstance(f[1], int) else DEFAULT_PRIORITY,
+        ttl=f[2] if isinstance(f[2], int) else None,
+        first_acquirer=bool(f[3]),
+        delivery_count=f[4] if isinstance(f[4], int) else 0,
+    )
+
+
+def encode_header(header: Header) -> bytes:
+    """Encode a header section, leaving trailing default fields out as AMQP allows."""
+    fields = [
+        b'\x41' if header.durable else b'\x42',
+        b'\x50' + bytes([header.priority]),
+        b'\x40' if header.ttl is None else b'\x70' + header.ttl.to_bytes(4, 'big'),
+        b'\x41' if header.first_acquirer else b'\x42',
+        b'\x70' + header.delivery_count.to_bytes(4, 'big'),
+    ]
+    defaults = [b'\x42', b'\x50\x04', b'\x40', b'\x42', b'\x70\x00\x00\x00\x00']
+    while fields and fields[-1] == defaults[len(fields) - 1]:
+        fields.pop()
+    body = b''.join(fields)
+    return b'\x00\x53\x70' + _list(body, len(fields))
+
+
+def redelivery_header(header_bytes: bytes, delivery_count: int) -> bytes:
+    """The header to send for a delivery: the stored one, with ``delivery_count`` set."""
+    if header_bytes:
+        code, vpos = section_code(header_bytes, 0)
+        header = _header(decode(header_bytes, vpos)[0])
+        if header.delivery_count == delivery_count:
+            return header_bytes
+    else:
+        if delivery_count == 0:
+            return b''
+        header = Header()
+    return encode_header(dataclasses.replace(header, delivery_count=delivery_count))
+
+
+def _list(body: bytes, count: int) -> bytes:
+    if count == 0:
+        return b'\x45'
+    if len(body) + 1 < 256 and count < 256:
+        return b'\xc0' + bytes([len(body) + 1, count]) + body
+    return b'\xd0' + (len(body) + 4).to_bytes(4, 'big') + count.to_bytes(4, 'big') + body
+
+
+def encode_symbol(text: str) -> bytes:
+    raw = text.encode()
+    if len(raw) < 256:
+        return b'\xa3' + bytes([len(raw)]) + raw
+    return b'\xb3' + len(raw).to_bytes(4, 'big') + raw
+
+
+def encode_string(text: str) -> bytes:
+    raw = text.encode()
+    if len(raw) < 256:
+        return b'\xa1' + bytes([len(raw)]) + raw
+    return b'\xb1' + len(raw).to_bytes(4, 'big') + raw
+
+
+def with_annotations(rest: bytes, extra: dict[str, str]) -> bytes:
+    """
+    Add symbol-keyed string annotations to the message-annotations section of ``rest``.
+
+    The existing entries are copied as encoded bytes, so their AMQP types are unchanged; the
+    bare message after the section is untouched. Used when dead-lettering a message.
+    """
+    pairs: list[bytes] = []
+    count = 0
+    pos = 0
+    if rest:
+        code, vpos = section_code(rest, 0)
+        if code == MESSAGE_ANNOTATIONS:
+            end = skip(rest, vpos)
+            pairs.append(_map_entries(rest, vpos, end))
+            count = _map_count(rest, vpos)
+            pos = end
+    for key, value in extra.items():
+        pairs.append(encode_symbol(key) + encode_string(value))
+        count += 2
+    body = b''.join(pairs)
+    encoded = b'\xd1' + (len(body) + 4).to_bytes(4, 'big') + count.to_bytes(4, 'big') + body
+    return b'\x00\x53\x72' + encoded + rest[pos:]
+
+
+def _map_count(buf: bytes, pos: int) -> int:
+    code = buf[pos]
+    if code == 0xC1:
+        return buf[pos + 2]
+    if code == 0xD1:
+        return int.from_bytes(buf[pos + 5 : pos + 9], 'big')
+    raise DecodeError('message-annotations section is not a map')
+
+
+def _map_entries(buf: bytes, pos: int, end: int) -> bytes:
+    code = buf[pos]
+    return bytes(buf[pos + (3 if code == 0xC1 else 9) : end])

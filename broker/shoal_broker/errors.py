@@ -1,0 +1,57 @@
+"""
+Failures the broker reports to its peers.
+
+Each class names the AMQP 1.0 error condition a peer receives, so the protocol edge never
+guesses. Library errors (redis, socket) are wrapped by the edge that sees them and chained as
+``__cause__``; nothing above the store knows that Redis exists.
+"""
+
+from typing import ClassVar
+
+
+class BrokerError(Exception):
+    """A failure a peer should hear about. ``condition`` is its AMQP error symbol."""
+
+    condition: ClassVar[str] = 'amqp:internal-error'
+
+
+class AddressNotFound(BrokerError):
+    """The address does not exist and may not be created implicitly."""
+
+    condition = 'amqp:not-found'
+
+
+class InvalidField(BrokerError):
+    """A frame or message field has a value the broker cannot accept."""
+
+    condition = 'amqp:invalid-field'
+
+
+class NotAllowed(BrokerError):
+    """The request is well formed but contradicts the state of the node it names."""
+
+    condition = 'amqp:not-allowed'
+
+
+class NotImplementedByBroker(BrokerError):
+    """A legal AMQP feature this broker does not offer."""
+
+    condition = 'amqp:not-implemented'
+
+
+class ResourceLimitExceeded(BrokerError):
+    """A configured limit was reached."""
+
+    condition = 'amqp:resource-limit-exceeded'
+
+
+class MessageSizeExceeded(BrokerError):
+    """A message is larger than the broker's maximum message size."""
+
+    condition = 'amqp:link:message-size-exceeded'
+
+
+class StoreUnavailable(BrokerError):
+    """Redis did not answer or refused the operation; nothing was acknowledged to anyone."""
+
+    condition = 'amqp:resource-limit-exceeded'

@@ -1,0 +1,113 @@
+"""
+The persistence port: what the protocol edge needs from the store.
+
+Implemented by :mod:`shoal_broker.store.redisstore`; the AMQP edge is handed an instance by
+:mod:`shoal_broker.app` and never imports the implementation. Calls that sit on the per-message
+path (``publish``, ``fetch``, ``ack``, ``release``) return awaitables and are batched by the store
+into one Redis round trip per event-loop turn; none of them costs a round trip of its own.
+"""
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from shoal_broker.settings import AddressKind
+
+NORMAL_BAND = 0
+HIGH_BAND = 1
+BANDS = (HIGH_BAND, NORMAL_BAND)
+"""Priority bands in the order consumers are served."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """A message as stored: encoded header, and everything after it byte for byte."""
+
+    band: int
+    header: bytes
+    rest: bytes
+    expiry_ms: int = 0
+    """Absolute expiry, ms since the epoch; 0 means never."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """A stored message handed to one replica for delivery to one subscription."""
+
+    id: str
+    """Stream entry id, unique within its band."""
+    band: int
+    header: bytes
+    rest: bytes
+    expiry_ms: int
+    delivery_count: int
+    """Earlier delivery attempts that ended in a failure (AMQP header delivery-count)."""
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.band, self.id)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrowseCursor:
+    """Where a queue browser stands in each band: the last entry id it was shown."""
+
+    positions: tuple[tuple[int, str], ...] = ((HIGH_BAND, '0-0'), (NORMAL_BAND, '0-0'))
+
+
+Notify = Callable[[str], None]
+
+
+class MessageStore(Protocol):
+    async def address_kind(self, address: str) -> AddressKind | None:
+        """The kind of an existing address, or None when it does not exist."""
+        ...
+
+    async def create_address(self, address: str, kind: AddressKind) -> AddressKind:
+        """Create the address if absent; return the kind it has (which may be another)."""
+        ...
+
+    async def delete_address(self, address: str) -> None:
+        """Remove the address with its messages and subscriptions."""
+        ...
+
+    async def create_subscription(self, address: str, group: str, *, from_start: bool) -> None:
+        """Create a subscription; ``from_start`` sees stored messages, else only later ones."""
+        ...
+
+    async def delete_subscription(self, address: str, group: str) -> None:
+        """Remove a subscription and everything it still held."""
+        ...
+
+    def publish(
+        self, address: str, kind: AddressKind, message: OutgoingMessage
+    ) -> Awaitable[bool]:
+        """Append a message; resolves False when a topic had no subscription to keep it."""
+        ...
+
+    def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
+        """Hand up to ``count`` entries of a subscription to this replica: returned ones first,
+        then new ones, high band before normal."""
+        ...
+
+    def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
+        """The entry is consumed: forget it for this subscription."""
+        ...
+
+    def release(
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool
+    ) -> Awaitable[None]:
+        """Make the entry available again to any replica; count a failed attempt if asked."""
+        ...
+
+    def browse(
+        self, address: str, group: str, cursor: BrowseCursor, count: int
+    ) -> Awaitable[tuple[Sequence[Entry], BrowseCursor]]:
+        """Up to ``count`` entries still available on a queue after ``cursor``, unconsumed."""
+        ...
+
+    def watch(self, address: str, notify: Notify) -> None:
+        """Call ``notify(address)`` when another replica adds or returns entries there."""
+        ...
+
+    def unwatch(self, address: str, notify: Notify) -> None: ...

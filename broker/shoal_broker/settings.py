@@ -1,0 +1,182 @@
+"""
+Everything an operator of the broker can tune, with defaults and units.
+
+Built once by ``cli.py`` (command-line options override environment variables, which override
+the defaults here); everything else receives a ``BrokerSettings`` argument. The ``ENV_*`` names
+are a contract with the Kubernetes operator, which renders them into the broker's pod.
+"""
+
+import dataclasses
+import enum
+import os
+import socket
+from collections.abc import Mapping
+
+ENV_LISTEN = 'SHOAL_LISTEN'
+ENV_HTTP = 'SHOAL_HTTP'
+ENV_REDIS_URL = 'SHOAL_REDIS_URL'
+ENV_DATA_DIR = 'SHOAL_DATA_DIR'
+ENV_REPLICA_ID = 'SHOAL_REPLICA_ID'
+ENV_LOG_FORMAT = 'SHOAL_LOG_FORMAT'
+ENV_LOG_LEVEL = 'SHOAL_LOG_LEVEL'
+ENV_IDLE_TIMEOUT = 'SHOAL_IDLE_TIMEOUT_SECONDS'
+ENV_MAX_FRAME_SIZE = 'SHOAL_MAX_FRAME_SIZE'
+ENV_MAX_MESSAGE_SIZE = 'SHOAL_MAX_MESSAGE_SIZE'
+ENV_PRODUCER_CREDIT = 'SHOAL_PRODUCER_CREDIT'
+ENV_AUTO_CREATE_QUEUES = 'SHOAL_AUTO_CREATE_QUEUES'
+ENV_AUTO_CREATE_TOPICS = 'SHOAL_AUTO_CREATE_TOPICS'
+ENV_DEFAULT_ADDRESS_KIND = 'SHOAL_DEFAULT_ADDRESS_KIND'
+ENV_MAX_DELIVERY_ATTEMPTS = 'SHOAL_MAX_DELIVERY_ATTEMPTS'
+ENV_DEAD_LETTER_ADDRESS = 'SHOAL_DEAD_LETTER_ADDRESS'
+ENV_EXPIRY_ADDRESS = 'SHOAL_EXPIRY_ADDRESS'
+ENV_TRIM_INTERVAL = 'SHOAL_TRIM_INTERVAL_SECONDS'
+ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
+
+
+class AddressKind(enum.StrEnum):
+    """How an address distributes messages; fixed when the address is created."""
+
+    QUEUE = 'queue'
+    """Anycast: each message goes to exactly one consumer."""
+    TOPIC = 'topic'
+    """Multicast: each subscription gets its own copy of every later message."""
+
+
+class LogFormat(enum.StrEnum):
+    TEXT = 'text'
+    JSON = 'json'
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AmqpSettings:
+    listen: str = '127.0.0.1:5672'
+    """``HOST:PORT`` of the AMQP acceptor. Pods set ``0.0.0.0:5672``."""
+
+    idle_timeout_seconds: float = 60.0
+    """A connection that sends no frame for this long is closed. Half of it is advertised in Open,
+    so well-behaved peers heartbeat at a quarter of it. Applies only after Open: Qpid JMS may hold
+    an authenticated transport without an Open for minutes."""
+
+    max_frame_size: int = 1024 * 1024
+    """Largest frame accepted or sent, in bytes (Qpid JMS asks for 1 MiB)."""
+
+    max_message_size: int = 64 * 1024 * 1024
+    """Largest message accepted, in bytes; larger ones close the link with
+    ``amqp:link:message-size-exceeded`` and nothing is stored."""
+
+    producer_credit: int = 1000
+    """Link credit each producer link holds at most. Credit is returned only once messages are
+    stored, so this bounds what a producer can have in flight."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RoutingSettings:
+    auto_create_queues: bool = True
+    """Create a queue on first use (attach or anonymous-relay send), as Artemis does."""
+
+    auto_create_topics: bool = True
+    """Create a topic on first use."""
+
+    default_address_kind: AddressKind = AddressKind.QUEUE
+    """Kind given to an auto-created address when the peer states none (no ``queue``/``topic``
+    capability and no ``x-opt-jms-dest`` annotation)."""
+
+    max_delivery_attempts: int = 10
+    """After this many failed deliveries (modified with delivery-failed) a message is
+    dead-lettered. 0 means unlimited."""
+
+    dead_letter_address: str = 'DLQ'
+    """Queue that receives rejected messages and those past ``max_delivery_attempts``. Empty
+    means such messages are dropped (and counted)."""
+
+    expiry_address: str = ''
+    """Queue that receives expired messages. Empty means expired messages are dropped (and
+    counted)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StoreSettings:
+    redis_url: str | None = None
+    """Where all broker state lives. ``None`` starts an embedded ``redis-server`` child process
+    with its data in ``data_dir``."""
+
+    data_dir: str = '.data/redis'
+    """Directory of the embedded Redis's append-only file. Ignored with ``redis_url``."""
+
+    trim_interval_seconds: float = 5.0
+    """How often each replica trims streams below the oldest entry any subscription needs."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BrokerSettings:
+    amqp: AmqpSettings = dataclasses.field(default_factory=AmqpSettings)
+    routing: RoutingSettings = dataclasses.field(default_factory=RoutingSettings)
+    store: StoreSettings = dataclasses.field(default_factory=StoreSettings)
+
+    replica_id: str = dataclasses.field(
+        default_factory=lambda: f'{socket.gethostname()}-{os.getpid()}'
+    )
+    """This process's name in Redis consumer groups and leases; unique per live replica."""
+
+    http: str = '127.0.0.1:8080'
+    """``HOST:PORT`` of the health and metrics endpoint (``/livez``, ``/readyz``, ``/metrics``).
+    Empty disables it."""
+
+    log_format: LogFormat = LogFormat.TEXT
+    """``text`` for people, ``json`` (one object per line) for log collectors."""
+
+    log_level: str = 'INFO'
+
+    shutdown_grace_seconds: float = 10.0
+    """On SIGTERM: how long to wait for in-flight store work before exiting anyway."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> 'BrokerSettings':
+        """Defaults, overridden by whichever ``SHOAL_*`` variables are set."""
+        d = cls()
+        return cls(
+            amqp=AmqpSettings(
+                listen=env.get(ENV_LISTEN, d.amqp.listen),
+                idle_timeout_seconds=float(
+                    env.get(ENV_IDLE_TIMEOUT, d.amqp.idle_timeout_seconds)
+                ),
+                max_frame_size=int(env.get(ENV_MAX_FRAME_SIZE, d.amqp.max_frame_size)),
+                max_message_size=int(env.get(ENV_MAX_MESSAGE_SIZE, d.amqp.max_message_size)),
+                producer_credit=int(env.get(ENV_PRODUCER_CREDIT, d.amqp.producer_credit)),
+            ),
+            routing=RoutingSettings(
+                auto_create_queues=_flag(env, ENV_AUTO_CREATE_QUEUES, d.routing.auto_create_queues),
+                auto_create_topics=_flag(env, ENV_AUTO_CREATE_TOPICS, d.routing.auto_create_topics),
+                default_address_kind=AddressKind(
+                    env.get(ENV_DEFAULT_ADDRESS_KIND, d.routing.default_address_kind)
+                ),
+                max_delivery_attempts=int(
+                    env.get(ENV_MAX_DELIVERY_ATTEMPTS, d.routing.max_delivery_attempts)
+                ),
+                dead_letter_address=env.get(ENV_DEAD_LETTER_ADDRESS, d.routing.dead_letter_address),
+                expiry_address=env.get(ENV_EXPIRY_ADDRESS, d.routing.expiry_address),
+            ),
+            store=StoreSettings(
+                redis_url=env.get(ENV_REDIS_URL) or None,
+                data_dir=env.get(ENV_DATA_DIR, d.store.data_dir),
+                trim_interval_seconds=float(
+                    env.get(ENV_TRIM_INTERVAL, d.store.trim_interval_seconds)
+                ),
+            ),
+            replica_id=env.get(ENV_REPLICA_ID) or d.replica_id,
+            http=env.get(ENV_HTTP, d.http),
+            log_format=LogFormat(env.get(ENV_LOG_FORMAT, d.log_format)),
+            log_level=env.get(ENV_LOG_LEVEL, d.log_level),
+            shutdown_grace_seconds=float(env.get(ENV_SHUTDOWN_GRACE, d.shutdown_grace_seconds)),
+        )
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name)
+    if value is None:
+        return default
+    if value.lower() in ('1', 'true', 'yes', 'on'):
+        return True
+    if value.lower() in ('0', 'false', 'no', 'off'):
+        return False
+    raise ValueError(f'{name} must be true or false, not {value!r}')

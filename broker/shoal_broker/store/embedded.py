@@ -1,0 +1,77 @@
+"""
+The embedded Redis: a ``redis-server`` child process for a broker started without a Redis URL.
+
+So that one command runs a real broker (DESIGN.md §5). Append-only file on, data in a directory
+the user names, reachable only through a Unix socket in a private temporary directory. Stopped
+(SIGTERM, then SIGKILL after a bound) when the broker exits.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import redis.asyncio
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_SECONDS = 10.0
+
+
+class EmbeddedRedis:
+    def __init__(self, data_dir: str, *, appendfsync: str = 'everysec') -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.appendfsync = appendfsync
+        self._socket_dir = Path(tempfile.mkdtemp(prefix='shoal-redis-'))
+        self.socket = self._socket_dir / 'redis.sock'
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f'unix://{self.socket}'
+
+    async def start(self) -> None:
+        binary = shutil.which('redis-server')
+        if binary is None:
+            raise RuntimeError('redis-server is not installed (make run installs it)')
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            binary, '--port', '0', '--unixsocket', str(self.socket), '--unixsocketperm', '700',
+            '--dir', str(self.data_dir), '--appendonly', 'yes', '--appendfsync', self.appendfsync,
+            '--save', '', '--daemonize', 'no', '--loglevel', 'warning',
+        ]  # fmt: skip
+        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        logger.info('embedded redis-server pid %d, data in %s', self._process.pid, self.data_dir)
+        deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT_SECONDS
+        client = redis.asyncio.Redis(unix_socket_path=str(self.socket))
+        try:
+            while True:
+                if self._process.poll() is not None:
+                    raise RuntimeError(f'redis-server exited with {self._process.returncode}')
+                with contextlib.suppress(OSError, redis.exceptions.ConnectionError):
+                    if await client.ping():
+                        return
+                if asyncio.get_running_loop().time() > deadline:
+                    raise RuntimeError('redis-server did not answer in time')
+                await asyncio.sleep(0.05)
+        finally:
+            await client.aclose()
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=STARTUP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        with contextlib.suppress(OSError):
+            if self.socket.exists():
+                os.unlink(self.socket)
+            self._socket_dir.rmdir()

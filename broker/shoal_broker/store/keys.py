@@ -1,0 +1,61 @@
+"""
+Every Redis key the broker touches, in one place.
+
+An address's keys share the hash tag ``{a:<address>}`` so a script may touch all of them on Redis
+Cluster: all keys of one script live in one slot and are passed in KEYS, never built inside the
+script. The address registry is the one global key.
+
+Layout (DESIGN.md §4): every address is a stream per priority band; every subscription is a
+consumer group on those streams (a queue has exactly one, named ``QUEUE_GROUP``); the broker
+replicas are the consumers of each group.
+"""
+
+import dataclasses
+
+PREFIX = 'shoal'
+
+ADDRESSES = f'{PREFIX}:addresses'
+"""HASH address -> kind (``queue``/``topic``): the address registry."""
+
+QUEUE_GROUP = 'queue'
+"""The consumer group of a queue: all its consumers compete in it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AddressKeys:
+    streams: tuple[str, str]
+    """STREAM per band, indexed by band (0 normal, 1 high). Fields: h header, r rest, x expiry."""
+    groups: str
+    """SET of subscription (consumer group) names on this address."""
+    notify: str
+    """Pub/sub channel: entries were added or returned."""
+    tag: str
+
+    @classmethod
+    def of(cls, address: str) -> 'AddressKeys':
+        tag = f'{PREFIX}:{{a:{address}}}'
+        return cls(
+            streams=(f'{tag}:s:0', f'{tag}:s:1'),
+            groups=f'{tag}:groups',
+            notify=f'{tag}:notify',
+            tag=tag,
+        )
+
+    def returned(self, group: str) -> str:
+        """ZSET (all scores 0, ordered by member) ``<band>|<padded id>`` of returned entries."""
+        return f'{self.tag}:ret:{group}'
+
+    def delivery_counts(self, group: str) -> str:
+        """HASH ``<band>|<id>`` -> failed delivery attempts, for entries with at least one."""
+        return f'{self.tag}:dc:{group}'
+
+
+def entry_member(band: int, entry_id: str) -> str:
+    """Sortable member for the returned-entries ZSET: oldest entry first within a band."""
+    ms, _, seq = entry_id.partition('-')
+    return f'{band}|{int(ms):015d}-{int(seq or 0):010d}'
+
+
+def entry_field(band: int, entry_id: str) -> str:
+    """Field name of an entry in per-group hashes."""
+    return f'{band}|{entry_id}'

@@ -1,0 +1,48 @@
+-- Hand up to ARGV[3] entries of a subscription to one replica (the consumer ARGV[2]).
+--
+-- KEYS[1] stream band 0, KEYS[2] stream band 1,
+-- KEYS[3] returned ZSET of the group, KEYS[4] delivery-count HASH of the group
+-- ARGV[1] group, ARGV[2] consumer (replica id), ARGV[3] count
+-- Returned (released or failed) entries come first, oldest first, claimed from whichever replica
+-- held them; then new entries, high band (1) before normal band (0).
+-- Returns a flat array of sextuples: band, id, header, rest, expiry, delivery count.
+local want = tonumber(ARGV[3])
+local out = {}
+
+local function emit(band, entry)
+  local fields = entry[2]
+  local h, r, x = '', '', '0'
+  for j = 1, #fields, 2 do
+    local f = fields[j]
+    if f == 'h' then h = fields[j + 1] elseif f == 'r' then r = fields[j + 1]
+    elseif f == 'x' then x = fields[j + 1] end
+  end
+  local count = redis.call('HGET', KEYS[4], band .. '|' .. entry[1]) or '0'
+  out[#out + 1] = band
+  out[#out + 1] = entry[1]
+  out[#out + 1] = h
+  out[#out + 1] = r
+  out[#out + 1] = x
+  out[#out + 1] = count
+  want = want - 1
+end
+
+while want > 0 do
+  local popped = redis.call('ZPOPMIN', KEYS[3])
+  if #popped == 0 then break end
+  local band, ms, seq = string.match(popped[1], '^(%d)|(%d+)-(%d+)$')
+  local id = (string.match(ms, '^0*(%d-%d)$')) .. '-' .. (string.match(seq, '^0*(%d-%d)$'))
+  local claimed = redis.call('XCLAIM', KEYS[tonumber(band) + 1], ARGV[1], ARGV[2], 0, id)
+  -- an entry trimmed or deleted meanwhile is dropped from the pending list by XCLAIM
+  if #claimed > 0 and claimed[1] then emit(tonumber(band), claimed[1]) end
+end
+
+for band = 1, 0, -1 do
+  if want <= 0 then break end
+  local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want,
+                         'STREAMS', KEYS[band + 1], '>')
+  if res then
+    for _, entry in ipairs(res[1][2]) do emit(band, entry) end
+  end
+end
+return out

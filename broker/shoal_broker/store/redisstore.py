@@ -1,0 +1,419 @@
+"""
+The Redis store: every message, subscription and in-flight delivery of the cluster.
+
+Per-message operations (publish, fetch, ack, release) are queued and sent as one pipeline per
+cycle: while one pipeline is in flight, the next one fills up, so the batch grows with load and
+there is never one round trip per message (DESIGN.md §3). Exactly one pipeline is in flight at a
+time, which also keeps one producer's messages in order. Multi-key changes that must be atomic
+are Lua scripts in ``lua/`` (one file per operation, KEYS and ARGV documented in its header).
+
+Wake-ups: a cycle that added or returned entries publishes one notification per address; other
+replicas with hungry consumers fetch on it instead of polling.
+
+Only this package imports redis; Redis failures become ``StoreUnavailable``.
+"""
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from importlib import resources
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions
+
+from shoal_broker.errors import StoreUnavailable
+from shoal_broker.routing.storage import BrowseCursor, Entry, Notify, OutgoingMessage
+from shoal_broker.settings import AddressKind
+from shoal_broker.store import keys
+
+logger = logging.getLogger(__name__)
+
+_REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+SCRIPTS = ('publish', 'create_group', 'delete_group', 'fetch', 'browse', 'trim')
+
+
+def _lua(name: str) -> str:
+    return resources.files('shoal_broker.store').joinpath('lua', f'{name}.lua').read_text()
+
+
+@dataclasses.dataclass(slots=True)
+class _Op:
+    """Commands queued for the next pipeline and what to do with their replies."""
+
+    commands: list[tuple[Any, ...]]
+    finish: Callable[[list[Any]], Any]
+    future: asyncio.Future[Any]
+    notify: str | None = None
+    """Address to announce to other replicas once the commands succeeded."""
+
+
+class RedisStore:
+    """Implements ``routing.storage.MessageStore`` on one Redis (or a Redis Cluster slot set)."""
+
+    def __init__(self, client: 'redis.asyncio.Redis', replica_id: str) -> None:
+        self._client = client
+        self._replica_id = replica_id
+        self._sha: dict[str, str] = {}
+        self._queued: list[_Op] = []
+        self._wakeup = asyncio.Event()
+        self._kinds: dict[str, AddressKind] = {}
+        self._watchers: dict[str, list[Notify]] = {}
+        self._pubsub: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.pipelines = 0
+        """Pipelines sent so far (a batching measure for benchmarks and tests)."""
+        self.commands = 0
+
+    @classmethod
+    def from_url(cls, url: str, replica_id: str) -> 'RedisStore':
+        client = redis.asyncio.Redis.from_url(
+            url, decode_responses=False, health_check_interval=30, socket_keepalive=True
+        )
+        return cls(client, replica_id)
+
+    async def start(self) -> None:
+        """Load the scripts and start the pipeline and notification tasks."""
+        try:
+            await self._load_scripts()
+            self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            await self._pubsub.subscribe(f'{keys.PREFIX}:__replica__:{self._replica_id}')
+        except _REDIS_DOWN as exc:
+            raise StoreUnavailable(f'cannot reach Redis: {exc}') from exc
+        self._tasks = [
+            asyncio.create_task(self._run_cycles(), name='store-cycles'),
+            asyncio.create_task(self._listen(), name='store-notifications'),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for op in self._queued:
+            if not op.future.done():
+                op.future.set_exception(StoreUnavailable('broker shutting down'))
+        if self._pubsub is not None:
+            with contextlib.suppress(*_REDIS_DOWN):
+                await self._pubsub.aclose()
+        await self._client.aclose()
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far has been sent and answered."""
+        while self._queued:
+            await asyncio.gather(*(op.future for op in self._queued), return_exceptions=True)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except _REDIS_DOWN:
+            return False
+
+    async def _load_scripts(self) -> None:
+        for name in SCRIPTS:
+            self._sha[name] = _text(await self._client.script_load(_lua(name)))
+
+    # -- the per-message path: queued, batched, one pipeline in flight -------------------------
+
+    def _queue(
+        self,
+        commands: list[tuple[Any, ...]],
+        finish: Callable[[list[Any]], Any],
+        notify: str | None = None,
+    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queued.append(_Op(commands, finish, future, notify))
+        self._wakeup.set()
+        return future
+
+    def _script(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        return ('EVALSHA', self._sha[name], len(keys_), *keys_, *args)
+
+    async def _run_cycles(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            ops, self._queued = self._queued, []
+            if ops:
+                await self._cycle(ops)
+
+    async def _cycle(self, ops: list[_Op]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for op in ops:
+            for command in op.commands:
+                pipe.execute_command(*command)
+        announced = {op.notify for op in ops if op.notify}
+        for address in announced:
+            pipe.execute_command('PUBLISH', keys.AddressKeys.of(address).notify, self._replica_id)
+        self.pipelines += 1
+        self.commands += len(pipe.command_stack)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except _REDIS_DOWN as exc:
+            logger.warning('Redis unreachable: %s', exc)
+            for op in ops:
+                if not op.future.done():
+                    op.future.set_exception(StoreUnavailable(f'Redis unreachable: {exc}'))
+            return
+        retry: list[_Op] = []
+        pos = 0
+        for op in ops:
+            mine = replies[pos : pos + len(op.commands)]
+            pos += len(op.commands)
+            if any(_is_noscript(r) for r in mine):
+                retry.append(op)
+                continue
+            _settle(op, mine)
+        if retry:
+            await self._load_scripts()
+            for op in retry:
+                op.commands = [self._rebind(c) for c in op.commands]
+            self._queued[:0] = retry
+            self._wakeup.set()
+        for address in announced:
+            self._notify_local(address)
+
+    def _rebind(self, command: tuple[Any, ...]) -> tuple[Any, ...]:
+        if command[0] != 'EVALSHA':
+            return command
+        old = command[1]
+        name = next((n for n, s in self._sha.items() if s == old), None)
+        return command if name is None else ('EVALSHA', self._sha[name], *command[2:])
+
+    def publish(
+        self, address: str, kind: AddressKind, message: OutgoingMessage
+    ) -> Awaitable[bool]:
+        k = keys.AddressKeys.of(address)
+        command = self._script(
+            'publish',
+            (k.streams[message.band], k.groups),
+            (kind.value, message.header, message.rest, str(message.expiry_ms)),
+        )
+        return self._queue([command], lambda r: bool(r[0]), notify=address)
+
+    def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
+        k = keys.AddressKeys.of(address)
+        command = self._script(
+            'fetch',
+            (*k.streams, k.returned(group), k.delivery_counts(group)),
+            (group, self._replica_id, count),
+        )
+        return self._queue([command], lambda r: _entries(r[0]))
+
+    def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
+        k = keys.AddressKeys.of(address)
+        commands: list[tuple[Any, ...]] = [('XACK', k.streams[entry.band], group, entry.id)]
+        if entry.delivery_count:
+            commands.append(
+                ('HDEL', k.delivery_counts(group), keys.entry_field(entry.band, entry.id))
+            )
+        return self._queue(commands, lambda r: None)
+
+    def release(
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool
+    ) -> Awaitable[None]:
+        k = keys.AddressKeys.of(address)
+        commands: list[tuple[Any, ...]] = []
+        if delivery_failed:
+            # count first: a replica fetching between the two commands must see the new count
+            field = keys.entry_field(entry.band, entry.id)
+            commands.append(('HINCRBY', k.delivery_counts(group), field, 1))
+        member = keys.entry_member(entry.band, entry.id)
+        commands.append(('ZADD', k.returned(group), 0, member))
+        return self._queue(commands, lambda r: None, notify=address)
+
+    def browse(
+        self, address: str, group: str, cursor: BrowseCursor, count: int
+    ) -> Awaitable[tuple[Sequence[Entry], BrowseCursor]]:
+        k = keys.AddressKeys.of(address)
+        commands = [
+            self._script('browse', (k.streams[band],), (group, position, count))
+            for band, position in cursor.positions
+        ]
+
+        def finish(replies: list[Any]) -> tuple[Sequence[Entry], BrowseCursor]:
+            # bands are read independently, highest first; show at most ``count`` in all
+            shown: list[Entry] = []
+            positions = []
+            for (band, position), reply in zip(cursor.positions, replies, strict=True):
+                found = [
+                    Entry(_text(reply[i]), band, reply[i + 1], reply[i + 2], int(reply[i + 3]), 0)
+                    for i in range(1, len(reply), 4)
+                ]
+                room = count - len(shown)
+                if len(found) <= room:
+                    positions.append((band, _text(reply[0])))
+                    shown += found
+                else:
+                    shown += found[:room]
+                    positions.append((band, found[room - 1].id if room else position))
+            return shown, BrowseCursor(tuple(positions))
+
+        return self._queue(commands, finish)
+
+    # -- addresses and subscriptions: cold path, direct calls -----------------------------------
+
+    async def address_kind(self, address: str) -> AddressKind | None:
+        if address in self._kinds:
+            return self._kinds[address]
+        raw = await self._call(self._client.hget(keys.ADDRESSES, address))
+        if raw is None:
+            return None
+        kind = AddressKind(_text(raw))
+        self._kinds[address] = kind
+        return kind
+
+    async def create_address(self, address: str, kind: AddressKind) -> AddressKind:
+        await self._call(self._client.hsetnx(keys.ADDRESSES, address, kind.value))
+        self._kinds.pop(address, None)
+        actual = await self.address_kind(address)
+        assert actual is not None
+        if actual is AddressKind.QUEUE:
+            await self.create_subscription(address, keys.QUEUE_GROUP, from_start=True)
+        return actual
+
+    async def delete_address(self, address: str) -> None:
+        k = keys.AddressKeys.of(address)
+        groups = [_text(g) for g in await self._call(self._client.smembers(k.groups))]
+        doomed = [*k.streams, k.groups]
+        for group in groups:
+            doomed += [k.returned(group), k.delivery_counts(group)]
+        await self._call(self._client.delete(*doomed))
+        await self._call(self._client.hdel(keys.ADDRESSES, address))
+        self._kinds.pop(address, None)
+
+    async def create_subscription(self, address: str, group: str, *, from_start: bool) -> None:
+        k = keys.AddressKeys.of(address)
+        args = (group, '0' if from_start else '$')
+        await self._call(self._evalsha('create_group', (*k.streams, k.groups), args))
+
+    async def delete_subscription(self, address: str, group: str) -> None:
+        k = keys.AddressKeys.of(address)
+        script_keys = (*k.streams, k.groups, k.returned(group), k.delivery_counts(group))
+        await self._call(self._evalsha('delete_group', script_keys, (group,)))
+
+    async def trim(self) -> int:
+        """Trim every address's streams below what its subscriptions still need."""
+        removed = 0
+        cursor: int = 0
+        while True:
+            cursor, batch = await self._call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
+            pipe = self._client.pipeline(transaction=False)
+            for address in batch:
+                for stream in keys.AddressKeys.of(_text(address)).streams:
+                    pipe.evalsha(self._sha['trim'], 1, stream)
+            removed += sum(int(r) for r in await self._call(pipe.execute()))
+            if not cursor:
+                return removed
+
+    async def _evalsha(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._client.evalsha(self._sha[name], len(keys_), *keys_, *args)
+        except redis.exceptions.NoScriptError:
+            await self._load_scripts()
+            return await self._client.evalsha(self._sha[name], len(keys_), *keys_, *args)
+
+    async def _call(self, awaitable: Awaitable[Any]) -> Any:
+        try:
+            return await awaitable
+        except _REDIS_DOWN as exc:
+            raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
+
+    # -- notifications -------------------------------------------------------------------------
+
+    def watch(self, address: str, notify: Notify) -> None:
+        watchers = self._watchers.setdefault(address, [])
+        watchers.append(notify)
+        if len(watchers) == 1 and self._pubsub is not None:
+            asyncio.ensure_future(self._subscribe(address))
+
+    def unwatch(self, address: str, notify: Notify) -> None:
+        watchers = self._watchers.get(address, [])
+        if notify in watchers:
+            watchers.remove(notify)
+        if not watchers and address in self._watchers:
+            del self._watchers[address]
+            if self._pubsub is not None:
+                asyncio.ensure_future(self._unsubscribe(address))
+
+    async def _subscribe(self, address: str) -> None:
+        with contextlib.suppress(*_REDIS_DOWN):
+            await self._pubsub.subscribe(keys.AddressKeys.of(address).notify)
+
+    async def _unsubscribe(self, address: str) -> None:
+        if address in self._watchers:
+            return
+        with contextlib.suppress(*_REDIS_DOWN):
+            await self._pubsub.unsubscribe(keys.AddressKeys.of(address).notify)
+
+    def _notify_local(self, address: str) -> None:
+        for notify in list(self._watchers.get(address, ())):
+            notify(address)
+
+    async def _listen(self) -> None:
+        channel_prefix = f'{keys.PREFIX}:{{a:'
+        while True:
+            try:
+                message = await self._pubsub.get_message(timeout=1.0)
+            except _REDIS_DOWN as exc:
+                logger.warning('notification channel lost: %s; resubscribing', exc)
+                await asyncio.sleep(0.5)
+                await self._resubscribe()
+                continue
+            if message is None or message.get('type') != 'message':
+                continue
+            if message['data'] == self._replica_id.encode():
+                continue  # our own cycle already woke our consumers
+            channel = _text(message['channel'])
+            if channel.startswith(channel_prefix) and channel.endswith('}:notify'):
+                self._notify_local(channel[len(channel_prefix) : -len('}:notify')])
+
+    async def _resubscribe(self) -> None:
+        with contextlib.suppress(*_REDIS_DOWN):
+            channels = [keys.AddressKeys.of(a).notify for a in self._watchers]
+            if channels:
+                await self._pubsub.subscribe(*channels)
+            # anything published while we were away: let every watcher look once
+            for address in list(self._watchers):
+                self._notify_local(address)
+
+
+def _settle(op: _Op, replies: list[Any]) -> None:
+    if op.future.done():
+        return
+    error = next((r for r in replies if isinstance(r, Exception)), None)
+    if error is not None:
+        op.future.set_exception(StoreUnavailable(f'Redis refused: {error}'))
+        return
+    try:
+        op.future.set_result(op.finish(replies))
+    except Exception as exc:  # a reply of an unexpected shape: fail this op, not the cycle
+        logger.exception('unexpected Redis reply')
+        op.future.set_exception(StoreUnavailable(f'unexpected Redis reply: {exc}'))
+
+
+def _is_noscript(reply: Any) -> bool:
+    return isinstance(reply, redis.exceptions.NoScriptError) or (
+        isinstance(reply, redis.exceptions.ResponseError) and str(reply).startswith('NOSCRIPT')
+    )
+
+
+def _entries(flat: list[Any]) -> list[Entry]:
+    return [
+        Entry(
+            id=_text(flat[i + 1]),
+            band=int(flat[i]),
+            header=flat[i + 2],
+            rest=flat[i + 3],
+            expiry_ms=int(flat[i + 4]),
+            delivery_count=int(flat[i + 5]),
+        )
+        for i in range(0, len(flat), 6)
+    ]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
