@@ -1,0 +1,1 @@
+"""Shoal's AMQP 1.0 broker: all state in Redis, any number of stateless replicas."""

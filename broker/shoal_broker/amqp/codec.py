@@ -270,18 +270,19 @@ def encode_header(header: Header) -> bytes:
     return b'\x00\x53\x70' + _list(body, len(fields))
 
 
-def redelivery_header(header_bytes: bytes, delivery_count: int) -> bytes:
-    """The header to send for a delivery: the stored one, with ``delivery_count`` set."""
+def delivery_header(header_bytes: bytes, failed_attempts: int) -> bytes:
+    """
+    The header to send: the stored bytes unchanged on a first delivery, else with
+    delivery-count raised by the broker's count of failed attempts.
+    """
+    if failed_attempts == 0:
+        return header_bytes
+    header = Header()
     if header_bytes:
-        code, vpos = section_code(header_bytes, 0)
+        _, vpos = section_code(header_bytes, 0)
         header = _header(decode(header_bytes, vpos)[0])
-        if header.delivery_count == delivery_count:
-            return header_bytes
-    else:
-        if delivery_count == 0:
-            return b''
-        header = Header()
-    return encode_header(dataclasses.replace(header, delivery_count=delivery_count))
+    count = header.delivery_count + failed_attempts
+    return encode_header(dataclasses.replace(header, delivery_count=count, first_acquirer=False))
 
 
 def _list(body: bytes, count: int) -> bytes:

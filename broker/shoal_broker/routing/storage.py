@@ -13,6 +13,9 @@ from typing import Protocol
 
 from shoal_broker.settings import AddressKind
 
+QUEUE_GROUP = 'queue'
+"""The subscription of a queue: all its consumers compete in it."""
+
 NORMAL_BAND = 0
 HIGH_BAND = 1
 BANDS = (HIGH_BAND, NORMAL_BAND)

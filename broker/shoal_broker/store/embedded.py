@@ -43,10 +43,12 @@ class EmbeddedRedis:
         command = [
             binary, '--port', '0', '--unixsocket', str(self.socket), '--unixsocketperm', '700',
             '--dir', str(self.data_dir), '--appendonly', 'yes', '--appendfsync', self.appendfsync,
-            '--save', '', '--daemonize', 'no', '--loglevel', 'warning',
+            '--save', '', '--daemonize', 'no', '--loglevel', 'warning', '--logfile', 'redis.log',
         ]  # fmt: skip
         self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-        logger.info('embedded redis-server pid %d, data in %s', self._process.pid, self.data_dir)
+        logger.info(
+            'embedded redis-server pid %d, data and redis.log in %s', self._process.pid, self.data_dir
+        )
         deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT_SECONDS
         client = redis.asyncio.Redis(unix_socket_path=str(self.socket))
         try:

@@ -12,13 +12,14 @@ replicas are the consumers of each group.
 
 import dataclasses
 
+from shoal_broker.routing.storage import QUEUE_GROUP
+
 PREFIX = 'shoal'
 
 ADDRESSES = f'{PREFIX}:addresses'
 """HASH address -> kind (``queue``/``topic``): the address registry."""
 
-QUEUE_GROUP = 'queue'
-"""The consumer group of a queue: all its consumers compete in it."""
+__all__ = ['ADDRESSES', 'QUEUE_GROUP', 'AddressKeys', 'entry_field', 'entry_member']
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

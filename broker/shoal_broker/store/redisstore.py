@@ -70,7 +70,7 @@ class RedisStore:
     @classmethod
     def from_url(cls, url: str, replica_id: str) -> 'RedisStore':
         client = redis.asyncio.Redis.from_url(
-            url, decode_responses=False, health_check_interval=30, socket_keepalive=True
+            url, decode_responses=False, health_check_interval=30
         )
         return cls(client, replica_id)
 

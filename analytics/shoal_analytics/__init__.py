@@ -1,0 +1,1 @@
+"""Shoal's Spark analytics: arrives with the metrics issue (#6); nothing here yet."""

@@ -1,0 +1,618 @@
+"""
+The AMQP 1.0 node of one replica: engine events in, store operations and transfers out.
+
+Everything here runs on the one asyncio loop; proton objects are touched only from it. Attaches
+that need the store (does the address exist? create it? create a subscription?) are answered
+asynchronously: the link stays un-attached on our side until the store replies, and a link the
+peer gave up on meanwhile is noticed through ``LinkState.alive``.
+
+Errors: a ``BrokerError`` refuses the one link or message concerned with its AMQP condition
+(DESIGN.md §8); anything else is a bug, logged, and answered with ``amqp:internal-error`` on that
+link only.
+"""
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from shoal_broker.amqp import attach, codec, engine
+from shoal_broker.amqp.connection import AmqpConnection
+from shoal_broker.amqp.engine import Ptr, ffi, lib
+from shoal_broker.amqp.links import (
+    UNSETTLED_ON_DETACH,
+    BrowserLink,
+    ConsumerLink,
+    LinkState,
+    PendingMessage,
+    ProducerLink,
+)
+from shoal_broker.amqp.subscriptions import MAX_FETCH, LocalSubscription
+from shoal_broker.errors import (
+    BrokerError,
+    InvalidField,
+    MessageSizeExceeded,
+    StoreUnavailable,
+)
+from shoal_broker.routing import addresses, outcomes
+from shoal_broker.routing.outcomes import Action, Disposition, Outcome
+from shoal_broker.routing.storage import QUEUE_GROUP, Entry, MessageStore, OutgoingMessage
+from shoal_broker.settings import AddressKind, BrokerSettings
+
+logger = logging.getLogger(__name__)
+
+OFFERED_CAPABILITIES = [
+    'SHARED-SUBS',
+    'ANONYMOUS-RELAY',
+    'DELAYED_DELIVERY',
+    'sole-connection-for-container',
+]
+PRODUCT = 'shoal'
+
+_TERMINAL = {
+    lib.PN_ACCEPTED: Outcome.ACCEPTED,
+    lib.PN_REJECTED: Outcome.REJECTED,
+    lib.PN_RELEASED: Outcome.RELEASED,
+    lib.PN_MODIFIED: Outcome.MODIFIED,
+}
+
+
+class Broker:
+    def __init__(self, settings: BrokerSettings, store: MessageStore, version: str) -> None:
+        self.settings = settings
+        self.store = store
+        self.version = version
+        self.container_id = f'shoal:{settings.replica_id}'
+        self.connections: set[AmqpConnection] = set()
+        self.subscriptions: dict[tuple[str, str], LocalSubscription] = {}
+        self.browsers: dict[str, set[BrowserLink]] = {}
+        self.kinds: dict[str, AddressKind] = {}
+        self.accepting = True
+        self._dirty: set[AmqpConnection] = set()
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._serial = itertools.count(1)
+        self.stats: dict[str, int] = dict.fromkeys(
+            ('received', 'stored', 'dropped', 'sent', 'accepted', 'released', 'modified',
+             'rejected', 'returned', 'expired', 'dead_lettered'), 0)  # fmt: skip
+        self._handlers: dict[int, Callable[[AmqpConnection, Ptr], None]] = {
+            lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_remote_open,
+            lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_remote_close,
+            lib.PN_SESSION_REMOTE_OPEN: self._on_session_remote_open,
+            lib.PN_SESSION_REMOTE_CLOSE: self._on_session_remote_close,
+            lib.PN_LINK_REMOTE_OPEN: self._on_link_remote_open,
+            lib.PN_LINK_REMOTE_CLOSE: self._on_link_remote_detach,
+            lib.PN_LINK_REMOTE_DETACH: self._on_link_remote_detach,
+            lib.PN_LINK_FLOW: self._on_link_flow,
+            lib.PN_DELIVERY: self._on_delivery,
+            lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
+        }
+
+    # -- connection bookkeeping (called by AmqpConnection) -------------------------------------
+
+    def connection_opened(self, conn: AmqpConnection) -> None:
+        self.connections.add(conn)
+        logger.debug('connection %d from %s', conn.id, conn.peer)
+
+    def connection_lost(self, conn: AmqpConnection) -> None:
+        self._sweep(conn, session=None)
+        self.connections.discard(conn)
+        self._dirty.discard(conn)
+
+    def dispatch(self, conn: AmqpConnection, event: Ptr) -> None:
+        handler = self._handlers.get(lib.pn_event_type(event))
+        if handler is not None:
+            handler(conn, event)
+
+    def mark_dirty(self, conn: AmqpConnection) -> None:
+        """Conn's engine has work from outside its own events: process it this loop turn."""
+        self._dirty.add(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_dirty)
+
+    def _flush_dirty(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for conn in dirty:
+            if conn.alive:
+                conn.process()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- connections and sessions ----------------------------------------------------------------
+
+    def _on_connection_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
+        c = conn.connection
+        conn.container_id = engine.remote_container(c)
+        engine.set_container(c, self.container_id)
+        engine.put_symbols(lib.pn_connection_offered_capabilities(c), OFFERED_CAPABILITIES)
+        engine.put_map(
+            lib.pn_connection_properties(c), {'product': PRODUCT, 'version': self.version}
+        )
+        # Set only now: before Open, Qpid JMS may legitimately stay silent for minutes.
+        idle_ms = int(self.settings.amqp.idle_timeout_seconds * 1000)
+        lib.pn_transport_set_idle_timeout(conn.transport, idle_ms)
+        if lib.pn_connection_state(c) & lib.PN_LOCAL_UNINIT:
+            lib.pn_connection_open(c)
+        if not self.accepting:
+            conn.fail('amqp:connection:forced', 'broker is shutting down')
+
+    def _on_connection_remote_close(self, conn: AmqpConnection, event: Ptr) -> None:
+        self._sweep(conn, session=None)
+        if not lib.pn_connection_state(conn.connection) & lib.PN_LOCAL_CLOSED:
+            lib.pn_connection_close(conn.connection)
+
+    def _on_session_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
+        session = lib.pn_event_session(event)
+        if lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
+            lib.pn_session_open(session)
+
+    def _on_session_remote_close(self, conn: AmqpConnection, event: Ptr) -> None:
+        session = lib.pn_event_session(event)
+        # JMS Session.close() sends `end` with no per-link detach: every link of the session
+        # ends here (jms-amqp-facts §2.2).
+        self._sweep(conn, session=session)
+        if not lib.pn_session_state(session) & lib.PN_LOCAL_CLOSED:
+            lib.pn_session_close(session)
+        lib.pn_session_free(session)
+
+    def _on_transport_error(self, conn: AmqpConnection, event: Ptr) -> None:
+        condition = engine.condition_text(lib.pn_transport_condition(conn.transport))
+        logger.info('connection %d from %s: transport error %s', conn.id, conn.peer, condition)
+
+    def _on_transport_closed(self, conn: AmqpConnection, event: Ptr) -> None:
+        self._sweep(conn, session=None)
+
+    def _sweep(self, conn: AmqpConnection, session: Ptr | None) -> None:
+        """A session or connection ended: every link on it is gone (no per-link events come)."""
+        for ptr, state in list(conn.links.items()):
+            if session is None or lib.pn_link_session(ptr) == session:
+                del conn.links[ptr]
+                self._link_gone(state)
+
+    # -- links -----------------------------------------------------------------------------------
+
+    def _on_link_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
+        link = lib.pn_event_link(event)
+        if not lib.pn_link_state(link) & lib.PN_LOCAL_UNINIT:
+            return
+        name = engine.link_name(link)
+        if not self.accepting:
+            attach.refuse(link, BrokerError('broker is shutting down'))
+            return
+        if lib.pn_link_is_sender(link):
+            placeholder = LinkState(conn, link, name)
+            conn.links[link] = placeholder
+            self._answer_attach(conn, placeholder, attach.consumer(self, conn, link, name))
+        else:
+            state = ProducerLink(conn, link, name)
+            conn.links[link] = state
+            self._answer_attach(conn, state, attach.producer(self, state))
+
+    def _answer_attach(
+        self, conn: AmqpConnection, state: LinkState, work: Coroutine[Any, Any, LinkState | None]
+    ) -> None:
+        async def answer() -> None:
+            try:
+                result = await work
+            except BrokerError as exc:
+                logger.info('attach %r refused: %s', state.name, exc)
+                if state.alive and conn.alive:
+                    attach.refuse(state.ptr, exc)
+                    conn.links.pop(state.ptr, None)
+                    lib.pn_link_free(state.ptr)
+                    state.alive = False
+            except Exception:
+                logger.exception('attach %r failed', state.name)
+                if state.alive and conn.alive:
+                    attach.refuse(state.ptr, BrokerError('internal error'))
+                    conn.links.pop(state.ptr, None)
+                    lib.pn_link_free(state.ptr)
+                    state.alive = False
+            else:
+                if result is not None and result is not state:
+                    conn.links[state.ptr] = result
+            if conn.alive:
+                self.mark_dirty(conn)
+
+        self.spawn(answer())
+
+    def _on_link_remote_detach(self, conn: AmqpConnection, event: Ptr) -> None:
+        link = lib.pn_event_link(event)
+        closed = lib.pn_event_type(event) == lib.PN_LINK_REMOTE_CLOSE
+        state = conn.links.pop(link, None)
+        if state is not None:
+            self._link_gone(state)
+        if lib.pn_link_state(link) & lib.PN_LOCAL_UNINIT:
+            attach.mirror_termini(link)
+        if not lib.pn_link_state(link) & lib.PN_LOCAL_CLOSED:
+            if closed:
+                lib.pn_link_close(link)
+            else:
+                lib.pn_link_detach(link)
+        lib.pn_link_free(link)
+
+    def _link_gone(self, state: LinkState) -> None:
+        state.alive = False
+        if isinstance(state, ConsumerLink):
+            self._consumer_gone(state)
+        elif isinstance(state, BrowserLink):
+            self.browsers.get(state.address, set()).discard(state)
+        if state.owned_temporary:
+            self.spawn(self.delete_temporary(state.owned_temporary))
+
+    def _consumer_gone(self, consumer: ConsumerLink) -> None:
+        sub = consumer.subscription
+        if sub is not None:
+            sub.remove(consumer)
+        unacked, consumer.unacked = consumer.unacked, {}
+        if consumer.owned_group:
+            self.spawn(self._drop_subscription(consumer.address, consumer.group))
+        else:
+            for entry in unacked.values():
+                self._apply(consumer, entry, UNSETTLED_ON_DETACH)
+        if sub is not None and not sub.consumers:
+            del self.subscriptions[(sub.address, sub.group)]
+            self.store.unwatch(sub.address, sub.on_notify)
+
+    async def _drop_subscription(self, address: str, group: str) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.delete_subscription(address, group)
+
+    async def delete_temporary(self, address: str) -> None:
+        """Delete a dynamic node; its consumers on this replica are detached."""
+        for conn in list(self.connections):
+            for state in list(conn.links.values()):
+                if isinstance(state, ConsumerLink | BrowserLink) and state.address == address:
+                    attach.close_link(state.ptr, 'amqp:resource-deleted', 'temporary node deleted')
+                    self.mark_dirty(conn)
+        self.kinds.pop(address, None)
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.delete_address(address)
+
+    def subscription(self, address: str, group: str) -> LocalSubscription:
+        sub = self.subscriptions.get((address, group))
+        if sub is None:
+            sub = LocalSubscription(self, address, group)
+            self.subscriptions[(address, group)] = sub
+            self.store.watch(address, sub.on_notify)
+        return sub
+
+    def next_serial(self) -> int:
+        return next(self._serial)
+
+    # -- addresses -------------------------------------------------------------------------------
+
+    async def resolve(self, address: str, requested: AddressKind | None) -> AddressKind:
+        """The kind of ``address``, creating it when allowed; BrokerError otherwise."""
+        address = addresses.check_name(address)
+        known = self.kinds.get(address)
+        if known is not None and (requested is None or requested == known):
+            return known
+        existing = known or await self.store.address_kind(address)
+        decision = addresses.resolve(address, requested, existing, self.settings.routing)
+        kind = decision.kind
+        if decision.create:
+            kind = await self.store.create_address(address, decision.kind)
+            addresses.resolve(address, requested, kind, self.settings.routing)  # lost a race?
+        self.kinds[address] = kind
+        return kind
+
+    # -- flow ------------------------------------------------------------------------------------
+
+    def _on_link_flow(self, conn: AmqpConnection, event: Ptr) -> None:
+        state = conn.links.get(lib.pn_event_link(event))
+        if isinstance(state, ConsumerLink) and state.subscription is not None:
+            state.subscription.kick()
+        elif isinstance(state, BrowserLink):
+            self.browse(state)
+
+    def top_up(self, producer: ProducerLink) -> None:
+        """Give a producer credit back as its messages are stored (the back-pressure valve)."""
+        window = self.settings.amqp.producer_credit
+        credit = lib.pn_link_credit(producer.ptr)
+        grant = window - producer.in_store - len(producer.waiting) - credit
+        if grant > 0 and (credit <= window // 2 or credit + grant >= window):
+            lib.pn_link_flow(producer.ptr, grant)
+            self.mark_dirty(producer.conn)
+
+    # -- deliveries ------------------------------------------------------------------------------
+
+    def _on_delivery(self, conn: AmqpConnection, event: Ptr) -> None:
+        delivery = lib.pn_event_delivery(event)
+        state = conn.links.get(lib.pn_delivery_link(delivery))
+        if isinstance(state, ProducerLink):
+            self._incoming(state, delivery)
+        elif isinstance(state, ConsumerLink):
+            self._disposition(state, delivery)
+        elif lib.pn_delivery_settled(delivery) or lib.pn_delivery_updated(delivery):
+            lib.pn_delivery_settle(delivery)
+
+    def _incoming(self, producer: ProducerLink, delivery: Ptr) -> None:
+        link = producer.ptr
+        if lib.pn_delivery_aborted(delivery):
+            lib.pn_delivery_settle(delivery)
+            self.top_up(producer)
+            return
+        pending = lib.pn_delivery_pending(delivery)
+        if pending > self.settings.amqp.max_message_size:
+            self._fail_link(
+                producer,
+                MessageSizeExceeded(
+                    f'message exceeds the maximum size of '
+                    f'{self.settings.amqp.max_message_size} bytes'
+                ),
+            )
+            return
+        if lib.pn_delivery_partial(delivery):
+            return
+        data = bytearray(pending)
+        lib.pn_link_recv(link, ffi.from_buffer(data), pending)
+        lib.pn_link_advance(link)
+        self.stats['received'] += 1
+        settled = bool(lib.pn_delivery_settled(delivery))
+        try:
+            view = codec.parse(bytes(data))
+        except codec.DecodeError as exc:
+            self._outcome(producer, delivery, settled, BrokerError(str(exc)), 'amqp:decode-error')
+            return
+        message = PendingMessage(delivery, view, settled)
+        if producer.address is not None and producer.kind is not None:
+            self._publish(producer, message, producer.address, producer.kind)
+        else:
+            self._relay(producer, message)
+
+    def _relay(self, producer: ProducerLink, message: PendingMessage) -> None:
+        """Anonymous relay: the message names its address; order is kept per producer."""
+        view = message.view
+        known = self.kinds.get(view.to or '')
+        wanted = addresses.kind_from_jms_dest(view.annotations.get('x-opt-jms-dest'))
+        if not producer.waiting and view.to and known and wanted in (None, known):
+            self._publish(producer, message, view.to, known)
+            return
+        producer.waiting.append(message)
+        if not producer.resolving:
+            producer.resolving = True
+            self.spawn(self._resolve_waiting(producer))
+
+    async def _resolve_waiting(self, producer: ProducerLink) -> None:
+        try:
+            while producer.waiting and producer.alive:
+                message = producer.waiting[0]
+                view = message.view
+                try:
+                    if not view.to:
+                        raise InvalidField('a message on the anonymous relay needs a "to" address')
+                    wanted = addresses.kind_from_jms_dest(view.annotations.get('x-opt-jms-dest'))
+                    kind = await self.resolve(view.to, wanted)
+                except BrokerError as exc:
+                    producer.waiting.popleft()
+                    if producer.alive:
+                        self._outcome(producer, message.delivery, message.settled, exc)
+                    continue
+                producer.waiting.popleft()
+                if producer.alive:
+                    self._publish(producer, message, view.to, kind)
+        finally:
+            producer.resolving = False
+
+    def _publish(
+        self, producer: ProducerLink, message: PendingMessage, address: str, kind: AddressKind
+    ) -> None:
+        view = message.view
+        stored = OutgoingMessage(
+            band=outcomes.priority_band(view.header.priority),
+            header=view.header_bytes,
+            rest=view.rest,
+            expiry_ms=outcomes.expiry_ms(
+                int(time.time() * 1000), view.header.ttl, view.absolute_expiry_time
+            ),
+        )
+        producer.in_store += 1
+        if message.settled:  # pre-settled by the peer: nothing to answer, free it now
+            lib.pn_delivery_settle(message.delivery)
+        future = self.store.publish(address, kind, stored)
+        future.add_done_callback(  # type: ignore[attr-defined]
+            lambda f: self._stored(producer, message, address, f)
+        )
+
+    def _stored(
+        self,
+        producer: ProducerLink,
+        message: PendingMessage,
+        address: str,
+        future: 'asyncio.Future[bool]',
+    ) -> None:
+        producer.in_store -= 1
+        error: BrokerError | None = None
+        try:
+            kept = future.result()
+        except BrokerError as exc:
+            error = exc
+        else:
+            self.stats['stored' if kept else 'dropped'] += 1
+        if not producer.alive:
+            return  # stored (or not) all the same; the peer will not hear of it
+        if not message.settled:
+            if error is None:
+                lib.pn_delivery_update(message.delivery, lib.PN_ACCEPTED)
+                lib.pn_delivery_settle(message.delivery)
+            else:
+                # never an accept that is then lost: the peer may send it again
+                lib.pn_delivery_update(message.delivery, lib.PN_RELEASED)
+                lib.pn_delivery_settle(message.delivery)
+        self.top_up(producer)
+        self.mark_dirty(producer.conn)
+
+    def _outcome(
+        self,
+        producer: ProducerLink,
+        delivery: Ptr,
+        settled: bool,
+        error: BrokerError,
+        condition: str | None = None,
+    ) -> None:
+        """Reject one message with the error's condition; the link stays open."""
+        if not settled:
+            local = lib.pn_delivery_local(delivery)
+            engine.set_condition(
+                lib.pn_disposition_condition(local), condition or error.condition, str(error)
+            )
+            lib.pn_delivery_update(delivery, lib.PN_REJECTED)
+        lib.pn_delivery_settle(delivery)
+        self.top_up(producer)
+        self.mark_dirty(producer.conn)
+
+    def _fail_link(self, state: LinkState, error: BrokerError) -> None:
+        state.conn.links.pop(state.ptr, None)
+        self._link_gone(state)
+        attach.close_link(state.ptr, error.condition, str(error))
+        self.mark_dirty(state.conn)
+
+    # -- consumer side -------------------------------------------------------------------------
+
+    def sent(self, consumer: ConsumerLink, entry: Entry) -> None:
+        self.stats['sent'] += 1
+        if consumer.presettled:  # at-most-once: consumed the moment it is sent
+            self.store.ack(consumer.address, consumer.group, entry)
+        self.mark_dirty(consumer.conn)
+
+    def _disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:
+        if not (lib.pn_delivery_updated(delivery) or lib.pn_delivery_settled(delivery)):
+            return
+        state = lib.pn_delivery_remote_state(delivery)
+        outcome = _TERMINAL.get(state)
+        if outcome is None:
+            if not lib.pn_delivery_settled(delivery):
+                return  # e.g. `received`: not an outcome yet
+            outcome = Outcome.ACCEPTED  # settled with no outcome: the peer is done with it
+        entry = consumer.unacked.pop(delivery, None)
+        remote = lib.pn_delivery_remote(delivery)
+        disposition = Disposition(
+            outcome,
+            delivery_failed=bool(lib.pn_disposition_is_failed(remote)),
+            undeliverable_here=bool(lib.pn_disposition_is_undeliverable(remote)),
+        )
+        lib.pn_delivery_settle(delivery)
+        if entry is not None:
+            self._apply(consumer, entry, disposition)
+
+    def _apply(self, consumer: ConsumerLink, entry: Entry, disposition: Disposition) -> None:
+        decision = outcomes.decide(
+            disposition, entry.delivery_count, self.settings.routing.max_delivery_attempts
+        )
+        self.stats[disposition.outcome.value] += 1
+        if decision.action is Action.ACK:
+            self.store.ack(consumer.address, consumer.group, entry)
+        elif decision.action is Action.RETURN:
+            if decision.exclude_consumer:
+                consumer.excluded.add(entry.key)
+            self.release(
+                consumer.address, consumer.group, entry, delivery_failed=decision.delivery_failed
+            )
+        else:
+            self.dead_letter(consumer.address, consumer.group, entry, decision.reason)
+
+    def release(self, address: str, group: str, entry: Entry, *, delivery_failed: bool) -> None:
+        self.stats['returned'] += 1
+        self.store.release(address, group, entry, delivery_failed=delivery_failed)
+
+    def expire(self, address: str, group: str, entry: Entry) -> None:
+        self.stats['expired'] += 1
+        target = self.settings.routing.expiry_address
+        if target and target != address:
+            self.spawn(self._move(address, group, entry, target, 'expired'))
+        else:
+            self.store.ack(address, group, entry)
+
+    def dead_letter(self, address: str, group: str, entry: Entry, reason: str) -> None:
+        self.stats['dead_lettered'] += 1
+        target = self.settings.routing.dead_letter_address
+        if target and target != address:
+            self.spawn(self._move(address, group, entry, target, reason))
+        else:
+            self.store.ack(address, group, entry)
+
+    async def _move(self, address: str, group: str, entry: Entry, target: str, why: str) -> None:
+        """Copy an entry to another queue (dead letters, expiries), then consume the original."""
+        try:
+            await self.resolve(target, AddressKind.QUEUE)
+            rest = codec.with_annotations(
+                entry.rest,
+                {'x-opt-shoal-original-address': address, 'x-opt-shoal-reason': why},
+            )
+            header = codec.delivery_header(entry.header, entry.delivery_count)
+            moved = OutgoingMessage(entry.band, header, rest, 0)
+            await self.store.publish(target, AddressKind.QUEUE, moved)
+            await self.store.ack(address, group, entry)
+        except (BrokerError, codec.DecodeError) as exc:
+            logger.warning('could not move %s from %s to %s: %s', entry.id, address, target, exc)
+            if isinstance(exc, codec.DecodeError):
+                await self.store.ack(address, group, entry)  # cannot be annotated: drop, counted
+            else:
+                self.release(address, group, entry, delivery_failed=False)
+
+    def schedule_park_check(self, sub: LocalSubscription, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, sub.return_parked)
+
+    # -- browsers ------------------------------------------------------------------------------
+
+    def add_browser(self, browser: BrowserLink) -> None:
+        watchers = self.browsers.setdefault(browser.address, set())
+        watchers.add(browser)
+        self.browse(browser)
+
+    def browse(self, browser: BrowserLink) -> None:
+        if browser.busy:
+            browser.again = True
+            return
+        credit = lib.pn_link_credit(browser.ptr) if browser.alive and browser.opened else 0
+        if credit <= 0:
+            return
+        browser.busy, browser.again = True, False
+        asked = min(credit, MAX_FETCH)
+        future = self.store.browse(browser.address, QUEUE_GROUP, browser.cursor, asked)
+        future.add_done_callback(  # type: ignore[attr-defined]
+            lambda f: self._browsed(browser, asked, f)
+        )
+
+    def _browsed(self, browser: BrowserLink, asked: int, future: asyncio.Future[Any]) -> None:
+        browser.busy = False
+        if not browser.alive:
+            return
+        try:
+            entries, cursor = future.result()
+        except BrokerError as exc:
+            logger.warning('browse of %s failed: %s', browser.address, exc)
+            entries, cursor = [], browser.cursor
+        browser.cursor = cursor
+        for entry in entries:
+            browser.send(entry)
+        if len(entries) >= asked or browser.again:
+            self.browse(browser)
+        elif lib.pn_link_get_drain(browser.ptr):
+            lib.pn_link_drained(browser.ptr)
+        self.mark_dirty(browser.conn)
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def close_all(self, condition: str, description: str) -> None:
+        """Stop taking attaches and close every connection (clients fail over elsewhere)."""
+        self.accepting = False
+        for conn in list(self.connections):
+            for state in list(conn.links.values()):
+                if isinstance(state, ConsumerLink):
+                    # not a failure of the consumer: return without counting an attempt
+                    for entry in state.unacked.values():
+                        self.release(state.address, state.group, entry, delivery_failed=False)
+                    state.unacked.clear()
+            conn.fail(condition, description)
+            conn.process()

@@ -1,0 +1,198 @@
+"""
+One TCP connection: bytes between an asyncio transport and a proton engine transport.
+
+asyncio owns the socket; proton owns the AMQP state machine. ``data_received`` pushes bytes into
+proton (in slices: ``pn_transport_push`` takes at most ``capacity()``), ``process`` dispatches the
+engine's events to the broker, and ``flush`` ticks (heartbeats, idle timeout) and then writes out
+everything proton has produced (``pending`` yields one buffer per call, so it loops).
+See reference/engine-spike.md §4 for the pitfalls this code is shaped by.
+
+No exception escapes: a handler failure closes this connection with ``amqp:internal-error`` and
+leaves every other connection alone.
+"""
+
+import asyncio
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any, cast
+
+from shoal_broker.amqp import engine
+from shoal_broker.amqp.engine import ffi, lib
+
+if TYPE_CHECKING:
+    from shoal_broker.amqp.broker import Broker
+    from shoal_broker.amqp.links import LinkState
+
+logger = logging.getLogger(__name__)
+
+_ids = itertools.count(1)
+
+
+class AmqpConnection(asyncio.Protocol):
+    """The engine-side state of one peer connection."""
+
+    def __init__(self, broker: 'Broker') -> None:
+        self.broker = broker
+        self.id = next(_ids)
+        self.peer = '?'
+        self.alive = True
+        self.links: dict[engine.Ptr, LinkState] = {}
+        self.container_id: str | None = None
+        self._socket: asyncio.Transport | None = None
+        self._paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline = 0.0
+        self._processing = False
+        self._freed = False
+        t = self.transport = lib.pn_transport()
+        lib.pn_transport_set_server(t)
+        lib.pn_transport_set_max_frame(t, broker.settings.amqp.max_frame_size)
+        engine.allow_mechanisms(t, 'ANONYMOUS')
+        self.connection = lib.pn_connection()
+        self.collector = lib.pn_collector()
+        lib.pn_connection_collect(self.connection, self.collector)
+        lib.pn_transport_bind(t, self.connection)
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self._socket = cast(asyncio.Transport, transport)
+        peer = self._socket.get_extra_info('peername')
+        self.peer = f'{peer[0]}:{peer[1]}' if isinstance(peer, tuple) else str(peer)
+        self.broker.connection_opened(self)
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        if self._freed:
+            return
+        view = memoryview(data)
+        offset, size = 0, len(view)
+        while offset < size:
+            capacity = lib.pn_transport_capacity(self.transport)
+            if capacity <= 0:  # tail closed: the engine wants no more input (error or close)
+                break
+            chunk = min(capacity, size - offset)
+            lib.pn_transport_push(self.transport, ffi.from_buffer(view[offset : offset + chunk]), chunk)
+            offset += chunk
+        self.process()
+
+    def eof_received(self) -> bool | None:
+        self._close_input()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._close_input()
+        self.alive = False
+        self.broker.connection_lost(self)
+        self._free()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self.process()
+
+    # -- engine ----------------------------------------------------------------------------------
+
+    def process(self) -> None:
+        """Dispatch every pending engine event, then flush output. Never raises."""
+        if self._freed or self._processing:
+            return
+        self._processing = True
+        try:
+            while True:
+                self._dispatch_events()
+                if not self._flush_output():
+                    break
+        finally:
+            self._processing = False
+
+    def flush(self) -> None:
+        self.process()
+
+    def _dispatch_events(self) -> None:
+        collector = self.collector
+        while (event := lib.pn_collector_peek(collector)) != ffi.NULL:
+            try:
+                self.broker.dispatch(self, event)
+            except Exception:
+                logger.exception('connection %d: handler failed; closing the connection', self.id)
+                self.fail('amqp:internal-error', 'internal error')
+            lib.pn_collector_pop(collector)
+
+    def _flush_output(self) -> bool:
+        """Tick, then write out what the engine produced. True if that posted new events."""
+        t = self.transport
+        loop = asyncio.get_running_loop()
+        now_ms = int(loop.time() * 1000)
+        deadline = lib.pn_transport_tick(t, now_ms)  # before pending: the heartbeat goes out now
+        if deadline:
+            self._arm_timer(deadline / 1000.0)
+        socket = self._socket
+        while socket is not None and not self._paused:
+            pending = lib.pn_transport_pending(t)
+            if pending <= 0:
+                break
+            buffer = bytearray(pending)
+            lib.pn_transport_peek(t, ffi.from_buffer(buffer), pending)
+            lib.pn_transport_pop(t, pending)
+            socket.write(buffer)
+        if lib.pn_collector_peek(self.collector) != ffi.NULL:
+            return True
+        if socket is not None and lib.pn_transport_pending(t) < 0:
+            socket.close()  # our Close went out (or the engine gave up): asyncio flushes first
+        return False
+
+    def _arm_timer(self, when: float) -> None:
+        if self._timer is not None and self._timer_deadline <= when:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_deadline = when
+        self._timer = asyncio.get_running_loop().call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.process()
+
+    def _close_input(self) -> None:
+        if self._freed:
+            return
+        lib.pn_transport_close_tail(self.transport)
+        lib.pn_transport_close_head(self.transport)
+        self.process()
+
+    def fail(self, condition: str, description: str) -> None:
+        """Close the whole connection with an error (the peer sees it in the Close frame)."""
+        c = self.connection
+        if lib.pn_connection_state(c) & lib.PN_LOCAL_CLOSED:
+            return
+        engine.set_condition(lib.pn_connection_condition(c), condition, description)
+        if lib.pn_connection_state(c) & lib.PN_LOCAL_UNINIT:
+            lib.pn_connection_open(c)
+        lib.pn_connection_close(c)
+
+    def abort(self) -> None:
+        """Drop the socket without ceremony."""
+        if self._socket is not None:
+            self._socket.abort()
+
+    def _free(self) -> None:
+        if self._freed:
+            return
+        self._freed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # order from the spike: unbind, release (frees sessions and links), then the references
+        lib.pn_transport_unbind(self.transport)
+        lib.pn_connection_release(self.connection)
+        lib.pn_decref(self.connection)
+        lib.pn_decref(self.transport)
+        lib.pn_collector_free(self.collector)
+        self.links.clear()
+
+    def describe(self) -> dict[str, Any]:
+        return {'id': self.id, 'peer': self.peer, 'container': self.container_id}

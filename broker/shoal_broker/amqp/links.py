@@ -1,0 +1,114 @@
+"""
+What the broker remembers about each attached link, and how a message leaves on one.
+
+Keyed by the link's cffi pointer in ``AmqpConnection.links``. ``alive`` turns False the moment the
+link, its session or its connection goes away; store replies that arrive later check it before
+touching proton, because by then the pointer may be freed.
+"""
+
+import collections
+import dataclasses
+from typing import TYPE_CHECKING
+
+from shoal_broker.amqp import codec
+from shoal_broker.amqp.engine import Ptr, ffi, lib
+from shoal_broker.routing.outcomes import Disposition, Outcome
+from shoal_broker.routing.storage import BrowseCursor, Entry
+from shoal_broker.settings import AddressKind
+
+if TYPE_CHECKING:
+    from shoal_broker.amqp.connection import AmqpConnection
+    from shoal_broker.amqp.subscriptions import LocalSubscription
+
+# Deliveries still unsettled when a consumer link goes away get the outcome Qpid JMS declares as
+# its source's default-outcome: modified(delivery-failed). proton-c does not expose the peer's
+# default-outcome, so this is the broker's rule for every peer; it makes JMSRedelivered true,
+# which is the honest answer when the application may have seen the message.
+UNSETTLED_ON_DETACH = Disposition(Outcome.MODIFIED, delivery_failed=True)
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class LinkState:
+    conn: 'AmqpConnection'
+    ptr: Ptr
+    name: str
+    alive: bool = True
+    opened: bool = False
+    owned_temporary: str | None = None
+    """A dynamic node created by this link, deleted when the link goes."""
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class PendingMessage:
+    delivery: Ptr
+    view: codec.RoutingView
+    settled: bool
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class ProducerLink(LinkState):
+    """A peer's sender: messages come in on our receiving end."""
+
+    address: str | None = None
+    """None for the anonymous relay: each message names its address in ``to``."""
+    kind: AddressKind | None = None
+    in_store: int = 0
+    """Messages read from this link whose store write has not been answered yet."""
+    waiting: collections.deque[PendingMessage] = dataclasses.field(
+        default_factory=collections.deque
+    )
+    """Anonymous-relay messages queued behind an address lookup, in arrival order."""
+    resolving: bool = False
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class ConsumerLink(LinkState):
+    """A peer's receiver: messages go out on our sending end."""
+
+    address: str = ''
+    group: str = ''
+    presettled: bool = False
+    subscription: 'LocalSubscription | None' = None
+    unacked: dict[Ptr, Entry] = dataclasses.field(default_factory=dict)
+    excluded: set[tuple[int, str]] = dataclasses.field(default_factory=set)
+    """Entries this consumer settled as undeliverable-here: never offered to it again."""
+    owned_group: bool = False
+    """The subscription exists for this link alone (non-durable topic consumer)."""
+    _tag: int = 0
+
+    def credit(self) -> int:
+        return int(lib.pn_link_credit(self.ptr)) if self.alive and self.opened else 0
+
+    def send(self, entry: Entry) -> None:
+        """Transfer one entry; the header is re-encoded only when the delivery count changed."""
+        self._tag += 1
+        tag = self._tag.to_bytes(8, 'little')
+        payload = codec.delivery_header(entry.header, entry.delivery_count) + entry.rest
+        link = self.ptr
+        delivery = lib.pn_delivery(link, (8, ffi.from_buffer(tag)))
+        lib.pn_link_send(link, ffi.from_buffer(payload), len(payload))
+        lib.pn_link_advance(link)
+        if self.presettled:
+            lib.pn_delivery_settle(delivery)
+        else:
+            self.unacked[delivery] = entry
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class BrowserLink(LinkState):
+    """A queue browser: a non-destructive, settled view of what a queue holds."""
+
+    address: str = ''
+    cursor: BrowseCursor = dataclasses.field(default_factory=BrowseCursor)
+    busy: bool = False
+    again: bool = False
+    _tag: int = 0
+
+    def send(self, entry: Entry) -> None:
+        self._tag += 1
+        tag = self._tag.to_bytes(8, 'little')
+        payload = codec.delivery_header(entry.header, entry.delivery_count) + entry.rest
+        delivery = lib.pn_delivery(self.ptr, (8, ffi.from_buffer(tag)))
+        lib.pn_link_send(self.ptr, ffi.from_buffer(payload), len(payload))
+        lib.pn_link_advance(self.ptr)
+        lib.pn_delivery_settle(delivery)

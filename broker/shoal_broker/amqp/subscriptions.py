@@ -1,0 +1,150 @@
+"""
+This replica's consumers of one subscription, and the loop that feeds them.
+
+A subscription is a consumer group in Redis; this replica is one consumer of it, reading up to the
+summed link credit of its local consumers (``fetch`` COUNT = free credit) and dealing entries out
+round-robin among consumers that still have credit (seed 002). Exactly one fetch per subscription
+is in flight; anything that could make more entries deliverable (new credit, a notification, a
+returned entry) while it is in flight sets ``again`` instead of starting a second one.
+
+Drain (jms-amqp-facts §6.3): when a fetch comes back short, the store had nothing more, so every
+consumer that asked to drain is answered with ``drained`` (credit consumed, flow sent), even when
+nothing was sent.
+"""
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from shoal_broker.amqp.engine import lib
+from shoal_broker.amqp.links import ConsumerLink
+from shoal_broker.routing.storage import Entry
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Sequence
+
+    from shoal_broker.amqp.broker import Broker
+
+logger = logging.getLogger(__name__)
+
+MAX_FETCH = 500
+"""Entries per fetch script call: bounds how long one Lua script holds Redis."""
+
+PARK_SECONDS = 5.0
+"""How long an entry every local consumer refused (undeliverable-here) stays with this replica
+before it is returned for other replicas' consumers."""
+
+
+class LocalSubscription:
+    def __init__(self, broker: 'Broker', address: str, group: str) -> None:
+        self.broker = broker
+        self.address = address
+        self.group = group
+        self.consumers: list[ConsumerLink] = []
+        self._next = 0
+        self._fetching = False
+        self._again = False
+        self._parked: list[tuple[float, Entry]] = []
+
+    def add(self, consumer: ConsumerLink) -> None:
+        self.consumers.append(consumer)
+        consumer.subscription = self
+        self.kick()
+
+    def remove(self, consumer: ConsumerLink) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        consumer.subscription = None
+        if self._parked and not self.consumers:
+            self.return_parked(everything=True)
+        elif self._parked:
+            self.kick()
+
+    def on_notify(self, address: str) -> None:
+        self.kick()
+
+    def kick(self) -> None:
+        """Fetch for the free credit of the local consumers, unless a fetch is in flight."""
+        if self._fetching:
+            self._again = True
+            return
+        if self._parked:
+            self._deliver_parked()
+        want = min(sum(c.credit() for c in self.consumers), MAX_FETCH)
+        if want <= 0:
+            return
+        self._fetching = True
+        self._again = False
+        future = self.broker.store.fetch(self.address, self.group, want)
+        future.add_done_callback(lambda f: self._fetched(f, want))  # type: ignore[attr-defined]
+
+    def _fetched(self, future: 'asyncio.Future[Sequence[Entry]]', asked: int) -> None:
+        self._fetching = False
+        try:
+            entries = future.result()
+        except Exception as exc:
+            # Redis unavailable: nothing was handed to us; look again when something changes
+            logger.warning('fetch from %s/%s failed: %s', self.address, self.group, exc)
+            self._finish_drains()
+            return
+        if entries:
+            self._deal(entries)
+        if len(entries) >= asked or self._again:
+            self.kick()
+        else:
+            self._finish_drains()
+
+    def _deal(self, entries: 'Sequence[Entry]') -> None:
+        now_ms = int(time.time() * 1000)
+        for entry in entries:
+            if entry.expiry_ms and entry.expiry_ms <= now_ms:
+                self.broker.expire(self.address, self.group, entry)
+                continue
+            consumer = self._pick(entry)
+            if consumer is not None:
+                consumer.send(entry)
+                self.broker.sent(consumer, entry)
+            elif any(entry.key in c.excluded for c in self.consumers):
+                self._parked.append((time.monotonic() + PARK_SECONDS, entry))
+                self.broker.schedule_park_check(self, PARK_SECONDS)
+            else:  # credit shrank or consumers left meanwhile: back to the subscription
+                self.broker.release(self.address, self.group, entry, delivery_failed=False)
+
+    def _pick(self, entry: Entry) -> ConsumerLink | None:
+        consumers = self.consumers
+        for _ in range(len(consumers)):
+            self._next = (self._next + 1) % len(consumers)
+            consumer = consumers[self._next]
+            if consumer.credit() > 0 and entry.key not in consumer.excluded:
+                return consumer
+        return None
+
+    def _deliver_parked(self) -> None:
+        parked, self._parked = self._parked, []
+        for deadline, entry in parked:
+            consumer = self._pick(entry)
+            if consumer is not None:
+                consumer.send(entry)
+                self.broker.sent(consumer, entry)
+            else:
+                self._parked.append((deadline, entry))
+
+    def return_parked(self, *, everything: bool = False) -> None:
+        """Give parked entries back to the subscription for other replicas' consumers."""
+        now = time.monotonic()
+        keep = []
+        for deadline, entry in self._parked:
+            if everything or deadline <= now:
+                self.broker.release(self.address, self.group, entry, delivery_failed=False)
+            else:
+                keep.append((deadline, entry))
+        self._parked = keep
+        if keep:
+            self.broker.schedule_park_check(self, PARK_SECONDS)
+
+    def _finish_drains(self) -> None:
+        for consumer in self.consumers:
+            if consumer.alive and consumer.opened and lib.pn_link_get_drain(consumer.ptr):
+                lib.pn_link_drained(consumer.ptr)
+                self.broker.mark_dirty(consumer.conn)

@@ -1,0 +1,131 @@
+"""
+The composition root: Redis (embedded or not), the store, the AMQP node, the listeners.
+
+Owns the process lifecycle. On SIGTERM (what Kubernetes sends, after the preStop hook) the broker
+stops accepting, returns what it holds for consumers to the store, closes every connection with
+``amqp:connection:forced`` so clients fail over, waits (bounded) for in-flight store work, then
+stops Redis if it started it.
+"""
+
+import asyncio
+import contextlib
+import logging
+import resource
+import signal
+from importlib import metadata
+
+from shoal_broker.amqp.broker import Broker
+from shoal_broker.amqp.connection import AmqpConnection
+from shoal_broker.errors import StoreUnavailable
+from shoal_broker.health import HealthServer
+from shoal_broker.settings import BrokerSettings
+from shoal_broker.store.embedded import EmbeddedRedis
+from shoal_broker.store.redisstore import RedisStore
+
+logger = logging.getLogger(__name__)
+
+LISTEN_BACKLOG = 1024
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as a pair."""
+    host, sep, port = value.rpartition(':')
+    if not sep or not port.isdigit():
+        raise ValueError(f'expected HOST:PORT, got {value!r}')
+    return host.strip('[]') or '0.0.0.0', int(port)
+
+
+def version() -> str:
+    try:
+        return metadata.version('shoal')
+    except metadata.PackageNotFoundError:  # running from a source tree without install
+        return '0+unknown'
+
+
+def raise_file_limit() -> None:
+    """Each connection is a file descriptor; the default soft limit (often 1024) is too low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def serve(settings: BrokerSettings) -> int:
+    """Run the broker until SIGTERM or SIGINT; return the process exit code."""
+    raise_file_limit()
+    embedded: EmbeddedRedis | None = None
+    url = settings.store.redis_url
+    if url is None:
+        embedded = EmbeddedRedis(settings.store.data_dir)
+        await embedded.start()
+        url = embedded.url
+    try:
+        return await _serve_with_store(settings, url)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
+    loop = asyncio.get_running_loop()
+    store = RedisStore.from_url(url, settings.replica_id)
+    await store.start()
+    broker = Broker(settings, store, version())
+    host, port = split_host_port(settings.amqp.listen)
+    server = await loop.create_server(
+        lambda: AmqpConnection(broker), host, port, backlog=LISTEN_BACKLOG, reuse_address=True
+    )
+    health: HealthServer | None = None
+    if settings.http:
+
+        async def readiness() -> dict[str, bool]:
+            return {'accepting': broker.accepting, 'redis': await store.ping()}
+
+        health = HealthServer(readiness)
+        await health.start(*split_host_port(settings.http))
+    trimmer = asyncio.create_task(_trim_forever(store, settings.store.trim_interval_seconds))
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    logger.info(
+        'shoal broker %s (replica %s) listening on %s, redis %s',
+        version(), settings.replica_id, settings.amqp.listen, _redacted(url),
+    )  # fmt: skip
+    await stop.wait()
+    logger.info('shutting down')
+    server.close()
+    broker.close_all('amqp:connection:forced', 'broker is shutting down')
+    try:
+        await asyncio.wait_for(store.flush(), settings.shutdown_grace_seconds)
+    except TimeoutError:
+        logger.warning('in-flight store work did not finish within the grace period')
+    await asyncio.sleep(0.05)  # let the Close frames reach the sockets
+    for conn in list(broker.connections):
+        conn.abort()
+    trimmer.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await trimmer
+    if health is not None:
+        await health.close()
+    await store.close()
+    logger.info('stopped')
+    return 0
+
+
+async def _trim_forever(store: RedisStore, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            removed = await store.trim()
+        except StoreUnavailable as exc:
+            logger.warning('trim skipped: %s', exc)
+        else:
+            if removed:
+                logger.debug('trimmed %d consumed entries', removed)
+
+
+def _redacted(url: str) -> str:
+    if '@' in url:
+        scheme, _, rest = url.partition('://')
+        return f'{scheme}://***@{rest.rpartition("@")[2]}'
+    return url

@@ -1,0 +1,145 @@
+"""Real processes for tests: a redis-server and broker replicas on free loopback ports."""
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+LOOPBACK = '127.0.0.1'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f'{what} not ready within {timeout}s')
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return int(process.returncode)
+
+
+class RedisServer:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix='shoal-test-redis-')
+        binary = shutil.which('redis-server')
+        assert binary, 'redis-server is not installed (make test installs it)'
+        self.process = subprocess.Popen(
+            [binary, '--port', str(self.port), '--bind', LOOPBACK, '--save', '',
+             '--appendonly', 'no', '--dir', self.dir, '--loglevel', 'warning'],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for(self._pings, 10, 'redis-server')
+
+    @property
+    def url(self) -> str:
+        return f'redis://{LOOPBACK}:{self.port}/0'
+
+    def _pings(self) -> bool:
+        try:
+            with socket.create_connection((LOOPBACK, self.port), timeout=0.5) as s:
+                s.sendall(b'PING\r\n')
+                return s.recv(16).startswith(b'+PONG')
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        stop(self.process)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class BrokerProcess:
+    """``python -m shoal_broker`` on free ports; ready once /readyz says so."""
+
+    def __init__(
+        self,
+        redis_url: str | None,
+        *,
+        env: Mapping[str, str] | None = None,
+        replica_id: str | None = None,
+        data_dir: str | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.http_port = free_port()
+        self.replica_id = replica_id or f'test-{self.port}'
+        self.log_path = Path(tempfile.mkstemp(prefix='shoal-broker-', suffix='.log')[1])
+        args = [sys.executable, '-m', 'shoal_broker', '--listen', f'{LOOPBACK}:{self.port}',
+                '--http', f'{LOOPBACK}:{self.http_port}', '--replica-id', self.replica_id]  # fmt: skip
+        if redis_url:
+            args += ['--redis-url', redis_url]
+        if data_dir:
+            args += ['--data-dir', data_dir]
+        full_env = {**os.environ, 'SHOAL_LOG_LEVEL': 'INFO', **(env or {})}
+        self._log = self.log_path.open('wb')
+        self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+        try:
+            wait_for(self.ready, 20, f'broker on port {self.port}')
+        except TimeoutError:
+            self.stop()
+            raise AssertionError(f'broker did not start:\n{self.log()}') from None
+
+    @property
+    def url(self) -> str:
+        return f'amqp://{LOOPBACK}:{self.port}'
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def http_get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f'http://{LOOPBACK}:{self.http_port}{path}', timeout=2) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f'broker exited with {self.process.returncode}:\n{self.log()}')
+        try:
+            return self.http_get('/readyz')[0] == 200
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors='replace')
+
+    def stop(self) -> int:
+        code = stop(self.process)
+        self._log.close()
+        return code
+
+
+@contextlib.contextmanager
+def broker(redis_url: str | None, **kwargs) -> Iterator[BrokerProcess]:  # type: ignore[no-untyped-def]
+    b = BrokerProcess(redis_url, **kwargs)
+    try:
+        yield b
+    finally:
+        b.stop()
