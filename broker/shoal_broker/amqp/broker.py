@@ -205,18 +205,10 @@ class Broker:
                 result = await work
             except BrokerError as exc:
                 logger.info('attach %r refused: %s', state.name, exc)
-                if state.alive and conn.alive:
-                    attach.refuse(state.ptr, exc)
-                    conn.links.pop(state.ptr, None)
-                    lib.pn_link_free(state.ptr)
-                    state.alive = False
+                self._refuse(conn, state, exc)
             except Exception:
                 logger.exception('attach %r failed', state.name)
-                if state.alive and conn.alive:
-                    attach.refuse(state.ptr, BrokerError('internal error'))
-                    conn.links.pop(state.ptr, None)
-                    lib.pn_link_free(state.ptr)
-                    state.alive = False
+                self._refuse(conn, state, BrokerError('internal error'))
             else:
                 if result is not None and result is not state:
                     conn.links[state.ptr] = result
@@ -224,6 +216,14 @@ class Broker:
                 self.mark_dirty(conn)
 
         self.spawn(answer())
+
+    def _refuse(self, conn: AmqpConnection, state: LinkState, error: BrokerError) -> None:
+        # The link is freed when the peer's detach arrives (_on_link_remote_detach), not here:
+        # freeing it now would free it twice.
+        if state.alive and conn.alive:
+            attach.refuse(state.ptr, error)
+            conn.links.pop(state.ptr, None)
+            self._link_gone(state)
 
     def _on_link_remote_detach(self, conn: AmqpConnection, event: Ptr) -> None:
         link = lib.pn_event_link(event)
