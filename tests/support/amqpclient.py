@@ -28,6 +28,18 @@ class Capabilities(LinkOption):
         )
 
 
+class DynamicTarget(LinkOption):
+    """A JMS temporary-destination creator: a sender whose target the broker names."""
+
+    def __init__(self, capability: str = 'temporary-queue') -> None:
+        self.capability = capability
+
+    def apply(self, link: Link) -> None:
+        link.target.dynamic = True
+        link.target.address = None
+        Capabilities(self.capability).apply(link)
+
+
 class Browse(LinkOption):
     def apply(self, link: Link) -> None:
         link.source.distribution_mode = Terminus.DIST_MODE_COPY
