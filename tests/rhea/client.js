@@ -15,8 +15,9 @@
  *              order, delivery counts, application properties and annotations seen.
  *   send       send `count` messages; reports each outcome (with error condition if any).
  *   receive    receive `count` messages with a credit window of `credit` (default 10); reports
- *              bodies. `linger_ms` keeps the link open that long afterwards and reports any
- *              further message in `extra` (accepted too, so duplicates are visible).
+ *              bodies, delivery counts, properties and annotations. `linger_ms` keeps the link
+ *              open that long afterwards and reports any further message in `extra` (accepted
+ *              too, so duplicates are visible).
  *   drain      attach a receiver with no credit, then drain with 10 credits; reports how many
  *              milliseconds until the broker's drained flow and the messages received.
  *   temporary  attach a receiver with a dynamic source, send one message to the address the
@@ -169,6 +170,8 @@ const modes = {
     const linger = opts.linger_ms || 0;
     const bodies = [];
     const deliveryCounts = [];
+    const properties = [];
+    const annotations = [];
     const extra = [];
     const receiver = connection.open_receiver({
       source: { address: address },
@@ -178,8 +181,17 @@ const modes = {
       if (bodies.length < count) {
         bodies.push(plain(context.message.body));
         deliveryCounts.push(deliveryCount(context.message));
+        properties.push(plain(context.message.application_properties));
+        annotations.push(plain(context.message.message_annotations));
         if (bodies.length === count) {
-          const report = () => finish({ bodies: bodies, delivery_counts: deliveryCounts, extra });
+          const report = () =>
+            finish({
+              bodies: bodies,
+              delivery_counts: deliveryCounts,
+              properties: properties,
+              annotations: annotations,
+              extra: extra,
+            });
           if (linger > 0) setTimeout(report, linger);
           else report();
         }

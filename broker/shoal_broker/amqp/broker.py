@@ -89,6 +89,7 @@ class Broker:
             lib.PN_LINK_FLOW: self._on_link_flow,
             lib.PN_DELIVERY: self._on_delivery,
             lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            lib.PN_TRANSPORT_TAIL_CLOSED: self._on_transport_tail_closed,
             lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
         }
 
@@ -167,6 +168,16 @@ class Broker:
     def _on_transport_error(self, conn: AmqpConnection, event: Ptr) -> None:
         condition = engine.condition_text(lib.pn_transport_condition(conn.transport))
         logger.info('connection %d from %s: transport error %s', conn.id, conn.peer, condition)
+
+    def _on_transport_tail_closed(self, conn: AmqpConnection, event: Ptr) -> None:
+        # proton stops reading some malformed input without an error and without writing a
+        # Close (measured: it writes our Open, then nothing), so the socket would hang. Unless
+        # the peer closed properly or hung up, try to say why, then hang up ourselves.
+        remote_closed = lib.pn_connection_state(conn.connection) & lib.PN_REMOTE_CLOSED
+        if not conn.input_ended and not remote_closed:
+            logger.info('connection %d from %s: malformed input, closing', conn.id, conn.peer)
+            conn.fail('amqp:connection:framing-error', 'malformed or truncated input')
+            conn.hang_up_when_flushed = True
 
     def _on_transport_closed(self, conn: AmqpConnection, event: Ptr) -> None:
         self._sweep(conn, session=None)

@@ -44,6 +44,9 @@ class AmqpConnection(asyncio.Protocol):
         self._timer_deadline = 0.0
         self._processing = False
         self._freed = False
+        self.input_ended = False
+        self.hang_up_when_flushed = False
+        """The peer hung up (EOF or a dropped socket), as opposed to the engine refusing input."""
         t = self.transport = lib.pn_transport()
         lib.pn_transport_set_server(t)
         lib.pn_transport_set_max_frame(t, broker.settings.amqp.max_frame_size)
@@ -141,7 +144,8 @@ class AmqpConnection(asyncio.Protocol):
             socket.write(buffer)
         if lib.pn_collector_peek(self.collector) != ffi.NULL:
             return True
-        if socket is not None and lib.pn_transport_pending(t) < 0:
+        pending = lib.pn_transport_pending(t)
+        if socket is not None and (pending < 0 or (pending == 0 and self.hang_up_when_flushed)):
             socket.close()  # our Close went out (or the engine gave up): asyncio flushes first
         return False
 
@@ -160,6 +164,7 @@ class AmqpConnection(asyncio.Protocol):
     def _close_input(self) -> None:
         if self._freed:
             return
+        self.input_ended = True
         lib.pn_transport_close_tail(self.transport)
         lib.pn_transport_close_head(self.transport)
         self.process()

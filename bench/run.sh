@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# bench/run.sh - the Shoal benchmark suite: one private redis-server, one Shoal broker, the
+# shared load generator amqpload.py, loopback only. Results go to docs/benchmarks.md by hand.
+#
+# usage: bench/run.sh [OUTDIR]          (or: make bench)
+#
+# Environment overrides (defaults in brackets):
+#   AMQPLOAD  the load generator (never copied into this repo) [/work/shared/tools/amqpload.py]
+#   PY        python with python-qpid-proton >= 0.39 and Shoal installed [.venv/bin/python]
+#   N         messages per throughput run                          [50000]
+#   NFAN      messages per fan-out run (x 4 deliveries)            [20000]
+#   NLAT      messages per latency run                             [10000]
+#   RATE      latency-run rate, msg/s                              [1000]
+#   REPS      repetitions per test (median reported)               [3]
+#   WARMUP    messages of one discarded warm-up run before row i   [5000]
+#   BACKLOG   closed loop: max sent-but-not-received               [1000]
+#   SIZE      body bytes                                           [1024]
+#   RUN_TIMEOUT  amqpload --timeout, seconds per process per rep   [120]
+#
+# The rows mirror /work/shared/tools/run-peer-bench.sh (same labels, same options), so its
+# RabbitMQ table can be put next to this one.
+#
+# Fan-out: amqpload attaches its links with a bare address and no capabilities. Shoal would
+# auto-create such an address as a *queue* (SHOAL_DEFAULT_ADDRESS_KIND=queue), and the four
+# "subscribers" would then compete for one queue instead of each receiving every message. So
+# the fan-out row runs against a second broker started (on the same Redis, after the first one
+# is stopped) with SHOAL_DEFAULT_ADDRESS_KIND=topic: every address amqpload names is created
+# as a topic, each consumer link gets its own non-durable subscription, and the row measures
+# real topic fan-out (amqpload checks that every subscriber got every message).
+#
+# Every amqpload run is bounded by --timeout per process and each step by `timeout`. Every
+# process this script starts is stopped by PID on exit.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+PY=${PY:-$ROOT/.venv/bin/python}
+AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
+N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
+REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
+RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+OUT=${1:-/tmp/shoal-bench/$(date +%Y%m%d-%H%M%S)}
+
+[[ -f $AMQPLOAD ]] || { echo "amqpload not found at $AMQPLOAD (set AMQPLOAD=...)" >&2; exit 2; }
+"$PY" -c 'import proton, cproton_ffi, shoal_broker' 2>/dev/null || {
+  echo "$PY lacks python-qpid-proton or shoal_broker (run 'make venv')" >&2; exit 2; }
+command -v redis-server > /dev/null || { echo "redis-server missing (make system-deps)" >&2; exit 2; }
+command -v curl > /dev/null || { echo "curl missing" >&2; exit 2; }
+
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d /tmp/shoal-bench-run.XXXXXX)     # private Redis directory
+J="$OUT/results.jsonl"
+STARTED_PIDS=()
+REDIS_PID=""
+BROKER_PID=""
+
+cleanup() {
+  local rc=$? pid i
+  set +e
+  for pid in "${STARTED_PIDS[@]}"; do
+    kill -0 "$pid" 2>/dev/null || continue
+    kill -TERM "$pid" 2>/dev/null
+    for ((i = 0; i < 150; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+  done
+  rm -rf "$WORK"
+  echo "stopped everything started; results in $OUT"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Three distinct free loopback ports (held open together so they differ).
+read -r RPORT PORT HPORT < <("$PY" -c '
+import socket
+ss = [socket.socket() for _ in range(3)]
+for s in ss:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in ss))')
+
+machine() {  # one line of machine facts: when, cores, load, CPU pressure
+  echo "$1: $(date -Is) nproc=$(nproc) loadavg=$(cut -d' ' -f1-3 /proc/loadavg)" \
+       "cpu-pressure: $(head -1 /proc/pressure/cpu 2>/dev/null || echo n/a)"
+}
+
+proc_cpu_s() {  # utime+stime of a PID in seconds
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
+}
+
+start_redis() {
+  redis-server --bind 127.0.0.1 --port "$RPORT" --save '' --appendonly no --dir "$WORK" \
+      --protected-mode yes --logfile "$OUT/redis.log" --daemonize no > /dev/null 2>&1 &
+  REDIS_PID=$!
+  STARTED_PIDS+=("$REDIS_PID")
+  local i
+  for ((i = 0; i < 100; i++)); do
+    redis-cli -h 127.0.0.1 -p "$RPORT" ping 2>/dev/null | grep -q PONG && return 0
+    kill -0 "$REDIS_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "redis-server did not start; see $OUT/redis.log" >&2
+  exit 1
+}
+
+start_broker() {  # $1: log file name; further args: extra environment (NAME=VALUE)
+  local log=$1 i
+  shift
+  env SHOAL_LOG_LEVEL=WARNING "$@" "$PY" -m shoal_broker --listen "127.0.0.1:$PORT" \
+      --http "127.0.0.1:$HPORT" --redis-url "redis://127.0.0.1:$RPORT/0" --replica-id bench \
+      > "$OUT/$log" 2>&1 &
+  BROKER_PID=$!
+  STARTED_PIDS+=("$BROKER_PID")
+  for ((i = 0; i < 300; i++)); do
+    curl -sf "http://127.0.0.1:$HPORT/readyz" > /dev/null 2>&1 && {
+      echo "Shoal broker up: pid $BROKER_PID, amqp 127.0.0.1:$PORT, redis 127.0.0.1:$RPORT $*"
+      return 0; }
+    kill -0 "$BROKER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "Shoal broker did not become ready; see $OUT/$log" >&2
+  exit 1
+}
+
+stop_broker() {  # SIGTERM, bounded wait, then SIGKILL
+  local i
+  kill -TERM "$BROKER_PID" 2>/dev/null || return 0
+  for ((i = 0; i < 150; i++)); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$BROKER_PID" 2>/dev/null && { echo "broker ignored SIGTERM for 15 s; killing" >&2
+                                         kill -KILL "$BROKER_PID"; }
+  wait "$BROKER_PID" 2>/dev/null || true
+}
+
+FAILED=()
+bench() {  # label, messages per rep (for the Redis CPU line), then amqpload run options
+  local label=$1 per_rep=$2 r0 r1 msgs
+  shift 2
+  echo "--- $label"
+  msgs=$((per_rep * REPS))
+  [[ " $* " == *" --warmup "* ]] && msgs=$((msgs + WARMUP))
+  r0=$(proc_cpu_s "$REDIS_PID")
+  timeout -k 10 $(((REPS + 1) * (RUN_TIMEOUT + 25) + 60)) \
+    "$PY" "$AMQPLOAD" run --host 127.0.0.1 --port "$PORT" --timeout "$RUN_TIMEOUT" \
+      --reps "$REPS" --size "$SIZE" --broker-pid "$BROKER_PID" --label "shoal $label" \
+      --json "$J" "$@" 2>&1 | tee -a "$OUT/log.txt" \
+    || { echo "($label: incomplete or failed, see $OUT/log.txt)"; FAILED+=("$label"); }
+  r1=$(proc_cpu_s "$REDIS_PID")
+  awk -v l="$label" -v a="$r0" -v b="$r1" -v m="$msgs" 'BEGIN {
+      printf "redis-server CPU | %s | %.1f s | %d msgs | %.1f us/msg\n", l, b - a, m, 1e6 * (b - a) / m }' \
+    | tee -a "$OUT/redis-cpu.txt"
+}
+
+{
+  machine "before"
+  echo "N=$N NFAN=$NFAN NLAT=$NLAT RATE=$RATE REPS=$REPS WARMUP=$WARMUP BACKLOG=$BACKLOG SIZE=$SIZE"
+  echo "redis: $(redis-server --version)"
+  echo "shoal: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" \
+       status --porcelain -- broker 2>/dev/null | grep -q . && echo ' (broker/ modified)')"
+} | tee "$OUT/machine.txt"
+
+start_redis
+start_broker broker.log
+
+Q='bench-{run}'     # a fresh address per repetition ({run} is replaced by amqpload)
+
+# Closed loop: the producer keeps at most $BACKLOG messages sent but not yet received, so the
+# rows measure steady-state capacity with meaningful latency.
+bench "i queue 1p1c at-least-once" "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" --warmup "$WARMUP"
+bench "ii queue 1p1c presettled"   "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" --presettled
+bench "iii queue 1p4c competing"   "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" -k 4
+bench "v latency @${RATE}/s"       "$NLAT" -a "$Q" -n "$NLAT" --rate "$RATE" --max-backlog "$BACKLOG"
+
+# Fan-out needs addresses auto-created as topics (see the header).
+stop_broker
+start_broker broker-topic.log SHOAL_DEFAULT_ADDRESS_KIND=topic
+bench "iv topic fan-out 1p4s" "$NFAN" -a "$Q" -n "$NFAN" --max-backlog "$BACKLOG" -k 4 --fanout
+stop_broker
+
+machine "after" | tee -a "$OUT/machine.txt"
+
+echo
+echo "## Shoal, medians of $REPS ($(nproc) cores)"
+echo
+"$PY" "$AMQPLOAD" table "$J" | tee "$OUT/table.md"
+echo
+# Broker CPU per message, which amqpload's table leaves out: CPU seconds over each rep's wall
+# time divided by the messages published in that rep (median over reps).
+"$PY" - "$J" <<'EOF' | tee -a "$OUT/table.md"
+import json, statistics, sys
+print("| label | broker us/msg (median) | missing | duplicates | errors |")
+print("|---|---|---|---|---|")
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    runs = d["runs"]
+    us = [r["broker_cpu_pct"] / 100 * r["wall_s"] / r["count"] * 1e6
+          for r in runs if r.get("broker_cpu_pct") is not None and r.get("wall_s")]
+    print("| %s | %s | %s | %s | %s |" % (
+        d["summary"]["label"], "%.0f" % statistics.median(us) if us else "-",
+        sum(r.get("missing") or 0 for r in runs), sum(r.get("duplicates") or 0 for r in runs),
+        "; ".join(sorted({e for r in runs for e in r["errors"]})) or "none"))
+EOF
+echo
+cat "$OUT/redis-cpu.txt"
+errs=$(grep -c -E 'ERROR|CRITICAL|Traceback' "$OUT"/broker*.log || true)
+echo "broker log lines with ERROR/CRITICAL/Traceback: $(echo "$errs" | tr '\n' ' ')"
+if ((${#FAILED[@]})); then
+  echo "incomplete or failed steps: ${FAILED[*]}" >&2
+  exit 1
+fi

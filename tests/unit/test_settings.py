@@ -1,0 +1,262 @@
+"""``BrokerSettings.from_env`` and the command line over it (``cli.settings_from``)."""
+
+import os
+import socket
+from typing import Any
+
+import pytest
+
+from shoal_broker import cli, settings
+from shoal_broker.settings import AddressKind, BrokerSettings, LogFormat
+
+# variable -> (value set, path of the field, expected value of that exact type)
+EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
+    'SHOAL_LISTEN': ('0.0.0.0:5673', 'amqp.listen', '0.0.0.0:5673'),
+    'SHOAL_HTTP': ('0.0.0.0:9090', 'http', '0.0.0.0:9090'),
+    'SHOAL_REDIS_URL': ('redis://r:6379/2', 'store.redis_url', 'redis://r:6379/2'),
+    'SHOAL_DATA_DIR': ('/var/lib/shoal', 'store.data_dir', '/var/lib/shoal'),
+    'SHOAL_REPLICA_ID': ('pod-7', 'replica_id', 'pod-7'),
+    'SHOAL_LOG_FORMAT': ('json', 'log_format', LogFormat.JSON),
+    'SHOAL_LOG_LEVEL': ('DEBUG', 'log_level', 'DEBUG'),
+    'SHOAL_IDLE_TIMEOUT_SECONDS': ('2.5', 'amqp.idle_timeout_seconds', 2.5),
+    'SHOAL_MAX_FRAME_SIZE': ('4096', 'amqp.max_frame_size', 4096),
+    'SHOAL_MAX_MESSAGE_SIZE': ('123456', 'amqp.max_message_size', 123456),
+    'SHOAL_PRODUCER_CREDIT': ('17', 'amqp.producer_credit', 17),
+    'SHOAL_AUTO_CREATE_QUEUES': ('false', 'routing.auto_create_queues', False),
+    'SHOAL_AUTO_CREATE_TOPICS': ('no', 'routing.auto_create_topics', False),
+    'SHOAL_DEFAULT_ADDRESS_KIND': ('topic', 'routing.default_address_kind', AddressKind.TOPIC),
+    'SHOAL_MAX_DELIVERY_ATTEMPTS': ('0', 'routing.max_delivery_attempts', 0),
+    'SHOAL_DEAD_LETTER_ADDRESS': ('dead', 'routing.dead_letter_address', 'dead'),
+    'SHOAL_EXPIRY_ADDRESS': ('expired', 'routing.expiry_address', 'expired'),
+    'SHOAL_TRIM_INTERVAL_SECONDS': ('0.5', 'store.trim_interval_seconds', 0.5),
+    'SHOAL_SHUTDOWN_GRACE_SECONDS': ('3', 'shutdown_grace_seconds', 3.0),
+}
+
+DEFAULTS: dict[str, Any] = {
+    'amqp.listen': '127.0.0.1:5672',
+    'http': '127.0.0.1:8080',
+    'store.redis_url': None,
+    'store.data_dir': '.data/redis',
+    'log_format': LogFormat.TEXT,
+    'log_level': 'INFO',
+    'amqp.idle_timeout_seconds': 60.0,
+    'amqp.max_frame_size': 1048576,
+    'amqp.max_message_size': 67108864,
+    'amqp.producer_credit': 1000,
+    'routing.auto_create_queues': True,
+    'routing.auto_create_topics': True,
+    'routing.default_address_kind': AddressKind.QUEUE,
+    'routing.max_delivery_attempts': 10,
+    'routing.dead_letter_address': 'DLQ',
+    'routing.expiry_address': '',
+    'store.trim_interval_seconds': 5.0,
+    'shutdown_grace_seconds': 10.0,
+}
+
+
+def field(s: BrokerSettings, path: str) -> Any:
+    value: Any = s
+    for part in path.split('.'):
+        value = getattr(value, part)
+    return value
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No SHOAL_* variable from the calling shell leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith('SHOAL_'):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_the_table_covers_every_variable_settings_reads() -> None:
+    declared = {v for k, v in vars(settings).items() if k.startswith('ENV_')}
+    assert declared == set(EVERY_VARIABLE)
+
+
+@pytest.mark.parametrize(
+    ('variable', 'value', 'path', 'expected'),
+    [(k, *v) for k, v in EVERY_VARIABLE.items()],
+    ids=list(EVERY_VARIABLE),
+)
+def test_each_variable_sets_its_field_with_its_type(
+    variable: str, value: str, path: str, expected: Any
+) -> None:
+    s = BrokerSettings.from_env({variable: value})
+    assert field(s, path) == expected
+    assert type(field(s, path)) is type(expected)
+
+
+def test_all_variables_together_set_all_fields() -> None:
+    s = BrokerSettings.from_env({k: v[0] for k, v in EVERY_VARIABLE.items()})
+    for _, path, expected in EVERY_VARIABLE.values():
+        assert field(s, path) == expected, path
+
+
+def test_one_variable_leaves_the_other_fields_at_their_defaults() -> None:
+    s = BrokerSettings.from_env({'SHOAL_MAX_FRAME_SIZE': '4096'})
+    for path, default in DEFAULTS.items():
+        if path != 'amqp.max_frame_size':
+            assert field(s, path) == default, path
+
+
+@pytest.mark.parametrize(('path', 'default'), DEFAULTS.items(), ids=list(DEFAULTS))
+def test_defaults_when_no_variable_is_set(path: str, default: Any) -> None:
+    s = BrokerSettings.from_env({})
+    assert field(s, path) == default
+    assert type(field(s, path)) is type(default)
+
+
+def test_the_default_replica_id_is_hostname_and_pid() -> None:
+    expected = f'{socket.gethostname()}-{os.getpid()}'
+    assert BrokerSettings.from_env({}).replica_id == expected
+    assert BrokerSettings.from_env({'SHOAL_REPLICA_ID': ''}).replica_id == expected
+
+
+def test_an_empty_redis_url_means_embedded_redis() -> None:
+    assert BrokerSettings.from_env({'SHOAL_REDIS_URL': ''}).store.redis_url is None
+
+
+def test_an_empty_http_disables_the_endpoint() -> None:
+    assert BrokerSettings.from_env({'SHOAL_HTTP': ''}).http == ''
+
+
+def test_an_empty_dead_letter_address_means_drop() -> None:
+    assert (
+        BrokerSettings.from_env({'SHOAL_DEAD_LETTER_ADDRESS': ''}).routing.dead_letter_address == ''
+    )
+
+
+def test_from_env_reads_os_environ_by_default(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv('SHOAL_PRODUCER_CREDIT', '5')
+    assert BrokerSettings.from_env().amqp.producer_credit == 5
+
+
+@pytest.mark.parametrize(
+    ('value', 'expected'),
+    [
+        ('1', True),
+        ('true', True),
+        ('TRUE', True),
+        ('Yes', True),
+        ('on', True),
+        ('0', False),
+        ('false', False),
+        ('False', False),
+        ('NO', False),
+        ('off', False),
+    ],
+)
+@pytest.mark.parametrize('variable', ['SHOAL_AUTO_CREATE_QUEUES', 'SHOAL_AUTO_CREATE_TOPICS'])
+def test_boolean_variables_accept_the_usual_spellings(
+    variable: str, value: str, expected: bool
+) -> None:
+    s = BrokerSettings.from_env({variable: value})
+    name = variable.removeprefix('SHOAL_').lower()
+    assert getattr(s.routing, name) is expected
+
+
+@pytest.mark.parametrize('value', ['maybe', '', '2', 'tru', ' true', 'y'])
+@pytest.mark.parametrize('variable', ['SHOAL_AUTO_CREATE_QUEUES', 'SHOAL_AUTO_CREATE_TOPICS'])
+def test_a_bad_boolean_is_an_error_naming_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(ValueError, match=variable):
+        BrokerSettings.from_env({variable: value})
+
+
+@pytest.mark.parametrize(
+    ('variable', 'value'),
+    [
+        ('SHOAL_MAX_FRAME_SIZE', 'big'),
+        ('SHOAL_IDLE_TIMEOUT_SECONDS', 'soon'),
+        ('SHOAL_DEFAULT_ADDRESS_KIND', 'exchange'),
+        ('SHOAL_LOG_FORMAT', 'xml'),
+    ],
+)
+def test_other_bad_values_are_value_errors(variable: str, value: str) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - cli.main reports any ValueError
+        BrokerSettings.from_env({variable: value})
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def test_without_options_the_command_line_uses_the_environment(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    for variable in ('SHOAL_LISTEN', 'SHOAL_REDIS_URL', 'SHOAL_DATA_DIR', 'SHOAL_REPLICA_ID'):
+        clean_env.setenv(variable, EVERY_VARIABLE[variable][0])
+    clean_env.setenv('SHOAL_HTTP', '')
+    clean_env.setenv('SHOAL_MAX_DELIVERY_ATTEMPTS', '3')
+
+    s = cli.settings_from([])
+
+    assert s.amqp.listen == '0.0.0.0:5673'
+    assert s.store.redis_url == 'redis://r:6379/2'
+    assert s.store.data_dir == '/var/lib/shoal'
+    assert s.replica_id == 'pod-7'
+    assert s.http == ''
+    assert s.routing.max_delivery_attempts == 3
+
+
+def test_without_options_or_environment_the_command_line_gives_the_defaults(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    s = cli.settings_from([])
+    for path, default in DEFAULTS.items():
+        assert field(s, path) == default, path
+
+
+@pytest.mark.parametrize(
+    ('option', 'variable', 'path'),
+    [
+        ('--listen', 'SHOAL_LISTEN', 'amqp.listen'),
+        ('--redis-url', 'SHOAL_REDIS_URL', 'store.redis_url'),
+        ('--data-dir', 'SHOAL_DATA_DIR', 'store.data_dir'),
+        ('--replica-id', 'SHOAL_REPLICA_ID', 'replica_id'),
+        ('--http', 'SHOAL_HTTP', 'http'),
+    ],
+)
+def test_a_command_line_option_wins_over_its_variable(
+    clean_env: pytest.MonkeyPatch, option: str, variable: str, path: str
+) -> None:
+    clean_env.setenv(variable, 'from-env')
+    clean_env.setenv('SHOAL_PRODUCER_CREDIT', '7')
+
+    s = cli.settings_from([option, 'from-command-line'])
+
+    assert field(s, path) == 'from-command-line'
+    assert s.amqp.producer_credit == 7
+
+
+def test_all_options_together(clean_env: pytest.MonkeyPatch) -> None:
+    for variable in ('SHOAL_LISTEN', 'SHOAL_REDIS_URL', 'SHOAL_DATA_DIR', 'SHOAL_REPLICA_ID'):
+        clean_env.setenv(variable, 'from-env')
+    argv = ['--listen', '10.0.0.1:1', '--redis-url', 'redis://x', '--data-dir', 'd']
+    argv += ['--replica-id', 'r', '--http', '10.0.0.1:2']
+
+    s = cli.settings_from(argv)
+
+    assert (s.amqp.listen, s.store.redis_url, s.store.data_dir) == ('10.0.0.1:1', 'redis://x', 'd')
+    assert (s.replica_id, s.http) == ('r', '10.0.0.1:2')
+
+
+def test_an_empty_http_option_disables_the_endpoint_set_in_the_environment(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv('SHOAL_HTTP', '0.0.0.0:8080')
+    assert cli.settings_from(['--http', '']).http == ''
+
+
+def test_a_bad_environment_variable_fails_the_command_line(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv('SHOAL_AUTO_CREATE_TOPICS', 'sometimes')
+    with pytest.raises(ValueError, match='SHOAL_AUTO_CREATE_TOPICS'):
+        cli.settings_from(['--listen', '127.0.0.1:1'])
+
+
+def test_main_reports_a_bad_variable_and_exits_with_usage_status(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clean_env.setenv('SHOAL_AUTO_CREATE_QUEUES', 'sometimes')
+    assert cli.main([]) == 2
+    assert 'SHOAL_AUTO_CREATE_QUEUES' in capsys.readouterr().err
