@@ -76,8 +76,8 @@ def test_a_temporary_queue_lives_as_long_as_its_creating_link(
     rcv = receiver(conn, temp, Capabilities('temporary-queue'), credit=5)
     sender(conn, temp).send(Message(body='to temp'))
     assert [m.body for m in receive_all(rcv, 1)] == ['to temp']
-    creator.close()
-    with pytest.raises(LinkDetached, match='amqp:resource-deleted'):
+    with pytest.raises(LinkDetached, match='amqp:resource-deleted'):  # raised while waiting
+        creator.close()
         conn.wait(lambda: rcv.link.state & rcv.link.REMOTE_CLOSED, timeout=5)
     conn.close()
     conn = connect(broker.url)  # the node is gone: with auto-create it would be a new, empty one

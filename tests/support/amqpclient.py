@@ -123,6 +123,7 @@ class RawCollector:
 
     def __init__(self) -> None:
         self.transfers: list[bytes] = []
+        self.link: Any = None
 
     def on_delivery(self, event: Any) -> None:
         delivery = event.delivery

@@ -28,7 +28,7 @@ def names_used(pattern: re.Pattern[str]) -> dict[str, list[str]]:
 
 def test_engine_imports_on_the_installed_binding() -> None:
     assert engine.lib is lib
-    assert engine.SUPPORTED_PROTON == proton.VERSION[:2]
+    assert proton.VERSION[:2] == engine.SUPPORTED_PROTON
 
 
 def test_every_lib_function_and_constant_the_broker_uses_exists() -> None:
