@@ -58,41 +58,52 @@ class Described:
     value: Any
 
 
-# Width of the size/count prefix for variable, compound and array encodings, by high nibble.
+# Encoded width by constructor family (high nibble): fixed widths, or the size prefix width.
 _FIXED_WIDTH: Final = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}
-_VAR_WIDTH: Final = {0xA: 1, 0xB: 4, 0xC: 1, 0xD: 4, 0xE: 1, 0xF: 4}
+_VALID_CONSTRUCTORS: Final = frozenset(
+    [0x00, *range(0x40, 0x46), *range(0x50, 0x57), 0x60, 0x61, *range(0x70, 0x75),
+     *range(0x80, 0x85), 0x94, 0x98, 0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xB3, 0xC0, 0xC1, 0xD0, 0xD1,
+     0xE0, 0xF0]
+)  # fmt: skip
+MAX_DEPTH: Final = 64
+"""Nesting of described and compound values we follow before calling the input hostile."""
 
 
-def skip(buf: bytes, pos: int) -> int:
+def skip(buf: bytes, pos: int, depth: int = 0) -> int:
     """Return the position just after the encoded value starting at ``pos``."""
-    try:
-        code = buf[pos]
-        if code == 0x00:
-            return skip(buf, skip(buf, pos + 1))
-        nibble = code >> 4
-        fixed = _FIXED_WIDTH.get(nibble)
-        if fixed is not None:
-            end = pos + 1 + fixed
-        elif nibble in (0xA, 0xC, 0xE):
-            end = pos + 2 + buf[pos + 1]
-        elif nibble in (0xB, 0xD, 0xF):
-            end = pos + 5 + int.from_bytes(buf[pos + 1 : pos + 5], 'big')
-        else:
-            raise DecodeError(f'unknown AMQP type constructor 0x{code:02x} at {pos}')
-    except IndexError as exc:
-        raise DecodeError(f'truncated value at {pos}') from exc
+    if depth > MAX_DEPTH:
+        raise DecodeError(f'values nested deeper than {MAX_DEPTH} levels')
+    if pos >= len(buf):
+        raise DecodeError(f'truncated value at {pos}')
+    code = buf[pos]
+    if code not in _VALID_CONSTRUCTORS:
+        raise DecodeError(f'unknown AMQP type constructor 0x{code:02x} at {pos}')
+    if code == 0x00:
+        return skip(buf, skip(buf, pos + 1, depth + 1), depth + 1)
+    nibble = code >> 4
+    fixed = _FIXED_WIDTH.get(nibble)
+    if fixed is not None:
+        end = pos + 1 + fixed
+    elif nibble in (0xA, 0xC, 0xE):
+        if pos + 1 >= len(buf):
+            raise DecodeError(f'truncated value at {pos}')
+        end = pos + 2 + buf[pos + 1]
+    else:
+        if pos + 5 > len(buf):
+            raise DecodeError(f'truncated value at {pos}')
+        end = pos + 5 + int.from_bytes(buf[pos + 1 : pos + 5], 'big')
     if end > len(buf):
         raise DecodeError(f'value at {pos} runs past the end of the message')
     return end
 
 
-def decode(buf: bytes, pos: int) -> tuple[Any, int]:  # noqa: C901 - one branch per AMQP type family
+def decode(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:  # noqa: C901 - one branch per type family
     """Decode the value at ``pos``; return it and the position after it."""
-    end = skip(buf, pos)
+    end = skip(buf, pos, depth)
     code = buf[pos]
     if code == 0x00:
-        descriptor, vpos = decode(buf, pos + 1)
-        value, _ = decode(buf, vpos)
+        descriptor, vpos = decode(buf, pos + 1, depth + 1)
+        value, _ = decode(buf, vpos, depth + 1)
         return Described(descriptor, value), end
     if code == 0x40:
         return None, end
@@ -104,9 +115,9 @@ def decode(buf: bytes, pos: int) -> tuple[Any, int]:  # noqa: C901 - one branch 
         return [], end
     if code == 0x56:
         return buf[pos + 1] != 0, end
-    if code in (0x50, 0x52, 0x53, 0x60, 0x70, 0x80, 0x83):
+    if code in (0x50, 0x52, 0x53, 0x60, 0x70, 0x80):
         return int.from_bytes(buf[pos + 1 : end], 'big'), end
-    if code in (0x51, 0x54, 0x55, 0x61, 0x71, 0x81):
+    if code in (0x51, 0x54, 0x55, 0x61, 0x71, 0x81, 0x83):  # timestamps are signed ms
         return int.from_bytes(buf[pos + 1 : end], 'big', signed=True), end
     if code == 0x72:
         return struct.unpack_from('>f', buf, pos + 1)[0], end
@@ -121,7 +132,7 @@ def decode(buf: bytes, pos: int) -> tuple[Any, int]:  # noqa: C901 - one branch 
     if code in (0xB0, 0xB1, 0xB3):
         return _variable(code, bytes(buf[pos + 5 : end])), end
     if code in (0xC0, 0xC1, 0xD0, 0xD1):
-        return _compound(buf, pos, code, end), end
+        return _compound(buf, pos, code, end, depth), end
     # arrays, decimals: not needed for routing; returned raw so callers can still compare them
     return bytes(buf[pos:end]), end
 
@@ -137,13 +148,17 @@ def _variable(code: int, raw: bytes) -> Any:
     return Symbol(text) if kind == 0x3 else text
 
 
-def _compound(buf: bytes, pos: int, code: int, end: int) -> Any:
+def _compound(buf: bytes, pos: int, code: int, end: int, depth: int) -> Any:
     wide = code >= 0xD0
-    count = int.from_bytes(buf[pos + 5 : pos + 9], 'big') if wide else buf[pos + 2]
     p = pos + (9 if wide else 3)
+    if p > end:
+        raise DecodeError(f'compound value at {pos} is too short to hold its count')
+    count = int.from_bytes(buf[pos + 5 : pos + 9], 'big') if wide else buf[pos + 2]
     items = []
     for _ in range(count):
-        item, p = decode(buf, p)
+        if p >= end:
+            raise DecodeError(f'compound value at {pos} has a wrong size or count')
+        item, p = decode(buf, p, depth + 1)
         items.append(item)
     if p != end:
         raise DecodeError(f'compound value at {pos} has a wrong size or count')
@@ -199,7 +214,12 @@ class RoutingView:
 
 
 def parse(buf: bytes) -> RoutingView:
-    """Split a received message into stored parts and decode what routing needs."""
+    """
+    Split a received message into stored parts and decode what routing needs.
+
+    Every section is walked (cheaply: values are skipped by their encoded width, not decoded),
+    so a truncated or malformed message is refused here rather than delivered to a consumer.
+    """
     pos, n = 0, len(buf)
     header, header_bytes = Header(), b''
     annotations: dict[Any, Any] = {}
@@ -222,9 +242,6 @@ def parse(buf: bytes) -> RoutingView:
                 elif code == PROPERTIES:
                     value = decode(buf, vpos)[0]
                     props = value if isinstance(value, list) else []
-                    break
-                else:
-                    break
             pos = end
     except IndexError as exc:
         raise DecodeError('truncated section') from exc
@@ -309,38 +326,41 @@ def encode_string(text: str) -> bytes:
 
 def with_annotations(rest: bytes, extra: dict[str, str]) -> bytes:
     """
-    Add symbol-keyed string annotations to the message-annotations section of ``rest``.
+    Set symbol-keyed string annotations in the message-annotations section of ``rest``.
 
-    The existing entries are copied as encoded bytes, so their AMQP types are unchanged; the
-    bare message after the section is untouched. Used when dead-lettering a message.
+    Other entries are copied as encoded bytes, so their AMQP types are unchanged; an entry with
+    one of the keys being set is replaced (a map may not repeat a key). The bare message after the
+    section is untouched. Used when dead-lettering or expiring a message.
     """
     pairs: list[bytes] = []
-    count = 0
     pos = 0
     if rest:
         code, vpos = section_code(rest, 0)
         if code == MESSAGE_ANNOTATIONS:
             end = skip(rest, vpos)
-            pairs.append(_map_entries(rest, vpos, end))
-            count = _map_count(rest, vpos)
+            pairs = [raw for raw in _map_pairs(rest, vpos, end) if _key_of(raw) not in extra]
             pos = end
-    for key, value in extra.items():
-        pairs.append(encode_symbol(key) + encode_string(value))
-        count += 2
+    pairs += [encode_symbol(key) + encode_string(value) for key, value in extra.items()]
     body = b''.join(pairs)
+    count = 2 * len(pairs)
     encoded = b'\xd1' + (len(body) + 4).to_bytes(4, 'big') + count.to_bytes(4, 'big') + body
     return b'\x00\x53\x72' + encoded + rest[pos:]
 
 
-def _map_count(buf: bytes, pos: int) -> int:
+def _map_pairs(buf: bytes, pos: int, end: int) -> list[bytes]:
+    """The encoded key+value byte strings of the map at ``pos``."""
     code = buf[pos]
-    if code == 0xC1:
-        return buf[pos + 2]
-    if code == 0xD1:
-        return int.from_bytes(buf[pos + 5 : pos + 9], 'big')
-    raise DecodeError('message-annotations section is not a map')
+    if code not in (0xC1, 0xD1):
+        raise DecodeError('message-annotations section is not a map')
+    p = pos + (3 if code == 0xC1 else 9)
+    pairs = []
+    while p < end:
+        value_at = skip(buf, p)
+        after = skip(buf, value_at)
+        pairs.append(bytes(buf[p:after]))
+        p = after
+    return pairs
 
 
-def _map_entries(buf: bytes, pos: int, end: int) -> bytes:
-    code = buf[pos]
-    return bytes(buf[pos + (3 if code == 0xC1 else 9) : end])
+def _key_of(pair: bytes) -> Any:
+    return decode(pair, 0)[0]
