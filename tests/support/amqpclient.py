@@ -98,7 +98,14 @@ def receive_all(rcv: BlockingReceiver, count: int, timeout: float = TIMEOUT) -> 
     for _ in range(count):
         out.append(rcv.receive(timeout=timeout))
         rcv.accept()
+    flush(rcv.connection)
     return out
+
+
+def flush(conn: BlockingConnection) -> None:
+    """Write out what the blocking client has queued (it only does I/O while waiting)."""
+    for _ in range(3):
+        conn.container.process()
 
 
 def nothing_more(rcv: BlockingReceiver, wait: float = 0.3) -> bool:

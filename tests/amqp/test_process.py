@@ -1,0 +1,110 @@
+"""The broker as a process: embedded Redis, health endpoints, graceful SIGTERM, trimming."""
+
+import json
+import signal
+import time
+
+import pytest
+import redis
+from amqpclient import Capabilities, connect, nothing_more, receive_all, receiver, sender
+from processes import BrokerProcess, RedisServer
+from proton import Message
+
+
+def test_without_a_redis_url_the_broker_runs_its_own_and_keeps_messages_across_restarts(
+    tmp_path, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    data = str(tmp_path / 'redis-data')
+    first = BrokerProcess(None, data_dir=data)
+    conn = connect(first.url)
+    sender(conn, address).send(Message(body='survives', durable=True))
+    conn.close()
+    assert first.stop() == 0
+    assert (tmp_path / 'redis-data').exists()
+    second = BrokerProcess(None, data_dir=data)
+    try:
+        conn = connect(second.url)
+        assert receive_all(receiver(conn, address, credit=1), 1)[0].body == 'survives'
+        conn.close()
+    finally:
+        assert second.stop() == 0
+
+
+def test_health_endpoints_answer(broker: BrokerProcess) -> None:
+    assert broker.http_get('/livez') == (200, b'ok\n')
+    status, body = broker.http_get('/readyz')
+    assert status == 200
+    assert json.loads(body) == {'accepting': True, 'redis': True}
+    status, body = broker.http_get('/metrics')
+    assert status == 200
+    assert b'# TYPE' in body
+    assert broker.http_get('/nope')[0] == 404
+
+
+def test_readiness_fails_while_redis_is_down(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = RedisServer()
+    b = BrokerProcess(server.url)
+    try:
+        server.stop()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and b.http_get('/readyz')[0] == 200:
+            time.sleep(0.1)
+        status, body = b.http_get('/readyz')
+        assert status == 503
+        assert json.loads(body)['redis'] is False
+        assert b.http_get('/livez')[0] == 200
+    finally:
+        b.stop()
+
+
+def test_sigterm_closes_connections_returns_held_messages_and_exits_cleanly(
+    redis_server: RedisServer, broker: BrokerProcess, address: str
+) -> None:
+    leaving = BrokerProcess(redis_server.url, replica_id='leaving')
+    conn = connect(leaving.url)
+    snd = sender(conn, address)
+    for i in range(3):
+        snd.send(Message(body=i))
+    rcv = receiver(conn, address, credit=3)
+    conn.wait(lambda: rcv.fetcher.has_message == 3, timeout=10)  # held, unsettled
+    started = time.monotonic()
+    leaving.process.send_signal(signal.SIGTERM)
+    assert leaving.process.wait(timeout=15) == 0
+    assert time.monotonic() - started < 10
+    with pytest.raises(Exception, match='amqp:connection:forced'):
+        conn.wait(lambda: False, timeout=5)
+    leaving.stop()
+    other = connect(broker.url)  # the survivor serves what the leaver held
+    again = receive_all(receiver(other, address, credit=3), 3)
+    assert sorted(m.body for m in again) == [0, 1, 2]
+    assert all(m.delivery_count == 0 for m in again)  # a shutdown is not a failed delivery
+    other.close()
+
+
+def test_consumed_entries_are_trimmed_and_unconsumed_ones_kept(
+    start_broker, redis_server: RedisServer, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    b = start_broker(env={'SHOAL_TRIM_INTERVAL_SECONDS': '0.2'})
+    conn = connect(b.url)
+    snd = sender(conn, address)
+    for i in range(50):
+        snd.send(Message(body=i))
+    first = receiver(conn, address, credit=40)
+    receive_all(first, 40)
+    topic = f'{address}-topic'
+    sub = receiver(conn, topic, Capabilities('topic'), credit=10)
+    sender(conn, topic, Capabilities('topic')).send(Message(body='t'))
+    receive_all(sub, 1)
+    client = redis.Redis.from_url(redis_server.url)
+    stream, topic_stream = f'shoal:{{a:{address}}}:s:0', f'shoal:{{a:{topic}}}:s:0'
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (client.xlen(stream), client.xlen(topic_stream)) != (10, 0):
+        time.sleep(0.1)
+    assert client.xlen(stream) == 10  # the ten not yet consumed
+    assert client.xlen(topic_stream) == 0
+    client.close()
+    first.close()  # its prefetch may hold some of the rest: they return to the queue
+    rest = receive_all(receiver(conn, address, credit=10), 10)
+    assert sorted(m.body for m in rest) == list(range(40, 50))
+    assert nothing_more(receiver(conn, address, credit=1))
+    conn.close()
