@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(settings)
     try:
-        import uvloop  # noqa: PLC0415 - optional accelerator
+        import uvloop
     except ImportError:
         runner = asyncio.run
     else:

@@ -137,9 +137,7 @@ class BrokerSettings:
         return cls(
             amqp=AmqpSettings(
                 listen=env.get(ENV_LISTEN, d.amqp.listen),
-                idle_timeout_seconds=float(
-                    env.get(ENV_IDLE_TIMEOUT, d.amqp.idle_timeout_seconds)
-                ),
+                idle_timeout_seconds=float(env.get(ENV_IDLE_TIMEOUT, d.amqp.idle_timeout_seconds)),
                 max_frame_size=int(env.get(ENV_MAX_FRAME_SIZE, d.amqp.max_frame_size)),
                 max_message_size=int(env.get(ENV_MAX_MESSAGE_SIZE, d.amqp.max_message_size)),
                 producer_credit=int(env.get(ENV_PRODUCER_CREDIT, d.amqp.producer_credit)),

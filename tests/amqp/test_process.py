@@ -98,7 +98,10 @@ def test_consumed_entries_are_trimmed_and_unconsumed_ones_kept(
     client = redis.Redis.from_url(redis_server.url)
     stream, topic_stream = f'shoal:{{a:{address}}}:s:0', f'shoal:{{a:{topic}}}:s:0'
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (client.xlen(stream), client.xlen(topic_stream)) != (10, 0):
+    while time.monotonic() < deadline and (client.xlen(stream), client.xlen(topic_stream)) != (
+        10,
+        0,
+    ):
         time.sleep(0.1)
     assert client.xlen(stream) == 10  # the ten not yet consumed
     assert client.xlen(topic_stream) == 0

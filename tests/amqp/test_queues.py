@@ -122,9 +122,7 @@ def test_released_message_is_redelivered_with_count_unchanged(
     conn.close()
 
 
-def test_modified_delivery_failed_increments_the_count(
-    broker: BrokerProcess, address: str
-) -> None:
+def test_modified_delivery_failed_increments_the_count(broker: BrokerProcess, address: str) -> None:
     conn = connect(broker.url)
     sender(conn, address).send(Message(body='x'))
     rcv = receiver(conn, address, credit=1)
@@ -138,9 +136,7 @@ def test_modified_delivery_failed_increments_the_count(
     conn.close()
 
 
-def test_rejected_message_goes_to_the_dead_letter_queue(
-    start_broker, address: str
-) -> None:  # type: ignore[no-untyped-def]
+def test_rejected_message_goes_to_the_dead_letter_queue(start_broker, address: str) -> None:  # type: ignore[no-untyped-def]
     dlq = f'{address}-dlq'
     b = start_broker(env={'SHOAL_DEAD_LETTER_ADDRESS': dlq})
     conn = connect(b.url)
@@ -159,9 +155,7 @@ def test_rejected_message_goes_to_the_dead_letter_queue(
 
 def test_max_delivery_attempts_dead_letters(start_broker, address: str) -> None:  # type: ignore[no-untyped-def]
     dlq = f'{address}-dlq'
-    b = start_broker(
-        env={'SHOAL_DEAD_LETTER_ADDRESS': dlq, 'SHOAL_MAX_DELIVERY_ATTEMPTS': '3'}
-    )
+    b = start_broker(env={'SHOAL_DEAD_LETTER_ADDRESS': dlq, 'SHOAL_MAX_DELIVERY_ATTEMPTS': '3'})
     conn = connect(b.url)
     sender(conn, address).send(Message(body='flaky'))
     rcv = receiver(conn, address, credit=1)
@@ -257,9 +251,7 @@ def test_priority_high_band_first_order_kept_within_a_band(
     conn.close()
 
 
-def test_browser_sees_messages_without_consuming_them(
-    broker: BrokerProcess, address: str
-) -> None:
+def test_browser_sees_messages_without_consuming_them(broker: BrokerProcess, address: str) -> None:
     conn = connect(broker.url)
     snd = sender(conn, address)
     for i in range(4):
@@ -281,9 +273,7 @@ def test_browser_sees_messages_without_consuming_them(
     conn.close()
 
 
-def test_unknown_address_is_refused_when_auto_create_is_off(
-    start_broker, address: str
-) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_address_is_refused_when_auto_create_is_off(start_broker, address: str) -> None:  # type: ignore[no-untyped-def]
     b = start_broker(env={'SHOAL_AUTO_CREATE_QUEUES': 'false', 'SHOAL_AUTO_CREATE_TOPICS': 'false'})
     conn = connect(b.url)
     with pytest.raises(Exception, match='amqp:not-found'):

@@ -3,7 +3,6 @@
 import collections
 
 import pytest
-
 from amqpclient import connect, nothing_more, receive_all, receiver, sender
 from loadclient import CompetingRun
 from processes import BrokerProcess

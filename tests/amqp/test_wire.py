@@ -3,7 +3,6 @@
 import socket
 
 import pytest
-
 from amqpclient import connect, receive_all, receiver, sender
 from enginepeer import EnginePeer, read_until_closed
 from processes import BrokerProcess
@@ -92,9 +91,7 @@ def test_a_malformed_frame_closes_the_connection(
     _still_serves(broker, address)
 
 
-def test_a_frame_larger_than_max_frame_size_is_refused(
-    broker: BrokerProcess, address: str
-) -> None:
+def test_a_frame_larger_than_max_frame_size_is_refused(broker: BrokerProcess, address: str) -> None:
     huge = (64 * 1024 * 1024).to_bytes(4, 'big') + b'\x02\x00\x00\x00'
     with socket.create_connection(('127.0.0.1', broker.port)) as sock:
         sock.sendall(AMQP_HEADER + huge + b'\x00' * 1024)

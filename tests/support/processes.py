@@ -89,15 +89,19 @@ class BrokerProcess:
         self.http_port = free_port()
         self.replica_id = replica_id or f'test-{self.port}'
         self.log_path = Path(tempfile.mkstemp(prefix='shoal-broker-', suffix='.log')[1])
-        args = [sys.executable, '-m', 'shoal_broker', '--listen', f'{LOOPBACK}:{self.port}',
-                '--http', f'{LOOPBACK}:{self.http_port}', '--replica-id', self.replica_id]  # fmt: skip
+        args = [
+            sys.executable, '-m', 'shoal_broker', '--listen', f'{LOOPBACK}:{self.port}',
+            '--http', f'{LOOPBACK}:{self.http_port}', '--replica-id', self.replica_id,
+        ]  # fmt: skip
         if redis_url:
             args += ['--redis-url', redis_url]
         if data_dir:
             args += ['--data-dir', data_dir]
         full_env = {**os.environ, 'SHOAL_LOG_LEVEL': 'INFO', **(env or {})}
         self._log = self.log_path.open('wb')
-        self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+        self.process = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env
+        )
         try:
             wait_for(self.ready, 20, f'broker on port {self.port}')
         except TimeoutError:
@@ -114,7 +118,9 @@ class BrokerProcess:
 
     def http_get(self, path: str) -> tuple[int, bytes]:
         try:
-            with urllib.request.urlopen(f'http://{LOOPBACK}:{self.http_port}{path}', timeout=2) as r:
+            with urllib.request.urlopen(
+                f'http://{LOOPBACK}:{self.http_port}{path}', timeout=2
+            ) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()

@@ -76,7 +76,9 @@ class AmqpConnection(asyncio.Protocol):
             if capacity <= 0:  # tail closed: the engine wants no more input (error or close)
                 break
             chunk = min(capacity, size - offset)
-            lib.pn_transport_push(self.transport, ffi.from_buffer(view[offset : offset + chunk]), chunk)
+            lib.pn_transport_push(
+                self.transport, ffi.from_buffer(view[offset : offset + chunk]), chunk
+            )
             offset += chunk
         self.process()
 

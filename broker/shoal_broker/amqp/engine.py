@@ -32,7 +32,7 @@ Ptr = Any
 
 
 def is_null(ptr: Ptr) -> bool:
-    return ptr == ffi.NULL
+    return bool(ptr == ffi.NULL)
 
 
 def text(value: Any) -> str | None:
@@ -81,7 +81,8 @@ def symbols(data: Ptr) -> list[str]:
 def put_symbols(data: Ptr, values: list[str]) -> None:
     d = proton.Data(data)
     d.clear()
-    d.put_object(proton.Array(proton.UNDESCRIBED, proton.Data.SYMBOL, *map(proton.symbol, values)))
+    descriptor: Any = proton.UNDESCRIBED  # proton's annotation omits its own sentinel
+    d.put_object(proton.Array(descriptor, proton.Data.SYMBOL, *map(proton.symbol, values)))
 
 
 def put_map(data: Ptr, values: dict[str, Any]) -> None:

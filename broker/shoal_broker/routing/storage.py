@@ -82,9 +82,7 @@ class MessageStore(Protocol):
         """Remove a subscription and everything it still held."""
         ...
 
-    def publish(
-        self, address: str, kind: AddressKind, message: OutgoingMessage
-    ) -> Awaitable[bool]:
+    def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
         """Append a message; resolves False when a topic had no subscription to keep it."""
         ...
 

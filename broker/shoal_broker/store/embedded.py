@@ -45,9 +45,12 @@ class EmbeddedRedis:
             '--dir', str(self.data_dir), '--appendonly', 'yes', '--appendfsync', self.appendfsync,
             '--save', '', '--daemonize', 'no', '--loglevel', 'warning', '--logfile', 'redis.log',
         ]  # fmt: skip
-        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        self._spawn(command)
+        assert self._process is not None
         logger.info(
-            'embedded redis-server pid %d, data and redis.log in %s', self._process.pid, self.data_dir
+            'embedded redis-server pid %d, data and redis.log in %s',
+            self._process.pid,
+            self.data_dir,
         )
         deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT_SECONDS
         client = redis.asyncio.Redis(unix_socket_path=str(self.socket))
@@ -63,6 +66,10 @@ class EmbeddedRedis:
                 await asyncio.sleep(0.05)
         finally:
             await client.aclose()
+
+    def _spawn(self, command: list[str]) -> None:
+        # fork+exec returns at once; only the readiness wait below needs to be asynchronous
+        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
 
     def stop(self) -> None:
         process, self._process = self._process, None

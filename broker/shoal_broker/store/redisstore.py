@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
 from typing import Any
 
@@ -63,15 +63,14 @@ class RedisStore:
         self._watchers: dict[str, list[Notify]] = {}
         self._pubsub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._pending_tasks: set[asyncio.Future[None]] = set()
         self.pipelines = 0
         """Pipelines sent so far (a batching measure for benchmarks and tests)."""
         self.commands = 0
 
     @classmethod
     def from_url(cls, url: str, replica_id: str) -> 'RedisStore':
-        client = redis.asyncio.Redis.from_url(
-            url, decode_responses=False, health_check_interval=30
-        )
+        client = redis.asyncio.Redis.from_url(url, decode_responses=False, health_check_interval=30)
         return cls(client, replica_id)
 
     async def start(self) -> None:
@@ -183,9 +182,7 @@ class RedisStore:
         name = next((n for n, s in self._sha.items() if s == old), None)
         return command if name is None else ('EVALSHA', self._sha[name], *command[2:])
 
-    def publish(
-        self, address: str, kind: AddressKind, message: OutgoingMessage
-    ) -> Awaitable[bool]:
+    def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
         k = keys.AddressKeys.of(address)
         command = self._script(
             'publish',
@@ -328,7 +325,7 @@ class RedisStore:
         watchers = self._watchers.setdefault(address, [])
         watchers.append(notify)
         if len(watchers) == 1 and self._pubsub is not None:
-            asyncio.ensure_future(self._subscribe(address))
+            self._background(self._subscribe(address))
 
     def unwatch(self, address: str, notify: Notify) -> None:
         watchers = self._watchers.get(address, [])
@@ -337,7 +334,12 @@ class RedisStore:
         if not watchers and address in self._watchers:
             del self._watchers[address]
             if self._pubsub is not None:
-                asyncio.ensure_future(self._unsubscribe(address))
+                self._background(self._unsubscribe(address))
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._pending_tasks.add(task)
+        task.add_done_callback(self._pending_tasks.discard)
 
     async def _subscribe(self, address: str) -> None:
         with contextlib.suppress(*_REDIS_DOWN):
