@@ -32,6 +32,7 @@ from shoal_broker.amqp.links import (
 )
 from shoal_broker.amqp.subscriptions import MAX_FETCH, LocalSubscription
 from shoal_broker.errors import (
+    AddressNotFound,
     BrokerError,
     InvalidField,
     MessageSizeExceeded,
@@ -452,14 +453,16 @@ class Broker:
             self.stats['stored' if kept else 'dropped'] += 1
         if not producer.alive:
             return  # stored (or not) all the same; the peer will not hear of it
+        if isinstance(error, AddressNotFound):
+            self.kinds.pop(address, None)
+            if not message.settled:
+                self._outcome(producer, message.delivery, False, error)
+                return
         if not message.settled:
-            if error is None:
-                lib.pn_delivery_update(message.delivery, lib.PN_ACCEPTED)
-                lib.pn_delivery_settle(message.delivery)
-            else:
-                # never an accept that is then lost: the peer may send it again
-                lib.pn_delivery_update(message.delivery, lib.PN_RELEASED)
-                lib.pn_delivery_settle(message.delivery)
+            # never an accept that is then lost: on a store failure the peer may send it again
+            state = lib.PN_ACCEPTED if error is None else lib.PN_RELEASED
+            lib.pn_delivery_update(message.delivery, state)
+            lib.pn_delivery_settle(message.delivery)
         self.top_up(producer)
         self.mark_dirty(producer.conn)
 

@@ -83,7 +83,8 @@ class MessageStore(Protocol):
         ...
 
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
-        """Append a message; resolves False when a topic had no subscription to keep it."""
+        """Append a message; resolves False when a topic had no subscription to keep it, and
+        fails with AddressNotFound when the address was deleted meanwhile."""
         ...
 
     def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:

@@ -24,7 +24,7 @@ from typing import Any
 import redis.asyncio
 import redis.exceptions
 
-from shoal_broker.errors import StoreUnavailable
+from shoal_broker.errors import AddressNotFound, BrokerError, StoreUnavailable
 from shoal_broker.routing.storage import BrowseCursor, Entry, Notify, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
@@ -189,7 +189,14 @@ class RedisStore:
             (k.streams[message.band], k.groups),
             (kind.value, message.header, message.rest, str(message.expiry_ms)),
         )
-        return self._queue([command], lambda r: bool(r[0]), notify=address)
+
+        def finish(replies: list[Any]) -> bool:
+            if replies[0] == -1:
+                self._kinds.pop(address, None)
+                raise AddressNotFound(f'{address!r} no longer exists')
+            return bool(replies[0])
+
+        return self._queue([command], finish, notify=address)
 
     def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
         k = keys.AddressKeys.of(address)
@@ -392,6 +399,8 @@ def _settle(op: _Op, replies: list[Any]) -> None:
         return
     try:
         op.future.set_result(op.finish(replies))
+    except BrokerError as exc:
+        op.future.set_exception(exc)
     except Exception as exc:  # a reply of an unexpected shape: fail this op, not the cycle
         logger.exception('unexpected Redis reply')
         op.future.set_exception(StoreUnavailable(f'unexpected Redis reply: {exc}'))

@@ -4,10 +4,12 @@
 -- KEYS[2] groups   SET subscription names of the address
 -- ARGV[1] kind     'queue' or 'topic'
 -- ARGV[2..] triples: header bytes, rest bytes, expiry (ms since epoch, '0' = never)
--- Returns the new entry ids, or an empty array when a topic had no subscription (nothing kept:
--- a message published before a subscriber attached is never delivered to it).
-if ARGV[1] == 'topic' and redis.call('SCARD', KEYS[2]) == 0 then
-  return {}
+-- Returns the number of entries added: 0 when a topic had no subscription (nothing kept: a
+-- message published before a subscriber attached is never delivered to it), -1 when a queue no
+-- longer exists (its group is gone: deleted meanwhile, e.g. a temporary queue).
+if redis.call('SCARD', KEYS[2]) == 0 then
+  if ARGV[1] == 'topic' then return 0 end
+  return -1
 end
 local ids = {}
 for i = 2, #ARGV, 3 do
@@ -17,4 +19,4 @@ for i = 2, #ARGV, 3 do
     ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'h', ARGV[i], 'r', ARGV[i + 1], 'x', ARGV[i + 2])
   end
 end
-return ids
+return #ids

@@ -1,0 +1,155 @@
+"""The Redis store's contract on a real redis-server: the Lua scripts are the semantics."""
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+from processes import RedisServer
+
+from shoal_broker.errors import AddressNotFound, StoreUnavailable
+from shoal_broker.routing.storage import QUEUE_GROUP, BrowseCursor, OutgoingMessage
+from shoal_broker.settings import AddressKind
+from shoal_broker.store.redisstore import RedisStore
+
+
+@pytest.fixture
+async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:
+    s = RedisStore.from_url(redis_server.url, f'replica-{uuid.uuid4().hex[:6]}')
+    await s.start()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def name() -> str:
+    return f'addr-{uuid.uuid4().hex[:10]}'
+
+
+def msg(body: bytes, band: int = 0, expiry_ms: int = 0) -> OutgoingMessage:
+    return OutgoingMessage(band=band, header=b'', rest=body, expiry_ms=expiry_ms)
+
+
+async def test_a_queue_hands_out_each_entry_once_returned_ones_first(
+    store: RedisStore, name: str
+) -> None:
+    await store.create_address(name, AddressKind.QUEUE)
+    for body in (b'a', b'b', b'c'):
+        assert await store.publish(name, AddressKind.QUEUE, msg(body)) is True
+    first = await store.fetch(name, QUEUE_GROUP, 2)
+    assert [e.rest for e in first] == [b'a', b'b']
+    await store.release(name, QUEUE_GROUP, first[1], delivery_failed=True)
+    await store.release(name, QUEUE_GROUP, first[0], delivery_failed=False)
+    again = await store.fetch(name, QUEUE_GROUP, 10)
+    assert [(e.rest, e.delivery_count) for e in again] == [(b'a', 0), (b'b', 1), (b'c', 0)]
+    for entry in again:
+        await store.ack(name, QUEUE_GROUP, entry)
+    assert await store.fetch(name, QUEUE_GROUP, 10) == []
+
+
+async def test_the_high_band_is_served_first(store: RedisStore, name: str) -> None:
+    await store.create_address(name, AddressKind.QUEUE)
+    await store.publish(name, AddressKind.QUEUE, msg(b'normal', band=0))
+    await store.publish(name, AddressKind.QUEUE, msg(b'high', band=1))
+    assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'high', b'normal']
+
+
+async def test_another_replica_can_take_a_returned_entry(
+    store: RedisStore, redis_server: RedisServer, name: str
+) -> None:
+    other = RedisStore.from_url(redis_server.url, 'other-replica')
+    await other.start()
+    try:
+        await store.create_address(name, AddressKind.QUEUE)
+        await store.publish(name, AddressKind.QUEUE, msg(b'x'))
+        (entry,) = await store.fetch(name, QUEUE_GROUP, 1)
+        assert await other.fetch(name, QUEUE_GROUP, 1) == []  # held by the first replica
+        await store.release(name, QUEUE_GROUP, entry, delivery_failed=False)
+        taken = await other.fetch(name, QUEUE_GROUP, 1)
+        assert [e.rest for e in taken] == [b'x']
+    finally:
+        await other.close()
+
+
+async def test_a_topic_keeps_nothing_without_subscriptions_and_new_ones_see_only_later_messages(
+    store: RedisStore, name: str
+) -> None:
+    await store.create_address(name, AddressKind.TOPIC)
+    assert await store.publish(name, AddressKind.TOPIC, msg(b'lost')) is False
+    await store.create_subscription(name, 'early', from_start=False)
+    await store.publish(name, AddressKind.TOPIC, msg(b'one'))
+    await store.create_subscription(name, 'late', from_start=False)
+    await store.publish(name, AddressKind.TOPIC, msg(b'two'))
+    assert [e.rest for e in await store.fetch(name, 'early', 10)] == [b'one', b'two']
+    assert [e.rest for e in await store.fetch(name, 'late', 10)] == [b'two']
+
+
+async def test_browsing_skips_consumed_entries_and_consumes_nothing(
+    store: RedisStore, name: str
+) -> None:
+    await store.create_address(name, AddressKind.QUEUE)
+    for body in (b'1', b'2', b'3', b'4'):
+        await store.publish(name, AddressKind.QUEUE, msg(body))
+    taken = await store.fetch(name, QUEUE_GROUP, 2)
+    await store.ack(name, QUEUE_GROUP, taken[0])  # 1 consumed, 2 in flight
+    seen, cursor = await store.browse(name, QUEUE_GROUP, BrowseCursor(), 2)
+    assert [e.rest for e in seen] == [b'2', b'3']
+    seen, cursor = await store.browse(name, QUEUE_GROUP, cursor, 10)
+    assert [e.rest for e in seen] == [b'4']
+    assert (await store.browse(name, QUEUE_GROUP, cursor, 10))[0] == []
+    assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'3', b'4']
+
+
+async def test_trimming_removes_only_what_every_subscription_is_done_with(
+    store: RedisStore, redis_server: RedisServer, name: str
+) -> None:
+    await store.create_address(name, AddressKind.QUEUE)
+    for i in range(5):
+        await store.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
+    entries = await store.fetch(name, QUEUE_GROUP, 3)
+    await store.ack(name, QUEUE_GROUP, entries[0])
+    await store.ack(name, QUEUE_GROUP, entries[2])  # entry 1 still pending
+    await store.trim()
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    assert await client.xlen(f'shoal:{{a:{name}}}:s:0') == 4  # only the oldest went
+    await client.aclose()
+    assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'3', b'4']
+
+
+async def test_scripts_are_reloaded_after_redis_forgets_them(
+    store: RedisStore, redis_server: RedisServer, name: str
+) -> None:
+    await store.create_address(name, AddressKind.QUEUE)
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    await client.script_flush()
+    await client.aclose()
+    assert await store.publish(name, AddressKind.QUEUE, msg(b'after flush')) is True
+    assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 1)] == [b'after flush']
+
+
+async def test_deleting_an_address_removes_its_keys(
+    store: RedisStore, redis_server: RedisServer, name: str
+) -> None:
+    await store.create_address(name, AddressKind.QUEUE)
+    await store.publish(name, AddressKind.QUEUE, msg(b'x'))
+    await store.delete_address(name)
+    assert await store.address_kind(name) is None
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    assert await client.keys(f'shoal:{{a:{name}}}:*') == []
+    with pytest.raises(AddressNotFound):  # a replica that still thinks it exists is told
+        await store.publish(name, AddressKind.QUEUE, msg(b'too late'))
+    assert await client.keys(f'shoal:{{a:{name}}}:*') == []
+    await client.aclose()
+
+
+async def test_an_unreachable_redis_fails_operations_instead_of_pretending() -> None:
+    down = RedisServer()
+    s = RedisStore.from_url(down.url, 'r')
+    await s.start()
+    await s.create_address('q', AddressKind.QUEUE)
+    down.stop()
+    with pytest.raises(StoreUnavailable):
+        await s.publish('q', AddressKind.QUEUE, msg(b'nowhere'))
+    with pytest.raises(StoreUnavailable):
+        await s.address_kind('never-seen')
+    await s.close()
