@@ -8,7 +8,8 @@ import pytest
 import redis
 from amqpclient import Capabilities, connect, nothing_more, receive_all, receiver, sender
 from processes import BrokerProcess, RedisServer
-from proton import Message
+from proton import Delivery, Message
+from proton.utils import SendException
 
 
 def test_without_a_redis_url_the_broker_runs_its_own_and_keeps_messages_across_restarts(
@@ -111,3 +112,30 @@ def test_consumed_entries_are_trimmed_and_unconsumed_ones_kept(
     assert sorted(m.body for m in rest) == list(range(40, 50))
     assert nothing_more(receiver(conn, address, credit=1))
     conn.close()
+
+
+def test_during_a_redis_outage_messages_are_released_not_lost_and_service_resumes(
+    address: str,
+) -> None:
+    server = RedisServer()
+    b = BrokerProcess(server.url)
+    try:
+        conn = connect(b.url)
+        snd = sender(conn, address)
+        snd.send(Message(body='before'))
+        server.stop()
+        with pytest.raises(SendException) as refused:
+            snd.send(Message(body='during'))
+        assert refused.value.state == Delivery.RELEASED  # the client knows it was not stored
+        conn.close()
+        server = RedisServer(port=server.port)  # Redis is back (empty: no AOF in this test)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and b.http_get('/readyz')[0] != 200:
+            time.sleep(0.1)
+        conn = connect(b.url)
+        sender(conn, f'{address}-after').send(Message(body='after'))
+        assert receive_all(receiver(conn, f'{address}-after', credit=1), 1)[0].body == 'after'
+        conn.close()
+    finally:
+        b.stop()
+        server.stop()

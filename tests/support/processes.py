@@ -45,8 +45,8 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
 
 
 class RedisServer:
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix='shoal-test-redis-')
         binary = shutil.which('redis-server')
         assert binary, 'redis-server is not installed (make test installs it)'

@@ -124,6 +124,9 @@ class RedisStore:
         notify: str | None = None,
     ) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        # acks and releases are fire-and-forget for the broker: a failure is logged here (the
+        # entry stays pending and is redelivered), and awaiting callers still see the exception
+        future.add_done_callback(_note_failure)
         self._queued.append(_Op(commands, finish, future, notify))
         self._wakeup.set()
         return future
@@ -136,8 +139,15 @@ class RedisStore:
             await self._wakeup.wait()
             self._wakeup.clear()
             ops, self._queued = self._queued, []
-            if ops:
+            if not ops:
+                continue
+            try:
                 await self._cycle(ops)
+            except Exception as exc:  # a bug must not stop every later store operation
+                logger.exception('store cycle failed')
+                for op in ops:
+                    if not op.future.done():
+                        op.future.set_exception(StoreUnavailable(f'store cycle failed: {exc}'))
 
     async def _cycle(self, ops: list[_Op]) -> None:
         pipe = self._client.pipeline(transaction=False)
@@ -404,6 +414,11 @@ def _settle(op: _Op, replies: list[Any]) -> None:
     except Exception as exc:  # a reply of an unexpected shape: fail this op, not the cycle
         logger.exception('unexpected Redis reply')
         op.future.set_exception(StoreUnavailable(f'unexpected Redis reply: {exc}'))
+
+
+def _note_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.debug('store operation failed: %s', future.exception())
 
 
 def _is_noscript(reply: Any) -> bool:
