@@ -129,3 +129,23 @@ def test_a_message_over_the_size_limit_closes_the_link_and_stores_nothing(
     sender(conn, address).send(Message(body=b'small'))
     assert receive_all(rcv, 1)[0].body == b'small'
     conn.close()
+
+
+def test_a_temporary_queue_is_deleted_when_its_connection_ends(
+    broker: BrokerProcess, redis_server
+) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    import redis
+
+    conn = connect(broker.url)
+    creator = sender(conn, None, DynamicTarget('temporary-topic'))
+    temp = creator.link.remote_target.address
+    assert temp.startswith('temp-topic://')
+    conn.close()
+    client = redis.Redis.from_url(redis_server.url)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and client.hexists('shoal:addresses', temp):
+        time.sleep(0.05)
+    assert not client.hexists('shoal:addresses', temp)
+    client.close()

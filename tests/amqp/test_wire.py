@@ -121,3 +121,33 @@ def test_max_frame_size_is_honoured_when_sending(broker: BrokerProcess, address:
     sender(conn, address).send(Message(body=body))
     assert receive_all(receiver(conn, address, credit=1), 1)[0].body == body
     conn.close()
+
+
+def test_several_sessions_on_one_connection_work_independently(
+    broker: BrokerProcess, address: str
+) -> None:
+    peer = EnginePeer(broker.port)
+    peer.connection.open()
+    sessions = [peer.connection.session() for _ in range(3)]
+    for session in sessions:
+        session.open()
+    sender_link = sessions[0].sender('s')
+    sender_link.target.address = address
+    receiver_link = sessions[2].receiver('r')
+    receiver_link.source.address = address
+    sender_link.open()
+    receiver_link.open()
+    receiver_link.flow(1)
+    assert peer.pump(5, until=lambda: sender_link.credit > 0)
+    delivery = sender_link.delivery('t1')
+    sender_link.send(Message(body='across sessions').encode())
+    sender_link.advance()
+    sessions[1].close()  # ending an idle session disturbs nobody
+    assert peer.pump(
+        5, until=lambda: receiver_link.current is not None and not receiver_link.current.partial
+    )
+    received = Message()
+    received.decode(receiver_link.recv(receiver_link.current.pending))
+    assert received.body == 'across sessions'
+    assert peer.pump(5, until=lambda: delivery.remote_state == delivery.ACCEPTED)
+    peer.close()
