@@ -6,7 +6,7 @@ import time
 
 import pytest
 import redis
-from amqpclient import Capabilities, connect, nothing_more, receive_all, receiver, sender
+from amqpclient import Capabilities, connect, nothing_more, receive_all, receiver, send_all, sender
 from processes import BrokerProcess, RedisServer
 from proton import Delivery, Message
 from proton.utils import SendException
@@ -63,9 +63,7 @@ def test_sigterm_closes_connections_returns_held_messages_and_exits_cleanly(
 ) -> None:
     leaving = BrokerProcess(redis_server.url, replica_id='leaving')
     conn = connect(leaving.url)
-    snd = sender(conn, address)
-    for i in range(3):
-        snd.send(Message(body=i))
+    send_all(conn, address, range(3))
     rcv = receiver(conn, address, credit=3)
     conn.wait(lambda: rcv.fetcher.has_message == 3, timeout=10)  # held, unsettled
     started = time.monotonic()
@@ -87,9 +85,7 @@ def test_consumed_entries_are_trimmed_and_unconsumed_ones_kept(
 ) -> None:  # type: ignore[no-untyped-def]
     b = start_broker(env={'SHOAL_TRIM_INTERVAL_SECONDS': '0.2'})
     conn = connect(b.url)
-    snd = sender(conn, address)
-    for i in range(50):
-        snd.send(Message(body=i))
+    send_all(conn, address, range(50))
     first = receiver(conn, address, credit=40)
     receive_all(first, 40)
     topic = f'{address}-topic'

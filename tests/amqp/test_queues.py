@@ -11,6 +11,7 @@ from amqpclient import (
     nothing_more,
     receive_all,
     receiver,
+    send_all,
     sender,
     settle,
 )
@@ -35,19 +36,8 @@ def test_each_message_goes_to_exactly_one_competing_consumer(
 ) -> None:
     conn = connect(broker.url)
     consumers = [receiver(conn, address, credit=5) for _ in range(3)]
-    snd = sender(conn, address)
-    for i in range(60):
-        snd.send(Message(body=i))
+    send_all(conn, address, range(60))
     got: list[int] = []
-    for _ in range(60):
-        for rcv in consumers:
-            if rcv.fetcher.has_message:
-                got.append(rcv.receive(timeout=1).body)
-                rcv.accept()
-                break
-        else:
-            conn.wait(lambda: any(r.fetcher.has_message for r in consumers), timeout=10)
-            continue
     while len(got) < 60:
         conn.wait(lambda: any(r.fetcher.has_message for r in consumers), timeout=10)
         for rcv in consumers:
@@ -60,9 +50,7 @@ def test_each_message_goes_to_exactly_one_competing_consumer(
 
 def test_credit_bounds_what_a_consumer_is_sent(broker: BrokerProcess, address: str) -> None:
     conn = connect(broker.url)
-    snd = sender(conn, address)
-    for i in range(10):
-        snd.send(Message(body=i))
+    send_all(conn, address, range(10))
     rcv = receiver(conn, address, credit=3)
     conn.wait(lambda: rcv.fetcher.has_message >= 3, timeout=10)
     time.sleep(0.2)
@@ -83,9 +71,7 @@ def test_drain_sends_what_is_there_then_reports_no_credit(
     broker: BrokerProcess, address: str
 ) -> None:
     conn = connect(broker.url)
-    snd = sender(conn, address)
-    for i in range(3):
-        snd.send(Message(body=i))
+    send_all(conn, address, range(3))
     rcv = receiver(conn, address, credit=0)
     drain(conn, rcv, 10)
     # proton's blocking fetcher hands over one message per wait(): let it catch up
@@ -187,9 +173,7 @@ def test_unsettled_deliveries_return_when_the_consumer_closes(
     broker: BrokerProcess, address: str
 ) -> None:
     conn = connect(broker.url)
-    snd = sender(conn, address)
-    for i in range(5):
-        snd.send(Message(body=i))
+    send_all(conn, address, range(5))
     first = receiver(conn, address, credit=5)
     conn.wait(lambda: first.fetcher.has_message == 5, timeout=10)
     first.receive(timeout=1)
@@ -227,9 +211,7 @@ def test_presettled_consumer_gets_settled_transfers_and_consumes(
     broker: BrokerProcess, address: str
 ) -> None:
     conn = connect(broker.url)
-    snd = sender(conn, address)
-    for i in range(5):
-        snd.send(Message(body=i))
+    send_all(conn, address, range(5))
     rcv = receiver(conn, address, Presettled(), credit=10)
     got = [rcv.receive(timeout=5) for _ in range(5)]
     assert [m.body for m in got] == list(range(5))
@@ -253,9 +235,7 @@ def test_priority_high_band_first_order_kept_within_a_band(
 
 def test_browser_sees_messages_without_consuming_them(broker: BrokerProcess, address: str) -> None:
     conn = connect(broker.url)
-    snd = sender(conn, address)
-    for i in range(4):
-        snd.send(Message(body=i))
+    send_all(conn, address, range(4))
     consumer = receiver(conn, address, credit=1)
     consumer.receive(timeout=5)
     consumer.accept()  # 0 is consumed

@@ -8,6 +8,7 @@ raw receiver that keeps the exact bytes of each transfer.
 
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from proton import Array, Data, Delivery, Link, Message, Terminus, symbol
@@ -91,6 +92,16 @@ def settle(
         delivery.local.undeliverable = undeliverable
     delivery.update(state)
     delivery.settle()
+
+
+def send_all(
+    conn: BlockingConnection, address: str, bodies: Iterable[Any], *options: LinkOption
+) -> BlockingSender:
+    """Send one message per body (each waits for its disposition); return the sender."""
+    snd = sender(conn, address, *options)
+    for body in bodies:
+        snd.send(Message(body=body))
+    return snd
 
 
 def receive_all(rcv: BlockingReceiver, count: int, timeout: float = TIMEOUT) -> list[Message]:

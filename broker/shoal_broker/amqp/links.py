@@ -27,6 +27,16 @@ if TYPE_CHECKING:
 UNSETTLED_ON_DETACH = Disposition(Outcome.MODIFIED, delivery_failed=True)
 
 
+def transfer(link: Ptr, serial: int, entry: Entry) -> Ptr:
+    """Send one stored entry on a sending link; the delivery tag is the link's serial number."""
+    tag = serial.to_bytes(8, 'little')
+    payload = codec.delivery_header(entry.header, entry.delivery_count) + entry.rest
+    delivery = lib.pn_delivery(link, (8, ffi.from_buffer(tag)))
+    lib.pn_link_send(link, ffi.from_buffer(payload), len(payload))
+    lib.pn_link_advance(link)
+    return delivery
+
+
 @dataclasses.dataclass(eq=False, slots=True)
 class LinkState:
     conn: 'AmqpConnection'
@@ -82,12 +92,7 @@ class ConsumerLink(LinkState):
     def send(self, entry: Entry) -> None:
         """Transfer one entry; the header is re-encoded only when the delivery count changed."""
         self._tag += 1
-        tag = self._tag.to_bytes(8, 'little')
-        payload = codec.delivery_header(entry.header, entry.delivery_count) + entry.rest
-        link = self.ptr
-        delivery = lib.pn_delivery(link, (8, ffi.from_buffer(tag)))
-        lib.pn_link_send(link, ffi.from_buffer(payload), len(payload))
-        lib.pn_link_advance(link)
+        delivery = transfer(self.ptr, self._tag, entry)
         if self.presettled:
             lib.pn_delivery_settle(delivery)
         else:
@@ -106,9 +111,4 @@ class BrowserLink(LinkState):
 
     def send(self, entry: Entry) -> None:
         self._tag += 1
-        tag = self._tag.to_bytes(8, 'little')
-        payload = codec.delivery_header(entry.header, entry.delivery_count) + entry.rest
-        delivery = lib.pn_delivery(self.ptr, (8, ffi.from_buffer(tag)))
-        lib.pn_link_send(self.ptr, ffi.from_buffer(payload), len(payload))
-        lib.pn_link_advance(self.ptr)
-        lib.pn_delivery_settle(delivery)
+        lib.pn_delivery_settle(transfer(self.ptr, self._tag, entry))  # browsing is settled
