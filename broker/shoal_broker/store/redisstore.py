@@ -48,6 +48,15 @@ class _Op:
     future: asyncio.Future[Any]
     notify: str | None = None
     """Address to announce to other replicas once the commands succeeded."""
+    notify_local: bool = False
+    """Also wake this replica's own consumers of ``notify`` (returned entries)."""
+    batch: tuple[Any, ...] | None = None
+    """Ops with the same key are merged into one command per cycle (publish, ack)."""
+    batch_args: tuple[Any, ...] = ()
+
+
+_Unit = tuple[list[tuple[Any, ...]], list[_Op]]
+"""Commands sent together and the ops their replies belong to."""
 
 
 class RedisStore:
@@ -122,12 +131,16 @@ class RedisStore:
         commands: list[tuple[Any, ...]],
         finish: Callable[[list[Any]], Any],
         notify: str | None = None,
+        *,
+        notify_local: bool = False,
+        batch: tuple[Any, ...] | None = None,
+        batch_args: tuple[Any, ...] = (),
     ) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         # acks and releases are fire-and-forget for the broker: a failure is logged here (the
         # entry stays pending and is redelivered), and awaiting callers still see the exception
         future.add_done_callback(_note_failure)
-        self._queued.append(_Op(commands, finish, future, notify))
+        self._queued.append(_Op(commands, finish, future, notify, notify_local, batch, batch_args))
         self._wakeup.set()
         return future
 
@@ -150,9 +163,10 @@ class RedisStore:
                         op.future.set_exception(StoreUnavailable(f'store cycle failed: {exc}'))
 
     async def _cycle(self, ops: list[_Op]) -> None:
+        units = self._units(ops)
         pipe = self._client.pipeline(transaction=False)
-        for op in ops:
-            for command in op.commands:
+        for commands, _ in units:
+            for command in commands:
                 pipe.execute_command(*command)
         announced = {op.notify for op in ops if op.notify}
         for address in announced:
@@ -169,44 +183,67 @@ class RedisStore:
             return
         retry: list[_Op] = []
         pos = 0
-        for op in ops:
-            mine = replies[pos : pos + len(op.commands)]
-            pos += len(op.commands)
+        for commands, members in units:
+            mine = replies[pos : pos + len(commands)]
+            pos += len(commands)
             if any(_is_noscript(r) for r in mine):
-                retry.append(op)
+                retry += members
                 continue
-            _settle(op, mine)
+            for op in members:
+                _settle(op, mine)  # a merged command's replies belong to each of its members
         if retry:
             await self._load_scripts()
-            for op in retry:
-                op.commands = [self._rebind(c) for c in op.commands]
-            self._queued[:0] = retry
+            self._queued[:0] = retry  # a script's hash is its SHA1: the commands stay valid
             self._wakeup.set()
-        for address in announced:
+        for address in {op.notify for op in ops if op.notify and op.notify_local}:
             self._notify_local(address)
 
-    def _rebind(self, command: tuple[Any, ...]) -> tuple[Any, ...]:
-        if command[0] != 'EVALSHA':
-            return command
-        old = command[1]
-        name = next((n for n, s in self._sha.items() if s == old), None)
-        return command if name is None else ('EVALSHA', self._sha[name], *command[2:])
+    def _units(self, ops: list[_Op]) -> list[_Unit]:
+        """Group ops into pipeline units, merging batchable ones where the first of them stood."""
+        units: list[_Unit] = []
+        batches: dict[tuple[Any, ...], int] = {}
+        for op in ops:
+            if op.batch is None:
+                units.append((op.commands, [op]))
+            elif op.batch in batches:
+                units[batches[op.batch]][1].append(op)
+            else:
+                batches[op.batch] = len(units)
+                units.append(([], [op]))
+        for key, index in batches.items():
+            members = units[index][1]
+            units[index] = (self._merged(key, members), members)
+        return units
+
+    def _merged(self, key: tuple[Any, ...], members: list[_Op]) -> list[tuple[Any, ...]]:
+        k = keys.AddressKeys.of(key[1])
+        if key[0] == 'publish':
+            _, _, band, kind = key
+            args = [arg for op in members for arg in op.batch_args]
+            return [self._script('publish', (k.streams[band], k.groups), (kind, *args))]
+        _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
+        commands: list[tuple[Any, ...]] = [
+            ('XACK', k.streams[band], group, *(op.batch_args[0] for op in members))
+        ]
+        counted = [op.batch_args[1] for op in members if op.batch_args[1]]
+        if counted:
+            commands.append(('HDEL', k.delivery_counts(group), *counted))
+        return commands
 
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
-        k = keys.AddressKeys.of(address)
-        command = self._script(
-            'publish',
-            (k.streams[message.band], k.groups),
-            (kind.value, message.header, message.rest, str(message.expiry_ms)),
-        )
-
         def finish(replies: list[Any]) -> bool:
             if replies[0] == -1:
                 self._kinds.pop(address, None)
                 raise AddressNotFound(f'{address!r} no longer exists')
             return bool(replies[0])
 
-        return self._queue([command], finish, notify=address)
+        return self._queue(
+            [],
+            finish,
+            notify=address,
+            batch=('publish', address, message.band, kind.value),
+            batch_args=(message.header, message.rest, str(message.expiry_ms)),
+        )
 
     def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
         k = keys.AddressKeys.of(address)
@@ -218,13 +255,13 @@ class RedisStore:
         return self._queue([command], lambda r: _entries(r[0]))
 
     def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
-        k = keys.AddressKeys.of(address)
-        commands: list[tuple[Any, ...]] = [('XACK', k.streams[entry.band], group, entry.id)]
-        if entry.delivery_count:
-            commands.append(
-                ('HDEL', k.delivery_counts(group), keys.entry_field(entry.band, entry.id))
-            )
-        return self._queue(commands, lambda r: None)
+        counted = keys.entry_field(entry.band, entry.id) if entry.delivery_count else None
+        return self._queue(
+            [],
+            lambda r: None,
+            batch=('ack', address, entry.band, group),
+            batch_args=(entry.id, counted),
+        )
 
     def release(
         self, address: str, group: str, entry: Entry, *, delivery_failed: bool
@@ -237,7 +274,7 @@ class RedisStore:
             commands.append(('HINCRBY', k.delivery_counts(group), field, 1))
         member = keys.entry_member(entry.band, entry.id)
         commands.append(('ZADD', k.returned(group), 0, member))
-        return self._queue(commands, lambda r: None, notify=address)
+        return self._queue(commands, lambda r: None, notify=address, notify_local=True)
 
     def browse(
         self, address: str, group: str, cursor: BrowseCursor, count: int
