@@ -95,13 +95,14 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     logger.info('shutting down')
     server.close()
     broker.close_all('amqp:connection:forced', 'broker is shutting down')
+    await asyncio.sleep(0.05)  # let the Close frames reach the sockets
+    for conn in list(broker.connections):
+        conn.abort()
+    await broker.settle_down(settings.shutdown_grace_seconds / 2)
     try:
         await asyncio.wait_for(store.flush(), settings.shutdown_grace_seconds)
     except TimeoutError:
         logger.warning('in-flight store work did not finish within the grace period')
-    await asyncio.sleep(0.05)  # let the Close frames reach the sockets
-    for conn in list(broker.connections):
-        conn.abort()
     trimmer.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await trimmer

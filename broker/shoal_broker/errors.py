@@ -39,6 +39,12 @@ class NotImplementedByBroker(BrokerError):
     condition = 'amqp:not-implemented'
 
 
+class ResourceLocked(BrokerError):
+    """The node is in use in a way that excludes the request (an active subscription)."""
+
+    condition = 'amqp:resource-locked'
+
+
 class ResourceLimitExceeded(BrokerError):
     """A configured limit was reached."""
 

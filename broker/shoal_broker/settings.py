@@ -29,6 +29,7 @@ ENV_DEFAULT_ADDRESS_KIND = 'SHOAL_DEFAULT_ADDRESS_KIND'
 ENV_MAX_DELIVERY_ATTEMPTS = 'SHOAL_MAX_DELIVERY_ATTEMPTS'
 ENV_DEAD_LETTER_ADDRESS = 'SHOAL_DEAD_LETTER_ADDRESS'
 ENV_EXPIRY_ADDRESS = 'SHOAL_EXPIRY_ADDRESS'
+ENV_MAX_CONSUMERS = 'SHOAL_MAX_CONSUMERS_PER_SUBSCRIPTION'
 ENV_TRIM_INTERVAL = 'SHOAL_TRIM_INTERVAL_SECONDS'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
 
@@ -93,6 +94,10 @@ class RoutingSettings:
     """Queue that receives expired messages. Empty means expired messages are dropped (and
     counted)."""
 
+    max_consumers_per_subscription: int = 0
+    """Consumers a shared subscription may have across all replicas (0 = unlimited); more are
+    refused with ``amqp:resource-limit-exceeded``. A provisioned subscription's own limit wins."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StoreSettings:
@@ -153,6 +158,9 @@ class BrokerSettings:
                 ),
                 dead_letter_address=env.get(ENV_DEAD_LETTER_ADDRESS, d.routing.dead_letter_address),
                 expiry_address=env.get(ENV_EXPIRY_ADDRESS, d.routing.expiry_address),
+                max_consumers_per_subscription=int(
+                    env.get(ENV_MAX_CONSUMERS, d.routing.max_consumers_per_subscription)
+                ),
             ),
             store=StoreSettings(
                 redis_url=env.get(ENV_REDIS_URL) or None,

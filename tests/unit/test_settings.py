@@ -28,6 +28,11 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_MAX_DELIVERY_ATTEMPTS': ('0', 'routing.max_delivery_attempts', 0),
     'SHOAL_DEAD_LETTER_ADDRESS': ('dead', 'routing.dead_letter_address', 'dead'),
     'SHOAL_EXPIRY_ADDRESS': ('expired', 'routing.expiry_address', 'expired'),
+    'SHOAL_MAX_CONSUMERS_PER_SUBSCRIPTION': (
+        '3',
+        'routing.max_consumers_per_subscription',
+        3,
+    ),
     'SHOAL_TRIM_INTERVAL_SECONDS': ('0.5', 'store.trim_interval_seconds', 0.5),
     'SHOAL_SHUTDOWN_GRACE_SECONDS': ('3', 'shutdown_grace_seconds', 3.0),
 }

@@ -9,11 +9,12 @@ a detach carrying the error, as Artemis does and Qpid JMS expects (jms-amqp-fact
 
 from typing import TYPE_CHECKING
 
+from shoal_broker import selector as selectors
 from shoal_broker.amqp import engine
 from shoal_broker.amqp.engine import Ptr, lib
-from shoal_broker.amqp.links import BrowserLink, ConsumerLink, LinkState, ProducerLink
+from shoal_broker.amqp.links import BrowserLink, ConsumerLink, LinkState, LookupLink, ProducerLink
 from shoal_broker.errors import AddressNotFound, BrokerError, InvalidField, NotImplementedByBroker
-from shoal_broker.routing import addresses
+from shoal_broker.routing import addresses, jms_subscriptions
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
 
@@ -100,11 +101,13 @@ async def consumer(
     assert placeholder is not None
     source = lib.pn_link_remote_source(link)
     if lib.pn_terminus_get_type(source) == lib.PN_UNSPECIFIED:
-        raise AddressNotFound('no subscription is named by this link')  # null source: lookup
-    capabilities = engine.symbols(lib.pn_terminus_capabilities(source))
-    _reject_unsupported(source, capabilities)
+        return await lookup(broker, conn, link, name)
+    capabilities = set(engine.symbols(lib.pn_terminus_capabilities(source)))
+    selector_text, no_local = source_filters(source)
+    selector = selectors.compile(selector_text) if selector_text else None
     requested = addresses.kind_from_capabilities(capabilities)
-    if lib.pn_terminus_is_dynamic(source):
+    dynamic = bool(lib.pn_terminus_is_dynamic(source))
+    if dynamic:
         kind = requested or AddressKind.QUEUE
         address = addresses.temporary_address(kind)
         await broker.store.create_address(address, kind)
@@ -116,29 +119,101 @@ async def consumer(
     copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
     presettled = lib.pn_link_remote_snd_settle_mode(link) == lib.PN_SND_SETTLED
     state: LinkState
-    group = QUEUE_GROUP
     if kind is AddressKind.QUEUE and copy:
-        state = BrowserLink(conn, link, name, address=address)
-    elif kind is AddressKind.QUEUE:
-        state = ConsumerLink(conn, link, name, address=address, group=group, presettled=presettled)
+        state = BrowserLink(conn, link, name, address=address, selector=selector)
     else:
-        group = f'nd:{broker.settings.replica_id}:{conn.id}:{broker.next_serial()}'
-        await broker.store.create_subscription(address, group, from_start=False)
-        state = ConsumerLink(
-            conn, link, name, address=address, group=group, presettled=presettled, owned_group=True
-        )
+        consumer = ConsumerLink(
+            conn, link, name, address=address, group=QUEUE_GROUP, presettled=presettled,
+            selector=selector, no_local=no_local,
+        )  # fmt: skip
+        if kind is AddressKind.TOPIC:
+            await _subscribe(broker, consumer, source, capabilities, selector_text)
+        state = consumer
     state.owned_temporary = placeholder.owned_temporary
     if not _still_wanted(placeholder):
         state.alive = False
         broker.spawn(_undo(broker, state))
         return None
-    _open(link, address=address if lib.pn_terminus_is_dynamic(source) else None)
+    _open(link, address=address if dynamic else None)
     state.opened = True
     conn.links[link] = state
     if isinstance(state, BrowserLink):
         broker.add_browser(state)
     elif isinstance(state, ConsumerLink):
-        broker.subscription(address, group).add(state)
+        broker.subscription(state.address, state.group).add(state)
+    return state
+
+
+async def _subscribe(
+    broker: 'Broker',
+    consumer: ConsumerLink,
+    source: Ptr,
+    capabilities: set[str],
+    selector_text: str | None,
+) -> None:
+    """Give a topic consumer its subscription: a named (durable or shared) one, or its own."""
+    expiry = _EXPIRY_NAMES.get(lib.pn_terminus_get_expiry_policy(source), 'session-end')
+    spec = jms_subscriptions.spec_for_attach(
+        link_name=consumer.name,
+        container_id=consumer.conn.container_id,
+        capabilities=capabilities,
+        durability=lib.pn_terminus_get_durability(source),
+        expiry_policy=expiry,
+        topic=consumer.address,
+        selector=selector_text,
+        no_local=consumer.no_local,
+    )
+    if spec is None:
+        consumer.group = (
+            f'nd:{broker.settings.replica_id}:{consumer.conn.id}:{broker.next_serial()}'
+        )
+        consumer.owned_group = True
+        await broker.store.create_subscription(consumer.address, consumer.group, from_start=False)
+        return
+    consumer.named = spec.key
+    consumer.group = spec.key.id
+    consumer.consumer_key = (
+        f'{broker.settings.replica_id}|{consumer.conn.id}|{consumer.name}|{broker.next_serial()}'
+    )
+    await broker.store.join_subscription(
+        spec, consumer.consumer_key, broker.settings.routing.max_consumers_per_subscription
+    )
+
+
+async def lookup(
+    broker: 'Broker', conn: 'AmqpConnection', link: Ptr, name: str
+) -> LinkState | None:
+    """A null-source attach: Qpid JMS looking up a durable subscription to unsubscribe it.
+
+    proton-c does not expose a link's desired capabilities, so the global namespace is
+    recognised by the ``|global`` link name Qpid JMS uses exactly when it desires [shared, global].
+    """
+    placeholder = conn.links[link]
+    shared_global = {'shared', 'global'} if name.endswith('|global') else set()
+    key = jms_subscriptions.lookup_key(name, conn.container_id, shared_global)
+    definition = await broker.store.subscription_definition(key)
+    if definition is None:
+        raise AddressNotFound(f'no durable subscription named {key.name!r}')
+    if not _still_wanted(placeholder):
+        return None
+    lib.pn_terminus_copy(lib.pn_link_target(link), lib.pn_link_remote_target(link))
+    ours = lib.pn_link_source(link)
+    lib.pn_terminus_set_type(ours, lib.PN_SOURCE)
+    engine.set_terminus_address(ours, definition.get('topic', ''))
+    lib.pn_terminus_set_durability(ours, lib.PN_DELIVERIES)
+    lib.pn_terminus_set_expiry_policy(ours, lib.PN_EXPIRE_NEVER)
+    lib.pn_terminus_set_distribution_mode(ours, lib.PN_DIST_MODE_COPY)
+    caps = ['topic'] + (['shared'] if definition.get('shared') == '1' else [])
+    engine.put_symbols(
+        lib.pn_terminus_capabilities(ours), caps + sorted(shared_global - {'shared'})
+    )
+    if definition.get('selector'):
+        engine.put_filter(lib.pn_terminus_filter(ours), definition['selector'])
+    lib.pn_link_set_snd_settle_mode(link, lib.pn_link_remote_snd_settle_mode(link))
+    lib.pn_link_set_rcv_settle_mode(link, lib.PN_RCV_FIRST)
+    lib.pn_link_open(link)
+    state = LookupLink(conn, link, name, key=key, opened=True)
+    conn.links[link] = state
     return state
 
 
@@ -146,23 +221,38 @@ async def _undo(broker: 'Broker', state: LinkState) -> None:
     """The peer left while we were preparing its link: remove what was made for it."""
     if isinstance(state, ConsumerLink) and state.owned_group:
         await broker.store.delete_subscription(state.address, state.group)
+    if isinstance(state, ConsumerLink) and state.named is not None:
+        await broker.store.leave_subscription(state.named, state.consumer_key)
     if state.owned_temporary:
         await broker.delete_temporary(state.owned_temporary)
 
 
-def _reject_unsupported(source: Ptr, capabilities: list[str]) -> None:
-    if 'shared' in capabilities or 'global' in capabilities:
-        raise NotImplementedByBroker('shared subscriptions are not supported yet')
-    durable = lib.pn_terminus_get_durability(source) != lib.PN_NONDURABLE
-    never = lib.pn_terminus_get_expiry_policy(source) == lib.PN_EXPIRE_NEVER
-    topic = addresses.kind_from_capabilities(capabilities) is AddressKind.TOPIC
-    if topic and (durable or never):
-        raise NotImplementedByBroker('durable subscriptions are not supported yet')
+def source_filters(source: Ptr) -> tuple[str | None, bool]:
+    """The JMS selector and no-local flag of a source's filter set, matched by descriptor."""
     filters = engine.data_object(lib.pn_terminus_filter(source))
-    if isinstance(filters, dict):
-        for value in filters.values():
-            descriptor = getattr(value, 'descriptor', None)
-            if descriptor in SELECTOR_DESCRIPTORS or descriptor in NO_LOCAL_DESCRIPTORS:
-                raise NotImplementedByBroker('message selectors are not supported yet')
-    elif filters is not None:
+    if filters is None:
+        return None, False
+    if not isinstance(filters, dict):
         raise InvalidField('the source filter must be a map')
+    selector: str | None = None
+    no_local = False
+    for value in filters.values():
+        descriptor = getattr(value, 'descriptor', None)
+        if descriptor in SELECTOR_DESCRIPTORS:
+            text = getattr(value, 'value', None)
+            if not isinstance(text, str):
+                raise InvalidField('a selector filter must hold a string')
+            selector = text.strip() or None
+        elif descriptor in NO_LOCAL_DESCRIPTORS:
+            no_local = True
+        else:
+            raise NotImplementedByBroker(f'unsupported filter type {descriptor!r}')
+    return selector, no_local
+
+
+_EXPIRY_NAMES = {
+    lib.PN_EXPIRE_WITH_LINK: 'link-detach',
+    lib.PN_EXPIRE_WITH_SESSION: 'session-end',
+    lib.PN_EXPIRE_WITH_CONNECTION: 'connection-close',
+    lib.PN_EXPIRE_NEVER: 'never',
+}

@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from shoal_broker.amqp import attach, codec, engine
@@ -26,7 +26,9 @@ from shoal_broker.amqp.links import (
     UNSETTLED_ON_DETACH,
     BrowserLink,
     ConsumerLink,
+    Identifiers,
     LinkState,
+    LookupLink,
     PendingMessage,
     ProducerLink,
 )
@@ -39,6 +41,7 @@ from shoal_broker.errors import (
     StoreUnavailable,
 )
 from shoal_broker.routing import addresses, outcomes
+from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Action, Disposition, Outcome
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, MessageStore, OutgoingMessage
 from shoal_broker.settings import AddressKind, BrokerSettings
@@ -79,7 +82,7 @@ class Broker:
         self._serial = itertools.count(1)
         self.stats: dict[str, int] = dict.fromkeys(
             ('received', 'stored', 'dropped', 'sent', 'accepted', 'released', 'modified',
-             'rejected', 'returned', 'expired', 'dead_lettered'), 0)  # fmt: skip
+             'rejected', 'returned', 'expired', 'dead_lettered', 'filtered'), 0)  # fmt: skip
         self._handlers: dict[int, Callable[[AmqpConnection, Ptr], None]] = {
             lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_remote_open,
             lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_remote_close,
@@ -105,6 +108,14 @@ class Broker:
         self._sweep(conn, session=None)
         self.connections.discard(conn)
         self._dirty.discard(conn)
+        if conn.claimed_client is not None:
+            client_id, holder = conn.claimed_client
+            conn.claimed_client = None
+            self.spawn(self._release_client(client_id, holder))
+
+    async def _release_client(self, client_id: str, holder: str) -> None:
+        with contextlib.suppress(BrokerError):
+            await self.store.release_client(client_id, holder)
 
     def dispatch(self, conn: AmqpConnection, event: Ptr) -> None:
         handler = self._handlers.get(lib.pn_event_type(event))
@@ -125,6 +136,11 @@ class Broker:
             if conn.alive:
                 conn.process()
 
+    async def settle_down(self, bound_seconds: float) -> None:
+        """Wait (bounded) for background work: refusals, leaves, moves to dead-letter queues."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=bound_seconds)
+
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -135,11 +151,20 @@ class Broker:
     def _on_connection_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
         c = conn.connection
         conn.container_id = engine.remote_container(c)
+        desired = engine.symbols(lib.pn_connection_remote_desired_capabilities(c))
+        if 'sole-connection-for-container' in desired and conn.container_id and self.accepting:
+            self.spawn(self._claim_then_open(conn, conn.container_id))
+        else:
+            self._open_connection(conn)
+
+    def _open_connection(self, conn: AmqpConnection, *, refused: bool = False) -> None:
+        c = conn.connection
         engine.set_container(c, self.container_id)
         engine.put_symbols(lib.pn_connection_offered_capabilities(c), OFFERED_CAPABILITIES)
-        engine.put_map(
-            lib.pn_connection_properties(c), {'product': PRODUCT, 'version': self.version}
-        )
+        properties: dict[str, Any] = {'product': PRODUCT, 'version': self.version}
+        if refused:  # Qpid JMS then waits for our Close and reads its error (facts §1.5)
+            properties['amqp:connection-establishment-failed'] = True
+        engine.put_map(lib.pn_connection_properties(c), properties)
         # Set only now: before Open, Qpid JMS may legitimately stay silent for minutes.
         idle_ms = int(self.settings.amqp.idle_timeout_seconds * 1000)
         lib.pn_transport_set_idle_timeout(conn.transport, idle_ms)
@@ -147,6 +172,33 @@ class Broker:
             lib.pn_connection_open(c)
         if not self.accepting:
             conn.fail('amqp:connection:forced', 'broker is shutting down')
+
+    async def _claim_then_open(self, conn: AmqpConnection, client_id: str) -> None:
+        """Enforce sole-connection-for-container: one connection per ClientID, cluster-wide."""
+        holder = f'{self.settings.replica_id}|{conn.id}'
+        try:
+            claimed = await self.store.claim_client(client_id, holder)
+        except BrokerError as exc:
+            if conn.alive:
+                conn.fail(exc.condition, f'cannot check the ClientID: {exc}')
+                self.mark_dirty(conn)
+            return
+        if not conn.alive:
+            if claimed:
+                await self.store.release_client(client_id, holder)
+            return
+        if claimed:
+            conn.claimed_client = (client_id, holder)
+            self._open_connection(conn)
+        else:
+            self._open_connection(conn, refused=True)
+            condition = lib.pn_connection_condition(conn.connection)
+            engine.set_condition(
+                condition, 'amqp:invalid-field', f'the ClientID {client_id!r} is already in use'
+            )
+            engine.set_condition_info(condition, {'invalid-field': 'container-id'})
+            lib.pn_connection_close(conn.connection)
+        self.mark_dirty(conn)
 
     def _on_connection_remote_close(self, conn: AmqpConnection, event: Ptr) -> None:
         self._sweep(conn, session=None)
@@ -242,42 +294,77 @@ class Broker:
         link = lib.pn_event_link(event)
         closed = lib.pn_event_type(event) == lib.PN_LINK_REMOTE_CLOSE
         state = conn.links.pop(link, None)
+        key = _durable_key(state) if closed else None
         if state is not None:
-            self._link_gone(state)
+            self._link_gone(state, unsubscribing=key is not None)
+        if key is not None and state is not None:
+            # detach(closed=true) on a durable subscription is JMS unsubscribe: the answering
+            # detach waits for the store, and carries resource-locked while consumers remain
+            consumer = state.consumer_key if isinstance(state, ConsumerLink) else ''
+            self.spawn(self._unsubscribe_then_close(conn, link, key, consumer))
+            return
+        self._answer_detach(link, closed)
+
+    def _answer_detach(self, link: Ptr, closed: bool, error: BrokerError | None = None) -> None:
         if lib.pn_link_state(link) & lib.PN_LOCAL_UNINIT:
             attach.mirror_termini(link)
         if not lib.pn_link_state(link) & lib.PN_LOCAL_CLOSED:
+            if error is not None:
+                engine.set_condition(lib.pn_link_condition(link), error.condition, str(error))
             if closed:
                 lib.pn_link_close(link)
             else:
                 lib.pn_link_detach(link)
         lib.pn_link_free(link)
 
-    def _link_gone(self, state: LinkState) -> None:
+    async def _unsubscribe_then_close(
+        self, conn: AmqpConnection, link: Ptr, key: SubscriptionKey, consumer: str
+    ) -> None:
+        error: BrokerError | None = None
+        try:
+            await self.store.unsubscribe(key, consumer)
+        except BrokerError as exc:
+            error = exc
+        if conn.alive:
+            self._answer_detach(link, True, error)
+            self.mark_dirty(conn)
+
+    def _link_gone(self, state: LinkState, *, unsubscribing: bool = False) -> None:
         state.alive = False
         if isinstance(state, ConsumerLink):
-            self._consumer_gone(state)
+            self._consumer_gone(state, unsubscribing=unsubscribing)
         elif isinstance(state, BrowserLink):
             self.browsers.get(state.address, set()).discard(state)
         if state.owned_temporary:
             self.spawn(self.delete_temporary(state.owned_temporary))
 
-    def _consumer_gone(self, consumer: ConsumerLink) -> None:
+    def _consumer_gone(self, consumer: ConsumerLink, *, unsubscribing: bool = False) -> None:
         sub = consumer.subscription
         if sub is not None:
             sub.remove(consumer)
         unacked, consumer.unacked = consumer.unacked, {}
+        returned = [] if consumer.owned_group else [
+            self._apply(consumer, entry, UNSETTLED_ON_DETACH) for entry in unacked.values()
+        ]  # fmt: skip
         if consumer.owned_group:
             self.spawn(self._drop_subscription(consumer.address, consumer.group))
-        else:
-            for entry in unacked.values():
-                self._apply(consumer, entry, UNSETTLED_ON_DETACH)
+        elif consumer.named is not None and not unsubscribing:
+            self.spawn(self._leave(consumer.named, consumer.consumer_key, returned))
         if sub is not None and not sub.consumers:
             del self.subscriptions[(sub.address, sub.group)]
             self.by_address[sub.address].remove(sub)
             if not self.by_address[sub.address]:
                 del self.by_address[sub.address]
             self.store.unwatch(sub.address, sub.on_notify)
+
+    async def _leave(
+        self, key: SubscriptionKey, consumer: str, returned: list[Awaitable[None] | None]
+    ) -> None:
+        """Unregister a consumer once its unsettled entries are back (a volatile subscription
+        may be deleted with its last consumer, and must not get entries returned afterwards)."""
+        await asyncio.gather(*(r for r in returned if r is not None), return_exceptions=True)
+        with contextlib.suppress(BrokerError):
+            await self.store.leave_subscription(key, consumer)
 
     async def _drop_subscription(self, address: str, group: str) -> None:
         with contextlib.suppress(StoreUnavailable):
@@ -529,25 +616,34 @@ class Broker:
         if entry is not None:
             self._apply(consumer, entry, disposition)
 
-    def _apply(self, consumer: ConsumerLink, entry: Entry, disposition: Disposition) -> None:
+    def _apply(
+        self, consumer: ConsumerLink, entry: Entry, disposition: Disposition
+    ) -> Awaitable[None] | None:
         decision = outcomes.decide(
             disposition, entry.delivery_count, self.settings.routing.max_delivery_attempts
         )
         self.stats[disposition.outcome.value] += 1
         if decision.action is Action.ACK:
-            self.store.ack(consumer.address, consumer.group, entry)
-        elif decision.action is Action.RETURN:
+            return self.store.ack(consumer.address, consumer.group, entry)
+        if decision.action is Action.RETURN:
             if decision.exclude_consumer:
                 consumer.excluded.add(entry.key)
-            self.release(
+            return self.release(
                 consumer.address, consumer.group, entry, delivery_failed=decision.delivery_failed
             )
-        else:
-            self.dead_letter(consumer.address, consumer.group, entry, decision.reason)
+        self.dead_letter(consumer.address, consumer.group, entry, decision.reason)
+        return None
 
-    def release(self, address: str, group: str, entry: Entry, *, delivery_failed: bool) -> None:
+    def release(
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool
+    ) -> Awaitable[None]:
         self.stats['returned'] += 1
-        self.store.release(address, group, entry, delivery_failed=delivery_failed)
+        return self.store.release(address, group, entry, delivery_failed=delivery_failed)
+
+    def filtered(self, address: str, group: str, entry: Entry) -> None:
+        """An entry a subscription's selector or no-local filter excludes: consumed unseen."""
+        self.stats['filtered'] += 1
+        self.store.ack(address, group, entry)
 
     def expire(self, address: str, group: str, entry: Entry) -> None:
         self.stats['expired'] += 1
@@ -618,8 +714,10 @@ class Broker:
             logger.warning('browse of %s failed: %s', browser.address, exc)
             entries, cursor = [], browser.cursor
         browser.cursor = cursor
+        identifiers = Identifiers()
         for entry in entries:
-            browser.send(entry)
+            if browser.selector is None or browser.selector.matches(identifiers.of(entry)):
+                browser.send(entry)
         if len(entries) >= asked or browser.again:
             self.browse(browser)
         elif lib.pn_link_get_drain(browser.ptr):
@@ -640,3 +738,12 @@ class Broker:
                     state.unacked.clear()
             conn.fail(condition, description)
             conn.process()
+
+
+def _durable_key(state: LinkState | None) -> SubscriptionKey | None:
+    """The durable subscription a closing link deletes (JMS unsubscribe), if any."""
+    if isinstance(state, LookupLink):
+        return state.key
+    if isinstance(state, ConsumerLink) and state.named is not None and state.named.durable:
+        return state.named
+    return None

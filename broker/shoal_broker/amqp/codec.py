@@ -364,3 +364,45 @@ def _map_pairs(buf: bytes, pos: int, end: int) -> list[bytes]:
 
 def _key_of(pair: bytes) -> Any:
     return decode(pair, 0)[0]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SelectionView:
+    """The sections a JMS selector reads, decoded."""
+
+    header: dict[str, Any]
+    properties: list[Any]
+    application_properties: dict[Any, Any]
+    annotations: dict[Any, Any]
+
+
+def selection_view(header_bytes: bytes, rest: bytes) -> SelectionView:
+    """Decode header, annotations, properties and application properties of a stored message.
+
+    Only done for consumers with a selector; the body is never decoded.
+    """
+    header = Header()
+    if header_bytes:
+        _, vpos = section_code(header_bytes, 0)
+        header = _header(decode(header_bytes, vpos)[0])
+    sections: dict[int, Any] = {}
+    pos = 0
+    while pos < len(rest):
+        code, vpos = section_code(rest, pos)
+        if code > APPLICATION_PROPERTIES:
+            break
+        sections[code] = decode(rest, vpos)[0]
+        pos = skip(rest, vpos)
+    annotations = sections.get(MESSAGE_ANNOTATIONS)
+    properties = sections.get(PROPERTIES)
+    application = sections.get(APPLICATION_PROPERTIES)
+    return SelectionView(
+        header={
+            'durable': header.durable,
+            'priority': header.priority,
+            'delivery_count': header.delivery_count,
+        },
+        properties=properties if isinstance(properties, list) else [],
+        application_properties=application if isinstance(application, dict) else {},
+        annotations=annotations if isinstance(annotations, dict) else {},
+    )

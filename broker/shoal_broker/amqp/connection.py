@@ -38,6 +38,8 @@ class AmqpConnection(asyncio.Protocol):
         self.alive = True
         self.links: dict[engine.Ptr, LinkState] = {}
         self.container_id: str | None = None
+        self.claimed_client: tuple[str, str] | None = None
+        """(ClientID, holder) this connection holds cluster-wide, released when it ends."""
         self._socket: asyncio.Transport | None = None
         self._paused = False
         self._timer: asyncio.TimerHandle | None = None

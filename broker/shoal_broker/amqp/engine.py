@@ -91,6 +91,29 @@ def put_map(data: Ptr, values: dict[str, Any]) -> None:
     d.put_object({proton.symbol(k): v for k, v in values.items()})
 
 
+JMS_SELECTOR_DESCRIPTOR: Final = 0x0000468C00000004
+
+
+def put_filter(data: Ptr, selector: str) -> None:
+    """A source filter set holding a JMS selector, as Qpid JMS and Artemis encode it."""
+    d = proton.Data(data)
+    d.clear()
+    d.put_object(
+        {
+            proton.symbol('jms-selector'): proton.Described(
+                proton.ulong(JMS_SELECTOR_DESCRIPTOR), selector
+            )
+        }
+    )
+
+
+def set_condition_info(condition: Ptr, info: dict[str, str]) -> None:
+    """Symbol-keyed, symbol-valued error info (e.g. ``{invalid-field: container-id}``)."""
+    d = proton.Data(lib.pn_condition_info(condition))
+    d.clear()
+    d.put_object({proton.symbol(k): proton.symbol(v) for k, v in info.items()})
+
+
 def set_condition(condition: Ptr, name: str, description: str) -> None:
     cproton.pn_condition_set_name(condition, name)
     cproton.pn_condition_set_description(condition, description)

@@ -10,8 +10,10 @@ import collections
 import dataclasses
 from typing import TYPE_CHECKING
 
+from shoal_broker import selector as selectors
 from shoal_broker.amqp import codec
 from shoal_broker.amqp.engine import Ptr, ffi, lib
+from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Disposition, Outcome
 from shoal_broker.routing.storage import BrowseCursor, Entry
 from shoal_broker.settings import AddressKind
@@ -84,7 +86,24 @@ class ConsumerLink(LinkState):
     """Entries this consumer settled as undeliverable-here: never offered to it again."""
     owned_group: bool = False
     """The subscription exists for this link alone (non-durable topic consumer)."""
+    named: SubscriptionKey | None = None
+    """The durable or shared JMS subscription this link consumes from, if any."""
+    consumer_key: str = ''
+    """This link's registration among the named subscription's consumers cluster-wide."""
+    selector: selectors.Selector | None = None
+    no_local: bool = False
+    """Skip messages published by this link's own connection (JMS noLocal)."""
     _tag: int = 0
+
+    @property
+    def filtered(self) -> bool:
+        return self.selector is not None or self.no_local
+
+    def wants(self, entry: Entry, identifiers: 'Identifiers') -> bool:
+        """Whether this consumer's selector and no-local filter let ``entry`` through."""
+        if self.no_local and entry.origin and entry.origin == self.conn.container_id:
+            return False
+        return self.selector is None or self.selector.matches(identifiers.of(entry))
 
     def credit(self) -> int:
         return int(lib.pn_link_credit(self.ptr)) if self.alive and self.opened else 0
@@ -99,11 +118,41 @@ class ConsumerLink(LinkState):
             self.unacked[delivery] = entry
 
 
+class Identifiers:
+    """Selector identifiers of the entry being dealt, decoded at most once and only if asked."""
+
+    def __init__(self) -> None:
+        self._entry: Entry | None = None
+        self._ids: dict[str, object] = {}
+
+    def of(self, entry: Entry) -> dict[str, object]:
+        if entry is not self._entry:
+            self._entry = entry
+            try:
+                view = codec.selection_view(entry.header, entry.rest)
+            except codec.DecodeError:
+                self._ids = {}  # every identifier unknown: only `IS NULL` tests can match
+            else:
+                self._ids = selectors.identifiers(
+                    view.header, view.properties, view.application_properties, view.annotations
+                )
+        return self._ids
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class LookupLink(LinkState):
+    """A null-source link naming a durable subscription (Qpid JMS unsubscribe): closing it
+    deletes the subscription."""
+
+    key: SubscriptionKey | None = None
+
+
 @dataclasses.dataclass(eq=False, slots=True)
 class BrowserLink(LinkState):
     """A queue browser: a non-destructive, settled view of what a queue holds."""
 
     address: str = ''
+    selector: selectors.Selector | None = None
     cursor: BrowseCursor = dataclasses.field(default_factory=BrowseCursor)
     busy: bool = False
     again: bool = False

@@ -17,8 +17,8 @@ import time
 from typing import TYPE_CHECKING
 
 from shoal_broker.amqp.engine import lib
-from shoal_broker.amqp.links import ConsumerLink
-from shoal_broker.routing.storage import Entry
+from shoal_broker.amqp.links import ConsumerLink, Identifiers
+from shoal_broker.routing.storage import QUEUE_GROUP, Entry
 
 if TYPE_CHECKING:
     import asyncio
@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 MAX_FETCH = 500
 """Entries per fetch script call: bounds how long one Lua script holds Redis."""
+
+MAX_PARKED = 1000
+"""Entries a replica holds that none of its consumers can take now (selectors on a queue,
+undeliverable-here) before it stops fetching more."""
 
 PARK_SECONDS = 5.0
 """How long an entry every local consumer refused (undeliverable-here) stays with this replica
@@ -46,6 +50,9 @@ class LocalSubscription:
         self._fetching = False
         self._again = False
         self._parked: list[tuple[float, Entry]] = []
+        self.filters_consume = group != QUEUE_GROUP
+        """On a topic subscription, an entry its consumers' filters refuse is consumed (it is not
+        for this subscription); on a queue it stays for other consumers."""
 
     def add(self, consumer: ConsumerLink) -> None:
         self.consumers.append(consumer)
@@ -71,6 +78,8 @@ class LocalSubscription:
             return
         if self._parked:
             self._deliver_parked()
+            if len(self._parked) >= MAX_PARKED:
+                return  # nothing here wants what we hold: stop taking more until it goes back
         want = min(sum(c.credit() for c in self.consumers), MAX_FETCH)
         if want <= 0:
             return
@@ -97,33 +106,55 @@ class LocalSubscription:
 
     def _deal(self, entries: 'Sequence[Entry]') -> None:
         now_ms = int(time.time() * 1000)
+        identifiers = Identifiers()
         for entry in entries:
             if entry.expiry_ms and entry.expiry_ms <= now_ms:
                 self.broker.expire(self.address, self.group, entry)
                 continue
-            consumer = self._pick(entry)
+            wanting = [c for c in self.consumers if not c.filtered or c.wants(entry, identifiers)]
+            if not wanting:
+                self._refused(entry)
+                continue
+            consumer = self._pick(entry, wanting)
             if consumer is not None:
                 consumer.send(entry)
                 self.broker.sent(consumer, entry)
-            elif any(entry.key in c.excluded for c in self.consumers):
-                self._parked.append((time.monotonic() + PARK_SECONDS, entry))
-                self.broker.schedule_park_check(self, PARK_SECONDS)
+            elif any(entry.key in c.excluded for c in wanting):
+                self._park(entry)  # undeliverable-here: keep it from the consumer that said so
             else:  # credit shrank or consumers left meanwhile: back to the subscription
                 self.broker.release(self.address, self.group, entry, delivery_failed=False)
 
-    def _pick(self, entry: Entry) -> ConsumerLink | None:
+    def _refused(self, entry: Entry) -> None:
+        """No local consumer's selector or no-local filter takes the entry."""
+        if self.filters_consume:
+            self.broker.filtered(self.address, self.group, entry)  # not for this subscription
+        else:
+            self._park(entry)  # a queue: another consumer, here or on another replica, may want it
+
+    def _park(self, entry: Entry) -> None:
+        self._parked.append((time.monotonic() + PARK_SECONDS, entry))
+        self.broker.schedule_park_check(self, PARK_SECONDS)
+
+    def _pick(self, entry: Entry, candidates: list[ConsumerLink]) -> ConsumerLink | None:
+        """Round-robin over consumers with credit that may take the entry."""
         consumers = self.consumers
         for _ in range(len(consumers)):
             self._next = (self._next + 1) % len(consumers)
             consumer = consumers[self._next]
-            if consumer.credit() > 0 and entry.key not in consumer.excluded:
+            if (
+                consumer in candidates
+                and consumer.credit() > 0
+                and entry.key not in consumer.excluded
+            ):
                 return consumer
         return None
 
     def _deliver_parked(self) -> None:
         parked, self._parked = self._parked, []
+        identifiers = Identifiers()
         for deadline, entry in parked:
-            consumer = self._pick(entry)
+            wanting = [c for c in self.consumers if not c.filtered or c.wants(entry, identifiers)]
+            consumer = self._pick(entry, wanting)
             if consumer is not None:
                 consumer.send(entry)
                 self.broker.sent(consumer, entry)

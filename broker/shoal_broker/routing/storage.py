@@ -8,9 +8,11 @@ into one Redis round trip per event-loop turn; none of them costs a round trip o
 """
 
 import dataclasses
+import enum
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.settings import AddressKind
 
 QUEUE_GROUP = 'queue'
@@ -31,6 +33,8 @@ class OutgoingMessage:
     rest: bytes
     expiry_ms: int = 0
     """Absolute expiry, ms since the epoch; 0 means never."""
+    origin: str = ''
+    """Container-id of the publishing connection (no-local subscribers skip their own)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,6 +49,7 @@ class Entry:
     expiry_ms: int
     delivery_count: int
     """Earlier delivery attempts that ended in a failure (AMQP header delivery-count)."""
+    origin: str = ''
 
     @property
     def key(self) -> tuple[int, str]:
@@ -59,6 +64,13 @@ class BrowseCursor:
 
 
 Notify = Callable[[str], None]
+
+
+class JoinOutcome(enum.Enum):
+    CREATED = 'created'
+    JOINED = 'joined'
+    RECREATED = 'recreated'
+    """The definition changed while nobody was attached: a new subscription replaced the old."""
 
 
 class MessageStore(Protocol):
@@ -107,6 +119,33 @@ class MessageStore(Protocol):
     ) -> Awaitable[tuple[Sequence[Entry], BrowseCursor]]:
         """Up to ``count`` entries still available on a queue after ``cursor``, unconsumed."""
         ...
+
+    async def join_subscription(
+        self, spec: SubscriptionSpec, consumer: str, default_max_consumers: int
+    ) -> JoinOutcome:
+        """Register a consumer of a named subscription cluster-wide, creating the subscription
+        (or replacing one whose definition differs and has no consumer). ResourceLocked or
+        ResourceLimitExceeded when it may not join."""
+        ...
+
+    async def leave_subscription(self, key: SubscriptionKey, consumer: str) -> int:
+        """Unregister a consumer; a volatile subscription is deleted with its last consumer.
+        Returns the consumers left anywhere."""
+        ...
+
+    async def unsubscribe(self, key: SubscriptionKey, consumer: str) -> None:
+        """Delete a durable subscription; AddressNotFound or ResourceLocked when it cannot."""
+        ...
+
+    async def subscription_definition(self, key: SubscriptionKey) -> dict[str, str] | None:
+        """The stored definition of a named subscription, or None."""
+        ...
+
+    async def claim_client(self, client_id: str, holder: str) -> bool:
+        """Claim a ClientID cluster-wide; False when another connection holds it."""
+        ...
+
+    async def release_client(self, client_id: str, holder: str) -> None: ...
 
     def watch(self, address: str, notify: Notify) -> None:
         """Call ``notify(address)`` when another replica adds or returns entries there."""

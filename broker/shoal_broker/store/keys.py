@@ -19,7 +19,16 @@ PREFIX = 'shoal'
 ADDRESSES = f'{PREFIX}:addresses'
 """HASH address -> kind (``queue``/``topic``): the address registry."""
 
-__all__ = ['ADDRESSES', 'QUEUE_GROUP', 'AddressKeys', 'entry_field', 'entry_member']
+SUBSCRIPTIONS = f'{PREFIX}:subscriptions'
+"""SET of named (durable or shared) subscription ids: the index the CLI and operator list."""
+
+CLIENTS = f'{PREFIX}:clients'
+"""HASH ClientID (container-id) -> ``<replica>|<connection>`` holding it, cluster-wide."""
+
+__all__ = [
+    'ADDRESSES', 'CLIENTS', 'QUEUE_GROUP', 'SUBSCRIPTIONS', 'AddressKeys', 'SubscriptionKeys',
+    'entry_field', 'entry_member',
+]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,3 +69,18 @@ def entry_member(band: int, entry_id: str) -> str:
 def entry_field(band: int, entry_id: str) -> str:
     """Field name of an entry in per-group hashes."""
     return f'{band}|{entry_id}'
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubscriptionKeys:
+    """The registry of one named subscription; its messages are a consumer group on the topic."""
+
+    definition: str
+    """HASH topic, selector, no_local, shared, durable, scope, client, name, max_consumers."""
+    consumers: str
+    """HASH consumer (``<replica>|<connection>|<link>``) -> replica id, across all replicas."""
+
+    @classmethod
+    def of(cls, subscription_id: str) -> 'SubscriptionKeys':
+        tag = f'{PREFIX}:{{s:{subscription_id}}}'
+        return cls(definition=f'{tag}:def', consumers=f'{tag}:consumers')

@@ -24,15 +24,25 @@ from typing import Any
 import redis.asyncio
 import redis.exceptions
 
-from shoal_broker.errors import AddressNotFound, BrokerError, StoreUnavailable
-from shoal_broker.routing.storage import BrowseCursor, Entry, Notify, OutgoingMessage
+from shoal_broker.errors import (
+    AddressNotFound,
+    BrokerError,
+    ResourceLimitExceeded,
+    ResourceLocked,
+    StoreUnavailable,
+)
+from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
+from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notify, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
 
 logger = logging.getLogger(__name__)
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-SCRIPTS = ('publish', 'create_group', 'delete_group', 'fetch', 'browse', 'trim')
+SCRIPTS = (
+    'publish', 'create_group', 'delete_group', 'fetch', 'browse', 'trim', 'join', 'leave',
+    'unsubscribe', 'release_client',
+)  # fmt: skip
 
 
 def _lua(name: str) -> str:
@@ -242,7 +252,7 @@ class RedisStore:
             finish,
             notify=address,
             batch=('publish', address, message.band, kind.value),
-            batch_args=(message.header, message.rest, str(message.expiry_ms)),
+            batch_args=(message.header, message.rest, str(message.expiry_ms), message.origin),
         )
 
     def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
@@ -345,6 +355,80 @@ class RedisStore:
         k = keys.AddressKeys.of(address)
         script_keys = (*k.streams, k.groups, k.returned(group), k.delivery_counts(group))
         await self._call(self._evalsha('delete_group', script_keys, (group,)))
+
+    # -- named subscriptions and ClientIDs -------------------------------------------------------
+
+    async def join_subscription(
+        self, spec: SubscriptionSpec, consumer: str, default_max_consumers: int
+    ) -> JoinOutcome:
+        key = spec.key
+        k = keys.SubscriptionKeys.of(key.id)
+        definition = spec.definition()
+        args = (
+            consumer, self._replica_id, key.id, '1' if spec.shared else '0',
+            '1' if key.durable else '0', key.scope.value, key.client_id, key.name,
+            definition['topic'], definition['selector'], definition['no_local'],
+            default_max_consumers,
+        )  # fmt: skip
+        reply = await self._call(
+            self._evalsha('join', (k.definition, k.consumers, keys.SUBSCRIPTIONS), args)
+        )
+        outcome, detail = _text(reply[0]), _text(reply[1])
+        if outcome == 'locked':
+            raise ResourceLocked(detail)
+        if outcome == 'limit':
+            raise ResourceLimitExceeded(detail)
+        if outcome == 'recreated':  # the old subscription's messages go with it
+            await self.delete_subscription(detail or spec.topic, key.id)
+        # idempotent: a replica joining an existing subscription makes sure its group exists
+        await self.create_subscription(spec.topic, key.id, from_start=False)
+        return JoinOutcome(outcome)
+
+    async def leave_subscription(self, key: SubscriptionKey, consumer: str) -> int:
+        k = keys.SubscriptionKeys.of(key.id)
+        script_keys = (k.definition, k.consumers, keys.SUBSCRIPTIONS)
+        reply = await self._call(self._evalsha('leave', script_keys, (consumer, key.id)))
+        left, topic = int(reply[0]), _text(reply[1])
+        if topic:
+            await self.delete_subscription(topic, key.id)
+        return left
+
+    async def unsubscribe(self, key: SubscriptionKey, consumer: str) -> None:
+        k = keys.SubscriptionKeys.of(key.id)
+        script_keys = (k.definition, k.consumers, keys.SUBSCRIPTIONS)
+        reply = await self._call(self._evalsha('unsubscribe', script_keys, (consumer, key.id)))
+        outcome = _text(reply[0])
+        if outcome == 'missing':
+            raise AddressNotFound(f'no durable subscription named {key.name!r}')
+        if outcome == 'locked':
+            raise ResourceLocked(f'there are active consumers on the subscription {key.name!r}')
+        await self.delete_subscription(_text(reply[1]), key.id)
+
+    async def subscription_definition(self, key: SubscriptionKey) -> dict[str, str] | None:
+        k = keys.SubscriptionKeys.of(key.id)
+        raw = await self._call(self._client.hgetall(k.definition))
+        return {_text(f): _text(v) for f, v in raw.items()} or None
+
+    async def subscriptions(self) -> list[dict[str, Any]]:
+        """Every named subscription with its consumers per replica (for introspection)."""
+        ids = sorted(_text(i) for i in await self._call(self._client.smembers(keys.SUBSCRIPTIONS)))
+        found = []
+        for subscription_id in ids:
+            k = keys.SubscriptionKeys.of(subscription_id)
+            definition = await self._call(self._client.hgetall(k.definition))
+            consumers = await self._call(self._client.hgetall(k.consumers))
+            per_replica: dict[str, int] = {}
+            for replica in consumers.values():
+                per_replica[_text(replica)] = per_replica.get(_text(replica), 0) + 1
+            entry: dict[str, Any] = {_text(f): _text(v) for f, v in definition.items()}
+            found.append({'id': subscription_id, **entry, 'consumers': per_replica})
+        return found
+
+    async def claim_client(self, client_id: str, holder: str) -> bool:
+        return bool(await self._call(self._client.hsetnx(keys.CLIENTS, client_id, holder)))
+
+    async def release_client(self, client_id: str, holder: str) -> None:
+        await self._call(self._evalsha('release_client', (keys.CLIENTS,), (client_id, holder)))
 
     async def trim(self) -> int:
         """Trim every address's streams below what its subscriptions still need."""
@@ -473,8 +557,9 @@ def _entries(flat: list[Any]) -> list[Entry]:
             rest=flat[i + 3],
             expiry_ms=int(flat[i + 4]),
             delivery_count=int(flat[i + 5]),
+            origin=_text(flat[i + 6]),
         )
-        for i in range(0, len(flat), 6)
+        for i in range(0, len(flat), 7)
     ]
 
 

@@ -5,17 +5,17 @@
 -- ARGV[1] group, ARGV[2] consumer (replica id), ARGV[3] count
 -- Returned (released or failed) entries come first, oldest first, claimed from whichever replica
 -- held them; then new entries, high band (1) before normal band (0).
--- Returns a flat array of sextuples: band, id, header, rest, expiry, delivery count.
+-- Returns a flat array of septuples: band, id, header, rest, expiry, delivery count, origin.
 local want = tonumber(ARGV[3])
 local out = {}
 
 local function emit(band, entry)
   local fields = entry[2]
-  local h, r, x = '', '', '0'
+  local h, r, x, c = '', '', '0', ''
   for j = 1, #fields, 2 do
     local f = fields[j]
     if f == 'h' then h = fields[j + 1] elseif f == 'r' then r = fields[j + 1]
-    elseif f == 'x' then x = fields[j + 1] end
+    elseif f == 'x' then x = fields[j + 1] elseif f == 'c' then c = fields[j + 1] end
   end
   local count = redis.call('HGET', KEYS[4], band .. '|' .. entry[1]) or '0'
   out[#out + 1] = band
@@ -24,6 +24,7 @@ local function emit(band, entry)
   out[#out + 1] = r
   out[#out + 1] = x
   out[#out + 1] = count
+  out[#out + 1] = c
   want = want - 1
 end
 

@@ -3,7 +3,8 @@
 -- KEYS[1] stream   STREAM of the band
 -- KEYS[2] groups   SET subscription names of the address
 -- ARGV[1] kind     'queue' or 'topic'
--- ARGV[2..] triples: header bytes, rest bytes, expiry (ms since epoch, '0' = never)
+-- ARGV[2..] quadruples: header bytes, rest bytes, expiry (ms since epoch, '0' = never),
+--           origin (the publishing connection's container-id, for no-local; '' = none)
 -- Returns the number of entries added: 0 when a topic had no subscription (nothing kept: a
 -- message published before a subscriber attached is never delivered to it), -1 when a queue no
 -- longer exists (its group is gone: deleted meanwhile, e.g. a temporary queue).
@@ -12,11 +13,16 @@ if redis.call('SCARD', KEYS[2]) == 0 then
   return -1
 end
 local ids = {}
-for i = 2, #ARGV, 3 do
-  if ARGV[i + 2] == '0' then
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'h', ARGV[i], 'r', ARGV[i + 1])
-  else
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'h', ARGV[i], 'r', ARGV[i + 1], 'x', ARGV[i + 2])
+for i = 2, #ARGV, 4 do
+  local fields = {'h', ARGV[i], 'r', ARGV[i + 1]}
+  if ARGV[i + 2] ~= '0' then
+    fields[#fields + 1] = 'x'
+    fields[#fields + 1] = ARGV[i + 2]
   end
+  if ARGV[i + 3] ~= '' then
+    fields[#fields + 1] = 'c'
+    fields[#fields + 1] = ARGV[i + 3]
+  end
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', unpack(fields))
 end
 return #ids

@@ -1,0 +1,14 @@
+-- Delete a durable subscription (JMS unsubscribe), unless a consumer is attached anywhere.
+--
+-- KEYS[1] definition HASH, KEYS[2] consumers HASH, KEYS[3] subscription index SET
+-- ARGV[1] the unsubscribing link's own consumer key (not counted), ARGV[2] subscription id
+-- Returns {'missing'}, {'locked', consumers}, or {'deleted', topic}; on 'deleted' the caller
+-- deletes the topic's consumer group.
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+redis.call('HDEL', KEYS[2], ARGV[1])
+local attached = redis.call('HLEN', KEYS[2])
+if attached > 0 then return {'locked', attached} end
+local topic = redis.call('HGET', KEYS[1], 'topic')
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('SREM', KEYS[3], ARGV[2])
+return {'deleted', topic}
