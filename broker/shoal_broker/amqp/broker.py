@@ -519,6 +519,7 @@ class Broker:
             expiry_ms=outcomes.expiry_ms(
                 int(time.time() * 1000), view.header.ttl, view.absolute_expiry_time
             ),
+            origin=producer.conn.container_id or '',
         )
         producer.in_store += 1
         if message.settled:  # pre-settled by the peer: nothing to answer, free it now
