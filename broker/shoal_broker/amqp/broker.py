@@ -76,6 +76,7 @@ class Broker:
         self.browsers: dict[str, set[BrowserLink]] = {}
         self.kinds: dict[str, AddressKind] = {}
         self.accepting = True
+        self._loop = asyncio.get_running_loop()
         self._dirty: set[AmqpConnection] = set()
         self._flush_scheduled = False
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -127,7 +128,7 @@ class Broker:
         self._dirty.add(conn)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_dirty)
+            self._loop.call_soon(self._flush_dirty)
 
     def _flush_dirty(self) -> None:
         self._flush_scheduled = False
@@ -464,7 +465,7 @@ class Broker:
         self.stats['received'] += 1
         settled = bool(lib.pn_delivery_settled(delivery))
         try:
-            view = codec.parse(bytes(data))
+            view = codec.parse(data)
         except codec.DecodeError as exc:
             self._outcome(producer, delivery, settled, BrokerError(str(exc)), 'amqp:decode-error')
             return
@@ -682,7 +683,7 @@ class Broker:
                 self.release(address, group, entry, delivery_failed=False)
 
     def schedule_park_check(self, sub: LocalSubscription, delay: float) -> None:
-        asyncio.get_running_loop().call_later(delay, sub.return_parked)
+        self._loop.call_later(delay, sub.return_parked)
 
     # -- browsers ------------------------------------------------------------------------------
 

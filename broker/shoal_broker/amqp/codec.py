@@ -69,7 +69,7 @@ MAX_DEPTH: Final = 64
 """Nesting of described and compound values we follow before calling the input hostile."""
 
 
-def skip(buf: bytes, pos: int, depth: int = 0) -> int:
+def skip(buf: bytes | bytearray, pos: int, depth: int = 0) -> int:
     """Return the position just after the encoded value starting at ``pos``."""
     if depth > MAX_DEPTH:
         raise DecodeError(f'values nested deeper than {MAX_DEPTH} levels')
@@ -97,7 +97,7 @@ def skip(buf: bytes, pos: int, depth: int = 0) -> int:
     return end
 
 
-def decode(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:  # noqa: C901 - one branch per type family
+def decode(buf: bytes | bytearray, pos: int, depth: int = 0) -> tuple[Any, int]:  # noqa: C901 - one branch per type family
     """Decode the value at ``pos``; return it and the position after it."""
     end = skip(buf, pos, depth)
     code = buf[pos]
@@ -148,7 +148,7 @@ def _variable(code: int, raw: bytes) -> Any:
     return Symbol(text) if kind == 0x3 else text
 
 
-def _compound(buf: bytes, pos: int, code: int, end: int, depth: int) -> Any:
+def _compound(buf: bytes | bytearray, pos: int, code: int, end: int, depth: int) -> Any:
     wide = code >= 0xD0
     p = pos + (9 if wide else 3)
     if p > end:
@@ -172,24 +172,29 @@ def _compound(buf: bytes, pos: int, code: int, end: int, depth: int) -> Any:
         raise DecodeError(f'map at {pos} has an unhashable key') from exc
 
 
-def section_code(buf: bytes, pos: int) -> tuple[int, int]:
+def section_code(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
     """Return the section descriptor code at ``pos`` and the position of its value."""
+    # fast path: every client we know encodes section descriptors as small ulongs (0x53 code)
+    if buf[pos] == 0x00 and pos + 2 < len(buf) and buf[pos + 1] == 0x53:
+        code = buf[pos + 2]
+        if HEADER <= code <= FOOTER:
+            return code, pos + 3
     if buf[pos] != 0x00:
         raise DecodeError(f'expected a described section at {pos}')
     descriptor, vpos = decode(buf, pos + 1)
     if isinstance(descriptor, bytes | str):
-        code = _SECTION_SYMBOLS.get(
+        named = _SECTION_SYMBOLS.get(
             descriptor.encode() if isinstance(descriptor, str) else descriptor
         )
-        if code is None:
+        if named is None:
             raise DecodeError(f'unknown section descriptor {descriptor!r}')
-        return code, vpos
+        return named, vpos
     if not isinstance(descriptor, int) or not HEADER <= descriptor <= FOOTER:
         raise DecodeError(f'unknown section descriptor {descriptor!r}')
     return descriptor, vpos
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built once per message
 class Header:
     durable: bool = False
     priority: int = DEFAULT_PRIORITY
@@ -198,7 +203,11 @@ class Header:
     delivery_count: int = 0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+DEFAULT_HEADER: Final = Header()
+"""What a message without a header section means: not durable, priority 4, count 0."""
+
+
+@dataclasses.dataclass(slots=True)  # not frozen: built once per message
 class RoutingView:
     """What the broker reads from a message; ``header`` and ``rest`` are the stored bytes."""
 
@@ -213,7 +222,7 @@ class RoutingView:
     creation_time: int | None = None
 
 
-def parse(buf: bytes) -> RoutingView:
+def parse(buf: bytes | bytearray) -> RoutingView:
     """
     Split a received message into stored parts and decode what routing needs.
 
@@ -221,9 +230,11 @@ def parse(buf: bytes) -> RoutingView:
     so a truncated or malformed message is refused here rather than delivered to a consumer.
     """
     pos, n = 0, len(buf)
-    header, header_bytes = Header(), b''
+    header, header_bytes = DEFAULT_HEADER, b''
     annotations: dict[Any, Any] = {}
-    props: list[Any] = []
+    to: Any = None
+    expiry: Any = None
+    creation: Any = None
     rest_start: int | None = None
     try:
         while pos < n:
@@ -231,31 +242,48 @@ def parse(buf: bytes) -> RoutingView:
             end = skip(buf, vpos)
             if code == HEADER:
                 header, header_bytes = _header(decode(buf, vpos)[0]), bytes(buf[pos:end])
-            elif code == DELIVERY_ANNOTATIONS:
-                pass
-            else:
+            elif code != DELIVERY_ANNOTATIONS:
                 if rest_start is None:
                     rest_start = pos
                 if code == MESSAGE_ANNOTATIONS:
                     value = decode(buf, vpos)[0]
                     annotations = value if isinstance(value, dict) else {}
                 elif code == PROPERTIES:
-                    value = decode(buf, vpos)[0]
-                    props = value if isinstance(value, list) else []
+                    to, expiry, creation = _list_items(buf, vpos, end, (2, 8, 9))
             pos = end
     except IndexError as exc:
         raise DecodeError('truncated section') from exc
-    props += [None] * (10 - len(props))
-    to = props[2] if isinstance(props[2], str) else None
     return RoutingView(
         header=header,
         header_bytes=header_bytes,
         rest=bytes(buf[rest_start:]) if rest_start is not None else b'',
         annotations=annotations,
-        to=to,
-        absolute_expiry_time=props[8] if isinstance(props[8], int) else None,
-        creation_time=props[9] if isinstance(props[9], int) else None,
+        to=to if isinstance(to, str) else None,
+        absolute_expiry_time=expiry if isinstance(expiry, int) else None,
+        creation_time=creation if isinstance(creation, int) else None,
     )
+
+
+def _list_items(buf: bytes | bytearray, pos: int, end: int, wanted: tuple[int, ...]) -> list[Any]:
+    """Decode only the ``wanted`` positions of the list at ``pos``; skip the others."""
+    found: list[Any] = [None] * len(wanted)
+    code = buf[pos]
+    if code == 0x45:
+        return found
+    if code not in (0xC0, 0xD0):
+        raise DecodeError('properties section is not a list')
+    wide = code == 0xD0
+    p = pos + (9 if wide else 3)
+    count = int.from_bytes(buf[pos + 5 : pos + 9], 'big') if wide else buf[pos + 2]
+    last = max(wanted)
+    for index in range(min(count, last + 1)):
+        if p >= end:
+            raise DecodeError('properties list has a wrong size or count')
+        if index in wanted:
+            found[wanted.index(index)], p = decode(buf, p)
+        else:
+            p = skip(buf, p)
+    return found
 
 
 def _header(fields: Any) -> Header:

@@ -24,7 +24,7 @@ BANDS = (HIGH_BAND, NORMAL_BAND)
 """Priority bands in the order consumers are served."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built once per message
 class OutgoingMessage:
     """A message as stored: encoded header, and everything after it byte for byte."""
 
@@ -37,7 +37,7 @@ class OutgoingMessage:
     """Container-id of the publishing connection (no-local subscribers skip their own)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built once per message
 class Entry:
     """A stored message handed to one replica for delivery to one subscription."""
 

@@ -81,6 +81,7 @@ class RedisStore:
         self._kinds: dict[str, AddressKind] = {}
         self._watchers: dict[str, list[Notify]] = {}
         self._pubsub: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_tasks: set[asyncio.Future[None]] = set()
         self.pipelines = 0
@@ -94,6 +95,7 @@ class RedisStore:
 
     async def start(self) -> None:
         """Load the scripts and start the pipeline and notification tasks."""
+        self._loop = asyncio.get_running_loop()
         try:
             await self._load_scripts()
             self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
@@ -146,10 +148,8 @@ class RedisStore:
         batch: tuple[Any, ...] | None = None,
         batch_args: tuple[Any, ...] = (),
     ) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        # acks and releases are fire-and-forget for the broker: a failure is logged here (the
-        # entry stays pending and is redelivered), and awaiting callers still see the exception
-        future.add_done_callback(_note_failure)
+        loop = self._loop or asyncio.get_running_loop()  # cached: this runs once per message
+        future: asyncio.Future[Any] = loop.create_future()
         self._queued.append(_Op(commands, finish, future, notify, notify_local, batch, batch_args))
         self._wakeup.set()
         return future
@@ -189,7 +189,7 @@ class RedisStore:
             logger.warning('Redis unreachable: %s', exc)
             for op in ops:
                 if not op.future.done():
-                    op.future.set_exception(StoreUnavailable(f'Redis unreachable: {exc}'))
+                    _fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
             return
         retry: list[_Op] = []
         pos = 0
@@ -526,20 +526,25 @@ def _settle(op: _Op, replies: list[Any]) -> None:
         return
     error = next((r for r in replies if isinstance(r, Exception)), None)
     if error is not None:
-        op.future.set_exception(StoreUnavailable(f'Redis refused: {error}'))
+        _fail(op, StoreUnavailable(f'Redis refused: {error}'))
         return
     try:
         op.future.set_result(op.finish(replies))
     except BrokerError as exc:
-        op.future.set_exception(exc)
+        _fail(op, exc)
     except Exception as exc:  # a reply of an unexpected shape: fail this op, not the cycle
         logger.exception('unexpected Redis reply')
-        op.future.set_exception(StoreUnavailable(f'unexpected Redis reply: {exc}'))
+        _fail(op, StoreUnavailable(f'unexpected Redis reply: {exc}'))
 
 
-def _note_failure(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        logger.debug('store operation failed: %s', future.exception())
+def _fail(op: _Op, error: BrokerError) -> None:
+    """Fail an op. Acks and releases are fire-and-forget for the broker: mark the exception
+    seen (the entry stays pending and is redelivered; the failure is logged) so asyncio does not
+    complain about an exception nobody retrieved; an awaiting caller still gets it."""
+    op.future.set_exception(error)
+    if (op.batch is not None and op.batch[0] == 'ack') or op.notify_local:
+        logger.debug('store operation failed: %s', error)
+        op.future.exception()
 
 
 def _is_noscript(reply: Any) -> bool:

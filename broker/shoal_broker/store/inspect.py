@@ -1,0 +1,278 @@
+"""
+Read-only introspection of what the cluster keeps in Redis, for the ``shoal`` CLI and tooling.
+
+The broker replicas hold no state of their own, so the only complete answer to "which addresses,
+queues, subscriptions and ClientIDs exist, and how much is waiting" is in Redis. This module
+reads it without touching anything: no scripts, no writes, no consumer-group reads, so it is safe
+against a live cluster. It lives in ``store/`` because only this package knows Redis and the key
+layout (every key comes from :mod:`shoal_broker.store.keys`).
+
+Backlog of a consumer group (a queue's, or a named subscription's on its topic) is counted per
+priority band stream from ``XINFO GROUPS``: ``lag`` (entries not yet handed to any replica) plus
+``pending`` (handed out and not acknowledged). Returned (released) entries stay pending until a
+replica claims them again, so the returned-entries ZSET is a subset of ``pending``: it is
+reported as part of what is ``ready``, never added to the backlog a second time. A missing
+stream or group counts as zero.
+"""
+
+import dataclasses
+from collections.abc import Awaitable, Mapping
+from types import TracebackType
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions
+
+from shoal_broker.errors import StoreUnavailable
+from shoal_broker.routing.jms_subscriptions import Scope
+from shoal_broker.settings import AddressKind
+from shoal_broker.store import keys
+
+_REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+_PAGE = 1000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AddressInfo:
+    name: str
+    kind: str
+    """``queue`` or ``topic`` (anything else is reported as stored)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupBacklog:
+    """What one consumer group still has to consume, summed over the priority bands."""
+
+    lag: int = 0
+    """Entries no replica has been handed yet."""
+    pending: int = 0
+    """Entries handed to a replica and not acknowledged (in flight or returned)."""
+    returned: int = 0
+    """Pending entries released back for redelivery (the returned-entries ZSET)."""
+
+    @property
+    def backlog(self) -> int:
+        """Every message the group has not consumed yet."""
+        return self.lag + self.pending
+
+    @property
+    def ready(self) -> int:
+        """Messages a consumer could be handed now."""
+        return self.lag + min(self.returned, self.pending)
+
+    @property
+    def in_flight(self) -> int:
+        """Messages out at a consumer, awaiting its outcome."""
+        return max(self.pending - self.returned, 0)
+
+    def __add__(self, other: 'GroupBacklog') -> 'GroupBacklog':
+        return GroupBacklog(
+            self.lag + other.lag, self.pending + other.pending, self.returned + other.returned
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueInfo:
+    name: str
+    backlog: int
+    ready: int
+    in_flight: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubscriptionInfo:
+    id: str
+    """The subscription id: registry key and consumer-group name on the topic."""
+    name: str
+    kind: str
+    """``shared durable``, ``exclusive durable``, ``shared volatile``."""
+    namespace: str
+    """``global``, or the ClientID that owns the name."""
+    scope: str
+    client_id: str
+    durable: bool
+    shared: bool
+    topic: str
+    selector: str | None
+    no_local: bool
+    max_consumers: int | None
+    """A provisioned consumer limit; None when the broker default applies."""
+    consumers: dict[str, int]
+    """Attached consumers per replica id, cluster-wide."""
+    backlog: int
+    ready: int
+    in_flight: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClientInfo:
+    client_id: str
+    replica: str
+    connection: str
+
+
+class Inspector:
+    """A read-only view of one Redis. Redis failures become ``StoreUnavailable``."""
+
+    def __init__(self, client: 'redis.asyncio.Redis') -> None:
+        self._client = client
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout: float = 5.0) -> 'Inspector':
+        """Raises ValueError for a URL redis-py cannot use."""
+        client = redis.asyncio.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=timeout, socket_timeout=timeout
+        )
+        return cls(client)
+
+    async def __aenter__(self) -> 'Inspector':
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        try:
+            await self._client.aclose()
+        except _REDIS_DOWN:
+            pass
+
+    async def addresses(self) -> list[AddressInfo]:
+        registry: dict[str, str] = {}
+        cursor = 0
+        while True:
+            cursor, batch = await self._call(
+                self._client.hscan(keys.ADDRESSES, cursor, count=_PAGE)
+            )
+            registry.update(batch)
+            if not cursor:
+                break
+        return [AddressInfo(name, registry[name]) for name in sorted(registry)]
+
+    async def queues(self) -> list[QueueInfo]:
+        names = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
+        found = await self._backlogs([(name, keys.QUEUE_GROUP) for name in names])
+        return [
+            QueueInfo(name, b.backlog, b.ready, b.in_flight)
+            for name, b in zip(names, found, strict=True)
+        ]
+
+    async def subscriptions(self) -> list[SubscriptionInfo]:
+        ids = sorted(str(i) for i in await self._call(self._client.smembers(keys.SUBSCRIPTIONS)))
+        pipe = self._client.pipeline(transaction=False)
+        for subscription_id in ids:
+            k = keys.SubscriptionKeys.of(subscription_id)
+            pipe.hgetall(k.definition)
+            pipe.hgetall(k.consumers)
+        replies = await self._call(pipe.execute())
+        rows: list[tuple[str, Mapping[str, str], Mapping[str, str]]] = []
+        for i, subscription_id in enumerate(ids):
+            definition, consumers = replies[2 * i], replies[2 * i + 1]
+            if definition:  # removed between SMEMBERS and HGETALL
+                rows.append((subscription_id, definition, consumers))
+        backlogs = await self._backlogs([(d.get('topic', ''), sid) for sid, d, _ in rows])
+        return [_subscription(sid, d, c, b) for (sid, d, c), b in zip(rows, backlogs, strict=True)]
+
+    async def clients(self) -> list[ClientInfo]:
+        holders: dict[str, str] = await self._call(self._client.hgetall(keys.CLIENTS))
+        found = []
+        for client_id in sorted(holders):
+            replica, _, connection = str(holders[client_id]).rpartition('|')
+            found.append(ClientInfo(client_id, replica, connection))
+        return found
+
+    async def _backlogs(self, groups: list[tuple[str, str]]) -> list[GroupBacklog]:
+        """Backlog of each (address, group), in one pipeline (plus a walk where lag is unknown)."""
+        pipe = self._client.pipeline(transaction=False)
+        for address, group in groups:
+            k = keys.AddressKeys.of(address)
+            for stream in k.streams:
+                pipe.xinfo_groups(stream)
+            pipe.zcard(k.returned(group))
+        replies = await self._call(pipe.execute(raise_on_error=False))
+        found = []
+        per = len(keys.AddressKeys.of('').streams) + 1
+        for i, (address, group) in enumerate(groups):
+            k = keys.AddressKeys.of(address)
+            mine = replies[i * per : (i + 1) * per]
+            total = GroupBacklog(returned=_count(mine[-1]))
+            for stream, infos in zip(k.streams, mine[:-1], strict=True):
+                total += await self._stream_backlog(stream, group, infos)
+            found.append(total)
+        return found
+
+    async def _stream_backlog(self, stream: str, group: str, infos: Any) -> GroupBacklog:
+        if isinstance(infos, Exception):
+            if isinstance(infos, redis.exceptions.ResponseError):
+                return GroupBacklog()  # no such stream
+            raise StoreUnavailable(f'Redis refused XINFO GROUPS: {infos}')
+        for info in infos:
+            if str(info.get('name')) != group:
+                continue
+            pending = int(info.get('pending') or 0)
+            lag = info.get('lag')
+            if lag is None:  # Redis cannot tell (deleted entries in range): count them
+                lag = await self._count_after(stream, str(info.get('last-delivered-id', '0-0')))
+            return GroupBacklog(lag=int(lag), pending=pending)
+        return GroupBacklog()
+
+    async def _count_after(self, stream: str, last_id: str) -> int:
+        counted = 0
+        start = f'({last_id}'
+        while True:
+            batch = await self._call(self._client.xrange(stream, start, '+', count=_PAGE))
+            counted += len(batch)
+            if len(batch) < _PAGE:
+                return counted
+            start = f'({batch[-1][0]}'
+
+    async def _call(self, awaitable: Awaitable[Any]) -> Any:
+        try:
+            return await awaitable
+        except _REDIS_DOWN as exc:
+            raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
+        except redis.exceptions.RedisError as exc:
+            raise StoreUnavailable(f'Redis refused: {exc}') from exc
+
+
+def _subscription(
+    subscription_id: str,
+    definition: Mapping[str, str],
+    consumers: Mapping[str, str],
+    backlog: GroupBacklog,
+) -> SubscriptionInfo:
+    shared = definition.get('shared') == '1'
+    durable = definition.get('durable') == '1'
+    scope = definition.get('scope', '')
+    client_id = definition.get('client', '')
+    per_replica: dict[str, int] = {}
+    for replica in consumers.values():
+        per_replica[replica] = per_replica.get(replica, 0) + 1
+    max_consumers = definition.get('max_consumers')
+    return SubscriptionInfo(
+        id=subscription_id,
+        name=definition.get('name', ''),
+        kind=f'{"shared" if shared else "exclusive"} {"durable" if durable else "volatile"}',
+        namespace=Scope.GLOBAL.value if scope == Scope.GLOBAL else client_id,
+        scope=scope,
+        client_id=client_id,
+        durable=durable,
+        shared=shared,
+        topic=definition.get('topic', ''),
+        selector=definition.get('selector') or None,
+        no_local=definition.get('no_local') == '1',
+        max_consumers=int(max_consumers) if max_consumers else None,
+        consumers=dict(sorted(per_replica.items())),
+        backlog=backlog.backlog,
+        ready=backlog.ready,
+        in_flight=backlog.in_flight,
+    )
+
+
+def _count(reply: Any) -> int:
+    return 0 if isinstance(reply, Exception) or reply is None else int(reply)
