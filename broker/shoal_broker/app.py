@@ -13,6 +13,7 @@ import gc
 import logging
 import resource
 import signal
+import uuid
 from importlib import metadata
 
 from shoal_broker.amqp.broker import Broker
@@ -22,6 +23,7 @@ from shoal_broker.health import HealthServer
 from shoal_broker.settings import BrokerSettings
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.redisstore import RedisStore
+from shoal_broker.store.replicas import Liveness
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,8 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     loop = asyncio.get_running_loop()
     store = RedisStore.from_url(url, settings.replica_id)
     await store.start()
+    liveness = Liveness(store, settings.replica_id, uuid.uuid4().hex, settings.store.lease_seconds)
+    await liveness.join()
     broker = Broker(settings, store, version())
     host, port = split_host_port(settings.amqp.listen)
     server = await loop.create_server(
@@ -98,8 +102,12 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         health = HealthServer(readiness)
         await health.start(*split_host_port(settings.http))
     tune_garbage_collector()
-    trimmer = asyncio.create_task(_trim_forever(store, settings.store.trim_interval_seconds))
     stop = asyncio.Event()
+    background = [
+        asyncio.create_task(_trim_forever(store, settings.store.trim_interval_seconds)),
+        asyncio.create_task(_keep_alive(liveness, broker, stop)),
+        asyncio.create_task(_watch_others(liveness)),
+    ]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logger.info(
@@ -118,14 +126,55 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         await asyncio.wait_for(store.flush(), settings.shutdown_grace_seconds)
     except TimeoutError:
         logger.warning('in-flight store work did not finish within the grace period')
-    trimmer.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await trimmer
+    for task in background:
+        task.cancel()
+    for task in background:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    try:
+        await liveness.leave()
+    except StoreUnavailable as exc:
+        logger.warning('could not release the lease (others will reap this replica): %s', exc)
     if health is not None:
         await health.close()
     await store.close()
     logger.info('stopped')
     return 0
+
+
+async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -> None:
+    """Renew the lease; if it lapsed, other replicas may have taken over this one's work, so
+    drop every connection (clients reconnect and register afresh) rather than act on stale
+    registrations."""
+    interval = liveness.lease_ms / 3000
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            state = await liveness.renew()
+        except StoreUnavailable as exc:
+            logger.warning('lease not renewed: %s', exc)
+            continue
+        if state == 'lost':
+            logger.error('lease lapsed: closing every connection so clients start afresh')
+            broker.close_all(
+                'amqp:connection:forced', 'broker replica lost its lease', stop_accepting=False
+            )
+        elif state == 'taken':
+            logger.critical('another process took replica id %s: stopping', liveness.replica_id)
+            stop.set()
+            return
+
+
+async def _watch_others(liveness: Liveness) -> None:
+    """Reap replicas whose leases expired (about once a second)."""
+    interval = min(1.0, liveness.lease_ms / 5000)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            for dead in await liveness.dead_replicas():
+                await liveness.reap(dead)
+        except StoreUnavailable as exc:
+            logger.warning('reaping skipped: %s', exc)
 
 
 async def _trim_forever(store: RedisStore, interval: float) -> None:

@@ -31,6 +31,7 @@ ENV_DEAD_LETTER_ADDRESS = 'SHOAL_DEAD_LETTER_ADDRESS'
 ENV_EXPIRY_ADDRESS = 'SHOAL_EXPIRY_ADDRESS'
 ENV_MAX_CONSUMERS = 'SHOAL_MAX_CONSUMERS_PER_SUBSCRIPTION'
 ENV_TRIM_INTERVAL = 'SHOAL_TRIM_INTERVAL_SECONDS'
+ENV_LEASE = 'SHOAL_LEASE_SECONDS'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
 
 
@@ -111,6 +112,11 @@ class StoreSettings:
     trim_interval_seconds: float = 5.0
     """How often each replica trims streams below the oldest entry any subscription needs."""
 
+    lease_seconds: float = 5.0
+    """A replica that has not renewed its lease for this long is taken for dead: another replica
+    returns its in-flight deliveries (within about this plus one second) and releases its
+    consumers and ClientIDs. Renewed every third of it."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BrokerSettings:
@@ -168,6 +174,7 @@ class BrokerSettings:
                 trim_interval_seconds=float(
                     env.get(ENV_TRIM_INTERVAL, d.store.trim_interval_seconds)
                 ),
+                lease_seconds=float(env.get(ENV_LEASE, d.store.lease_seconds)),
             ),
             replica_id=env.get(ENV_REPLICA_ID) or d.replica_id,
             http=env.get(ENV_HTTP, d.http),

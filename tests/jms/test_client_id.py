@@ -41,7 +41,8 @@ def test_the_claim_is_released_when_the_connection_ends(
     deadline = time.monotonic() + 5
     while True:
         peer = _jms_peer(second_broker.port, 'released-c')
-        assert peer.pump(5, until=lambda: peer.remote_open or peer.remote_closed)
+        answered = peer.pump(5, until=lambda p=peer: p.remote_open or p.remote_closed)
+        assert answered
         if peer.remote_open and not peer.remote_closed:
             break
         peer.close()

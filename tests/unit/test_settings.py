@@ -34,6 +34,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
         3,
     ),
     'SHOAL_TRIM_INTERVAL_SECONDS': ('0.5', 'store.trim_interval_seconds', 0.5),
+    'SHOAL_LEASE_SECONDS': ('2', 'store.lease_seconds', 2.0),
     'SHOAL_SHUTDOWN_GRACE_SECONDS': ('3', 'shutdown_grace_seconds', 3.0),
 }
 

@@ -728,9 +728,9 @@ class Broker:
 
     # -- shutdown ------------------------------------------------------------------------------
 
-    def close_all(self, condition: str, description: str) -> None:
-        """Stop taking attaches and close every connection (clients fail over elsewhere)."""
-        self.accepting = False
+    def close_all(self, condition: str, description: str, *, stop_accepting: bool = True) -> None:
+        """Close every connection (clients fail over elsewhere); by default stop taking more."""
+        self.accepting = not stop_accepting
         for conn in list(self.connections):
             for state in list(conn.links.values()):
                 if isinstance(state, ConsumerLink):

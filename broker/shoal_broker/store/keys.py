@@ -25,9 +25,26 @@ SUBSCRIPTIONS = f'{PREFIX}:subscriptions'
 CLIENTS = f'{PREFIX}:clients'
 """HASH ClientID (container-id) -> ``<replica>|<connection>`` holding it, cluster-wide."""
 
+REPLICAS = f'{PREFIX}:replicas'
+"""SET of replica ids that joined and have not been reaped: the ones whose leases are watched."""
+
+RECLAIMED = 'reclaimed'
+"""Consumer name holding a dead replica's entries until a live replica fetches them again."""
+
+
+def lease(replica_id: str) -> str:
+    """STRING with a TTL: the replica is alive while it exists (value: its process token)."""
+    return f'{PREFIX}:lease:{replica_id}'
+
+
+def reaping(replica_id: str) -> str:
+    """STRING with a TTL: one live replica is cleaning up after ``replica_id``."""
+    return f'{PREFIX}:reaping:{replica_id}'
+
+
 __all__ = [
-    'ADDRESSES', 'CLIENTS', 'QUEUE_GROUP', 'SUBSCRIPTIONS', 'AddressKeys', 'SubscriptionKeys',
-    'entry_field', 'entry_member',
+    'ADDRESSES', 'CLIENTS', 'QUEUE_GROUP', 'RECLAIMED', 'REPLICAS', 'SUBSCRIPTIONS', 'AddressKeys',
+    'SubscriptionKeys', 'entry_field', 'entry_member', 'lease', 'reaping',
 ]  # fmt: skip
 
 

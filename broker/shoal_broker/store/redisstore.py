@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 SCRIPTS = (
     'publish', 'create_group', 'delete_group', 'fetch', 'browse', 'trim', 'join', 'leave',
-    'unsubscribe', 'release_client',
+    'unsubscribe', 'release_client', 'release_clients', 'reclaim', 'reap_consumers',
+    'renew_lease',
 )  # fmt: skip
 
 
@@ -134,7 +135,7 @@ class RedisStore:
 
     async def _load_scripts(self) -> None:
         for name in SCRIPTS:
-            self._sha[name] = _text(await self._client.script_load(_lua(name)))
+            self._sha[name] = as_text(await self._client.script_load(_lua(name)))
 
     # -- the per-message path: queued, batched, one pipeline in flight -------------------------
 
@@ -301,12 +302,12 @@ class RedisStore:
             positions = []
             for (band, position), reply in zip(cursor.positions, replies, strict=True):
                 found = [
-                    Entry(_text(reply[i]), band, reply[i + 1], reply[i + 2], int(reply[i + 3]), 0)
+                    Entry(as_text(reply[i]), band, reply[i + 1], reply[i + 2], int(reply[i + 3]), 0)
                     for i in range(1, len(reply), 4)
                 ]
                 room = count - len(shown)
                 if len(found) <= room:
-                    positions.append((band, _text(reply[0])))
+                    positions.append((band, as_text(reply[0])))
                     shown += found
                 else:
                     shown += found[:room]
@@ -323,7 +324,7 @@ class RedisStore:
         raw = await self._call(self._client.hget(keys.ADDRESSES, address))
         if raw is None:
             return None
-        kind = AddressKind(_text(raw))
+        kind = AddressKind(as_text(raw))
         self._kinds[address] = kind
         return kind
 
@@ -338,7 +339,7 @@ class RedisStore:
 
     async def delete_address(self, address: str) -> None:
         k = keys.AddressKeys.of(address)
-        groups = [_text(g) for g in await self._call(self._client.smembers(k.groups))]
+        groups = [as_text(g) for g in await self._call(self._client.smembers(k.groups))]
         doomed = [*k.streams, k.groups]
         for group in groups:
             doomed += [k.returned(group), k.delivery_counts(group)]
@@ -373,7 +374,7 @@ class RedisStore:
         reply = await self._call(
             self._evalsha('join', (k.definition, k.consumers, keys.SUBSCRIPTIONS), args)
         )
-        outcome, detail = _text(reply[0]), _text(reply[1])
+        outcome, detail = as_text(reply[0]), as_text(reply[1])
         if outcome == 'locked':
             raise ResourceLocked(detail)
         if outcome == 'limit':
@@ -388,7 +389,7 @@ class RedisStore:
         k = keys.SubscriptionKeys.of(key.id)
         script_keys = (k.definition, k.consumers, keys.SUBSCRIPTIONS)
         reply = await self._call(self._evalsha('leave', script_keys, (consumer, key.id)))
-        left, topic = int(reply[0]), _text(reply[1])
+        left, topic = int(reply[0]), as_text(reply[1])
         if topic:
             await self.delete_subscription(topic, key.id)
         return left
@@ -397,21 +398,23 @@ class RedisStore:
         k = keys.SubscriptionKeys.of(key.id)
         script_keys = (k.definition, k.consumers, keys.SUBSCRIPTIONS)
         reply = await self._call(self._evalsha('unsubscribe', script_keys, (consumer, key.id)))
-        outcome = _text(reply[0])
+        outcome = as_text(reply[0])
         if outcome == 'missing':
             raise AddressNotFound(f'no durable subscription named {key.name!r}')
         if outcome == 'locked':
             raise ResourceLocked(f'there are active consumers on the subscription {key.name!r}')
-        await self.delete_subscription(_text(reply[1]), key.id)
+        await self.delete_subscription(as_text(reply[1]), key.id)
 
     async def subscription_definition(self, key: SubscriptionKey) -> dict[str, str] | None:
         k = keys.SubscriptionKeys.of(key.id)
         raw = await self._call(self._client.hgetall(k.definition))
-        return {_text(f): _text(v) for f, v in raw.items()} or None
+        return {as_text(f): as_text(v) for f, v in raw.items()} or None
 
     async def subscriptions(self) -> list[dict[str, Any]]:
         """Every named subscription with its consumers per replica (for introspection)."""
-        ids = sorted(_text(i) for i in await self._call(self._client.smembers(keys.SUBSCRIPTIONS)))
+        ids = sorted(
+            as_text(i) for i in await self._call(self._client.smembers(keys.SUBSCRIPTIONS))
+        )
         found = []
         for subscription_id in ids:
             k = keys.SubscriptionKeys.of(subscription_id)
@@ -419,8 +422,8 @@ class RedisStore:
             consumers = await self._call(self._client.hgetall(k.consumers))
             per_replica: dict[str, int] = {}
             for replica in consumers.values():
-                per_replica[_text(replica)] = per_replica.get(_text(replica), 0) + 1
-            entry: dict[str, Any] = {_text(f): _text(v) for f, v in definition.items()}
+                per_replica[as_text(replica)] = per_replica.get(as_text(replica), 0) + 1
+            entry: dict[str, Any] = {as_text(f): as_text(v) for f, v in definition.items()}
             found.append({'id': subscription_id, **entry, 'consumers': per_replica})
         return found
 
@@ -438,11 +441,29 @@ class RedisStore:
             cursor, batch = await self._call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
             pipe = self._client.pipeline(transaction=False)
             for address in batch:
-                for stream in keys.AddressKeys.of(_text(address)).streams:
+                for stream in keys.AddressKeys.of(as_text(address)).streams:
                     pipe.evalsha(self._sha['trim'], 1, stream)
             removed += sum(int(r) for r in await self._call(pipe.execute()))
             if not cursor:
                 return removed
+
+    @property
+    def client(self) -> 'redis.asyncio.Redis':
+        """The Redis client, for the store's own companion modules (liveness, inspection)."""
+        return self._client
+
+    async def call(self, awaitable: Awaitable[Any]) -> Any:
+        """Await a Redis call, turning a connection failure into StoreUnavailable."""
+        return await self._call(awaitable)
+
+    async def evalsha(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run one of the store's Lua scripts by name."""
+        return await self._call(self._evalsha(name, keys_, args))
+
+    async def announce(self, address: str) -> None:
+        """Tell every replica (this one included) that ``address`` has entries to fetch."""
+        await self._call(self._client.publish(keys.AddressKeys.of(address).notify, 'reaper'))
+        self._notify_local(address)
 
     async def _evalsha(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -507,7 +528,7 @@ class RedisStore:
                 continue
             if message['data'] == self._replica_id.encode():
                 continue  # our own cycle already woke our consumers
-            channel = _text(message['channel'])
+            channel = as_text(message['channel'])
             if channel.startswith(channel_prefix) and channel.endswith('}:notify'):
                 self._notify_local(channel[len(channel_prefix) : -len('}:notify')])
 
@@ -556,17 +577,17 @@ def _is_noscript(reply: Any) -> bool:
 def _entries(flat: list[Any]) -> list[Entry]:
     return [
         Entry(
-            id=_text(flat[i + 1]),
+            id=as_text(flat[i + 1]),
             band=int(flat[i]),
             header=flat[i + 2],
             rest=flat[i + 3],
             expiry_ms=int(flat[i + 4]),
             delivery_count=int(flat[i + 5]),
-            origin=_text(flat[i + 6]),
+            origin=as_text(flat[i + 6]),
         )
         for i in range(0, len(flat), 7)
     ]
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,161 @@
+"""
+Replica liveness: leases, and cleaning up after a replica that died without saying goodbye.
+
+Each replica holds a lease key with a TTL and renews it well before it expires. Every replica
+watches the others: when a lease has expired, one live replica (whichever takes the reaping lock)
+returns the dead replica's in-flight entries to their subscriptions (delivery-count + 1), removes
+its consumer registrations (deleting volatile subscriptions left without consumers), destroys its
+private topic subscriptions and releases its ClientIDs. A replica whose lease exists is never
+touched, so live replicas are never robbed. Each step is idempotent, so a reaper that dies midway
+leaves work the next one finishes.
+"""
+
+import dataclasses
+import logging
+from typing import Any
+
+from shoal_broker.store import keys
+from shoal_broker.store.redisstore import RedisStore, as_text
+
+logger = logging.getLogger(__name__)
+
+RECLAIM_BATCH = 500
+REAPING_LOCK_MS = 60_000
+
+
+@dataclasses.dataclass
+class ReapReport:
+    replica: str
+    entries_returned: int = 0
+    consumers_removed: int = 0
+    subscriptions_deleted: int = 0
+    clients_released: int = 0
+
+
+class Liveness:
+    def __init__(
+        self, store: RedisStore, replica_id: str, token: str, lease_seconds: float
+    ) -> None:
+        self.store = store
+        self.replica_id = replica_id
+        self.token = token
+        self.lease_ms = int(lease_seconds * 1000)
+
+    async def join(self) -> None:
+        """Take this replica's lease; clean up an earlier process that had the same id."""
+        client = self.store.client
+        taken = await self.store.call(
+            client.set(keys.lease(self.replica_id), self.token, nx=True, px=self.lease_ms)
+        )
+        if not taken:
+            raise RuntimeError(f'replica id {self.replica_id!r} is held by a live process')
+        if await self.store.call(client.sismember(keys.REPLICAS, self.replica_id)):
+            await self.reap(self.replica_id, locked=False)  # our own earlier incarnation
+        await self.store.call(client.sadd(keys.REPLICAS, self.replica_id))
+
+    async def renew(self) -> str:
+        """'renewed', 'lost' (expired meanwhile: we may have been reaped), or 'taken'."""
+        reply = await self.store.evalsha(
+            'renew_lease', (keys.lease(self.replica_id),), (self.token, self.lease_ms)
+        )
+        return as_text(reply)
+
+    async def leave(self) -> None:
+        """Graceful exit: nothing is left to reap."""
+        client = self.store.client
+        await self.store.call(client.srem(keys.REPLICAS, self.replica_id))
+        await self.store.evalsha('release_clients', (keys.CLIENTS,), (self.replica_id,))
+        if await self.store.call(client.get(keys.lease(self.replica_id))) == self.token.encode():
+            await self.store.call(client.delete(keys.lease(self.replica_id)))
+
+    async def dead_replicas(self) -> list[str]:
+        client = self.store.client
+        members = sorted(as_text(m) for m in await self.store.call(client.smembers(keys.REPLICAS)))
+        others = [m for m in members if m != self.replica_id]
+        if not others:
+            return []
+        pipe = client.pipeline(transaction=False)
+        for replica in others:
+            pipe.exists(keys.lease(replica))
+        alive = await self.store.call(pipe.execute())
+        return [r for r, live in zip(others, alive, strict=True) if not live]
+
+    async def reap(self, dead: str, *, locked: bool = True) -> ReapReport | None:
+        """Clean up after ``dead``; None when another replica is already doing it."""
+        client = self.store.client
+        if locked:
+            lock = keys.reaping(dead)
+            if not await self.store.call(client.set(lock, self.token, nx=True, px=REAPING_LOCK_MS)):
+                return None
+        report = ReapReport(dead)
+        touched = await self._return_entries(dead, report)
+        await self._remove_consumers(dead, report)
+        report.clients_released = int(
+            await self.store.evalsha('release_clients', (keys.CLIENTS,), (dead,))
+        )
+        await self.store.call(client.srem(keys.REPLICAS, dead))
+        for address in touched:
+            await self.store.announce(address)
+        logger.warning(
+            'replica %s is gone: %d in-flight entries returned, %d consumers removed, '
+            '%d subscriptions deleted, %d ClientIDs released', dead, report.entries_returned,
+            report.consumers_removed, report.subscriptions_deleted, report.clients_released,
+        )  # fmt: skip
+        return report
+
+    async def _return_entries(self, dead: str, report: ReapReport) -> set[str]:
+        touched: set[str] = set()
+        client = self.store.client
+        cursor = 0
+        while True:
+            cursor, batch = await self.store.call(client.hscan(keys.ADDRESSES, cursor, count=200))
+            for raw in batch:
+                address = as_text(raw)
+                if await self._return_address_entries(address, dead, report):
+                    touched.add(address)
+            if not cursor:
+                return touched
+
+    async def _return_address_entries(self, address: str, dead: str, report: ReapReport) -> bool:
+        client = self.store.client
+        k = keys.AddressKeys.of(address)
+        moved_any = False
+        private_prefix = f'nd:{dead}:'
+        for band, stream in enumerate(k.streams):
+            if not await self.store.call(client.exists(stream)):
+                continue
+            for group in await self.store.call(client.xinfo_groups(stream)):
+                name = as_text(group['name'])
+                if name.startswith(private_prefix):
+                    await self.store.delete_subscription(address, name)
+                    report.subscriptions_deleted += 1
+                    continue
+                if not int(group['pending']):
+                    continue
+                script_keys = (stream, k.returned(name), k.delivery_counts(name))
+                while True:
+                    moved = int(await self.store.evalsha(
+                        'reclaim', script_keys, (name, dead, band, RECLAIM_BATCH)
+                    ))  # fmt: skip
+                    report.entries_returned += moved
+                    moved_any = moved_any or moved > 0
+                    if moved < RECLAIM_BATCH:
+                        break
+                await self.store.call(client.xgroup_delconsumer(stream, name, dead))
+        return moved_any
+
+    async def _remove_consumers(self, dead: str, report: ReapReport) -> None:
+        client = self.store.client
+        ids = [as_text(i) for i in await self.store.call(client.smembers(keys.SUBSCRIPTIONS))]
+        for subscription_id in ids:
+            k = keys.SubscriptionKeys.of(subscription_id)
+            before = await self.store.call(client.hlen(k.consumers))
+            reply: Any = await self.store.evalsha(
+                'reap_consumers', (k.definition, k.consumers, keys.SUBSCRIPTIONS),
+                (dead, subscription_id),
+            )  # fmt: skip
+            left, topic = int(reply[0]), as_text(reply[1])
+            report.consumers_removed += max(0, int(before) - left)
+            if topic:
+                await self.store.delete_subscription(topic, subscription_id)
+                report.subscriptions_deleted += 1
