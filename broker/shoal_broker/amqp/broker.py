@@ -171,6 +171,11 @@ class Broker:
         lib.pn_transport_set_idle_timeout(conn.transport, idle_ms)
         if lib.pn_connection_state(c) & lib.PN_LOCAL_UNINIT:
             lib.pn_connection_open(c)
+        for session in conn.pending_sessions:  # Begins that arrived while our Open was pending
+            if lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
+                lib.pn_session_open(session)
+        conn.pending_sessions.clear()
+        conn.opened.set()
         if not self.accepting:
             conn.fail('amqp:connection:forced', 'broker is shutting down')
 
@@ -180,6 +185,7 @@ class Broker:
         try:
             claimed = await self.store.claim_client(client_id, holder)
         except BrokerError as exc:
+            conn.opened.set()
             if conn.alive:
                 conn.fail(exc.condition, f'cannot check the ClientID: {exc}')
                 self.mark_dirty(conn)
@@ -188,6 +194,7 @@ class Broker:
             if claimed:
                 await self.store.release_client(client_id, holder)
             return
+        conn.opened.set()  # from here on attaches may be answered (or refused with the Close)
         if claimed:
             conn.claimed_client = (client_id, holder)
             self._open_connection(conn)
@@ -208,11 +215,15 @@ class Broker:
 
     def _on_session_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
         session = lib.pn_event_session(event)
-        if lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
+        if not conn.opened.is_set():
+            conn.pending_sessions.append(session)  # pipelined Begin: answered after our Open
+        elif lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
             lib.pn_session_open(session)
 
     def _on_session_remote_close(self, conn: AmqpConnection, event: Ptr) -> None:
         session = lib.pn_event_session(event)
+        if session in conn.pending_sessions:
+            conn.pending_sessions.remove(session)
         # JMS Session.close() sends `end` with no per-link detach: every link of the session
         # ends here (jms-amqp-facts §2.2).
         self._sweep(conn, session=session)
@@ -268,6 +279,10 @@ class Broker:
     ) -> None:
         async def answer() -> None:
             try:
+                await conn.opened.wait()  # a pipelined attach waits for our Open
+                if not (state.alive and conn.alive):
+                    work.close()  # the link went while we waited: its pointer may be freed
+                    return
                 result = await work
             except BrokerError as exc:
                 logger.info('attach %r refused: %s', state.name, exc)

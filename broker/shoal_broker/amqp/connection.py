@@ -38,6 +38,10 @@ class AmqpConnection(asyncio.Protocol):
         self.alive = True
         self.links: dict[engine.Ptr, LinkState] = {}
         self.container_id: str | None = None
+        self.opened = asyncio.Event()
+        """Set once our Open is written (or refused): attaches wait for it. proton writes a
+        Begin only after the Open, and never revisits a session opened before that."""
+        self.pending_sessions: list[engine.Ptr] = []
         self.claimed_client: tuple[str, str] | None = None
         """(ClientID, holder) this connection holds cluster-wide, released when it ends."""
         self._socket: asyncio.Transport | None = None
