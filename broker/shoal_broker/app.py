@@ -13,6 +13,7 @@ import gc
 import logging
 import resource
 import signal
+import time
 import uuid
 from importlib import metadata
 
@@ -107,6 +108,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         asyncio.create_task(_trim_forever(store, settings.store.trim_interval_seconds)),
         asyncio.create_task(_keep_alive(liveness, broker, stop)),
         asyncio.create_task(_watch_others(liveness)),
+        asyncio.create_task(_release_scheduled(store)),
     ]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -175,6 +177,20 @@ async def _watch_others(liveness: Liveness) -> None:
                 await liveness.reap(dead)
         except StoreUnavailable as exc:
             logger.warning('reaping skipped: %s', exc)
+
+
+SCHEDULE_TICK_SECONDS = 0.1
+"""How often each replica moves due scheduled messages: delivery-time precision."""
+
+
+async def _release_scheduled(store: RedisStore) -> None:
+    """Publish delayed messages when their delivery time comes (any live replica does it)."""
+    while True:
+        await asyncio.sleep(SCHEDULE_TICK_SECONDS)
+        try:
+            await store.release_due(int(time.time() * 1000))
+        except StoreUnavailable as exc:
+            logger.warning('scheduled messages not moved: %s', exc)
 
 
 async def _trim_forever(store: RedisStore, interval: float) -> None:

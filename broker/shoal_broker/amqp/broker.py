@@ -540,7 +540,11 @@ class Broker:
         producer.in_store += 1
         if message.settled:  # pre-settled by the peer: nothing to answer, free it now
             lib.pn_delivery_settle(message.delivery)
-        future = self.store.publish(address, kind, stored)
+        due = view.annotations.get('x-opt-delivery-time')
+        if isinstance(due, int) and due > time.time() * 1000:
+            future = self.store.schedule(address, stored, due)  # JMS delivery delay
+        else:
+            future = self.store.publish(address, kind, stored)
         future.add_done_callback(  # type: ignore[attr-defined]
             lambda f: self._stored(producer, message, address, f)
         )

@@ -99,6 +99,10 @@ class MessageStore(Protocol):
         fails with AddressNotFound when the address was deleted meanwhile."""
         ...
 
+    def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:
+        """Hold a message (JMS delivery delay) until ``due_ms``; then it is published."""
+        ...
+
     def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
         """Hand up to ``count`` entries of a subscription to this replica: returned ones first,
         then new ones, high band before normal."""

@@ -25,6 +25,9 @@ SUBSCRIPTIONS = f'{PREFIX}:subscriptions'
 CLIENTS = f'{PREFIX}:clients'
 """HASH ClientID (container-id) -> ``<replica>|<connection>`` holding it, cluster-wide."""
 
+SCHEDULED = f'{PREFIX}:scheduled'
+"""SET of addresses that have (or had) messages waiting for their delivery time."""
+
 REPLICAS = f'{PREFIX}:replicas'
 """SET of replica ids that joined and have not been reaped: the ones whose leases are watched."""
 
@@ -43,8 +46,19 @@ def reaping(replica_id: str) -> str:
 
 
 __all__ = [
-    'ADDRESSES', 'CLIENTS', 'QUEUE_GROUP', 'RECLAIMED', 'REPLICAS', 'SUBSCRIPTIONS', 'AddressKeys',
-    'SubscriptionKeys', 'entry_field', 'entry_member', 'lease', 'reaping',
+    'ADDRESSES',
+    'CLIENTS',
+    'QUEUE_GROUP',
+    'RECLAIMED',
+    'REPLICAS',
+    'SCHEDULED',
+    'SUBSCRIPTIONS',
+    'AddressKeys',
+    'SubscriptionKeys',
+    'entry_field',
+    'entry_member',
+    'lease',
+    'reaping',
 ]  # fmt: skip
 
 
@@ -67,6 +81,16 @@ class AddressKeys:
             notify=f'{tag}:notify',
             tag=tag,
         )
+
+    @property
+    def scheduled(self) -> str:
+        """ZSET member -> delivery time (ms): messages held for a later delivery time."""
+        return f'{self.tag}:sched'
+
+    @property
+    def scheduled_messages(self) -> str:
+        """HASH member -> packed message, for the members of ``scheduled``."""
+        return f'{self.tag}:sched:msg'
 
     def returned(self, group: str) -> str:
         """ZSET (all scores 0, ordered by member) ``<band>|<padded id>`` of returned entries."""

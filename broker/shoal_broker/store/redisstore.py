@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
 from typing import Any
@@ -42,7 +43,7 @@ _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, 
 SCRIPTS = (
     'publish', 'create_group', 'delete_group', 'fetch', 'browse', 'trim', 'join', 'leave',
     'unsubscribe', 'release_client', 'release_clients', 'reclaim', 'reap_consumers',
-    'renew_lease',
+    'renew_lease', 'schedule', 'release_due',
 )  # fmt: skip
 
 
@@ -255,6 +256,32 @@ class RedisStore:
             batch=('publish', address, message.band, kind.value),
             batch_args=(message.header, message.rest, str(message.expiry_ms), message.origin),
         )
+
+    def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:
+        """Hold a message until ``due_ms``; any replica moves it into the stream then."""
+        k = keys.AddressKeys.of(address)
+        member = f'{due_ms}-{uuid.uuid4().hex}'
+        args = (due_ms, member, message.band, message.header, message.rest,
+                str(message.expiry_ms), message.origin)  # fmt: skip
+        commands: list[tuple[Any, ...]] = [
+            self._script('schedule', (k.scheduled, k.scheduled_messages), args),
+            ('SADD', keys.SCHEDULED, address),
+        ]
+        return self._queue(commands, lambda r: True)
+
+    async def release_due(self, now_ms: int, limit: int = 500) -> int:
+        """Move every due scheduled message into its address's streams; returns how many."""
+        moved_total = 0
+        for raw in await self._call(self._client.smembers(keys.SCHEDULED)):
+            address = as_text(raw)
+            kind = await self.address_kind(address) or AddressKind.QUEUE
+            k = keys.AddressKeys.of(address)
+            script_keys = (k.scheduled, k.scheduled_messages, *k.streams, k.groups)
+            moved = int(await self.evalsha('release_due', script_keys, (now_ms, limit, kind.value)))
+            if moved:
+                moved_total += moved
+                await self.announce(address)
+        return moved_total
 
     def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
         k = keys.AddressKeys.of(address)
