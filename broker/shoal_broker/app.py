@@ -21,7 +21,7 @@ from shoal_broker.amqp.broker import Broker
 from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.health import HealthServer
-from shoal_broker.settings import BrokerSettings
+from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.replicas import Liveness
@@ -73,7 +73,10 @@ async def serve(settings: BrokerSettings) -> int:
     embedded: EmbeddedRedis | None = None
     url = settings.store.redis_url
     if url is None:
-        embedded = EmbeddedRedis(settings.store.data_dir)
+        fsync = settings.store.durability is Durability.FSYNC
+        embedded = EmbeddedRedis(
+            settings.store.data_dir, appendfsync='always' if fsync else 'everysec'
+        )
         await embedded.start()
         url = embedded.url
     try:
@@ -85,8 +88,11 @@ async def serve(settings: BrokerSettings) -> int:
 
 async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     loop = asyncio.get_running_loop()
-    store = RedisStore.from_url(url, settings.replica_id)
+    store = RedisStore.from_url(
+        url, settings.replica_id, settings.store.durability, settings.store.replication_timeout_ms
+    )
     await store.start()
+    await store.check_durability()
     liveness = Liveness(store, settings.replica_id, uuid.uuid4().hex, settings.store.lease_seconds)
     await liveness.join()
     broker = Broker(settings, store, version())

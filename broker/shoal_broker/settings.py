@@ -32,6 +32,8 @@ ENV_EXPIRY_ADDRESS = 'SHOAL_EXPIRY_ADDRESS'
 ENV_MAX_CONSUMERS = 'SHOAL_MAX_CONSUMERS_PER_SUBSCRIPTION'
 ENV_TRIM_INTERVAL = 'SHOAL_TRIM_INTERVAL_SECONDS'
 ENV_LEASE = 'SHOAL_LEASE_SECONDS'
+ENV_DURABILITY = 'SHOAL_DURABILITY'
+ENV_REPLICATION_TIMEOUT = 'SHOAL_REPLICATION_TIMEOUT_MS'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
 
 
@@ -42,6 +44,21 @@ class AddressKind(enum.StrEnum):
     """Anycast: each message goes to exactly one consumer."""
     TOPIC = 'topic'
     """Multicast: each subscription gets its own copy of every later message."""
+
+
+class Durability(enum.StrEnum):
+    """When a message counts as stored, so that it may be accepted (DESIGN.md §4)."""
+
+    MEMORY = 'memory'
+    """In Redis's memory. The embedded Redis appends to its AOF every second: a Redis crash
+    loses up to the last second of accepted messages; a broker crash loses nothing."""
+    FSYNC = 'fsync'
+    """Written and fsynced to Redis's append-only file (``appendfsync always``) before the
+    accept: a Redis or machine crash loses nothing accepted. An external Redis must be configured
+    so (checked at start)."""
+    REPLICATED = 'replicated'
+    """Acknowledged by at least one Redis replica (``WAIT 1``) before the accept: losing the
+    primary loses nothing accepted once a replica is promoted."""
 
 
 class LogFormat(enum.StrEnum):
@@ -112,6 +129,13 @@ class StoreSettings:
     trim_interval_seconds: float = 5.0
     """How often each replica trims streams below the oldest entry any subscription needs."""
 
+    durability: Durability = Durability.MEMORY
+    """When a message is accepted: see ``Durability``."""
+
+    replication_timeout_ms: int = 1000
+    """With ``replicated`` durability: how long to wait for a Redis replica before releasing
+    (not accepting) the messages written meanwhile."""
+
     lease_seconds: float = 5.0
     """A replica that has not renewed its lease for this long is taken for dead: another replica
     returns its in-flight deliveries (within about this plus one second) and releases its
@@ -175,6 +199,10 @@ class BrokerSettings:
                     env.get(ENV_TRIM_INTERVAL, d.store.trim_interval_seconds)
                 ),
                 lease_seconds=float(env.get(ENV_LEASE, d.store.lease_seconds)),
+                durability=Durability(env.get(ENV_DURABILITY, d.store.durability)),
+                replication_timeout_ms=int(
+                    env.get(ENV_REPLICATION_TIMEOUT, d.store.replication_timeout_ms)
+                ),
             ),
             replica_id=env.get(ENV_REPLICA_ID) or d.replica_id,
             http=env.get(ENV_HTTP, d.http),

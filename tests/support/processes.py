@@ -45,14 +45,14 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *extra: str) -> None:
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix='shoal-test-redis-')
         binary = shutil.which('redis-server')
         assert binary, 'redis-server is not installed (make test installs it)'
         self.process = subprocess.Popen(
             [binary, '--port', str(self.port), '--bind', LOOPBACK, '--save', '',
-             '--appendonly', 'no', '--dir', self.dir, '--loglevel', 'warning'],
+             '--appendonly', 'no', '--dir', self.dir, '--loglevel', 'warning', *extra],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         wait_for(self._pings, 10, 'redis-server')
@@ -104,7 +104,7 @@ class BrokerProcess:
         )
         try:
             wait_for(self.ready, 20, f'broker on port {self.port}')
-        except TimeoutError:
+        except (TimeoutError, AssertionError):
             self.stop()
             raise AssertionError(f'broker did not start:\n{self.log()}') from None
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from shoal_broker import cli, settings
-from shoal_broker.settings import AddressKind, BrokerSettings, LogFormat
+from shoal_broker.settings import AddressKind, BrokerSettings, Durability, LogFormat
 
 # variable -> (value set, path of the field, expected value of that exact type)
 EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
@@ -35,6 +35,8 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     ),
     'SHOAL_TRIM_INTERVAL_SECONDS': ('0.5', 'store.trim_interval_seconds', 0.5),
     'SHOAL_LEASE_SECONDS': ('2', 'store.lease_seconds', 2.0),
+    'SHOAL_DURABILITY': ('fsync', 'store.durability', Durability.FSYNC),
+    'SHOAL_REPLICATION_TIMEOUT_MS': ('250', 'store.replication_timeout_ms', 250),
     'SHOAL_SHUTDOWN_GRACE_SECONDS': ('3', 'shutdown_grace_seconds', 3.0),
 }
 

@@ -34,7 +34,7 @@ from shoal_broker.errors import (
 )
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notify, OutgoingMessage
-from shoal_broker.settings import AddressKind
+from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 
 logger = logging.getLogger(__name__)
@@ -74,8 +74,16 @@ _Unit = tuple[list[tuple[Any, ...]], list[_Op]]
 class RedisStore:
     """Implements ``routing.storage.MessageStore`` on one Redis (or a Redis Cluster slot set)."""
 
-    def __init__(self, client: 'redis.asyncio.Redis', replica_id: str) -> None:
+    def __init__(
+        self,
+        client: 'redis.asyncio.Redis',
+        replica_id: str,
+        durability: Durability = Durability.MEMORY,
+        replication_timeout_ms: int = 1000,
+    ) -> None:
         self._client = client
+        self._durability = durability
+        self._replication_timeout_ms = replication_timeout_ms
         self._replica_id = replica_id
         self._sha: dict[str, str] = {}
         self._queued: list[_Op] = []
@@ -91,9 +99,28 @@ class RedisStore:
         self.commands = 0
 
     @classmethod
-    def from_url(cls, url: str, replica_id: str) -> 'RedisStore':
+    def from_url(
+        cls,
+        url: str,
+        replica_id: str,
+        durability: Durability = Durability.MEMORY,
+        replication_timeout_ms: int = 1000,
+    ) -> 'RedisStore':
         client = redis.asyncio.Redis.from_url(url, decode_responses=False, health_check_interval=30)
-        return cls(client, replica_id)
+        return cls(client, replica_id, durability, replication_timeout_ms)
+
+    async def check_durability(self) -> None:
+        """Refuse to start when Redis cannot give the promised durability."""
+        if self._durability is not Durability.FSYNC:
+            return
+        config = await self._call(self._client.config_get('append*'))
+        values = {as_text(k): as_text(v) for k, v in config.items()}
+        if values.get('appendonly') != 'yes' or values.get('appendfsync') != 'always':
+            raise StoreUnavailable(
+                'SHOAL_DURABILITY=fsync needs Redis with appendonly yes and appendfsync always '
+                f'(found appendonly={values.get("appendonly")}, '
+                f'appendfsync={values.get("appendfsync")})'
+            )
 
     async def start(self) -> None:
         """Load the scripts and start the pipeline and notification tasks."""
@@ -183,6 +210,11 @@ class RedisStore:
         announced = {op.notify for op in ops if op.notify}
         for address in announced:
             pipe.execute_command('PUBLISH', keys.AddressKeys.of(address).notify, self._replica_id)
+        waits = self._durability is Durability.REPLICATED and any(
+            op.batch is not None and op.batch[0] == 'publish' for op in ops
+        )
+        if waits:  # accepted only once a Redis replica has it
+            pipe.execute_command('WAIT', 1, self._replication_timeout_ms)
         self.pipelines += 1
         self.commands += len(pipe.command_stack)
         try:
@@ -193,6 +225,13 @@ class RedisStore:
                 if not op.future.done():
                     _fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
             return
+        if waits and not (isinstance(replies[-1], int) and replies[-1] >= 1):
+            _unconfirmed(ops)
+        await self._settle_units(units, replies)
+        for address in {op.notify for op in ops if op.notify and op.notify_local}:
+            self._notify_local(address)
+
+    async def _settle_units(self, units: list[_Unit], replies: list[Any]) -> None:
         retry: list[_Op] = []
         pos = 0
         for commands, members in units:
@@ -207,8 +246,6 @@ class RedisStore:
             await self._load_scripts()
             self._queued[:0] = retry  # a script's hash is its SHA1: the commands stay valid
             self._wakeup.set()
-        for address in {op.notify for op in ops if op.notify and op.notify_local}:
-            self._notify_local(address)
 
     def _units(self, ops: list[_Op]) -> list[_Unit]:
         """Group ops into pipeline units, merging batchable ones where the first of them stood."""
@@ -583,6 +620,13 @@ def _settle(op: _Op, replies: list[Any]) -> None:
     except Exception as exc:  # a reply of an unexpected shape: fail this op, not the cycle
         logger.exception('unexpected Redis reply')
         _fail(op, StoreUnavailable(f'unexpected Redis reply: {exc}'))
+
+
+def _unconfirmed(ops: list[_Op]) -> None:
+    """Messages written but not confirmed by a Redis replica in time: never accept them."""
+    for op in ops:
+        if op.batch is not None and op.batch[0] == 'publish' and not op.future.done():
+            _fail(op, StoreUnavailable('no Redis replica confirmed the write in time'))
 
 
 def _fail(op: _Op, error: BrokerError) -> None:

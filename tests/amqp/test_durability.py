@@ -1,0 +1,66 @@
+"""SHOAL_DURABILITY: a message is accepted only once it reached the promised point."""
+
+import pytest
+from amqpclient import connect, receive_all, receiver, sender
+from processes import BrokerProcess, RedisServer
+from proton import Delivery, Message
+from proton.utils import SendException
+
+
+def test_fsync_refuses_to_start_on_a_redis_that_does_not_fsync(address: str) -> None:
+    server = RedisServer()  # appendonly no
+    try:
+        with pytest.raises(AssertionError, match='appendfsync always'):
+            BrokerProcess(server.url, env={'SHOAL_DURABILITY': 'fsync'})
+    finally:
+        server.stop()
+
+
+def test_fsync_accepts_on_a_redis_that_fsyncs_every_write(address: str) -> None:
+    server = RedisServer(None, '--appendonly', 'yes', '--appendfsync', 'always')
+    b = BrokerProcess(server.url, env={'SHOAL_DURABILITY': 'fsync'})
+    try:
+        conn = connect(b.url)
+        sender(conn, address).send(Message(body='on disk', durable=True))
+        assert receive_all(receiver(conn, address, credit=1), 1)[0].body == 'on disk'
+        conn.close()
+    finally:
+        b.stop()
+        server.stop()
+
+
+def test_replicated_releases_what_no_replica_confirmed(address: str) -> None:
+    server = RedisServer()  # no replica at all
+    b = BrokerProcess(
+        server.url, env={'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '200'}
+    )
+    try:
+        conn = connect(b.url)
+        with pytest.raises(SendException) as refused:
+            sender(conn, address).send(Message(body='unconfirmed', durable=True))
+        assert refused.value.state == Delivery.RELEASED  # the client may send it again
+        conn.close()
+    finally:
+        b.stop()
+        server.stop()
+
+
+def test_replicated_accepts_once_a_replica_has_the_message(address: str) -> None:
+    primary = RedisServer()
+    replica = RedisServer(None, '--replicaof', '127.0.0.1', str(primary.port))
+    b = BrokerProcess(primary.url, env={'SHOAL_DURABILITY': 'replicated'})
+    try:
+        conn = connect(b.url)
+        snd = sender(conn, address)
+        for attempt in range(50):  # the replica's first sync may take a moment
+            try:
+                snd.send(Message(body='confirmed', durable=True))
+                break
+            except SendException:
+                assert attempt < 49
+        assert receive_all(receiver(conn, address, credit=1), 1)[0].body == 'confirmed'
+        conn.close()
+    finally:
+        b.stop()
+        replica.stop()
+        primary.stop()
