@@ -532,12 +532,6 @@ def attach_answers(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return answers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='the ClientID claim is released only after the socket is gone (connection_lost, '
-    'a spawned Redis call), not before the broker answers Close: a JMS client that closes and '
-    'at once reconnects with the same ClientID can get InvalidClientIDException',
-)
 def test_a_client_id_is_free_as_soon_as_the_broker_has_answered_its_close(
     start_broker: Callable[..., BrokerProcess], address: str
 ) -> None:
@@ -557,12 +551,6 @@ def test_a_client_id_is_free_as_soon_as_the_broker_has_answered_its_close(
         assert not again['refused'], f'round {round_}: {again["events"]}'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='the Redis client pool (redis-py asyncio default: 100 connections, raises instead of '
-    'waiting) runs dry: attaches beyond ~100 in flight on one replica are refused with '
-    'amqp:resource-limit-exceeded "Redis unreachable: Too many connections"',
-)
 def test_a_burst_of_attaches_on_one_replica_is_not_refused(
     start_broker: Callable[..., BrokerProcess], address: str
 ) -> None:
@@ -577,12 +565,6 @@ def test_a_burst_of_attaches_on_one_replica_is_not_refused(
     assert not refused, f'{len(refused)} of 200 refused, e.g. {next(iter(refused.values()))}'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='closing a connection with ~150 consumers fires ~150 concurrent store calls; past the '
-    'Redis pool size the leaves and the ClientID release fail (the release error is suppressed): '
-    'the ClientID stays claimed for good (InvalidClientIDException on every reconnect)',
-)
 def test_a_client_id_is_released_after_closing_a_connection_with_many_consumers(
     start_broker: Callable[..., BrokerProcess], address: str
 ) -> None:
@@ -602,12 +584,6 @@ def test_a_client_id_is_released_after_closing_a_connection_with_many_consumers(
     assert not again['refused'], f'still refused after {again["attempts"]} tries in 3 s'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='closing a connection with ~150 consumers fires ~150 concurrent store calls; past the '
-    'Redis pool size the leaves fail: about a third of the shared volatile subscriptions and '
-    'their consumer registrations outlive their last consumer and keep collecting messages',
-)
 def test_shared_volatile_subscriptions_go_with_a_connection_that_had_many_consumers(
     start_broker: Callable[..., BrokerProcess], address: str
 ) -> None:

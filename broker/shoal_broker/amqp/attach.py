@@ -13,6 +13,7 @@ from shoal_broker import selector as selectors
 from shoal_broker.amqp import engine
 from shoal_broker.amqp.engine import Ptr, lib
 from shoal_broker.amqp.links import BrowserLink, ConsumerLink, LinkState, LookupLink, ProducerLink
+from shoal_broker.amqp.transactions import COORDINATOR_CAPABILITIES, CoordinatorLink
 from shoal_broker.errors import AddressNotFound, BrokerError, InvalidField, NotImplementedByBroker
 from shoal_broker.routing import addresses, jms_subscriptions
 from shoal_broker.routing.storage import QUEUE_GROUP
@@ -66,9 +67,8 @@ async def producer(broker: 'Broker', state: ProducerLink) -> LinkState | None:
     """A peer's sender: resolve (or create) the target node, then grant credit."""
     link = state.ptr
     target = lib.pn_link_remote_target(link)
-    kind_of_target = lib.pn_terminus_get_type(target)
-    if kind_of_target == lib.PN_COORDINATOR:
-        raise NotImplementedByBroker('transactions are not supported yet')
+    if lib.pn_terminus_get_type(target) == lib.PN_COORDINATOR:
+        return _coordinator(broker, state)
     capabilities = engine.symbols(lib.pn_terminus_capabilities(target))
     requested = addresses.kind_from_capabilities(capabilities)
     address = engine.terminus_address(target)
@@ -91,6 +91,27 @@ async def producer(broker: 'Broker', state: ProducerLink) -> LinkState | None:
     state.opened = True
     lib.pn_link_flow(link, broker.settings.amqp.producer_credit)
     return state
+
+
+def _coordinator(broker: 'Broker', state: ProducerLink) -> LinkState | None:
+    """A transaction controller's link: answered with a coordinator target, and credit."""
+    if not _still_wanted(state):
+        return None
+    link = state.ptr
+    coordinator = CoordinatorLink(state.conn, link, state.name)
+    mirror_termini(link)
+    engine.put_symbols(
+        lib.pn_terminus_capabilities(lib.pn_link_target(link)), COORDINATOR_CAPABILITIES
+    )
+    lib.pn_link_set_rcv_settle_mode(link, lib.PN_RCV_FIRST)
+    lib.pn_link_open(link)
+    coordinator.opened = True
+    lib.pn_link_flow(link, CONTROL_CREDIT)
+    return coordinator
+
+
+CONTROL_CREDIT = 100
+"""Declares and discharges a controller may have in flight (credit is topped up per request)."""
 
 
 async def consumer(

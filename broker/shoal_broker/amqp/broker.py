@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from shoal_broker.amqp import attach, codec, engine
+from shoal_broker.amqp import attach, codec, engine, transactions
 from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.engine import Ptr, ffi, lib
 from shoal_broker.amqp.links import (
@@ -77,6 +77,7 @@ class Broker:
         self.kinds: dict[str, AddressKind] = {}
         self.accepting = True
         self._loop = asyncio.get_running_loop()
+        self.coordinator = transactions.Coordinator(self)
         self._dirty: set[AmqpConnection] = set()
         self._flush_scheduled = False
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -115,8 +116,10 @@ class Broker:
             self.spawn(self._release_client(client_id, holder))
 
     async def _release_client(self, client_id: str, holder: str) -> None:
-        with contextlib.suppress(BrokerError):
+        try:
             await self.store.release_client(client_id, holder)
+        except BrokerError as exc:  # held until this replica's lease ends and it is reaped
+            logger.warning('ClientID %r not released: %s', client_id, exc)
 
     def dispatch(self, conn: AmqpConnection, event: Ptr) -> None:
         handler = self._handlers.get(lib.pn_event_type(event))
@@ -210,8 +213,20 @@ class Broker:
 
     def _on_connection_remote_close(self, conn: AmqpConnection, event: Ptr) -> None:
         self._sweep(conn, session=None)
-        if not lib.pn_connection_state(conn.connection) & lib.PN_LOCAL_CLOSED:
+        if conn.claimed_client is not None:
+            # release the ClientID before answering: a client that reconnects the moment it
+            # sees our Close must find it free
+            client_id, holder = conn.claimed_client
+            conn.claimed_client = None
+            self.spawn(self._release_then_close(conn, client_id, holder))
+        elif not lib.pn_connection_state(conn.connection) & lib.PN_LOCAL_CLOSED:
             lib.pn_connection_close(conn.connection)
+
+    async def _release_then_close(self, conn: AmqpConnection, client_id: str, holder: str) -> None:
+        await self._release_client(client_id, holder)
+        if conn.alive and not lib.pn_connection_state(conn.connection) & lib.PN_LOCAL_CLOSED:
+            lib.pn_connection_close(conn.connection)
+            self.mark_dirty(conn)
 
     def _on_session_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
         session = lib.pn_event_session(event)
@@ -351,6 +366,8 @@ class Broker:
             self._consumer_gone(state, unsubscribing=unsubscribing)
         elif isinstance(state, BrowserLink):
             self.browsers.get(state.address, set()).discard(state)
+        elif isinstance(state, transactions.CoordinatorLink):
+            self.coordinator.coordinator_gone(state)
         if state.owned_temporary:
             self.spawn(self.delete_temporary(state.owned_temporary))
 
@@ -449,7 +466,9 @@ class Broker:
     def _on_delivery(self, conn: AmqpConnection, event: Ptr) -> None:
         delivery = lib.pn_event_delivery(event)
         state = conn.links.get(lib.pn_delivery_link(delivery))
-        if isinstance(state, ProducerLink):
+        if isinstance(state, transactions.CoordinatorLink):
+            self.coordinator.control(state, delivery)
+        elif isinstance(state, ProducerLink):
             self._incoming(state, delivery)
         elif isinstance(state, ConsumerLink):
             self._disposition(state, delivery)
@@ -485,6 +504,13 @@ class Broker:
             self._outcome(producer, delivery, settled, BrokerError(str(exc)), 'amqp:decode-error')
             return
         message = PendingMessage(delivery, view, settled)
+        if lib.pn_delivery_remote_state(delivery) == transactions.TRANSACTIONAL_STATE:
+            txn_id, _ = transactions.transaction_of(lib.pn_delivery_remote(delivery))
+            message.transaction = self.coordinator.find(txn_id)
+            if message.transaction is None:
+                self._outcome(producer, delivery, settled, transactions.UnknownTransaction(
+                    'the send names no open transaction'))  # fmt: skip
+                return
         if producer.address is not None and producer.kind is not None:
             self._publish(producer, message, producer.address, producer.kind)
         else:
@@ -537,6 +563,19 @@ class Broker:
             ),
             origin=producer.conn.container_id or '',
         )
+        if message.transaction is not None:  # held until the transaction is discharged
+            message.transaction.sends.append((address, kind, stored))
+            if message.settled:
+                lib.pn_delivery_settle(message.delivery)
+            else:
+                transactions.reply(
+                    message.delivery,
+                    transactions.TRANSACTIONAL_STATE,
+                    transactions.accepted_in(message.transaction.id),
+                )
+            self.top_up(producer)
+            self.mark_dirty(producer.conn)
+            return
         producer.in_store += 1
         if message.settled:  # pre-settled by the peer: nothing to answer, free it now
             lib.pn_delivery_settle(message.delivery)
@@ -621,6 +660,9 @@ class Broker:
         if not (lib.pn_delivery_updated(delivery) or lib.pn_delivery_settled(delivery)):
             return
         state = lib.pn_delivery_remote_state(delivery)
+        if state == transactions.TRANSACTIONAL_STATE:
+            self._transactional_ack(consumer, delivery)
+            return
         outcome = _TERMINAL.get(state)
         if outcome is None:
             if not lib.pn_delivery_settled(delivery):
@@ -636,6 +678,25 @@ class Broker:
         lib.pn_delivery_settle(delivery)
         if entry is not None:
             self._apply(consumer, entry, disposition)
+
+    def _transactional_ack(self, consumer: ConsumerLink, delivery: Ptr) -> None:
+        """An outcome inside a transaction: an accept is held until discharge; others apply."""
+        txn_id, outcome = transactions.transaction_of(lib.pn_delivery_remote(delivery))
+        entry = consumer.unacked.pop(delivery, None)
+        lib.pn_delivery_settle(delivery)
+        if entry is None:
+            return
+        txn = self.coordinator.find(txn_id)
+        code = getattr(outcome, 'descriptor', transactions.ACCEPTED)
+        if txn is not None and code == transactions.ACCEPTED:
+            txn.acks.append((consumer.address, consumer.group, entry))
+        elif code == transactions.ACCEPTED:  # its transaction is gone: as if rolled back
+            self.release(consumer.address, consumer.group, entry, delivery_failed=True)
+        else:
+            fields = getattr(outcome, 'value', None) or []
+            failed = bool(fields[0]) if code == 0x27 and fields else False
+            kind = {0x25: Outcome.REJECTED, 0x26: Outcome.RELEASED}.get(code, Outcome.MODIFIED)
+            self._apply(consumer, entry, Disposition(kind, delivery_failed=failed))
 
     def _apply(
         self, consumer: ConsumerLink, entry: Entry, disposition: Disposition

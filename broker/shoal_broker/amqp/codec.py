@@ -434,3 +434,14 @@ def selection_view(header_bytes: bytes, rest: bytes) -> SelectionView:
         application_properties=application if isinstance(application, dict) else {},
         annotations=annotations if isinstance(annotations, dict) else {},
     )
+
+
+def body_value(buf: bytes | bytearray) -> Any:
+    """The decoded amqp-value body of a message (transaction coordinator requests), or None."""
+    pos = 0
+    while pos < len(buf):
+        code, vpos = section_code(buf, pos)
+        if code == AMQP_VALUE:
+            return decode(buf, vpos)[0]
+        pos = skip(buf, vpos)
+    return None

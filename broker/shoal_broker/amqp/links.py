@@ -8,7 +8,7 @@ touching proton, because by then the pointer may be freed.
 
 import collections
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shoal_broker import selector as selectors
 from shoal_broker.amqp import codec
@@ -55,6 +55,8 @@ class PendingMessage:
     delivery: Ptr
     view: codec.RoutingView
     settled: bool
+    transaction: Any = None
+    """The ``transactions.Transaction`` this send belongs to, if any."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)

@@ -124,6 +124,14 @@ class MessageStore(Protocol):
         """Up to ``count`` entries still available on a queue after ``cursor``, unconsumed."""
         ...
 
+    async def commit(
+        self,
+        sends: Sequence[tuple[str, AddressKind, OutgoingMessage]],
+        acks: Sequence[tuple[str, str, Entry]],
+    ) -> None:
+        """Apply a transaction's sends and acks all at once, or not at all (StoreUnavailable)."""
+        ...
+
     async def join_subscription(
         self, spec: SubscriptionSpec, consumer: str, default_max_consumers: int
     ) -> JoinOutcome:

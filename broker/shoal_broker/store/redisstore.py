@@ -47,6 +47,13 @@ SCRIPTS = (
 )  # fmt: skip
 
 
+MAX_REDIS_CONNECTIONS = 64
+"""Redis connections per replica: the pipeline, the notification channel and cold-path calls."""
+
+POOL_WAIT_SECONDS = 20.0
+"""How long a Redis call waits for a free connection before it fails."""
+
+
 def _lua(name: str) -> str:
     return resources.files('shoal_broker.store').joinpath('lua', f'{name}.lua').read_text()
 
@@ -86,6 +93,7 @@ class RedisStore:
         self._replication_timeout_ms = replication_timeout_ms
         self._replica_id = replica_id
         self._sha: dict[str, str] = {}
+        self._source: dict[str, str] = {}
         self._queued: list[_Op] = []
         self._wakeup = asyncio.Event()
         self._kinds: dict[str, AddressKind] = {}
@@ -106,7 +114,13 @@ class RedisStore:
         durability: Durability = Durability.MEMORY,
         replication_timeout_ms: int = 1000,
     ) -> 'RedisStore':
-        client = redis.asyncio.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+        # Blocking pool: a burst of attaches or closes waits for a connection instead of failing
+        # with "Too many connections" (redis-py's default pool refuses past its size).
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
+            health_check_interval=30,
+        )  # fmt: skip
+        client = redis.asyncio.Redis(connection_pool=pool, decode_responses=False)
         return cls(client, replica_id, durability, replication_timeout_ms)
 
     async def check_durability(self) -> None:
@@ -163,7 +177,8 @@ class RedisStore:
 
     async def _load_scripts(self) -> None:
         for name in SCRIPTS:
-            self._sha[name] = as_text(await self._client.script_load(_lua(name)))
+            self._source[name] = _lua(name)
+            self._sha[name] = as_text(await self._client.script_load(self._source[name]))
 
     # -- the per-message path: queued, batched, one pipeline in flight -------------------------
 
@@ -420,6 +435,43 @@ class RedisStore:
         k = keys.AddressKeys.of(address)
         script_keys = (*k.streams, k.groups, k.returned(group), k.delivery_counts(group))
         await self._call(self._evalsha('delete_group', script_keys, (group,)))
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    async def commit(
+        self,
+        sends: Sequence[tuple[str, AddressKind, OutgoingMessage]],
+        acks: Sequence[tuple[str, str, Entry]],
+    ) -> None:
+        """Apply a transaction's sends and acks atomically (MULTI/EXEC), across any addresses.
+
+        The publish script is sent as text (EVAL), not by hash: inside MULTI a NOSCRIPT error
+        would fail that one command while the others apply, half-applying the commit.
+        """
+        if not sends and not acks:
+            return
+        pipe = self._client.pipeline(transaction=True)
+        for address, kind, message in sends:
+            k = keys.AddressKeys.of(address)
+            pipe.eval(
+                self._source['publish'], 2, k.streams[message.band], k.groups, kind.value,
+                message.header, message.rest, str(message.expiry_ms), message.origin,
+            )  # fmt: skip
+        for address, group, entry in acks:
+            k = keys.AddressKeys.of(address)
+            pipe.xack(k.streams[entry.band], group, entry.id)
+            if entry.delivery_count:
+                pipe.hdel(k.delivery_counts(group), keys.entry_field(entry.band, entry.id))
+        replies = await self._call(pipe.execute(raise_on_error=False))
+        errors = [r for r in replies if isinstance(r, Exception)]
+        if errors:
+            raise StoreUnavailable(f'Redis refused part of a commit: {errors[0]}')
+        if self._durability is Durability.REPLICATED:
+            confirmed = await self._call(self._client.wait(1, self._replication_timeout_ms))
+            if confirmed < 1:
+                raise StoreUnavailable('no Redis replica confirmed the commit in time')
+        for address in {address for address, _, _ in sends}:
+            await self.announce(address)
 
     # -- named subscriptions and ClientIDs -------------------------------------------------------
 

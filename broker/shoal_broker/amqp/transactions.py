@@ -1,0 +1,197 @@
+"""
+AMQP local transactions (jms-amqp-facts §7): the coordinator link, declare and discharge.
+
+A transaction lives in this replica's memory until it is discharged: transactional sends are
+held (invisible to consumers) and transactional acks keep their entries pending in Redis. Commit
+applies every send and ack in one Redis MULTI/EXEC, so it is atomic across any number of
+addresses and is never half-applied. If the replica dies before the commit, nothing was applied:
+the held sends are gone and the acked entries, still pending under the dead replica, are
+redelivered by the reaper with delivery-count + 1 — a rollback. Rollback does the same at once.
+
+python-qpid-proton 0.40 has no constants for these dispositions, so they are used by number.
+"""
+
+import dataclasses
+import itertools
+import logging
+import os
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Final
+
+import proton
+
+from shoal_broker.amqp import codec, engine
+from shoal_broker.amqp.engine import Ptr, lib
+from shoal_broker.amqp.links import LinkState
+from shoal_broker.errors import BrokerError
+from shoal_broker.routing.storage import Entry, OutgoingMessage
+from shoal_broker.settings import AddressKind
+
+if TYPE_CHECKING:
+    from shoal_broker.amqp.broker import Broker
+
+logger = logging.getLogger(__name__)
+
+DECLARE: Final = 0x31
+DISCHARGE: Final = 0x32
+DECLARED: Final = 0x33
+TRANSACTIONAL_STATE: Final = 0x34
+ACCEPTED: Final = 0x24
+COORDINATOR_CAPABILITIES: Final = [
+    'amqp:local-transactions', 'amqp:multi-txns-per-ssn', 'amqp:multi-ssns-per-txn',
+]  # fmt: skip
+
+
+class TransactionError(BrokerError):
+    condition = 'amqp:transaction:rollback'
+
+
+class UnknownTransaction(BrokerError):
+    condition = 'amqp:transaction:unknown-id'
+
+
+@dataclasses.dataclass(eq=False)
+class Transaction:
+    id: bytes
+    coordinator: 'CoordinatorLink'
+    sends: list[tuple[str, AddressKind, OutgoingMessage]] = dataclasses.field(default_factory=list)
+    acks: list[tuple[str, str, Entry]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class CoordinatorLink(LinkState):
+    """A peer's transaction controller: declares and discharges arrive on it."""
+
+    transactions: dict[bytes, Transaction] = dataclasses.field(default_factory=dict)
+
+
+_serial = itertools.count(1)
+
+
+def new_id() -> bytes:
+    """Unique across replicas and restarts: process-random prefix and a counter."""
+    return _PREFIX + next(_serial).to_bytes(8, 'big')
+
+
+_PREFIX = os.urandom(8)
+
+
+def transaction_of(delivery_state: Ptr) -> tuple[bytes | None, Any]:
+    """The transaction id and outcome in a transactional-state disposition or transfer state."""
+    data = engine.data_object(lib.pn_disposition_data(delivery_state))
+    if not isinstance(data, list | tuple) or not data:
+        return None, None
+    txn = data[0]
+    outcome = data[1] if len(data) > 1 else None
+    return (bytes(txn) if isinstance(txn, bytes | memoryview) else None), outcome
+
+
+def reply(delivery: Ptr, state: int, fields: list[Any]) -> None:
+    """Settle a delivery with a disposition proton has no constant for (declared, txn state)."""
+    d = proton.Data(lib.pn_disposition_data(lib.pn_delivery_local(delivery)))
+    d.clear()
+    d.put_object(fields)
+    lib.pn_delivery_update(delivery, state)
+    lib.pn_delivery_settle(delivery)
+
+
+def accepted_in(txn_id: bytes) -> list[Any]:
+    return [txn_id, proton.Described(proton.ulong(ACCEPTED), [])]
+
+
+class Coordinator:
+    """Declares, discharges and rolls back the transactions of this replica's connections."""
+
+    def __init__(self, broker: 'Broker') -> None:
+        self.broker = broker
+        self.open: dict[bytes, Transaction] = {}
+
+    def control(self, link: CoordinatorLink, delivery: Ptr) -> None:
+        """A declare or discharge arrived on a coordinator link."""
+        if lib.pn_delivery_partial(delivery) or not lib.pn_delivery_readable(delivery):
+            return
+        pending = lib.pn_delivery_pending(delivery)
+        data = bytearray(pending)
+        lib.pn_link_recv(link.ptr, engine.ffi.from_buffer(data), pending)
+        lib.pn_link_advance(link.ptr)
+        lib.pn_link_flow(link.ptr, 1)
+        try:
+            request = codec.body_value(data)
+        except codec.DecodeError:
+            request = None
+        descriptor = getattr(request, 'descriptor', None)
+        fields = getattr(request, 'value', None) or []
+        if descriptor == DECLARE:
+            txn = Transaction(new_id(), link)
+            self.open[txn.id] = txn
+            link.transactions[txn.id] = txn
+            reply(delivery, DECLARED, [txn.id])
+        elif descriptor == DISCHARGE and fields:
+            txn_id = bytes(fields[0]) if isinstance(fields[0], bytes | memoryview) else b''
+            fail = bool(fields[1]) if len(fields) > 1 else False
+            self.broker.spawn(self._discharge(link, delivery, txn_id, fail))
+        else:
+            _reject(delivery, BrokerError('expected a declare or a discharge'))
+        self.broker.mark_dirty(link.conn)
+
+    async def _discharge(
+        self, link: CoordinatorLink, delivery: Ptr, txn_id: bytes, fail: bool
+    ) -> None:
+        txn = self.open.pop(txn_id, None)
+        link.transactions.pop(txn_id, None)
+        error: BrokerError | None = None
+        if txn is None:
+            error = UnknownTransaction('no such transaction')
+        elif fail:
+            await self.rollback(txn)
+        else:
+            try:
+                await self.broker.store.commit(txn.sends, txn.acks)
+            except BrokerError as exc:
+                await self.rollback(txn)
+                error = TransactionError(f'the commit could not be applied: {exc}')
+            else:
+                self._committed(txn)
+        if link.alive and link.conn.alive:
+            if error is None:
+                lib.pn_delivery_update(delivery, lib.PN_ACCEPTED)
+                lib.pn_delivery_settle(delivery)
+            else:
+                _reject(delivery, error)
+            self.broker.mark_dirty(link.conn)
+
+    def _committed(self, txn: Transaction) -> None:
+        for address in {address for address, _, _ in txn.sends}:
+            for sub in self.broker.by_address.get(address, ()):
+                sub.kick()
+
+    async def rollback(self, txn: Transaction) -> None:
+        """Drop the sends; return the acked entries (delivery-count + 1, a new transfer)."""
+        returned: list[Awaitable[None]] = [
+            self.broker.release(address, group, entry, delivery_failed=True)
+            for address, group, entry in txn.acks
+        ]
+        txn.sends.clear()
+        txn.acks.clear()
+        for future in returned:
+            try:
+                await future
+            except BrokerError as exc:  # still pending in Redis: the reaper returns it later
+                logger.warning('rollback could not return an entry yet: %s', exc)
+
+    def coordinator_gone(self, link: CoordinatorLink) -> None:
+        """Session or connection ended with transactions open: they roll back."""
+        for txn in list(link.transactions.values()):
+            self.open.pop(txn.id, None)
+            self.broker.spawn(self.rollback(txn))
+        link.transactions.clear()
+
+    def find(self, txn_id: bytes | None) -> Transaction | None:
+        return self.open.get(txn_id) if txn_id is not None else None
+
+
+def _reject(delivery: Ptr, error: BrokerError) -> None:
+    local = lib.pn_delivery_local(delivery)
+    engine.set_condition(lib.pn_disposition_condition(local), error.condition, str(error))
+    lib.pn_delivery_update(delivery, lib.PN_REJECTED)
+    lib.pn_delivery_settle(delivery)
