@@ -481,7 +481,7 @@ def test_a_second_connection_with_the_same_client_id_is_refused_the_way_qpid_jms
         publish('first', address, ['still works']),
         receive('t', count=1),
         close('first'),
-        # retried: the ClientID is released a moment after the Close (see the xfail below)
+        # retried for robustness; the broker now releases the ClientID before answering Close
         open_conn('third', second_broker, 'dup', retry_ms=3000),
         close('third'),
     )
@@ -509,7 +509,7 @@ def test_a_client_id_held_by_proton_is_refused_to_rhea_until_proton_closes(
     assert not run(open_conn('r', second_broker, held_by_proton), close('r'))[0]['refused']
 
 
-# -- broker bugs (strict xfail: they fail today; remove the mark once fixed) ---------------------
+# -- regressions: ClientID release timing and Redis connection bursts ----------------------------
 
 
 def attach_many(
