@@ -21,8 +21,10 @@ from shoal_broker.amqp.broker import Broker
 from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.health import HealthServer
+from shoal_broker.metrics.registry import LEASE_UP, register_gauges, subscription_label
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.store.embedded import EmbeddedRedis
+from shoal_broker.store.inspect import Inspector
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.replicas import Liveness
 
@@ -108,6 +110,9 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
 
         health = HealthServer(readiness)
         await health.start(*split_host_port(settings.http))
+    backlog = BacklogSnapshot(url)
+    register_gauges(lambda: broker_gauges(broker, backlog))
+    LEASE_UP.set(1)
     tune_garbage_collector()
     stop = asyncio.Event()
     background = [
@@ -115,6 +120,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         asyncio.create_task(_keep_alive(liveness, broker, stop)),
         asyncio.create_task(_watch_others(liveness)),
         asyncio.create_task(_release_scheduled(store)),
+        asyncio.create_task(backlog.refresh_forever(BACKLOG_REFRESH_SECONDS)),
     ]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -145,6 +151,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         logger.warning('could not release the lease (others will reap this replica): %s', exc)
     if health is not None:
         await health.close()
+    await backlog.close()
     await store.close()
     logger.info('stopped')
     return 0
@@ -162,6 +169,7 @@ async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -
         except StoreUnavailable as exc:
             logger.warning('lease not renewed: %s', exc)
             continue
+        LEASE_UP.set(1 if state == 'renewed' else 0)
         if state == 'lost':
             logger.error('lease lapsed: closing every connection so clients start afresh')
             broker.close_all(
@@ -183,6 +191,59 @@ async def _watch_others(liveness: Liveness) -> None:
                 await liveness.reap(dead)
         except StoreUnavailable as exc:
             logger.warning('reaping skipped: %s', exc)
+
+
+BACKLOG_REFRESH_SECONDS = 10.0
+"""How often the backlog gauges are read from Redis (they cost a scan of the addresses)."""
+
+
+class BacklogSnapshot:
+    """Backlog per queue and subscription, read from Redis in the background for the gauges."""
+
+    def __init__(self, url: str) -> None:
+        self._inspector = Inspector.from_url(url)
+        self.samples: list[tuple[list[str], float]] = []
+
+    async def refresh_forever(self, interval: float) -> None:
+        while True:
+            try:
+                queues = await self._inspector.queues()
+                subscriptions = await self._inspector.subscriptions()
+            except StoreUnavailable as exc:
+                logger.debug('backlog not refreshed: %s', exc)
+            else:
+                self.samples = [([q.name, 'queue'], float(q.backlog)) for q in queues] + [
+                    ([s.topic, s.id], float(s.backlog)) for s in subscriptions
+                ]
+            await asyncio.sleep(interval)
+
+    async def close(self) -> None:
+        await self._inspector.close()
+
+
+def broker_gauges(
+    broker: Broker, backlog: BacklogSnapshot
+) -> list[tuple[str, str, list[str], list[tuple[list[str], float]]]]:
+    """The scrape-time gauges: this replica's connections, links and consumers; backlogs."""
+    links: dict[str, float] = {}
+    for conn in broker.connections:
+        for state in conn.links.values():
+            role = type(state).__name__.removesuffix('Link').lower()
+            links[role] = links.get(role, 0) + 1
+    consumers = [
+        ([sub.address, subscription_label(sub.group)], float(len(sub.consumers)))
+        for sub in broker.subscriptions.values()
+    ]
+    return [
+        ('shoal_connections', 'Open AMQP connections on this replica.', [],
+         [([], float(len(broker.connections)))]),
+        ('shoal_links', 'Attached links on this replica, by role.', ['role'],
+         [([role], n) for role, n in sorted(links.items())]),
+        ('shoal_consumers', 'Consumers attached to this replica.', ['address', 'subscription'],
+         consumers),
+        ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (refreshed every '
+         f'{BACKLOG_REFRESH_SECONDS:g} s).', ['address', 'subscription'], backlog.samples),
+    ]  # fmt: skip
 
 
 SCHEDULE_TICK_SECONDS = 0.1

@@ -40,6 +40,7 @@ from shoal_broker.errors import (
     MessageSizeExceeded,
     StoreUnavailable,
 )
+from shoal_broker.metrics.registry import Counters
 from shoal_broker.routing import addresses, outcomes
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Action, Disposition, Outcome
@@ -78,6 +79,7 @@ class Broker:
         self.accepting = True
         self._loop = asyncio.get_running_loop()
         self.coordinator = transactions.Coordinator(self)
+        self.counters = Counters()
         self._dirty: set[AmqpConnection] = set()
         self._flush_scheduled = False
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -608,6 +610,10 @@ class Broker:
             error = exc
         else:
             self.stats['stored' if kept else 'dropped'] += 1
+            if kept:
+                self.counters.enqueued(address)
+            else:
+                self.counters.dropped(address)
         if not producer.alive:
             return  # stored (or not) all the same; the peer will not hear of it
         if isinstance(error, AddressNotFound):
@@ -652,6 +658,7 @@ class Broker:
 
     def sent(self, consumer: ConsumerLink, entry: Entry) -> None:
         self.stats['sent'] += 1
+        self.counters.delivered(consumer.address, consumer.group)
         if consumer.presettled:  # at-most-once: consumed the moment it is sent
             self.store.ack(consumer.address, consumer.group, entry)
         self.mark_dirty(consumer.conn)
@@ -705,7 +712,9 @@ class Broker:
             disposition, entry.delivery_count, self.settings.routing.max_delivery_attempts
         )
         self.stats[disposition.outcome.value] += 1
+        self.counters.settled(consumer.address, consumer.group, disposition.outcome.value)
         if decision.action is Action.ACK:
+            self.counters.latency(consumer.address, _age_seconds(entry))
             return self.store.ack(consumer.address, consumer.group, entry)
         if decision.action is Action.RETURN:
             if decision.exclude_consumer:
@@ -725,10 +734,12 @@ class Broker:
     def filtered(self, address: str, group: str, entry: Entry) -> None:
         """An entry a subscription's selector or no-local filter excludes: consumed unseen."""
         self.stats['filtered'] += 1
+        self.counters.filtered(address, group)
         self.store.ack(address, group, entry)
 
     def expire(self, address: str, group: str, entry: Entry) -> None:
         self.stats['expired'] += 1
+        self.counters.expired(address)
         target = self.settings.routing.expiry_address
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, 'expired'))
@@ -737,6 +748,7 @@ class Broker:
 
     def dead_letter(self, address: str, group: str, entry: Entry, reason: str) -> None:
         self.stats['dead_lettered'] += 1
+        self.counters.dead_lettered(address)
         target = self.settings.routing.dead_letter_address
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, reason))
@@ -829,3 +841,9 @@ def _durable_key(state: LinkState | None) -> SubscriptionKey | None:
     if isinstance(state, ConsumerLink) and state.named is not None and state.named.durable:
         return state.named
     return None
+
+
+def _age_seconds(entry: Entry) -> float:
+    """Time since the entry was appended: stream ids start with their creation time in ms."""
+    created_ms = int(entry.id.partition('-')[0] or 0)
+    return max(0.0, time.time() - created_ms / 1000)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
@@ -32,6 +33,7 @@ from shoal_broker.errors import (
     ResourceLocked,
     StoreUnavailable,
 )
+from shoal_broker.metrics.registry import REDIS_ROUND_TRIP
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notify, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
@@ -232,8 +234,10 @@ class RedisStore:
             pipe.execute_command('WAIT', 1, self._replication_timeout_ms)
         self.pipelines += 1
         self.commands += len(pipe.command_stack)
+        started = time.perf_counter()
         try:
             replies = await pipe.execute(raise_on_error=False)
+            REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
         except _REDIS_DOWN as exc:
             logger.warning('Redis unreachable: %s', exc)
             for op in ops:

@@ -1,0 +1,64 @@
+"""Prometheus metrics on the broker's HTTP endpoint, after real traffic."""
+
+import time
+
+from amqpclient import connect, receive_all, receiver, send_all, settle
+from processes import BrokerProcess
+from prometheus_client.parser import text_string_to_metric_families
+from proton import Delivery
+
+
+def _samples(broker: BrokerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, body = broker.http_get('/metrics')
+    assert status == 200
+    found = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def _value(samples, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_message_counters_latency_and_gauges_follow_the_traffic(start_broker, address: str) -> None:  # type: ignore[no-untyped-def]
+    b = start_broker(env={'SHOAL_DEAD_LETTER_ADDRESS': f'{address}-dlq'})
+    conn = connect(b.url)
+    send_all(conn, address, range(4))
+    rcv = receiver(conn, address, credit=10)
+    receive_all(rcv, 2)  # accepted
+    rcv.receive(timeout=5)
+    settle(rcv, Delivery.RELEASED)
+    rcv.receive(timeout=5)
+    settle(rcv, Delivery.REJECTED)
+    receive_all(rcv, 1)  # the released one again
+    samples = _samples(b)
+    queue = {'address': address, 'subscription': 'queue'}
+    assert _value(samples, 'shoal_messages_enqueued_total', address=address) == 4
+    assert _value(samples, 'shoal_messages_delivered_total', **queue) == 5
+    assert _value(samples, 'shoal_deliveries_settled_total', outcome='accepted', **queue) == 3
+    assert _value(samples, 'shoal_deliveries_settled_total', outcome='released', **queue) == 1
+    assert _value(samples, 'shoal_deliveries_settled_total', outcome='rejected', **queue) == 1
+    assert _value(samples, 'shoal_messages_dead_lettered_total', address=address) == 1
+    assert _value(samples, 'shoal_delivery_latency_seconds_count', address=address) == 3
+    assert _value(samples, 'shoal_connections') == 1
+    assert _value(samples, 'shoal_consumers', **queue) == 1
+    assert _value(samples, 'shoal_links', role='consumer') == 1
+    assert _value(samples, 'shoal_replica_lease_up') == 1
+    assert _value(samples, 'shoal_redis_pipeline_seconds_count') > 0
+    conn.close()
+
+
+def test_backlog_gauges_count_unconsumed_messages(start_broker, address: str) -> None:  # type: ignore[no-untyped-def]
+    b = start_broker()
+    conn = connect(b.url)
+    send_all(conn, address, range(3))
+    deadline = time.monotonic() + 15  # refreshed in the background every 10 s
+    labels = {'address': address, 'subscription': 'queue'}
+    while time.monotonic() < deadline:
+        if _value(_samples(b), 'shoal_backlog_messages', **labels) == 3:
+            break
+        time.sleep(0.5)
+    assert _value(_samples(b), 'shoal_backlog_messages', **labels) == 3
+    conn.close()
