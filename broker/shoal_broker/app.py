@@ -21,6 +21,7 @@ from shoal_broker.amqp.broker import Broker
 from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.health import HealthServer
+from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.metrics.registry import LEASE_UP, register_gauges, subscription_label
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.store.embedded import EmbeddedRedis
@@ -122,6 +123,8 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         asyncio.create_task(_release_scheduled(store)),
         asyncio.create_task(backlog.refresh_forever(BACKLOG_REFRESH_SECONDS)),
     ]
+    if settings.store.metrics_interval_seconds > 0:
+        background.append(asyncio.create_task(_record_metrics(settings, store, broker, backlog)))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logger.info(
@@ -244,6 +247,49 @@ def broker_gauges(
         ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (refreshed every '
          f'{BACKLOG_REFRESH_SECONDS:g} s).', ['address', 'subscription'], backlog.samples),
     ]  # fmt: skip
+
+
+async def _record_metrics(
+    settings: BrokerSettings, store: RedisStore, broker: Broker, backlog: 'BacklogSnapshot'
+) -> None:
+    """Append one metric record per queue and subscription every interval (deltas + gauges)."""
+    interval = settings.store.metrics_interval_seconds
+    while True:
+        await asyncio.sleep(interval)
+        batch = metric_records(broker, backlog, settings.replica_id, int(interval * 1000))
+        try:
+            await store.append_records(
+                [r.to_fields() for r in batch], settings.store.metrics_stream_length
+            )
+        except StoreUnavailable as exc:
+            logger.warning('%d metric records lost: %s', len(batch), exc)
+
+
+def metric_records(
+    broker: Broker, backlog: 'BacklogSnapshot', replica: str, interval_ms: int
+) -> list[MetricRecord]:
+    tallies, latencies = broker.counters.take()
+    consumers = {
+        (sub.address, subscription_label(sub.group)): len(sub.consumers)
+        for sub in broker.subscriptions.values()
+    }
+    backlogs = {(labels[0], labels[1]): int(value) for labels, value in backlog.samples}
+    now_ms = int(time.time() * 1000)
+    entities = set(tallies) | set(consumers) | set(latencies)
+    return [
+        MetricRecord.of(
+            ts_ms=now_ms,
+            interval_ms=interval_ms,
+            replica=replica,
+            address=address,
+            subscription=subscription,
+            counts=tallies.get((address, subscription), {}),
+            consumers=consumers.get((address, subscription), 0),
+            backlog=backlogs.get((address, subscription), -1),
+            latency=latencies.get((address, subscription)),
+        )
+        for address, subscription in sorted(entities)
+    ]
 
 
 SCHEDULE_TICK_SECONDS = 0.1

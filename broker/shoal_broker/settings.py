@@ -33,6 +33,8 @@ ENV_MAX_CONSUMERS = 'SHOAL_MAX_CONSUMERS_PER_SUBSCRIPTION'
 ENV_TRIM_INTERVAL = 'SHOAL_TRIM_INTERVAL_SECONDS'
 ENV_LEASE = 'SHOAL_LEASE_SECONDS'
 ENV_DURABILITY = 'SHOAL_DURABILITY'
+ENV_METRICS_INTERVAL = 'SHOAL_METRICS_INTERVAL_SECONDS'
+ENV_METRICS_STREAM_LENGTH = 'SHOAL_METRICS_STREAM_LENGTH'
 ENV_REPLICATION_TIMEOUT = 'SHOAL_REPLICATION_TIMEOUT_MS'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
 
@@ -136,6 +138,13 @@ class StoreSettings:
     """With ``replicated`` durability: how long to wait for a Redis replica before releasing
     (not accepting) the messages written meanwhile."""
 
+    metrics_interval_seconds: float = 10.0
+    """How often each replica appends one metric record per queue and subscription to the
+    metrics stream (the analytics job's input). 0 disables the records."""
+
+    metrics_stream_length: int = 200_000
+    """About how many metric records the metrics stream keeps (older ones are trimmed)."""
+
     lease_seconds: float = 5.0
     """A replica that has not renewed its lease for this long is taken for dead: another replica
     returns its in-flight deliveries (within about this plus one second) and releases its
@@ -199,6 +208,12 @@ class BrokerSettings:
                     env.get(ENV_TRIM_INTERVAL, d.store.trim_interval_seconds)
                 ),
                 lease_seconds=float(env.get(ENV_LEASE, d.store.lease_seconds)),
+                metrics_interval_seconds=float(
+                    env.get(ENV_METRICS_INTERVAL, d.store.metrics_interval_seconds)
+                ),
+                metrics_stream_length=int(
+                    env.get(ENV_METRICS_STREAM_LENGTH, d.store.metrics_stream_length)
+                ),
                 durability=Durability(env.get(ENV_DURABILITY, d.store.durability)),
                 replication_timeout_ms=int(
                     env.get(ENV_REPLICATION_TIMEOUT, d.store.replication_timeout_ms)

@@ -62,3 +62,31 @@ def test_backlog_gauges_count_unconsumed_messages(start_broker, address: str) ->
         time.sleep(0.5)
     assert _value(_samples(b), 'shoal_backlog_messages', **labels) == 3
     conn.close()
+
+
+def test_each_replica_appends_interval_records_to_the_metrics_stream(
+    start_broker, redis_server, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    from shoal_broker.metrics.records import MetricRecord
+
+    b = start_broker(env={'SHOAL_METRICS_INTERVAL_SECONDS': '0.5'}, replica_id='recorder')
+    conn = connect(b.url)
+    send_all(conn, address, range(5))
+    receive_all(receiver(conn, address, credit=10), 5)
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    mine: list[MetricRecord] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum(r.accepted for r in mine) < 5:
+        time.sleep(0.5)
+        entries = client.xrange('shoal:metrics')
+        found = [MetricRecord.from_fields(fields) for _, fields in entries]
+        mine = [r for r in found if r.replica == 'recorder' and r.address == address]
+    client.close()
+    assert sum(r.enqueued for r in mine) == 5
+    assert sum(r.delivered for r in mine) == 5
+    assert sum(r.accepted for r in mine) == 5
+    assert sum(sum(r.latency_buckets) for r in mine) == 5
+    assert {r.subscription for r in mine} == {'queue'}
+    conn.close()

@@ -610,8 +610,9 @@ class Broker:
             error = exc
         else:
             self.stats['stored' if kept else 'dropped'] += 1
-            if kept:
-                self.counters.enqueued(address)
+            if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone
+                queue = self.kinds.get(address) is AddressKind.QUEUE
+                self.counters.enqueued(address, QUEUE_GROUP if queue else '')
             else:
                 self.counters.dropped(address)
         if not producer.alive:
@@ -714,7 +715,7 @@ class Broker:
         self.stats[disposition.outcome.value] += 1
         self.counters.settled(consumer.address, consumer.group, disposition.outcome.value)
         if decision.action is Action.ACK:
-            self.counters.latency(consumer.address, _age_seconds(entry))
+            self.counters.latency(consumer.address, consumer.group, _age_seconds(entry))
             return self.store.ack(consumer.address, consumer.group, entry)
         if decision.action is Action.RETURN:
             if decision.exclude_consumer:
@@ -739,7 +740,7 @@ class Broker:
 
     def expire(self, address: str, group: str, entry: Entry) -> None:
         self.stats['expired'] += 1
-        self.counters.expired(address)
+        self.counters.expired(address, group)
         target = self.settings.routing.expiry_address
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, 'expired'))
@@ -748,7 +749,7 @@ class Broker:
 
     def dead_letter(self, address: str, group: str, entry: Entry, reason: str) -> None:
         self.stats['dead_lettered'] += 1
-        self.counters.dead_lettered(address)
+        self.counters.dead_lettered(address, group)
         target = self.settings.routing.dead_letter_address
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, reason))

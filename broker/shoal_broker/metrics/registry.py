@@ -14,6 +14,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shoal_broker.metrics import records
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                    10, 30, 60, 300)  # fmt: skip
 
@@ -61,10 +63,28 @@ def subscription_label(group: str) -> str:
 
 
 class Counters:
-    """Labelled children of the hot-path metrics, cached per address and subscription."""
+    """Labelled children of the hot-path metrics, cached per address and subscription, and plain
+    tallies of the same events for the per-interval metric records (``records.py``)."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[Any, ...], Any] = {}
+        self.tallies: dict[tuple[str, str], dict[str, int]] = {}
+        self.latencies: dict[tuple[str, str], list[int]] = {}
+
+    def _tally(self, address: str, group: str, what: str) -> None:
+        key = (address, subscription_label(group))
+        tally = self.tallies.get(key)
+        if tally is None:
+            tally = self.tallies[key] = dict.fromkeys(records.COUNTS, 0)
+        tally[what] += 1
+
+    def take(
+        self,
+    ) -> tuple[dict[tuple[str, str], dict[str, int]], dict[tuple[str, str], list[int]]]:
+        """The tallies since the last call (then reset)."""
+        tallies, self.tallies = self.tallies, {}
+        latencies, self.latencies = self.latencies, {}
+        return tallies, latencies
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -73,29 +93,40 @@ class Counters:
             child = self._cache[key] = metric.labels(*labels)
         return child
 
-    def enqueued(self, address: str) -> None:
+    def enqueued(self, address: str, group: str = 'queue') -> None:
         self._child(ENQUEUED, address).inc()
+        self._tally(address, group, 'enqueued')
 
     def dropped(self, address: str) -> None:
         self._child(DROPPED, address).inc()
 
     def delivered(self, address: str, group: str) -> None:
         self._child(DELIVERED, address, subscription_label(group)).inc()
+        self._tally(address, group, 'delivered')
 
     def settled(self, address: str, group: str, outcome: str) -> None:
         self._child(SETTLED, address, subscription_label(group), outcome).inc()
+        self._tally(address, group, outcome)
 
-    def expired(self, address: str) -> None:
+    def expired(self, address: str, group: str = 'queue') -> None:
         self._child(EXPIRED, address).inc()
+        self._tally(address, group, 'expired')
 
-    def dead_lettered(self, address: str) -> None:
+    def dead_lettered(self, address: str, group: str = 'queue') -> None:
         self._child(DEAD_LETTERED, address).inc()
+        self._tally(address, group, 'dead_lettered')
 
     def filtered(self, address: str, group: str) -> None:
         self._child(FILTERED, address, subscription_label(group)).inc()
+        self._tally(address, group, 'filtered')
 
-    def latency(self, address: str, seconds: float) -> None:
+    def latency(self, address: str, group: str, seconds: float) -> None:
         self._child(LATENCY, address).observe(seconds)
+        key = (address, subscription_label(group))
+        buckets = self.latencies.get(key)
+        if buckets is None:
+            buckets = self.latencies[key] = [0] * (len(records.LATENCY_BOUNDS) + 1)
+        buckets[records.bucket_index(seconds)] += 1
 
 
 Gauges = Callable[[], Iterable[tuple[str, str, list[str], list[tuple[list[str], float]]]]]

@@ -25,6 +25,9 @@ SUBSCRIPTIONS = f'{PREFIX}:subscriptions'
 CLIENTS = f'{PREFIX}:clients'
 """HASH ClientID (container-id) -> ``<replica>|<connection>`` holding it, cluster-wide."""
 
+METRICS = f'{PREFIX}:metrics'
+"""STREAM of metric records (``metrics/records.py``), bounded; read by the analytics job."""
+
 SCHEDULED = f'{PREFIX}:scheduled'
 """SET of addresses that have (or had) messages waiting for their delivery time."""
 

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -439,6 +439,16 @@ class RedisStore:
         k = keys.AddressKeys.of(address)
         script_keys = (*k.streams, k.groups, k.returned(group), k.delivery_counts(group))
         await self._call(self._evalsha('delete_group', script_keys, (group,)))
+
+    async def append_records(self, records: Sequence[Mapping[str, str]], max_length: int) -> None:
+        """Append metric records to the metrics stream, trimmed to about ``max_length``."""
+        if not records:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for fields in records:
+            entry: dict[Any, Any] = dict(fields)
+            pipe.xadd(keys.METRICS, entry, maxlen=max_length, approximate=True)
+        await self._call(pipe.execute())
 
     # -- transactions ---------------------------------------------------------------------------
 

@@ -1,0 +1,48 @@
+"""The metric record schema shared by the broker and the analytics job."""
+
+import pytest
+
+from shoal_broker.metrics import records
+from shoal_broker.metrics.records import MetricRecord
+
+
+def _record(**counts: int) -> MetricRecord:
+    return MetricRecord.of(
+        ts_ms=1_700_000_000_000, interval_ms=10_000, replica='r1', address='orders',
+        subscription='queue', counts=counts, consumers=2, backlog=7,
+        latency=[1, 2, 0, 0, 0, 0, 0, 0, 0, 3],
+    )  # fmt: skip
+
+
+def test_a_record_survives_the_trip_through_stream_fields() -> None:
+    record = _record(enqueued=5, accepted=4, released=1)
+    fields = record.to_fields()
+    assert all(isinstance(v, str) for v in fields.values())
+    assert MetricRecord.from_fields(fields) == record
+
+
+def test_another_schema_version_is_refused() -> None:
+    fields = _record().to_fields()
+    fields['v'] = '999'
+    with pytest.raises(ValueError, match='schema'):
+        MetricRecord.from_fields(fields)
+
+
+def test_unknown_counts_are_refused() -> None:
+    with pytest.raises(ValueError, match='unknown counts'):
+        _record(bogus=1)
+
+
+def test_a_wrong_number_of_latency_buckets_is_refused() -> None:
+    fields = _record().to_fields()
+    fields['latency_buckets'] = '[1, 2]'
+    with pytest.raises(ValueError, match='buckets'):
+        MetricRecord.from_fields(fields)
+
+
+@pytest.mark.parametrize(
+    ('seconds', 'bucket'),
+    [(0.0, 0), (0.001, 0), (0.0011, 1), (0.05, 3), (30.0, 8), (30.1, 9), (1e9, 9)],
+)
+def test_latencies_fall_in_the_right_bucket(seconds: float, bucket: int) -> None:
+    assert records.bucket_index(seconds) == bucket
