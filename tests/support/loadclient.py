@@ -3,13 +3,15 @@ A bounded many-link client on proton's Container, for tests that need concurrenc
 consumers on several brokers at once). Counts what each consumer got; never asserts itself.
 """
 
+import collections
 import dataclasses
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from proton import Message, symbol
+from proton import Endpoint, Message, byte, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Container, LinkOption
 
@@ -270,3 +272,339 @@ class _Call:
 
     def on_timer_task(self, event: Any) -> None:
         self.function()
+
+
+# -- additions: a load that survives broker and Redis failures (tests/chaos) ----------------------
+
+
+@dataclasses.dataclass
+class ChaosProducer:
+    """One producer sending each of ``bodies`` once, as a durable message.
+
+    ``urls`` is its failover list: after losing its connection it reconnects to the next one and
+    goes on with the bodies not sent yet. Sends unsettled when the connection went are *in doubt*
+    (stored or not: the broker's answer never came) and are not sent again; released ones (the
+    broker could not store them) are sent again after ``resend_delay``.
+    """
+
+    urls: list[str]
+    address: str | None
+    bodies: Sequence[Any]
+    route: Callable[[Any], tuple[str, int | None]] | None = None
+    """With the anonymous relay (``address`` None): each body's ``to`` and x-opt-jms-dest."""
+    resend_released: bool = True
+
+
+@dataclasses.dataclass
+class ChaosConsumer:
+    """One consumer on its own connection; reconnects to the next of ``urls`` when it loses it.
+    Accepts each message on receipt and returns one credit per message."""
+
+    urls: list[str]
+    address: str
+    link_name: str
+    options: list[LinkOption] = dataclasses.field(default_factory=list)
+    credit: int = 20
+    cycle_after: int | None = None
+    """A consumer that comes and goes: close the connection after this many messages on it,
+    then connect again."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Receipt:
+    body: Any
+    consumer: int
+    url: str
+    """The broker that delivered it."""
+    delivery_count: int
+    at: float
+    """time.monotonic() when it arrived."""
+    address: str | None = None
+    """The message's ``to``."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Slot:
+    role: str  # 'producer' or 'consumer'
+    index: int
+    urls: list[str]
+    url_index: int = 0
+    url: str = ''
+    connection: Any = None
+    link: Any = None
+    reconnect_at: float | None = None
+    unsettled: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    resend: collections.deque[tuple[float, Any]] = dataclasses.field(
+        default_factory=collections.deque
+    )
+    next_body: int = 0
+    generation: int = 0
+    received_here: int = 0
+
+
+class ChaosRun(MessagingHandler):  # type: ignore[misc]
+    """Producers and consumers that outlive broker kills, restarts and Redis outages.
+
+    Runs in its own thread (``start``/``stop``); the test thread watches the counters, breaks
+    things, and decides when to stop. Bodies must be unique across producers. Counts; never
+    asserts. ``accepted`` holds exactly the bodies the broker answered ``accepted``.
+    """
+
+    TICK = 0.05
+
+    def __init__(
+        self,
+        producers: list[ChaosProducer],
+        consumers: list[ChaosConsumer],
+        *,
+        timeout: float,
+        reconnect_delay: float = 0.25,
+        resend_delay: float = 0.2,
+    ) -> None:
+        super().__init__(prefetch=0, auto_accept=False)
+        self.producers, self.consumers = producers, consumers
+        self.timeout, self.reconnect_delay, self.resend_delay = (
+            timeout, reconnect_delay, resend_delay,
+        )  # fmt: skip
+        self.accepted: set[Any] = set()
+        self.accepted_order: list[list[Any]] = [[] for _ in producers]
+        self.in_doubt: set[Any] = set()
+        self.rejected: list[tuple[Any, str]] = []
+        self.released = 0
+        self.sent = 0
+        self.receipts: list[Receipt] = []
+        self.received: set[Any] = set()
+        self.log: list[tuple[float, str]] = []
+        """(time.monotonic(), what): connections lost and made, link errors."""
+        self.timed_out = False
+        self._slots = [_Slot('producer', i, p.urls) for i, p in enumerate(producers)]
+        self._slots += [_Slot('consumer', i, c.urls) for i, c in enumerate(consumers)]
+        self._by_connection: dict[Any, _Slot] = {}
+        self._by_link: dict[Any, _Slot] = {}
+        self._producers_started = False
+        self._consumers_attached: set[int] = set()
+        self._container: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._deadline = 0.0
+
+    # -- the test thread's side ----------------------------------------------------------------
+
+    def start(self) -> 'ChaosRun':
+        self._deadline = time.monotonic() + self.timeout
+        container = Container(self)
+        self._thread = threading.Thread(target=container.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> 'ChaosRun':
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(15)
+        return self
+
+    def wait(self, predicate: Callable[['ChaosRun'], bool], timeout: float) -> bool:
+        """Poll ``predicate`` until it holds (True), the time is up or the run ended (False)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate(self):
+                return True
+            if self._thread is not None and not self._thread.is_alive():
+                return predicate(self)
+            time.sleep(0.02)
+        return False
+
+    def wait_while_progressing(
+        self, predicate: Callable[['ChaosRun'], bool], quiet: float = 2.0, timeout: float = 60
+    ) -> bool:
+        """Like ``wait``, but also gives up once nothing arrived for ``quiet`` seconds."""
+        deadline = time.monotonic() + timeout
+        seen = -1
+        while seen != len(self.receipts) and time.monotonic() < deadline:
+            seen = len(self.receipts)
+            if self.wait(predicate, timeout=min(quiet, deadline - time.monotonic())):
+                return True
+        return predicate(self)
+
+    def missing(self) -> set[Any]:
+        """Accepted bodies not received (yet)."""
+        return self.accepted - self.received  # one C-level operation: safe across threads
+
+    def producers_done(self) -> bool:
+        """Every body was answered (accepted, rejected) or is in doubt; nothing left to send."""
+        return all(
+            s.next_body >= len(self.producers[s.index].bodies) and not s.unsettled and not s.resend
+            for s in self._slots
+            if s.role == 'producer'
+        )
+
+    def delivered_all(self) -> bool:
+        return self.producers_done() and not self.missing()
+
+    # -- the container thread ------------------------------------------------------------------
+
+    def on_start(self, event: Any) -> None:
+        self._container = event.container
+        for slot in self._slots:
+            if slot.role == 'consumer' or not self.consumers:
+                self._connect(slot)
+        self._container.schedule(self.TICK, self)
+
+    def _connect(self, slot: _Slot) -> None:
+        slot.url = slot.urls[slot.url_index % len(slot.urls)]
+        slot.reconnect_at = None
+        slot.generation += 1
+        slot.received_here = 0
+        conn = self._container.connect(
+            slot.url, reconnect=False, container_id=f'ID:{uuid.uuid4()}:1'
+        )
+        slot.connection = conn
+        self._by_connection[conn] = slot
+        if slot.role == 'consumer':
+            spec = self.consumers[slot.index]
+            link = self._container.create_receiver(
+                conn, spec.address, name=spec.link_name, options=spec.options or None
+            )
+        else:
+            producer = self.producers[slot.index]
+            link = self._container.create_sender(
+                conn, producer.address, name=f'chaos-producer-{slot.index}-{slot.generation}'
+            )
+        slot.link = link
+        self._by_link[link] = slot
+
+    def on_link_opened(self, event: Any) -> None:
+        slot = self._by_link.get(event.link)
+        if slot is None or slot.role != 'consumer':
+            return
+        event.link.flow(self.consumers[slot.index].credit)
+        self._consumers_attached.add(slot.index)
+        self._note(f'consumer {slot.index} attached on {slot.url}')
+        if not self._producers_started and len(self._consumers_attached) == len(self.consumers):
+            self._producers_started = True
+            for s in self._slots:
+                if s.role == 'producer':
+                    self._connect(s)
+
+    def on_timer_task(self, event: Any) -> None:
+        now = time.monotonic()
+        if self._stop.is_set() or now > self._deadline:
+            self.timed_out = not self._stop.is_set()
+            self._close_everything()
+            return
+        for slot in self._slots:
+            if slot.reconnect_at is not None and now >= slot.reconnect_at:
+                self._note(f'{slot.role} {slot.index} reconnecting to the next url')
+                slot.url_index += 1
+                self._connect(slot)
+            elif slot.role == 'producer' and slot.resend and slot.link is not None:
+                self._pump(slot)
+        self._container.schedule(self.TICK, self)
+
+    def on_sendable(self, event: Any) -> None:
+        slot = self._by_link.get(event.sender)
+        if slot is not None and slot.link == event.sender:
+            self._pump(slot)
+
+    def _pump(self, slot: _Slot) -> None:
+        producer = self.producers[slot.index]
+        sender = slot.link
+        now = time.monotonic()
+        while sender.credit > 0:
+            if slot.resend and slot.resend[0][0] <= now:
+                body = slot.resend.popleft()[1]
+            elif slot.next_body < len(producer.bodies):
+                body = producer.bodies[slot.next_body]
+                slot.next_body += 1
+            else:
+                return
+            message = Message(body=body, durable=True)
+            if producer.route is not None:
+                to, jms_dest = producer.route(body)
+                message.address = to
+                if jms_dest is not None:
+                    message.annotations = {symbol('x-opt-jms-dest'): byte(jms_dest)}
+            slot.unsettled[sender.send(message)] = body
+            self.sent += 1
+
+    def _answered(self, event: Any) -> tuple[_Slot | None, Any]:
+        slot = self._by_link.get(event.link)
+        if slot is None:
+            return None, None
+        return slot, slot.unsettled.pop(event.delivery, None)
+
+    def on_accepted(self, event: Any) -> None:
+        slot, body = self._answered(event)
+        if slot is not None and body is not None:
+            self.accepted.add(body)
+            self.accepted_order[slot.index].append(body)
+
+    def on_released(self, event: Any) -> None:
+        slot, body = self._answered(event)
+        if slot is None or body is None:
+            return
+        self.released += 1
+        if self.producers[slot.index].resend_released:
+            slot.resend.append((time.monotonic() + self.resend_delay, body))
+
+    def on_rejected(self, event: Any) -> None:
+        slot, body = self._answered(event)
+        if slot is not None and body is not None:
+            self.rejected.append((body, str(event.delivery.remote.condition)))
+
+    def on_message(self, event: Any) -> None:
+        slot = self._by_link.get(event.receiver)
+        index = slot.index if slot is not None else -1
+        url = slot.url if slot is not None else '?'
+        message = event.message
+        self.receipts.append(
+            Receipt(message.body, index, url, message.delivery_count, time.monotonic(),
+                    message.address)
+        )  # fmt: skip
+        self.received.add(message.body)
+        self.accept(event.delivery)
+        event.receiver.flow(1)
+        if slot is not None and slot.role == 'consumer':
+            slot.received_here += 1
+            cycle = self.consumers[slot.index].cycle_after
+            if cycle and slot.received_here == cycle and slot.connection is not None:
+                self._note(f'consumer {slot.index} leaves after {cycle} messages')
+                slot.connection.close()
+
+    def on_link_error(self, event: Any) -> None:
+        self._note(f'link {event.link.name} refused: {event.link.remote_condition}')
+
+    def on_connection_remote_close(self, event: Any) -> None:
+        # proton's handler leaves a Close with amqp:connection:forced unanswered (it expects
+        # the peer to drop the socket, which an AMQP peer waiting for our Close does not do):
+        # answer it, as Qpid JMS does, so the broker hangs up and we reconnect
+        if event.connection.state & Endpoint.LOCAL_ACTIVE:
+            self._note(f'connection closed by the broker: {event.connection.remote_condition}')
+            event.connection.close()
+
+    def on_connection_error(self, event: Any) -> None:
+        pass  # noted by on_connection_remote_close
+
+    def on_transport_error(self, event: Any) -> None:
+        self._note(f'transport error: {event.transport.condition}')
+
+    def on_transport_closed(self, event: Any) -> None:
+        slot = self._by_connection.pop(event.connection, None)
+        if slot is None or self._stop.is_set() or slot.connection != event.connection:
+            return
+        self._note(f'{slot.role} {slot.index} lost its connection to {slot.url}')
+        self.in_doubt.update(slot.unsettled.values())
+        slot.unsettled.clear()
+        self._by_link.pop(slot.link, None)
+        slot.link = slot.connection = None
+        slot.reconnect_at = time.monotonic() + self.reconnect_delay
+
+    def _note(self, what: str) -> None:
+        self.log.append((time.monotonic(), what))
+
+    def _close_everything(self) -> None:
+        self._stop.set()
+        for slot in self._slots:
+            if slot.connection is not None:
+                slot.connection.close()
+            slot.reconnect_at = None

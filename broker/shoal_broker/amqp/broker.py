@@ -32,7 +32,7 @@ from shoal_broker.amqp.links import (
     PendingMessage,
     ProducerLink,
 )
-from shoal_broker.amqp.subscriptions import MAX_FETCH, LocalSubscription
+from shoal_broker.amqp.subscriptions import MAX_FETCH, MAX_RETRY_SECONDS, LocalSubscription
 from shoal_broker.errors import (
     AddressNotFound,
     BrokerError,
@@ -774,6 +774,25 @@ class Broker:
                 await self.store.ack(address, group, entry)  # cannot be annotated: drop, counted
             else:
                 self.release(address, group, entry, delivery_failed=False)
+
+    def schedule_recovery(self, sub: LocalSubscription, delay: float) -> None:
+        """After a failed fetch: return entries Redis handed us but we never got, then fetch."""
+        self._loop.call_later(delay, lambda: self.spawn(self._recover(sub)))
+
+    async def _recover(self, sub: LocalSubscription) -> None:
+        held = sub.held() | self.coordinator.held(sub.address, sub.group)
+        try:
+            returned = await self.store.return_stranded(sub.address, sub.group, held)
+        except BrokerError as exc:
+            sub.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, sub.retry_delay * 2))
+            logger.warning('recovery of %s/%s postponed: %s', sub.address, sub.group, exc)
+            self.schedule_recovery(sub, sub.retry_delay)
+            return
+        if returned:
+            logger.warning('%d entries of %s/%s recovered after a failed fetch',
+                           returned, sub.address, sub.group)  # fmt: skip
+        if (sub.address, sub.group) in self.subscriptions:
+            sub.kick()
 
     def schedule_park_check(self, sub: LocalSubscription, delay: float) -> None:
         self._loop.call_later(delay, sub.return_parked)

@@ -35,6 +35,9 @@ MAX_PARKED = 1000
 """Entries a replica holds that none of its consumers can take now (selectors on a queue,
 undeliverable-here) before it stops fetching more."""
 
+MAX_RETRY_SECONDS = 2.0
+"""Longest pause between fetches that failed (Redis down or unreachable)."""
+
 PARK_SECONDS = 5.0
 """How long an entry every local consumer refused (undeliverable-here) stays with this replica
 before it is returned for other replicas' consumers."""
@@ -50,6 +53,7 @@ class LocalSubscription:
         self._fetching = False
         self._again = False
         self._parked: list[tuple[float, Entry]] = []
+        self.retry_delay = 0.0
         self.filters_consume = group != QUEUE_GROUP
         """On a topic subscription, an entry its consumers' filters refuse is consumed (it is not
         for this subscription); on a queue it stays for other consumers."""
@@ -93,10 +97,14 @@ class LocalSubscription:
         try:
             entries = future.result()
         except Exception as exc:
-            # Redis unavailable: nothing was handed to us; look again when something changes
+            # Redis unavailable, or its reply lost: what it may have handed to us is recovered
+            # (returned to the subscription) before fetching again, after a growing pause
             logger.warning('fetch from %s/%s failed: %s', self.address, self.group, exc)
             self._finish_drains()
+            self.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, self.retry_delay * 2))
+            self.broker.schedule_recovery(self, self.retry_delay)
             return
+        self.retry_delay = 0.0
         if entries:
             self._deal(entries)
         if len(entries) >= asked or self._again:
@@ -126,7 +134,9 @@ class LocalSubscription:
 
     def _refused(self, entry: Entry) -> None:
         """No local consumer's selector or no-local filter takes the entry."""
-        if self.filters_consume:
+        if not self.consumers:  # they all left while the fetch was out: not a filter decision
+            self.broker.release(self.address, self.group, entry, delivery_failed=False)
+        elif self.filters_consume:
             self.broker.filtered(self.address, self.group, entry)  # not for this subscription
         else:
             self._park(entry)  # a queue: another consumer, here or on another replica, may want it
@@ -160,6 +170,14 @@ class LocalSubscription:
                 self.broker.sent(consumer, entry)
             else:
                 self._parked.append((deadline, entry))
+
+    def held(self) -> set[tuple[int, str]]:
+        """Entries of this subscription this replica legitimately holds: out at a consumer
+        (unsettled) or parked here."""
+        keys = {entry.key for _, entry in self._parked}
+        for consumer in self.consumers:
+            keys.update(entry.key for entry in consumer.unacked.values())
+        return keys
 
     def return_parked(self, *, everything: bool = False) -> None:
         """Give parked entries back to the subscription for other replicas' consumers."""

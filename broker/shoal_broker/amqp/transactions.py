@@ -186,6 +186,15 @@ class Coordinator:
             self.broker.spawn(self.rollback(txn))
         link.transactions.clear()
 
+    def held(self, address: str, group: str) -> set[tuple[int, str]]:
+        """Entries acknowledged inside open transactions: pending on purpose until discharge."""
+        return {
+            entry.key
+            for txn in self.open.values()
+            for a, g, entry in txn.acks
+            if a == address and g == group
+        }
+
     def find(self, txn_id: bytes | None) -> Transaction | None:
         return self.open.get(txn_id) if txn_id is not None else None
 

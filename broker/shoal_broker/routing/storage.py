@@ -159,6 +159,11 @@ class MessageStore(Protocol):
 
     async def release_client(self, client_id: str, holder: str) -> None: ...
 
+    async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:
+        """Return this replica's claimed entries of a subscription that it does not hold (a
+        fetch whose reply was lost); returns how many."""
+        ...
+
     def watch(self, address: str, notify: Notify) -> None:
         """Call ``notify(address)`` when another replica adds or returns entries there."""
         ...

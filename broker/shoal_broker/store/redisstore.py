@@ -97,6 +97,7 @@ class RedisStore:
         self._sha: dict[str, str] = {}
         self._source: dict[str, str] = {}
         self._queued: list[_Op] = []
+        self._in_flight: list[_Op] = []
         self._wakeup = asyncio.Event()
         self._kinds: dict[str, AddressKind] = {}
         self._watchers: dict[str, list[Notify]] = {}
@@ -167,9 +168,10 @@ class RedisStore:
         await self._client.aclose()
 
     async def flush(self) -> None:
-        """Wait until everything queued so far has been sent and answered."""
-        while self._queued:
-            await asyncio.gather(*(op.future for op in self._queued), return_exceptions=True)
+        """Wait until everything queued or in flight has been sent and answered."""
+        while self._queued or self._in_flight:
+            pending = [op.future for op in (*self._queued, *self._in_flight)]
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def ping(self) -> bool:
         try:
@@ -210,6 +212,7 @@ class RedisStore:
             ops, self._queued = self._queued, []
             if not ops:
                 continue
+            self._in_flight = ops
             try:
                 await self._cycle(ops)
             except Exception as exc:  # a bug must not stop every later store operation
@@ -217,6 +220,8 @@ class RedisStore:
                 for op in ops:
                     if not op.future.done():
                         op.future.set_exception(StoreUnavailable(f'store cycle failed: {exc}'))
+            finally:
+                self._in_flight = []
 
     async def _cycle(self, ops: list[_Op]) -> None:
         units = self._units(ops)
@@ -449,6 +454,27 @@ class RedisStore:
             entry: dict[Any, Any] = dict(fields)
             pipe.xadd(keys.METRICS, entry, maxlen=max_length, approximate=True)
         await self._call(pipe.execute())
+
+    async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:
+        """Return this replica's pending entries of a subscription that it does not hold (a lost
+        fetch reply left them claimed but undelivered); their count is unchanged."""
+        k = keys.AddressKeys.of(address)
+        returned = 0
+        for band, stream in enumerate(k.streams):
+            pending = await self._call(
+                self._client.xpending_range(stream, group, '-', '+', 10_000, self._replica_id)
+            )
+            members = [
+                keys.entry_member(band, as_text(p['message_id']))
+                for p in pending
+                if (band, as_text(p['message_id'])) not in held
+            ]
+            if members:
+                await self._call(self._client.zadd(k.returned(group), dict.fromkeys(members, 0)))
+                returned += len(members)
+        if returned:
+            await self.announce(address)
+        return returned
 
     # -- transactions ---------------------------------------------------------------------------
 

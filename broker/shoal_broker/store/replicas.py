@@ -61,7 +61,12 @@ class Liveness:
         return as_text(reply)
 
     async def leave(self) -> None:
-        """Graceful exit: nothing is left to reap."""
+        """Graceful exit: return whatever this replica still holds, so nothing is left to reap."""
+        touched = await self._return_entries(
+            self.replica_id, ReapReport(self.replica_id), failed=False
+        )
+        for address in touched:
+            await self.store.announce(address)
         client = self.store.client
         await self.store.call(client.srem(keys.REPLICAS, self.replica_id))
         await self.store.evalsha('release_clients', (keys.CLIENTS,), (self.replica_id,))
@@ -103,7 +108,9 @@ class Liveness:
         )  # fmt: skip
         return report
 
-    async def _return_entries(self, dead: str, report: ReapReport) -> set[str]:
+    async def _return_entries(
+        self, dead: str, report: ReapReport, *, failed: bool = True
+    ) -> set[str]:
         touched: set[str] = set()
         client = self.store.client
         cursor = 0
@@ -111,12 +118,14 @@ class Liveness:
             cursor, batch = await self.store.call(client.hscan(keys.ADDRESSES, cursor, count=200))
             for raw in batch:
                 address = as_text(raw)
-                if await self._return_address_entries(address, dead, report):
+                if await self._return_address_entries(address, dead, report, failed):
                     touched.add(address)
             if not cursor:
                 return touched
 
-    async def _return_address_entries(self, address: str, dead: str, report: ReapReport) -> bool:
+    async def _return_address_entries(
+        self, address: str, dead: str, report: ReapReport, failed: bool
+    ) -> bool:
         client = self.store.client
         k = keys.AddressKeys.of(address)
         moved_any = False
@@ -135,7 +144,7 @@ class Liveness:
                 script_keys = (stream, k.returned(name), k.delivery_counts(name))
                 while True:
                     moved = int(await self.store.evalsha(
-                        'reclaim', script_keys, (name, dead, band, RECLAIM_BATCH)
+                        'reclaim', script_keys, (name, dead, band, RECLAIM_BATCH, int(failed))
                     ))  # fmt: skip
                     report.entries_returned += moved
                     moved_any = moved_any or moved > 0
