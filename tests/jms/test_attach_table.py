@@ -447,16 +447,17 @@ def test_row_11_lookup_in_the_client_id_namespace_finds_a_shared_durable_subscri
     """Null source, shared, not global: unsubscribe('s') with ClientID C after
     createSharedDurableConsumer (link ``s``, no desired capabilities: facts §3.2)."""
     cid = client_id('row11')
+    name = unique('row11')  # a global namesake from other tests must not exist
     conn = jms_connect(broker.url, cid)
-    durable_detach(subscriber(conn, address, 's', JmsSource('topic', 'shared', durable=True)))
-    sub_id = store.sub_id(True, 'client', cid, 's')
+    durable_detach(subscriber(conn, address, name, JmsSource('topic', 'shared', durable=True)))
+    sub_id = store.sub_id(True, 'client', cid, name)
     no_cid = jms_connect(second_broker.url)  # the global 's' is another subscription
-    check_refused(attach_answer(no_cid, None, 's|global', NullSource()), 'amqp:not-found')
+    check_refused(attach_answer(no_cid, None, f'{name}|global', NullSource()), 'amqp:not-found')
     no_cid.close()
-    found = lookup(conn, 's')
+    found = lookup(conn, name)
     check_found(found, address, has={'topic', 'shared'}, lacks={'global'})
     check_deleted_by_close(store, found, sub_id, address)
-    check_refused(attach_answer(conn, None, 's', NullSource()), 'amqp:not-found')
+    check_refused(attach_answer(conn, None, name, NullSource()), 'amqp:not-found')
     conn.close()
 
 

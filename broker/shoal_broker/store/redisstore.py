@@ -123,7 +123,7 @@ class RedisStore:
             url, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
             health_check_interval=30,
         )  # fmt: skip
-        client = redis.asyncio.Redis(connection_pool=pool, decode_responses=False)
+        client = redis.asyncio.Redis.from_pool(pool)  # owns the pool: aclose() closes it
         return cls(client, replica_id, durability, replication_timeout_ms)
 
     async def check_durability(self) -> None:
