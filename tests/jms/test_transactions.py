@@ -1,8 +1,10 @@
 """Local transactions (jms-amqp-facts §7, scenarios 34-36), across replicas and addresses."""
 
+import signal
+
 from amqpclient import connect, flush, nothing_more, receive_all, receiver, send_all, sender
 from processes import BrokerProcess
-from proton import Delivery
+from proton import Delivery, Described, Message, ulong
 from txnclient import TRANSACTIONAL_STATE, Controller, accept_in, send_in
 
 
@@ -101,8 +103,6 @@ def test_discharging_an_unknown_transaction_is_rejected(broker: BrokerProcess) -
 def test_a_crash_before_commit_applies_nothing_and_returns_the_acked_message(
     start_broker, address: str
 ) -> None:  # type: ignore[no-untyped-def]
-    import signal
-
     env = {'SHOAL_LEASE_SECONDS': '1.5'}
     survivor, doomed = start_broker(env=env), start_broker(env=env)
     conn = connect(survivor.url)
@@ -119,4 +119,36 @@ def test_a_crash_before_commit_applies_nothing_and_returns_the_acked_message(
     again = receive_all(receiver(conn, address, credit=1), 1, timeout=15)[0]
     assert (again.body, again.delivery_count) == ('job', 1)
     assert nothing_more(receiver(conn, f'{address}-out', credit=1))  # the send never applied
+    conn.close()
+
+
+def test_a_crash_during_the_commit_applies_all_of_it_or_none_of_it(
+    start_broker, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    """The commit is one MULTI/EXEC: a replica killed the moment the discharge leaves the client
+    leaves either every send and ack applied, or none (then the acked message comes back)."""
+    env = {'SHOAL_LEASE_SECONDS': '1.5'}
+    survivor, doomed = start_broker(env=env), start_broker(env=env)
+    conn = connect(survivor.url)
+    source, left, right = f'{address}-in', f'{address}-a', f'{address}-b'
+    send_all(conn, source, ['job'])
+    victim = connect(doomed.url)
+    control = Controller(victim)
+    rcv = receiver(victim, source, credit=1)
+    txn = control.declare()
+    assert rcv.receive(timeout=5).body == 'job'
+    accept_in(rcv, txn)
+    send_in(victim, sender(victim, left), txn, 'a')
+    send_in(victim, sender(victim, right), txn, 'b')
+    control.link.delivery('discharge')
+    control.link.send(Message(body=Described(ulong(0x32), [txn, False])).encode())
+    control.link.advance()
+    flush(victim)  # the discharge is on the wire: kill without waiting for its answer
+    doomed.process.send_signal(signal.SIGKILL)
+    doomed.process.wait(timeout=5)
+    left_seen = not nothing_more(receiver(conn, left, credit=1), wait=1.0)
+    right_seen = not nothing_more(receiver(conn, right, credit=1), wait=0.5)
+    job_back = not nothing_more(receiver(conn, source, credit=1), wait=6.0)
+    outcome = (left_seen, right_seen, job_back)
+    assert outcome in {(True, True, False), (False, False, True)}, f'half applied: {outcome}'
     conn.close()
