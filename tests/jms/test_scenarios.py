@@ -100,6 +100,13 @@ def test_14_no_local_drops_only_what_the_subscribers_own_connection_published(
     b.close()
 
 
+def _inactive_durable(url: str, cid: str, address: str, source: JmsSource) -> None:
+    """Create the exclusive durable subscription 'sub' for ClientID ``cid``, then leave it."""
+    conn = jms_connect(url, cid)
+    durable_detach(subscriber(conn, address, 'sub', source))
+    conn.close()
+
+
 # -- exclusive durable subscriptions --------------------------------------------------------------
 
 
@@ -108,9 +115,7 @@ def test_15_an_exclusive_durable_subscription_survives_detach_and_reconnect(
 ) -> None:
     cid = client_id('s15')
     sub_id = store.sub_id(True, 'client', cid, 'sub')
-    conn = jms_connect(broker.url, cid)
-    durable_detach(subscriber(conn, address, 'sub', JmsSource('topic', durable=True)))
-    conn.close()
+    _inactive_durable(broker.url, cid, address, JmsSource('topic', durable=True))
     store.eventually(lambda: store.consumers(sub_id) == {}, msg='consumer left')
     publish(second_broker.url, address, range(3))
     conn = jms_connect(second_broker.url, cid)  # reconnect with C, on the other replica
@@ -151,9 +156,7 @@ def test_18_unsubscribe_of_an_inactive_subscription_deletes_it_and_its_backlog(
 ) -> None:
     cid = client_id('s18')
     sub_id = store.sub_id(True, 'client', cid, 'sub')
-    conn = jms_connect(broker.url, cid)
-    durable_detach(subscriber(conn, address, 'sub', JmsSource('topic', durable=True)))
-    conn.close()
+    _inactive_durable(broker.url, cid, address, JmsSource('topic', durable=True))
     publish(broker.url, address, ['backlog 1', 'backlog 2'])
     conn = jms_connect(second_broker.url, cid)
     lookup = conn.create_receiver(None, name='sub', options=[NullSource()])
