@@ -59,6 +59,18 @@ def _open(link: Ptr, *, address: str | None = None) -> None:
     lib.pn_link_open(link)
 
 
+async def _temporary(
+    broker: 'Broker', owner: LinkState, requested: AddressKind | None
+) -> tuple[str, AddressKind]:
+    """Create a dynamic node (JMS temporary queue or topic) owned by ``owner``'s link."""
+    kind = requested or AddressKind.QUEUE
+    address = addresses.temporary_address(kind)
+    await broker.store.create_address(address, kind)
+    broker.kinds[address] = kind
+    owner.owned_temporary = address
+    return address, kind
+
+
 def _still_wanted(state: LinkState) -> bool:
     return state.alive and state.conn.alive
 
@@ -74,11 +86,7 @@ async def producer(broker: 'Broker', state: ProducerLink) -> LinkState | None:
     address = engine.terminus_address(target)
     dynamic = bool(lib.pn_terminus_is_dynamic(target))
     if dynamic:
-        kind = requested or AddressKind.QUEUE
-        address = addresses.temporary_address(kind)
-        await broker.store.create_address(address, kind)
-        broker.kinds[address] = kind
-        state.owned_temporary = address
+        address, kind = await _temporary(broker, state, requested)
     elif address is not None:
         kind = await broker.resolve(address, requested)
     else:
@@ -129,11 +137,7 @@ async def consumer(
     requested = addresses.kind_from_capabilities(capabilities)
     dynamic = bool(lib.pn_terminus_is_dynamic(source))
     if dynamic:
-        kind = requested or AddressKind.QUEUE
-        address = addresses.temporary_address(kind)
-        await broker.store.create_address(address, kind)
-        broker.kinds[address] = kind
-        placeholder.owned_temporary = address
+        address, kind = await _temporary(broker, placeholder, requested)
     else:
         address = addresses.check_name(engine.terminus_address(source))
         kind = await broker.resolve(address, requested)

@@ -84,9 +84,6 @@ class Broker:
         self._flush_scheduled = False
         self._tasks: set[asyncio.Future[Any]] = set()
         self._serial = itertools.count(1)
-        self.stats: dict[str, int] = dict.fromkeys(
-            ('received', 'stored', 'dropped', 'sent', 'accepted', 'released', 'modified',
-             'rejected', 'returned', 'expired', 'dead_lettered', 'filtered'), 0)  # fmt: skip
         self._handlers: dict[int, Callable[[AmqpConnection, Ptr], None]] = {
             lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_remote_open,
             lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_remote_close,
@@ -498,7 +495,6 @@ class Broker:
         data = bytearray(pending)
         lib.pn_link_recv(link, ffi.from_buffer(data), pending)
         lib.pn_link_advance(link)
-        self.stats['received'] += 1
         settled = bool(lib.pn_delivery_settled(delivery))
         try:
             view = codec.parse(data)
@@ -609,7 +605,6 @@ class Broker:
         except BrokerError as exc:
             error = exc
         else:
-            self.stats['stored' if kept else 'dropped'] += 1
             if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone
                 queue = self.kinds.get(address) is AddressKind.QUEUE
                 self.counters.enqueued(address, QUEUE_GROUP if queue else '')
@@ -658,7 +653,6 @@ class Broker:
     # -- consumer side -------------------------------------------------------------------------
 
     def sent(self, consumer: ConsumerLink, entry: Entry) -> None:
-        self.stats['sent'] += 1
         self.counters.delivered(consumer.address, consumer.group)
         if consumer.presettled:  # at-most-once: consumed the moment it is sent
             self.store.ack(consumer.address, consumer.group, entry)
@@ -712,7 +706,6 @@ class Broker:
         decision = outcomes.decide(
             disposition, entry.delivery_count, self.settings.routing.max_delivery_attempts
         )
-        self.stats[disposition.outcome.value] += 1
         self.counters.settled(consumer.address, consumer.group, disposition.outcome.value)
         if decision.action is Action.ACK:
             self.counters.latency(consumer.address, consumer.group, _age_seconds(entry))
@@ -729,17 +722,14 @@ class Broker:
     def release(
         self, address: str, group: str, entry: Entry, *, delivery_failed: bool
     ) -> Awaitable[None]:
-        self.stats['returned'] += 1
         return self.store.release(address, group, entry, delivery_failed=delivery_failed)
 
     def filtered(self, address: str, group: str, entry: Entry) -> None:
         """An entry a subscription's selector or no-local filter excludes: consumed unseen."""
-        self.stats['filtered'] += 1
         self.counters.filtered(address, group)
         self.store.ack(address, group, entry)
 
     def expire(self, address: str, group: str, entry: Entry) -> None:
-        self.stats['expired'] += 1
         self.counters.expired(address, group)
         target = self.settings.routing.expiry_address
         if target and target != address:
@@ -748,7 +738,6 @@ class Broker:
             self.store.ack(address, group, entry)
 
     def dead_letter(self, address: str, group: str, entry: Entry, reason: str) -> None:
-        self.stats['dead_lettered'] += 1
         self.counters.dead_lettered(address, group)
         target = self.settings.routing.dead_letter_address
         if target and target != address:

@@ -14,7 +14,7 @@ leaves every other connection alone.
 import asyncio
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from shoal_broker.amqp import engine
 from shoal_broker.amqp.engine import ffi, lib
@@ -70,7 +70,7 @@ class AmqpConnection(asyncio.Protocol):
         peer = self._socket.get_extra_info('peername')
         self.peer = f'{peer[0]}:{peer[1]}' if isinstance(peer, tuple) else str(peer)
         self.broker.connection_opened(self)
-        self.flush()
+        self.process()
 
     def data_received(self, data: bytes) -> None:
         if self._freed:
@@ -119,9 +119,6 @@ class AmqpConnection(asyncio.Protocol):
                     break
         finally:
             self._processing = False
-
-    def flush(self) -> None:
-        self.process()
 
     def _dispatch_events(self) -> None:
         collector = self.collector
@@ -206,6 +203,3 @@ class AmqpConnection(asyncio.Protocol):
         lib.pn_decref(self.transport)
         lib.pn_collector_free(self.collector)
         self.links.clear()
-
-    def describe(self) -> dict[str, Any]:
-        return {'id': self.id, 'peer': self.peer, 'container': self.container_id}

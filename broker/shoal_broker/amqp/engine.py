@@ -31,17 +31,6 @@ Ptr = Any
 """A cffi pointer to a proton object; hashable and comparable by address."""
 
 
-def is_null(ptr: Ptr) -> bool:
-    return bool(ptr == ffi.NULL)
-
-
-def text(value: Any) -> str | None:
-    """A C string from proton as ``str`` (None for NULL)."""
-    if value == ffi.NULL:
-        return None
-    return str(ffi.string(value).decode('utf-8', errors='replace'))
-
-
 def link_name(link: Ptr) -> str:
     return str(cproton.pn_link_name(link))
 
@@ -138,11 +127,3 @@ def remote_container(connection: Ptr) -> str | None:
 
 def allow_mechanisms(transport: Ptr, mechanisms: str) -> None:
     lib.pn_sasl_allowed_mechs(lib.pn_sasl(transport), mechanisms.encode())
-
-
-def new_delivery(link: Ptr, tag: bytes) -> Ptr:
-    return lib.pn_delivery(link, (len(tag), ffi.from_buffer(tag)))
-
-
-def event_name(event_type: int) -> str:
-    return str(cproton.pn_event_type_name(event_type))

@@ -115,11 +115,12 @@ class LocalSubscription:
     def _deal(self, entries: 'Sequence[Entry]') -> None:
         now_ms = int(time.time() * 1000)
         identifiers = Identifiers()
+        filtering = any(c.filtered for c in self.consumers)
         for entry in entries:
             if entry.expiry_ms and entry.expiry_ms <= now_ms:
                 self.broker.expire(self.address, self.group, entry)
                 continue
-            wanting = [c for c in self.consumers if not c.filtered or c.wants(entry, identifiers)]
+            wanting = self._wanting(entry, identifiers) if filtering else self.consumers
             if not wanting:
                 self._refused(entry)
                 continue
@@ -131,6 +132,9 @@ class LocalSubscription:
                 self._park(entry)  # undeliverable-here: keep it from the consumer that said so
             else:  # credit shrank or consumers left meanwhile: back to the subscription
                 self.broker.release(self.address, self.group, entry, delivery_failed=False)
+
+    def _wanting(self, entry: Entry, identifiers: Identifiers) -> list[ConsumerLink]:
+        return [c for c in self.consumers if not c.filtered or c.wants(entry, identifiers)]
 
     def _refused(self, entry: Entry) -> None:
         """No local consumer's selector or no-local filter takes the entry."""
@@ -152,9 +156,9 @@ class LocalSubscription:
             self._next = (self._next + 1) % len(consumers)
             consumer = consumers[self._next]
             if (
-                consumer in candidates
-                and consumer.credit() > 0
+                consumer.credit() > 0
                 and entry.key not in consumer.excluded
+                and (candidates is consumers or consumer in candidates)
             ):
                 return consumer
         return None
@@ -163,8 +167,7 @@ class LocalSubscription:
         parked, self._parked = self._parked, []
         identifiers = Identifiers()
         for deadline, entry in parked:
-            wanting = [c for c in self.consumers if not c.filtered or c.wants(entry, identifiers)]
-            consumer = self._pick(entry, wanting)
+            consumer = self._pick(entry, self._wanting(entry, identifiers))
             if consumer is not None:
                 consumer.send(entry)
                 self.broker.sent(consumer, entry)
