@@ -109,38 +109,31 @@ def _numeric(tree: Tree[Token] | Token) -> _Node:
 # -- logic --------------------------------------------------------------------------------------
 
 
-def _or(tree: Tree[Token]) -> _Node:
+def _junction(tree: Tree[Token], decisive: bool) -> _Node:
+    """OR (``decisive`` True) or AND (False) in SQL three-valued logic: the decisive value wins
+    at once; otherwise any UNKNOWN makes the result UNKNOWN."""
     nodes = [_condition(c) for c in tree.children]
     parts = [n.run for n in nodes]
 
     def run(ids: Identifiers) -> bool | None:
-        result: bool | None = False
+        result: bool | None = not decisive
         for part in parts:
             v = part(ids)
-            if v is True:
-                return True
+            if v is decisive:
+                return decisive
             if v is None:
                 result = None
         return result
 
     return _made(run, Kind.CONDITION, nodes)
+
+
+def _or(tree: Tree[Token]) -> _Node:
+    return _junction(tree, True)
 
 
 def _and(tree: Tree[Token]) -> _Node:
-    nodes = [_condition(c) for c in tree.children]
-    parts = [n.run for n in nodes]
-
-    def run(ids: Identifiers) -> bool | None:
-        result: bool | None = True
-        for part in parts:
-            v = part(ids)
-            if v is False:
-                return False
-            if v is None:
-                result = None
-        return result
-
-    return _made(run, Kind.CONDITION, nodes)
+    return _junction(tree, False)
 
 
 def _not(tree: Tree[Token]) -> _Node:
