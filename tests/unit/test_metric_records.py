@@ -3,7 +3,7 @@
 import pytest
 
 from shoal_broker.metrics import records
-from shoal_broker.metrics.records import MetricRecord
+from shoal_broker.metrics.records import AnalyticsSummary, Anomaly, MetricRecord
 
 
 def _record(**counts: int) -> MetricRecord:
@@ -46,3 +46,16 @@ def test_a_wrong_number_of_latency_buckets_is_refused() -> None:
 )
 def test_latencies_fall_in_the_right_bucket(seconds: float, bucket: int) -> None:
     assert records.bucket_index(seconds) == bucket
+
+
+def test_analytics_summary_round_trips_and_refuses_other_schemas() -> None:
+    summary = AnalyticsSummary(
+        generated_at_ms=3, window_start_ms=1, window_end_ms=2, records=10, current_replicas=2,
+        recommended_replicas=3, reason='backlog grows on orders',
+        anomalies=(Anomaly(flag='hot_replica', replica='r1', severity='critical', value=0.9),),
+    )  # fmt: skip
+    assert AnalyticsSummary.from_fields(summary.to_fields()) == summary
+    with pytest.raises(ValueError, match='schema'):
+        AnalyticsSummary.from_fields({**summary.to_fields(), 'v': '0'})
+    with pytest.raises(ValueError, match='malformed'):
+        AnalyticsSummary.from_fields({'v': '1', 'summary': '{"records": 1}'})

@@ -107,3 +107,54 @@ def bucket_index(seconds: float) -> int:
         if seconds <= bound:
             return index
     return len(LATENCY_BOUNDS)
+
+
+# What the analytics job hands to the operator (DESIGN §7, issue #6 "closing the loop"): one Redis
+# HASH per cluster, written by ``shoal_analytics`` after each analysis, read by the operator.
+ANALYTICS_SUMMARY_KEY = 'shoal:analytics:summary'
+"""HASH: ``v`` (schema), ``summary`` (``AnalyticsSummary`` as JSON)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Anomaly:
+    flag: str
+    """``starved_consumer``, ``growing_backlog``, ``redelivery_storm``, ``slow_consumer``,
+    ``hot_replica``, ``expiry_storm``, ..."""
+    address: str = ''
+    subscription: str = ''
+    replica: str = ''
+    severity: str = 'warning'
+    """``warning`` or ``critical``."""
+    detail: str = ''
+    value: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AnalyticsSummary:
+    generated_at_ms: int
+    window_start_ms: int
+    window_end_ms: int
+    records: int
+    """Metric records the analysis was computed from."""
+    current_replicas: int
+    recommended_replicas: int
+    reason: str
+    anomalies: tuple[Anomaly, ...] = ()
+
+    def to_fields(self) -> dict[str, str]:
+        """The HASH fields stored at ``ANALYTICS_SUMMARY_KEY``."""
+        return {'v': str(SCHEMA_VERSION), 'summary': json.dumps(dataclasses.asdict(self))}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> 'AnalyticsSummary':
+        """Parse the HASH; ValueError on another schema version or a malformed summary."""
+        if fields.get('v') != str(SCHEMA_VERSION):
+            raise ValueError(
+                f'analytics summary schema {fields.get("v")!r} is not {SCHEMA_VERSION}'
+            )
+        try:
+            raw = json.loads(fields['summary'])
+            anomalies = tuple(Anomaly(**item) for item in raw.pop('anomalies', ()))
+            return cls(**raw, anomalies=anomalies)
+        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f'malformed analytics summary: {exc}') from exc
