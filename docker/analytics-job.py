@@ -1,5 +1,5 @@
 """
-The scheduled analytics run: `shoal-analytics ingest` then `shoal-analytics analyze`, in one process.
+The scheduled analytics run: `shoal-analytics ingest`, then `analyze`, in one process.
 
 Both runners of the chart start this file: the CronJob with `python` (Spark in local mode, in the
 pod), the Kubeflow Spark Operator as the application's main file (this process is then the Spark
@@ -53,7 +53,7 @@ def main() -> int:
         for arguments in steps(os.environ):
             run(arguments)
     except JobError as error:
-        print(f'analytics job failed: {error}', file=sys.stderr)
+        sys.stderr.write(f'analytics job failed: {error}\n')
         return 1
     return 0
 

@@ -41,9 +41,12 @@ def test_cronjob_runs_ingest_then_analyze_in_local_mode_without_overlap() -> Non
     variables = env(job)
     assert variables['SPARK_MASTER'] == 'local[2]'
     submit = shlex.split(variables['PYSPARK_SUBMIT_ARGS'])
-    assert submit[:2] == ['--driver-memory', '1g'] and submit[-1] == 'pyspark-shell'
+    assert submit[:2] == ['--driver-memory', '1g']
+    assert submit[-1] == 'pyspark-shell'
     assert 'spark.sql.shuffle.partitions=8' in submit
-    assert variables['SHOAL_REDIS_URL'] == {'secretKeyRef': {'name': 'rel-shoal-redis', 'key': 'url'}}
+    assert variables['SHOAL_REDIS_URL'] == {
+        'secretKeyRef': {'name': 'rel-shoal-redis', 'key': 'url'}
+    }
     assert variables['SHOAL_ANALYTICS_LAKE'] == '/data/lake'
     assert variables['SHOAL_ANALYTICS_CAPACITY_PER_REPLICA'] == '2000'
     # Local mode needs no Kubernetes API: no token, no Role.
@@ -57,11 +60,14 @@ def test_cronjob_runs_ingest_then_analyze_in_local_mode_without_overlap() -> Non
 
 
 def test_user_spark_conf_wins_over_the_defaults_and_is_quoted() -> None:
-    values = {'analytics': {'enabled': True, 'sparkConf': {
-        'spark.sql.shuffle.partitions': '4', 'spark.driver.extraJavaOptions': '-Da=1 -Db=2'}}}  # fmt: skip
-    submit = shlex.split(env(container(cronjob_pod(render(values))['spec'], 'analytics'))[
-        'PYSPARK_SUBMIT_ARGS'
-    ])
+    spark_conf = {
+        'spark.sql.shuffle.partitions': '4',
+        'spark.driver.extraJavaOptions': '-Da=1 -Db=2',
+    }
+    values = {'analytics': {'enabled': True, 'sparkConf': spark_conf}}
+    submit = shlex.split(
+        env(container(cronjob_pod(render(values))['spec'], 'analytics'))['PYSPARK_SUBMIT_ARGS']
+    )
     assert 'spark.sql.shuffle.partitions=4' in submit
     assert 'spark.sql.shuffle.partitions=8' not in submit
     assert 'spark.driver.extraJavaOptions=-Da=1 -Db=2' in submit
@@ -111,15 +117,18 @@ def egress_to_pods(policy: Manifest, labels: dict[str, str], port: int | None = 
         ports = {p['port'] for p in rule.get('ports', [])}
         for peer in rule.get('to', []):
             selector = peer.get('podSelector', {}).get('matchLabels')
-            if selector is not None and matches(selector, labels):
-                if port is None or not ports or port in ports:
-                    return True
+            reaches_port = port is None or not ports or port in ports
+            if selector is not None and matches(selector, labels) and reaches_port:
+                return True
     return False
 
 
 def test_network_policy_lets_driver_and_executors_talk_and_reach_redis() -> None:
     manifests = render(
-        {'networkPolicy': {'enabled': True}, 'analytics': {'enabled': True, 'runner': 'sparkOperator'}}
+        {
+            'networkPolicy': {'enabled': True},
+            'analytics': {'enabled': True, 'runner': 'sparkOperator'},
+        }
     )
     policy = network_policy(manifests, 'rel-shoal-analytics')
     template = one(manifests, 'ScheduledSparkApplication')['spec']['template']
@@ -156,7 +165,10 @@ def test_network_policy_for_local_mode_has_no_api_server_egress() -> None:
 
 def test_network_policy_with_existing_redis_allows_its_cidr() -> None:
     values = {
-        'networkPolicy': {'enabled': True, 'externalRedis': {'cidrs': ['10.9.0.0/16'], 'port': 6380}},
+        'networkPolicy': {
+            'enabled': True,
+            'externalRedis': {'cidrs': ['10.9.0.0/16'], 'port': 6380},
+        },
         'analytics': {'enabled': True},
         'redis': {'enabled': False, 'existingSecret': {'name': 'corp-redis'}},
     }

@@ -34,7 +34,8 @@ CLUSTER_NEEDS = {('apiextensions.k8s.io', 'customresourcedefinitions'): {'get', 
 def granted(role: Manifest) -> dict[tuple[str, str], set[str]]:
     grants: dict[tuple[str, str], set[str]] = {}
     for rule in role['rules']:
-        assert 'resourceNames' not in rule and '*' not in rule['verbs']
+        assert 'resourceNames' not in rule
+        assert '*' not in rule['verbs']
         for group in rule['apiGroups']:
             for resource in rule['resources']:
                 grants.setdefault((group, resource), set()).update(rule['verbs'])
@@ -99,7 +100,8 @@ def test_namespaced_rbac_defaults_to_the_release_namespace() -> None:
 
 def test_cluster_rbac_is_one_cluster_role_and_watches_everything() -> None:
     manifests = render({'rbac': {'scope': 'cluster'}})
-    assert find(manifests, 'Role') == [] and find(manifests, 'RoleBinding') == []
+    assert find(manifests, 'Role') == []
+    assert find(manifests, 'RoleBinding') == []
     assert granted(one(manifests, 'ClusterRole')) == {**NAMESPACED_NEEDS, **CLUSTER_NEEDS}
     binding = one(manifests, 'ClusterRoleBinding')
     assert binding['subjects'][0]['name'] == 'rel-shoal-operator'

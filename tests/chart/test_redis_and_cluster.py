@@ -81,7 +81,8 @@ def test_existing_redis_replaces_the_bundled_one_everywhere() -> None:
         'analytics': {'enabled': True},
     }
     manifests = render(values)
-    assert find(manifests, 'StatefulSet') == [] and find(manifests, 'Secret') == []
+    assert find(manifests, 'StatefulSet') == []
+    assert find(manifests, 'Secret') == []
     assert one(manifests, 'BrokerCluster')['spec']['redis'] == {
         'secretName': 'corp-redis',
         'key': 'uri',

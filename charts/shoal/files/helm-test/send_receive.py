@@ -31,9 +31,9 @@ def main() -> int:
             message = receiver.receive(timeout=max(deadline - time.monotonic(), 0.1))
             receiver.accept()
             if message.id == token:
-                print(f'sent and received {token} on {queue} via {url}')
+                sys.stdout.write(f'sent and received {token} on {queue} via {url}\n')
                 return 0
-        print(f'{token} not received on {queue}', file=sys.stderr)
+        sys.stderr.write(f'{token} not received on {queue}\n')
         return 1
     finally:
         conn.close()
