@@ -104,8 +104,16 @@ def test_names_are_unique_per_kind_and_namespace(variant: str) -> None:
 
 
 def test_example_broker_cluster_is_valid_against_the_crd() -> None:
-    (cluster,) = find(render({'serviceMonitor': {'enabled': True}}), 'BrokerCluster')
-    assert schema_errors(cluster) == []
+    every_field = {
+        'serviceMonitor': {'enabled': True, 'labels': {'release': 'prom'}},
+        'exampleCluster': {
+            'resources': {'requests': {'cpu': '200m'}},
+            'autoscaling': {'fromAnalytics': True, 'minReplicas': 2, 'maxReplicas': 4},
+        },
+    }
+    for values in ({}, every_field):
+        (cluster,) = find(render(values), 'BrokerCluster')
+        assert schema_errors(cluster) == []
 
 
 def test_the_validators_catch_what_they_are_here_for() -> None:
