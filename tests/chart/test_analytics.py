@@ -187,5 +187,10 @@ def test_operator_network_policy_reaches_api_server_and_redis() -> None:
     assert matches(policy['spec']['podSelector']['matchLabels'], operator_labels)
     redis_pod = one(manifests, 'StatefulSet')['spec']['template']['metadata']['labels']
     assert egress_to_pods(policy, redis_pod, 6379)
+    external = {
+        'to': [{'ipBlock': {'cidr': '0.0.0.0/0'}}],
+        'ports': [{'port': 6379, 'protocol': 'TCP'}],
+    }
+    assert external in policy['spec']['egress']  # other clusters' Redis
     ingress_ports = {p['port'] for rule in policy['spec']['ingress'] for p in rule['ports']}
     assert ingress_ports == {8080, 9090}
