@@ -4,7 +4,9 @@ The scheduled analytics run: `shoal-analytics ingest`, then `analyze`, in one pr
 Both runners of the chart start this file: the CronJob with `python` (Spark in local mode, in the
 pod), the Kubeflow Spark Operator as the application's main file (this process is then the Spark
 driver in the driver pod). One process means one Python interpreter and one JVM gateway for both
-steps; analyze runs only when ingest succeeded. Settings come from the environment the chart sets:
+steps; analyze runs only when ingest succeeded, and only once the lake holds records (a fresh
+install whose brokers have written none yet is not a failed run). Settings come from the
+environment the chart sets:
 
     SHOAL_REDIS_URL                        the Redis holding the metric stream (required)
     SHOAL_ANALYTICS_LAKE                   the lake directory (required)
@@ -17,6 +19,7 @@ import os
 import runpy
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 
 class JobError(Exception):
@@ -38,6 +41,11 @@ def steps(env: Mapping[str, str]) -> list[list[str]]:
     return [ingest, analyze]
 
 
+def has_raw_records(lake: str) -> bool:
+    """Whether ingest has landed any Parquet under LAKE/raw (the CLI contract's layout)."""
+    return any((Path(lake) / 'raw').rglob('*.parquet'))
+
+
 def run(arguments: list[str]) -> None:
     """Run `python -m shoal_analytics ARGUMENTS` in this process; raise unless it succeeded."""
     sys.argv = ['shoal-analytics', *arguments]
@@ -50,8 +58,12 @@ def run(arguments: list[str]) -> None:
 
 def main() -> int:
     try:
-        for arguments in steps(os.environ):
-            run(arguments)
+        ingest, analyze = steps(os.environ)
+        run(ingest)
+        if not has_raw_records(os.environ['SHOAL_ANALYTICS_LAKE']):
+            sys.stdout.write('no metric records in the lake yet: nothing to analyze\n')
+            return 0
+        run(analyze)
     except JobError as error:
         sys.stderr.write(f'analytics job failed: {error}\n')
         return 1

@@ -179,6 +179,16 @@ def test_job_script_runs_ingest_then_analyze_with_the_contracted_options() -> No
         job.steps({'SHOAL_REDIS_URL': 'redis://r:6379/0'})
 
 
+def test_job_script_analyzes_only_once_records_landed(tmp_path: Path) -> None:
+    job = load_job_module()
+    assert not job.has_raw_records(str(tmp_path))
+    (tmp_path / 'raw' / '_spark_metadata').mkdir(parents=True)
+    assert not job.has_raw_records(str(tmp_path))
+    (tmp_path / 'raw' / 'day=2026-11-21').mkdir()
+    (tmp_path / 'raw' / 'day=2026-11-21' / 'part-0.snappy.parquet').write_bytes(b'PAR1')
+    assert job.has_raw_records(str(tmp_path))
+
+
 def test_job_script_run_without_settings_fails_clearly() -> None:
     result = subprocess.run(
         [sys.executable, str(DOCKER / 'analytics-job.py')],
