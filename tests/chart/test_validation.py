@@ -17,6 +17,7 @@ import yaml
 from chartrender import CHART_DIR, ROOT, VARIANTS, Manifest, find, render
 
 KUBE_VERSION = '1.30.0'
+WORKLOADS = {'Deployment', 'StatefulSet'}
 SCHEMAS = Path(__file__).parent / 'schemas'
 THIRD_PARTY = {
     ('monitoring.coreos.com/v1', 'ServiceMonitor'): 'servicemonitor-v1.json',
@@ -125,3 +126,24 @@ def test_the_validators_catch_what_they_are_here_for() -> None:
     (ssa,) = find(manifests, 'ScheduledSparkApplication')
     ssa['spec']['template']['driver']['cpus'] = 1
     assert schema_errors(ssa)
+
+
+def test_pull_secrets_reach_every_pod() -> None:
+    values = {
+        'imagePullSecrets': [{'name': 'registry'}],
+        'analytics': {'enabled': True},
+    }
+    cronjob_variant = render(values)
+    operator_variant = render({**values, 'analytics': {'enabled': True, 'runner': 'sparkOperator'}})
+    pods = [m['spec']['template']['spec'] for m in cronjob_variant if m['kind'] in WORKLOADS]
+    pods += [m['spec'] for m in cronjob_variant if m['kind'] == 'Pod']
+    pods += [
+        m['spec']['jobTemplate']['spec']['template']['spec']
+        for m in cronjob_variant
+        if m['kind'] == 'CronJob'
+    ]
+    assert len(pods) == 4  # operator, Redis, helm test, analytics job
+    for pod in pods:
+        assert pod['imagePullSecrets'] == [{'name': 'registry'}]
+    (app,) = find(operator_variant, 'ScheduledSparkApplication')
+    assert app['spec']['template']['imagePullSecrets'] == ['registry']

@@ -90,7 +90,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-analytics-lake" (include "shoal.fullname" .)) .Values.analytics.lake.existingClaim }}
 {{- end }}
 
-{{/* The pod security context every Shoal pod runs with (non-root, no privilege escalation). */}}
+{{/* The security context of every Shoal container: no privilege escalation or capabilities, read-only root. */}}
 {{- define "shoal.containerSecurityContext" -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
@@ -102,7 +102,7 @@ seccompProfile:
 {{- end }}
 
 {{- define "shoal.imagePullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
+{{- with .Values.imagePullSecrets -}}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
