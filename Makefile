@@ -19,8 +19,8 @@ test: venv node-deps lint
 	$(PY) -m pytest -p no:cacheprovider
 
 lint: venv
-	$(VENV)/bin/ruff check broker operator analytics tests bench
-	$(VENV)/bin/ruff format --check broker operator analytics tests bench
+	$(VENV)/bin/ruff check broker operator analytics tests bench docker charts
+	$(VENV)/bin/ruff format --check broker operator analytics tests bench docker charts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
