@@ -45,6 +45,12 @@ class ResourceLocked(BrokerError):
     condition = 'amqp:resource-locked'
 
 
+class Unauthorized(BrokerError):
+    """The authenticated user lacks the permission the request needs."""
+
+    condition = 'amqp:unauthorized-access'
+
+
 class ResourceLimitExceeded(BrokerError):
     """A configured limit was reached."""
 
