@@ -98,9 +98,13 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     )
     await store.start()
     await store.check_durability()
+    store.limit_backlog(
+        settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
+    )
     liveness = Liveness(store, settings.replica_id, uuid.uuid4().hex, settings.store.lease_seconds)
     await liveness.join()
     broker = Broker(settings, store, version())
+    broker.guard.watch_memory(broker)
     host, port = split_host_port(settings.amqp.listen)
     server = await loop.create_server(
         lambda: AmqpConnection(broker), host, port, backlog=LISTEN_BACKLOG, reuse_address=True
@@ -126,6 +130,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         asyncio.create_task(_release_scheduled(store)),
         asyncio.create_task(backlog.refresh_forever(BACKLOG_REFRESH_SECONDS)),
         *tls_tasks,
+        asyncio.create_task(broker.guard.watch_store_memory(store)),
     ]
     if settings.store.metrics_interval_seconds > 0:
         background.append(asyncio.create_task(_record_metrics(settings, store, broker, backlog)))

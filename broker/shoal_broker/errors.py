@@ -63,6 +63,13 @@ class MessageSizeExceeded(BrokerError):
     condition = 'amqp:link:message-size-exceeded'
 
 
+class StoreFull(BrokerError):
+    """Redis is at its ``maxmemory`` (or an address at its backlog limit): the message was not
+    stored and is refused, not released, so the producer sees why."""
+
+    condition = 'amqp:resource-limit-exceeded'
+
+
 class StoreUnavailable(BrokerError):
     """Redis did not answer or refused the operation; nothing was acknowledged to anyone."""
 

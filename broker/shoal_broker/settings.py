@@ -52,6 +52,11 @@ ENV_MAX_CONNECTIONS = 'SHOAL_MAX_CONNECTIONS'
 ENV_MAX_CONNECTIONS_PER_USER = 'SHOAL_MAX_CONNECTIONS_PER_USER'
 ENV_MAX_SESSIONS = 'SHOAL_MAX_SESSIONS_PER_CONNECTION'
 ENV_MAX_LINKS = 'SHOAL_MAX_LINKS_PER_SESSION'
+ENV_MAX_SUBSCRIPTIONS = 'SHOAL_MAX_SUBSCRIPTIONS_PER_TOPIC'
+ENV_MAX_BACKLOG = 'SHOAL_MAX_BACKLOG_PER_ADDRESS'
+ENV_BACKLOG_OVERFLOW = 'SHOAL_BACKLOG_OVERFLOW'
+ENV_MEMORY_CEILING = 'SHOAL_MEMORY_CEILING_MB'
+ENV_REDIS_MEMORY_WATERMARK = 'SHOAL_REDIS_MEMORY_HIGH_WATERMARK'
 
 
 class AddressKind(enum.StrEnum):
@@ -176,6 +181,15 @@ class ClientAuth(enum.StrEnum):
     """The TLS handshake fails without a certificate signed by the client CA."""
 
 
+class Overflow(enum.StrEnum):
+    """What a publish to an address at its backlog limit does."""
+
+    REJECT_PUBLISH = 'reject-publish'
+    """The message is rejected with ``amqp:resource-limit-exceeded``."""
+    DROP_OLDEST = 'drop-oldest'
+    """The message is stored and the address's oldest messages are dropped."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SecuritySettings:
     """Authentication, TLS and per-connection limits (docs/security.md)."""
@@ -227,6 +241,24 @@ class SecuritySettings:
 
     max_links_per_session: int = 1000
     """Links a session may have attached; more are refused with ``amqp:resource-limit-exceeded``."""
+
+    max_subscriptions_per_topic: int = 0
+    """Subscriptions (durable, shared or private) a topic may have (0 = unlimited); a consumer
+    that would add one more is refused with ``amqp:resource-limit-exceeded``."""
+
+    max_backlog_per_address: int = 0
+    """Messages an address may hold (0 = unlimited); see ``backlog_overflow``."""
+
+    backlog_overflow: Overflow = Overflow.REJECT_PUBLISH
+
+    memory_ceiling_mb: int = 0
+    """Resident memory (MiB) above which producers get no more credit until it falls below 90 %
+    of it (0 = no ceiling): back-pressure instead of an out-of-memory kill."""
+
+    redis_memory_high_watermark: float = 0.9
+    """With a Redis ``maxmemory``: once Redis uses this fraction of it, messages are refused
+    with ``amqp:resource-limit-exceeded`` (sampled every 0.1 s), keeping the rest for the writes
+    consumers need (returns, acks, leases). 0 = refuse only when Redis itself refuses (OOM)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -328,6 +360,15 @@ def _security_from_env(env: Mapping[str, str], d: SecuritySettings) -> SecurityS
         ),
         max_sessions_per_connection=int(env.get(ENV_MAX_SESSIONS, d.max_sessions_per_connection)),
         max_links_per_session=int(env.get(ENV_MAX_LINKS, d.max_links_per_session)),
+        max_subscriptions_per_topic=int(
+            env.get(ENV_MAX_SUBSCRIPTIONS, d.max_subscriptions_per_topic)
+        ),
+        max_backlog_per_address=int(env.get(ENV_MAX_BACKLOG, d.max_backlog_per_address)),
+        backlog_overflow=Overflow(env.get(ENV_BACKLOG_OVERFLOW, d.backlog_overflow)),
+        memory_ceiling_mb=int(env.get(ENV_MEMORY_CEILING, d.memory_ceiling_mb)),
+        redis_memory_high_watermark=float(
+            env.get(ENV_REDIS_MEMORY_WATERMARK, d.redis_memory_high_watermark)
+        ),
     )
 
 

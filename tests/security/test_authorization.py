@@ -7,11 +7,18 @@ Users (tests/support/testusers.py): alice sends and consumes ``orders.*``, consu
 ``news.*``; bob may only browse ``orders.*`` and send to ``audit``.
 """
 
-import time
 from collections.abc import Iterator
 
 import pytest
-from amqpclient import Browse, Capabilities, receive_all, receiver, send_all, sender
+from amqpclient import (
+    Browse,
+    Capabilities,
+    receive_all,
+    receiver,
+    send_all,
+    send_with_outcome,
+    sender,
+)
 from jmswire import JmsSource, NullSource, durable_detach, subscriber
 from processes import BrokerProcess
 from proton import Delivery, Message
@@ -48,16 +55,7 @@ def bob(secure_broker: BrokerProcess) -> Iterator[BlockingConnection]:
 
 
 def relay_send(conn: BlockingConnection, relay: BlockingSender, to: str) -> tuple[int, str | None]:
-    """One message on the anonymous relay; its outcome and the rejection's condition."""
-    link = relay.link
-    conn.wait(lambda: link.credit > 0, timeout=10, msg='credit')
-    delivery = link.delivery(str(time.monotonic_ns()))
-    msg = Message(address=to, body='x')
-    link.send(msg.encode())
-    link.advance()
-    conn.wait(lambda: delivery.settled, timeout=10, msg='disposition')
-    condition = delivery.remote.condition
-    return int(delivery.remote_state), condition.name if condition else None
+    return send_with_outcome(conn, relay, Message(address=to, body='x'))
 
 
 # -- send ----------------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ async def producer(broker: 'Broker', state: ProducerLink) -> LinkState | None:
     _open(link, address=address if dynamic else None)
     lib.pn_link_set_max_message_size(link, broker.settings.amqp.max_message_size)
     state.opened = True
-    lib.pn_link_flow(link, broker.settings.amqp.producer_credit)
+    broker.top_up(state)  # the first credit (none while over the memory ceiling)
     return state
 
 
@@ -211,6 +211,7 @@ async def _subscribe(
         consumer.group = (
             f'nd:{broker.settings.replica_id}:{consumer.conn.id}:{broker.next_serial()}'
         )
+        await broker.guard.check_subscription_room(broker.store, consumer.address, consumer.group)
         consumer.owned_group = True
         await broker.store.create_subscription(consumer.address, consumer.group, from_start=False)
         return
@@ -220,6 +221,7 @@ async def _subscribe(
         and await broker.store.subscription_definition(spec.key) is None
     ):
         raise denied  # creating a durable subscription needs manage; joining one, consume
+    await broker.guard.check_subscription_room(broker.store, consumer.address, spec.key.id)
     consumer.named = spec.key
     consumer.group = spec.key.id
     consumer.consumer_key = (

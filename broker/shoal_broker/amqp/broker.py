@@ -39,6 +39,7 @@ from shoal_broker.errors import (
     BrokerError,
     InvalidField,
     MessageSizeExceeded,
+    StoreFull,
     StoreUnavailable,
 )
 from shoal_broker.metrics.registry import Counters
@@ -465,6 +466,8 @@ class Broker:
 
     def top_up(self, producer: ProducerLink) -> None:
         """Give a producer credit back as its messages are stored (the back-pressure valve)."""
+        if self.guard.memory_high:  # back-pressure: credit again once memory falls
+            return
         window = self.settings.amqp.producer_credit
         credit = lib.pn_link_credit(producer.ptr)
         grant = window - producer.in_store - len(producer.waiting) - credit
@@ -567,6 +570,9 @@ class Broker:
         self, producer: ProducerLink, message: PendingMessage, address: str, kind: AddressKind
     ) -> None:
         view = message.view
+        if (full := self.guard.store_full) is not None and message.transaction is None:
+            self._outcome(producer, message.delivery, message.settled, full)
+            return
         stored = OutgoingMessage(
             band=outcomes.priority_band(view.header.priority),
             header=view.header_bytes,
@@ -627,6 +633,9 @@ class Broker:
                 self.counters.dropped(address)
         if not producer.alive:
             return  # stored (or not) all the same; the peer will not hear of it
+        if isinstance(error, StoreFull) and not message.settled:
+            self._outcome(producer, message.delivery, False, error)  # refused, not released
+            return
         if isinstance(error, AddressNotFound):
             self.kinds.pop(address, None)
             if not message.settled:

@@ -9,17 +9,26 @@ patterns) are in ``shoal_broker.security``; the SASL frames in ``amqp/sasl.py``.
 import asyncio
 import collections
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from shoal_broker.amqp import engine, sasl
 from shoal_broker.amqp.engine import Ptr, lib
-from shoal_broker.errors import BrokerError, ResourceLimitExceeded, Unauthorized
+from shoal_broker.amqp.links import ProducerLink
+from shoal_broker.errors import BrokerError, ResourceLimitExceeded, StoreFull, Unauthorized
 from shoal_broker.security.authenticator import Authenticator, AuthPolicy, Identity, UsersSource
 from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import SecuritySettings
 
 if TYPE_CHECKING:
+    from shoal_broker.amqp.broker import Broker
     from shoal_broker.amqp.connection import AmqpConnection
+    from shoal_broker.routing.storage import MessageStore
+
+MEMORY_SAMPLE_SECONDS = 0.5
+STORE_MEMORY_SAMPLE_SECONDS = 0.1
+MEMORY_RELIEF = 0.9
+"""Credit flows again once resident memory is below this fraction of the ceiling."""
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +43,10 @@ class Guard:
         self.per_user: collections.Counter[str] = collections.Counter()
         self.admitted = 0
         self._timers: dict[int, list[asyncio.TimerHandle]] = {}
+        self.memory_high = False
+        """Resident memory is over the ceiling: producers get no credit (``Broker.top_up``)."""
+        self.store_full: StoreFull | None = None
+        """Redis is at its high watermark: publishes are refused with this error."""
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -111,13 +124,13 @@ class Guard:
         limit = self.settings.max_sessions_per_connection
         if not limit:
             return False
-        count = 0
-        s = lib.pn_session_head(conn.connection, lib.PN_REMOTE_ACTIVE)
+        # sessions already answered or waiting for our Open (this one is neither yet)
+        count = len(conn.pending_sessions)
+        s = lib.pn_session_head(conn.connection, lib.PN_LOCAL_ACTIVE)
         while s != engine.NULL:
-            if not lib.pn_session_state(s) & lib.PN_LOCAL_CLOSED:
-                count += 1
-            s = lib.pn_session_next(s, lib.PN_REMOTE_ACTIVE)
-        if count <= limit:
+            count += 1
+            s = lib.pn_session_next(s, lib.PN_LOCAL_ACTIVE)
+        if count < limit:
             return False
         engine.set_condition(
             lib.pn_session_condition(session),
@@ -138,6 +151,64 @@ class Guard:
             return None
         return ResourceLimitExceeded(f'a session may have at most {limit} links')
 
+    async def check_subscription_room(
+        self, store: 'MessageStore', address: str, group: str
+    ) -> None:
+        """Refuse a subscription that would exceed ``max_subscriptions_per_topic``. Checked, not
+        reserved: attaches racing on several replicas may pass it together."""
+        limit = self.settings.max_subscriptions_per_topic
+        if limit and not await store.subscription_room(address, group, limit):
+            raise ResourceLimitExceeded(f'topic {address!r} has its limit of {limit} subscriptions')
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def watch_memory(self, broker: 'Broker') -> None:
+        """Sample resident memory; over the ceiling, withhold producer credit (back-pressure
+        rather than an out-of-memory kill); below 90 % of it, give credit back."""
+        ceiling = self.settings.memory_ceiling_mb * 1024 * 1024
+        if not ceiling:
+            return
+        loop = asyncio.get_running_loop()
+
+        def sample() -> None:
+            rss = resident_bytes()
+            if not self.memory_high and rss > ceiling:
+                self.memory_high = True
+                logger.warning('resident memory %d MiB over the ceiling: producers paused',
+                               rss >> 20)  # fmt: skip
+            elif self.memory_high and rss < ceiling * MEMORY_RELIEF:
+                self.memory_high = False
+                logger.warning('resident memory %d MiB: producers resume', rss >> 20)
+                for conn in list(broker.connections):
+                    for state in list(conn.links.values()):
+                        if isinstance(state, ProducerLink) and state.opened and state.alive:
+                            broker.top_up(state)
+            loop.call_later(MEMORY_SAMPLE_SECONDS, sample)
+
+        sample()
+
+    async def watch_store_memory(self, store: 'MessageStore') -> None:
+        """Refuse publishes while Redis is above its high watermark (runs until cancelled)."""
+        watermark = self.settings.redis_memory_high_watermark
+        if watermark <= 0:
+            return
+        while True:
+            try:
+                used, limit = await store.memory()
+            except BrokerError as exc:
+                logger.debug('Redis memory not sampled: %s', exc)
+            else:
+                full = bool(limit) and used >= limit * watermark
+                if full and self.store_full is None:
+                    logger.warning('Redis uses %d of its %d bytes: refusing messages', used, limit)
+                    self.store_full = StoreFull(
+                        f'the message store is full ({used >> 20} of {limit >> 20} MiB used)'
+                    )
+                elif not full and self.store_full is not None:
+                    logger.warning('Redis memory below the watermark again: accepting messages')
+                    self.store_full = None
+            await asyncio.sleep(STORE_MEMORY_SAMPLE_SECONDS)
+
     # -- permissions ---------------------------------------------------------------------------
 
     def refusal(
@@ -154,6 +225,12 @@ class Guard:
         error = self.refusal(conn, operation, address)
         if error is not None:
             raise error
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (Linux ``/proc``)."""
+    with open('/proc/self/statm', encoding='ascii') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 
 
 def certificate_name(socket: asyncio.BaseTransport) -> str | None:
