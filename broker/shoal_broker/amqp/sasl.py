@@ -205,7 +205,9 @@ def decode_body(body: bytes) -> tuple[object, list[object]]:
     fields = value.value if value.value is not None else []
     if not isinstance(fields, list):
         raise SaslProtocolError('frame body is not a described list')
-    descriptor = _DESCRIPTORS.get(value.descriptor, value.descriptor)
+    descriptor = value.descriptor
+    if isinstance(descriptor, str):  # a symbolic descriptor (anything unhashable stays as is)
+        descriptor = _DESCRIPTORS.get(codec.Symbol(descriptor), descriptor)
     return descriptor, fields
 
 

@@ -175,7 +175,11 @@ class _Plain(Exchange):
         user = self.users.users.get(authcid)
         known = user is not None and bool(user.keys)
         # the same PBKDF2 work for unknown names: no timing difference to learn names from
-        checked = user if known and user is not None else self.mocks.user(authcid)
+        checked = (
+            user
+            if known and user is not None
+            else self.mocks.user(authcid, self.users.mock_iterations)
+        )
         matches = password_matches(checked, password)
         if not (known and matches) or authzid not in ('', authcid):
             raise AuthenticationFailed('wrong user name or password')
@@ -200,7 +204,7 @@ class _Scram(Exchange):
         user = self.users.users.get(name)
         self.known = user is not None and self.mechanism in user.keys
         if not self.known or user is None:
-            user = self.mocks.user(name)
+            user = self.mocks.user(name, self.users.mock_iterations)
         self.user = user
         keys = user.keys[self.mechanism]
         return user.salt, keys.stored_key, keys.server_key, user.iterations

@@ -108,8 +108,9 @@ class MockUsers:
     def _bytes(self, *parts: str) -> bytes:
         return hmac.digest(self._secret, '\0'.join(parts).encode(), 'sha512')
 
-    def user(self, name: str) -> User:
-        """Keys no password derives (so no PBKDF2 here: the check itself costs the same work)."""
+    def user(self, name: str, iterations: int = DEFAULT_ITERATIONS) -> User:
+        """Keys no password derives (so no PBKDF2 here: the check itself costs the same work).
+        ``iterations`` should be what real users have, or the count would give mocks away."""
         keys = {
             mech: ScramKeys(
                 self._bytes(name, mech, 'stored')[: hashlib.new(h).digest_size],
@@ -118,14 +119,20 @@ class MockUsers:
             for mech, h in SCRAM_HASHES.items()
         }
         salt = self._bytes(name, 'salt')[:SALT_BYTES]
-        return User(name, salt, DEFAULT_ITERATIONS, keys, Permissions.none())
+        return User(name, salt, iterations, keys, Permissions.none())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class UsersFile:
     users: Mapping[str, User]
     anonymous: Permissions | None
-    """Permissions of ANONYMOUS connections; None when the file gives none (then: nothing)."""
+    """Permissions of ANONYMOUS connections; None when the file gives none (then: all)."""
+
+    @property
+    def mock_iterations(self) -> int:
+        """The iteration count most users have: what a mock user shows."""
+        counts = [u.iterations for u in self.users.values() if u.keys]
+        return max(set(counts), key=counts.count) if counts else DEFAULT_ITERATIONS
 
 
 def _b64(value: Any, where: str) -> bytes:
