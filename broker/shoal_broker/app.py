@@ -104,7 +104,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     liveness = Liveness(store, settings.replica_id, uuid.uuid4().hex, settings.store.lease_seconds)
     await liveness.join()
     broker = Broker(settings, store, version())
-    broker.guard.watch_memory(broker)
+    broker.guard.watch_memory()
     host, port = split_host_port(settings.amqp.listen)
     server = await loop.create_server(
         lambda: AmqpConnection(broker), host, port, backlog=LISTEN_BACKLOG, reuse_address=True

@@ -19,7 +19,7 @@ from amqpclient import (
 from enginepeer import EnginePeer
 from jmswire import JmsSource, jms_connect, subscriber
 from processes import BrokerProcess, RedisServer, wait_for
-from proton import ConnectionException, Delivery, Endpoint, Message
+from proton import ConnectionException, Delivery, Endpoint, Message, symbol
 from proton.utils import BlockingConnection, LinkDetached
 from testusers import PASSWORDS
 
@@ -83,6 +83,26 @@ def test_max_sessions_per_connection(start_broker: Start) -> None:
         assert refused.remote_condition.name == LIMIT
         assert all(s.state & Endpoint.REMOTE_ACTIVE for s in sessions[:2])
         assert peer.connection.state & Endpoint.REMOTE_ACTIVE  # the connection lives on
+    finally:
+        peer.close()
+
+
+def test_too_many_sessions_pipelined_before_open_close_the_connection(
+    start_broker: Start, address: str
+) -> None:
+    """A JMS-style Open (sole-connection: answered only once the ClientID is claimed) with more
+    Begins pipelined behind it than allowed: proton cannot answer a session before our Open, so
+    the connection is closed with the error instead."""
+    b = start_broker(env={'SHOAL_MAX_SESSIONS_PER_CONNECTION': '2'})
+    peer = EnginePeer(b.port)
+    try:
+        peer.connection.container = f'client-{address}'
+        peer.connection.desired_capabilities = [symbol('sole-connection-for-container')]
+        peer.connection.open()
+        for _ in range(3):
+            peer.connection.session().open()
+        assert peer.pump(10, until=lambda: peer.remote_closed)
+        assert peer.connection.remote_condition.name == LIMIT
     finally:
         peer.close()
 

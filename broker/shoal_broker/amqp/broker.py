@@ -82,7 +82,7 @@ class Broker:
         self.accepting = True
         self._loop = asyncio.get_running_loop()
         self.coordinator = transactions.Coordinator(self)
-        self.guard = Guard(settings.security)
+        self.guard = Guard(settings.security, self)
         self.counters = Counters()
         self._dirty: set[AmqpConnection] = set()
         self._flush_scheduled = False

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 MEMORY_SAMPLE_SECONDS = 0.5
 STORE_MEMORY_SAMPLE_SECONDS = 0.1
+STORE_LIMIT_RECHECK_SECONDS = 10.0
 MEMORY_RELIEF = 0.9
 """Credit flows again once resident memory is below this fraction of the ceiling."""
 
@@ -34,8 +35,9 @@ logger = logging.getLogger(__name__)
 
 
 class Guard:
-    def __init__(self, settings: SecuritySettings) -> None:
+    def __init__(self, settings: SecuritySettings, broker: 'Broker') -> None:
         self.settings = settings
+        self.broker = broker
         users = UsersSource(settings.users_file) if settings.users_file else None
         self.authenticator = Authenticator(
             AuthPolicy(allow_anonymous=settings.allow_anonymous, users=users)
@@ -64,6 +66,8 @@ class Guard:
         """Feed the SASL layer; return what belongs to proton (empty while SASL goes on)."""
         handshake = conn.handshake
         assert handshake is not None
+        if handshake.failure is not None:  # bytes that were in flight when we hung up
+            return b''
         step = handshake.receive(data)
         if step.output:
             conn.write_raw(step.output)
@@ -132,6 +136,11 @@ class Guard:
             s = lib.pn_session_next(s, lib.PN_LOCAL_ACTIVE)
         if count < limit:
             return False
+        if not conn.opened.is_set():
+            # proton never writes a Begin (or End) for a session answered before our Open, so
+            # a peer pipelining this many sessions before it loses the whole connection
+            conn.fail(ResourceLimitExceeded.condition, f'more than {limit} sessions before Open')
+            return True
         engine.set_condition(
             lib.pn_session_condition(session),
             ResourceLimitExceeded.condition,
@@ -162,13 +171,14 @@ class Guard:
 
     # -- memory --------------------------------------------------------------------------------
 
-    def watch_memory(self, broker: 'Broker') -> None:
+    def watch_memory(self) -> None:
         """Sample resident memory; over the ceiling, withhold producer credit (back-pressure
         rather than an out-of-memory kill); below 90 % of it, give credit back."""
         ceiling = self.settings.memory_ceiling_mb * 1024 * 1024
         if not ceiling:
             return
         loop = asyncio.get_running_loop()
+        broker = self.broker
 
         def sample() -> None:
             rss = resident_bytes()
@@ -197,6 +207,7 @@ class Guard:
                 used, limit = await store.memory()
             except BrokerError as exc:
                 logger.debug('Redis memory not sampled: %s', exc)
+                limit = 0
             else:
                 full = bool(limit) and used >= limit * watermark
                 if full and self.store_full is None:
@@ -207,7 +218,11 @@ class Guard:
                 elif not full and self.store_full is not None:
                     logger.warning('Redis memory below the watermark again: accepting messages')
                     self.store_full = None
-            await asyncio.sleep(STORE_MEMORY_SAMPLE_SECONDS)
+            # without a maxmemory there is nothing to watch: look again now and then in case
+            # one is configured at run time
+            await asyncio.sleep(
+                STORE_MEMORY_SAMPLE_SECONDS if limit else STORE_LIMIT_RECHECK_SECONDS
+            )
 
     # -- permissions ---------------------------------------------------------------------------
 
