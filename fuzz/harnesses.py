@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from framesample import client_frames
+
 from shoal_broker import selector as selectors
 from shoal_broker.amqp import codec, sasl
 from shoal_broker.amqp.engine import ffi, lib
@@ -83,38 +85,6 @@ _IDENTIFIER_SETS: list[dict[str, object]] = [
     {'a': 1, 'b': 2.5, 'c': 'x', 'd': True, 'JMSPriority': 4, 'JMSType': 't'},
     {'a': 'x', 'b': None, 'c': 10**20, 'd': -1, 'JMSMessageID': 'ID:1'},
 ]
-
-
-def client_frames() -> list[bytes]:
-    """A client's Open, Begin, Attach (both roles), Flow, Transfer, Detach, End, Close as
-    proton writes them (without the protocol header)."""
-    from proton import Connection, Message, Transport
-
-    transport = Transport()
-    connection = Connection()
-    transport.bind(connection)
-    connection.container = 'fuzz'
-    connection.open()
-    session = connection.session()
-    session.open()
-    sender = session.sender('fuzz-sender')
-    sender.target.address = 'q'
-    sender.open()
-    receiver = session.receiver('fuzz-receiver')
-    receiver.source.address = 'q'
-    receiver.open()
-    receiver.flow(10)
-    opening = bytes(transport.peek(transport.pending()))
-    transport.pop(len(opening))
-    delivery = sender.delivery(b'tag')
-    sender.stream(Message(body='x' * 50, properties={'a': 1}).encode())
-    delivery.settle()
-    sender.close()
-    session.close()
-    connection.close()
-    closing = bytes(transport.peek(transport.pending()))
-    header = b'AMQP\x00\x01\x00\x00'
-    return [opening.removeprefix(header), opening.removeprefix(header) + closing]
 
 
 _FRAME_BASES: list[bytes] = []

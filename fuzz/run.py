@@ -11,7 +11,8 @@ from pathlib import Path
 
 import atheris
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / 'tests' / 'support')]  # framesample, saslwire
 
 with atheris.instrument_imports(include=['shoal_broker']):
     import harnesses

@@ -7,42 +7,24 @@ from pathlib import Path
 
 import scramp
 from harnesses import FUZZ_PASSWORD
-from proton import Data, Message, symbol
+from proton import Message, symbol
+from saslwire import frame
 
 from shoal_broker.amqp import sasl
-
-
-def _sasl_frame(descriptor: int, *fields: object) -> bytes:
-    d = Data()
-    d.put_described()
-    d.enter()
-    d.put_ulong(descriptor)
-    d.put_list()
-    d.enter()
-    for f in fields:
-        if f is None:
-            d.put_null()
-        elif isinstance(f, bytes):
-            d.put_binary(f)
-        else:
-            d.put_symbol(str(f))
-    d.exit()
-    d.exit()
-    return sasl.frame(d.encode())
 
 
 def sasl_seeds() -> list[bytes]:
     header = sasl.SASL_HEADER
     scram = scramp.ScramClient(['SCRAM-SHA-256'], 'fuzz', FUZZ_PASSWORD)
     return [
-        header + _sasl_frame(0x41, 'PLAIN', b'\0fuzz\0' + FUZZ_PASSWORD.encode(), None),
-        header + _sasl_frame(0x41, 'PLAIN', b'\0fuzz\0wrong', None),
-        header + _sasl_frame(0x41, 'ANONYMOUS', b'', 'host'),
-        b'E' + header[1:] + _sasl_frame(0x41, 'EXTERNAL', b'', None),
+        header + frame(0x41, 'PLAIN', b'\0fuzz\0' + FUZZ_PASSWORD.encode(), None),
+        header + frame(0x41, 'PLAIN', b'\0fuzz\0wrong', None),
+        header + frame(0x41, 'ANONYMOUS', b'', 'host'),
+        b'E' + header[1:] + frame(0x41, 'EXTERNAL', b'', None),
         header
-        + _sasl_frame(0x41, 'SCRAM-SHA-256', scram.get_client_first().encode(), None)
-        + _sasl_frame(0x43, b'c=biws,r=abc,p=AAAA'),
-        header + _sasl_frame(0x41, 'SCRAM-SHA-512', b'n,,n=nobody,r=xyz', None),
+        + frame(0x41, 'SCRAM-SHA-256', scram.get_client_first().encode(), None)
+        + frame(0x43, b'c=biws,r=abc,p=AAAA'),
+        header + frame(0x41, 'SCRAM-SHA-512', b'n,,n=nobody,r=xyz', None),
         sasl.AMQP_HEADER + b'\x00\x00\x00\x08\x02\x00\x00\x00',
     ]
 

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 from amqpclient import connect, receive_all, receiver, send_all, send_raw, sender
+from framesample import client_frames
 from processes import LOOPBACK, BrokerProcess, RedisServer, wait_for
-from proton import Connection, Delivery, Message, Transport
+from proton import Delivery, Message
 from proton.utils import BlockingConnection
 from saslwire import Wire, authenticate
 
@@ -63,22 +64,6 @@ def closed_by_peer(sock: socket.socket, seconds: float) -> bool:
     return False
 
 
-def client_frames() -> bytes:
-    """Open, Begin, Attach, Flow as proton's client writes them (after the protocol header)."""
-    transport, connection = Transport(), Connection()
-    transport.bind(connection)
-    connection.container = 'hostile'
-    connection.open()
-    session = connection.session()
-    session.open()
-    receiver_link = session.receiver('r')
-    receiver_link.source.address = 'q'
-    receiver_link.open()
-    receiver_link.flow(5)
-    out = bytes(transport.peek(transport.pending()))
-    return out.removeprefix(b'AMQP\x00\x01\x00\x00')
-
-
 SASL = b'AMQP\x03\x01\x00\x00'
 AMQP = b'AMQP\x00\x01\x00\x00'
 ANONYMOUS_INIT = (  # sasl-init(mechanism=ANONYMOUS)
@@ -90,7 +75,7 @@ ANONYMOUS_INIT = (  # sasl-init(mechanism=ANONYMOUS)
 def hostile_inputs(count: int, seed: int = 7) -> list[bytes]:
     """Random bytes; mutated and truncated SASL and AMQP frames, after valid prefixes."""
     rng = random.Random(seed)
-    frames = client_frames()
+    frames = client_frames()[0]  # Open, Begin, Attach, Flow
     out = []
     for i in range(count):
         kind = i % 5
