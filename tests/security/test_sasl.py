@@ -5,7 +5,11 @@ Each flow runs on a raw socket: mechanisms offered, the exchange, the outcome, a
 Open on the same socket to show the authenticated transport really carries AMQP.
 """
 
+import json
+import shutil
 import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 import scramp
@@ -15,6 +19,8 @@ from proton import ConnectionException, Endpoint
 from proton.utils import BlockingConnection
 from saslwire import AUTH, OK, Wire, authenticate, frame, open_amqp
 from testusers import PASSWORDS
+
+RHEA_DIR = Path(__file__).resolve().parents[1] / 'rhea'
 
 
 def wire(broker: BrokerProcess) -> Wire:
@@ -131,3 +137,34 @@ def test_anonymous_broker_still_accepts_clients_without_credentials(
         assert result.offered == ['ANONYMOUS']
         assert (result.mechanism, result.code) == ('ANONYMOUS', OK)
         assert open_amqp(w).state & Endpoint.REMOTE_ACTIVE
+
+
+def run_rhea(broker: BrokerProcess, **args: object) -> tuple[int, dict[str, object]]:
+    """tests/rhea/client.js (rhea: an AMQP client independent of proton) against ``broker``."""
+    node = shutil.which('node')
+    assert node, 'node is not installed: run `make node-deps` (make test installs it)'
+    done = subprocess.run(
+        [node, 'client.js', json.dumps({'port': broker.port, 'timeout_ms': 20_000, **args})],
+        cwd=RHEA_DIR, capture_output=True, text=True, timeout=40, check=False,
+    )  # fmt: skip
+    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_rhea_with_plain_credentials_round_trips(
+    secure_broker: BrokerProcess, address: str
+) -> None:
+    code, result = run_rhea(
+        secure_broker, mode='roundtrip', address=f'orders.{address}', count=5,
+        username='alice', password=PASSWORDS['alice'],
+    )  # fmt: skip
+    assert code == 0, result
+    assert result['bodies'] == [f'm{i}' for i in range(5)]
+
+
+def test_rhea_with_a_wrong_password_is_refused(secure_broker: BrokerProcess, address: str) -> None:
+    code, result = run_rhea(
+        secure_broker, mode='send', address=f'orders.{address}', username='alice',
+        password='wrong',
+    )  # fmt: skip
+    assert code != 0
+    assert result['ok'] is False
