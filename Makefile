@@ -9,7 +9,7 @@ PORT ?= 5672
 HTTP_PORT ?= 8080
 REDIS_URL ?=
 
-.PHONY: run test lint unit system-deps venv node-deps bench clean
+.PHONY: run test lint unit system-deps venv node-deps bench clean fuzz
 
 run: venv
 	$(VENV)/bin/shoal-broker --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP_PORT) \
@@ -19,8 +19,8 @@ test: venv node-deps lint
 	$(PY) -m pytest -p no:cacheprovider
 
 lint: venv
-	$(VENV)/bin/ruff check broker operator analytics tests bench docker charts
-	$(VENV)/bin/ruff format --check broker operator analytics tests bench docker charts
+	$(VENV)/bin/ruff check broker operator analytics tests bench docker charts fuzz
+	$(VENV)/bin/ruff format --check broker operator analytics tests bench docker charts fuzz
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
@@ -45,8 +45,18 @@ tests/rhea/node_modules/.installed: tests/rhea/package.json tests/rhea/package-l
 	cd tests/rhea && npm ci --silent --no-audit --no-fund
 	@touch $@
 
+# Every decoder of peer input under atheris/libFuzzer, FUZZ_RUNS inputs each (fuzz/run.py).
+FUZZ_RUNS ?= 100000
+FUZZ_TARGETS := sasl sections selector frames
+fuzz: venv
+	mkdir -p .fuzz/crashes
+	set -e; for target in $(FUZZ_TARGETS); do \
+		$(PY) fuzz/run.py $$target -runs=$(FUZZ_RUNS) -timeout=10 -rss_limit_mb=2048 \
+			-artifact_prefix=.fuzz/crashes/ -print_final_stats=1 .fuzz/corpus/$$target; \
+	done
+
 bench: venv
 	bash bench/run.sh
 
 clean:
-	rm -rf $(VENV) .stamp-system tests/rhea/node_modules .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) .fuzz .stamp-system tests/rhea/node_modules .mypy_cache .ruff_cache .import_linter_cache

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shoal_broker import useradmin
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.settings import ENV_REDIS_URL, BrokerSettings
 from shoal_broker.store.inspect import (
@@ -86,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
         'subscriptions': 'named JMS subscriptions: kind, namespace, selector, consumers, backlog',
         'clients': 'JMS ClientIDs held, and by which replica and connection',
     }
+    sub.add_parser('user', help='add a user to a users file (shoal user add --help)')
     for command in COMMANDS:
         c = sub.add_parser(command, help=helps[command], description=helps[command])
         # also accepted after the command; SUPPRESS keeps a --json given before it
@@ -136,6 +138,9 @@ def _fail(code: int, message: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ['user']:  # the users file, not Redis: its own parser
+        return useradmin.main(argv[1:])
     args = parser().parse_args(argv)
     url: str | None = args.redis_url
     if not url:

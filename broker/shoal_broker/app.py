@@ -23,6 +23,7 @@ from shoal_broker.errors import StoreUnavailable
 from shoal_broker.health import HealthServer
 from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.metrics.registry import LEASE_UP, register_gauges, subscription_label
+from shoal_broker.security.tls import ServerTls, redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.inspect import Inspector
@@ -91,18 +92,24 @@ async def serve(settings: BrokerSettings) -> int:
 
 async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     loop = asyncio.get_running_loop()
+    url = redis_url_with_ca(url, settings.security.redis_ca_file)
     store = RedisStore.from_url(
         url, settings.replica_id, settings.store.durability, settings.store.replication_timeout_ms
     )
     await store.start()
     await store.check_durability()
+    store.limit_backlog(
+        settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
+    )
     liveness = Liveness(store, settings.replica_id, uuid.uuid4().hex, settings.store.lease_seconds)
     await liveness.join()
     broker = Broker(settings, store, version())
+    broker.guard.watch_memory()
     host, port = split_host_port(settings.amqp.listen)
     server = await loop.create_server(
         lambda: AmqpConnection(broker), host, port, backlog=LISTEN_BACKLOG, reuse_address=True
     )
+    tls_servers, tls_tasks = await _listen_tls(settings, broker)
     health: HealthServer | None = None
     if settings.http:
 
@@ -122,6 +129,8 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         asyncio.create_task(_watch_others(liveness)),
         asyncio.create_task(_release_scheduled(store)),
         asyncio.create_task(backlog.refresh_forever(BACKLOG_REFRESH_SECONDS)),
+        *tls_tasks,
+        asyncio.create_task(broker.guard.watch_store_memory(store)),
     ]
     if settings.store.metrics_interval_seconds > 0:
         background.append(asyncio.create_task(_record_metrics(settings, store, broker, backlog)))
@@ -133,7 +142,8 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     )  # fmt: skip
     await stop.wait()
     logger.info('shutting down')
-    server.close()
+    for listener in (server, *tls_servers):
+        listener.close()
     broker.close_all('amqp:connection:forced', 'broker is shutting down')
     await asyncio.sleep(0.05)  # let the Close frames reach the sockets
     for conn in list(broker.connections):
@@ -158,6 +168,31 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     await store.close()
     logger.info('stopped')
     return 0
+
+
+async def _listen_tls(
+    settings: BrokerSettings, broker: Broker
+) -> tuple[list[asyncio.AbstractServer], list['asyncio.Task[None]']]:
+    """The ``amqps`` acceptor, if configured, and the task that reloads its certificate when
+    the files change (SIGHUP reloads at once)."""
+    if not settings.security.tls_listen:
+        return [], []
+    tls = ServerTls(settings.security)
+    loop = asyncio.get_running_loop()
+    host, port = split_host_port(settings.security.tls_listen)
+    server = await loop.create_server(
+        lambda: AmqpConnection(broker), host, port, backlog=LISTEN_BACKLOG, reuse_address=True,
+        ssl=tls.context,
+    )  # fmt: skip
+    loop.add_signal_handler(signal.SIGHUP, lambda: tls.reload(only_if_changed=False))
+    logger.info('amqps listening on %s', settings.security.tls_listen)
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(settings.security.tls_reload_interval_seconds)
+            tls.reload(only_if_changed=True)
+
+    return [server], [asyncio.create_task(watch())]
 
 
 async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -> None:

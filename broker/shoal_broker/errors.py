@@ -45,6 +45,12 @@ class ResourceLocked(BrokerError):
     condition = 'amqp:resource-locked'
 
 
+class Unauthorized(BrokerError):
+    """The authenticated user lacks the permission the request needs."""
+
+    condition = 'amqp:unauthorized-access'
+
+
 class ResourceLimitExceeded(BrokerError):
     """A configured limit was reached."""
 
@@ -55,6 +61,13 @@ class MessageSizeExceeded(BrokerError):
     """A message is larger than the broker's maximum message size."""
 
     condition = 'amqp:link:message-size-exceeded'
+
+
+class StoreFull(BrokerError):
+    """Redis is at its ``maxmemory`` (or an address at its backlog limit): the message was not
+    stored and is refused, not released, so the producer sees why."""
+
+    condition = 'amqp:resource-limit-exceeded'
 
 
 class StoreUnavailable(BrokerError):

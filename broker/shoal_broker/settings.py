@@ -37,6 +37,26 @@ ENV_METRICS_INTERVAL = 'SHOAL_METRICS_INTERVAL_SECONDS'
 ENV_METRICS_STREAM_LENGTH = 'SHOAL_METRICS_STREAM_LENGTH'
 ENV_REPLICATION_TIMEOUT = 'SHOAL_REPLICATION_TIMEOUT_MS'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
+ENV_ALLOW_ANONYMOUS = 'SHOAL_ALLOW_ANONYMOUS'
+ENV_USERS_FILE = 'SHOAL_USERS_FILE'
+ENV_SASL_TIMEOUT = 'SHOAL_SASL_TIMEOUT_SECONDS'
+ENV_OPEN_TIMEOUT = 'SHOAL_OPEN_TIMEOUT_SECONDS'
+ENV_TLS_LISTEN = 'SHOAL_TLS_LISTEN'
+ENV_TLS_CERT_FILE = 'SHOAL_TLS_CERT_FILE'
+ENV_TLS_KEY_FILE = 'SHOAL_TLS_KEY_FILE'
+ENV_TLS_CLIENT_CA_FILE = 'SHOAL_TLS_CLIENT_CA_FILE'
+ENV_TLS_CLIENT_AUTH = 'SHOAL_TLS_CLIENT_AUTH'
+ENV_TLS_RELOAD_INTERVAL = 'SHOAL_TLS_RELOAD_INTERVAL_SECONDS'
+ENV_REDIS_CA_FILE = 'SHOAL_REDIS_CA_FILE'
+ENV_MAX_CONNECTIONS = 'SHOAL_MAX_CONNECTIONS'
+ENV_MAX_CONNECTIONS_PER_USER = 'SHOAL_MAX_CONNECTIONS_PER_USER'
+ENV_MAX_SESSIONS = 'SHOAL_MAX_SESSIONS_PER_CONNECTION'
+ENV_MAX_LINKS = 'SHOAL_MAX_LINKS_PER_SESSION'
+ENV_MAX_SUBSCRIPTIONS = 'SHOAL_MAX_SUBSCRIPTIONS_PER_TOPIC'
+ENV_MAX_BACKLOG = 'SHOAL_MAX_BACKLOG_PER_ADDRESS'
+ENV_BACKLOG_OVERFLOW = 'SHOAL_BACKLOG_OVERFLOW'
+ENV_MEMORY_CEILING = 'SHOAL_MEMORY_CEILING_MB'
+ENV_REDIS_MEMORY_WATERMARK = 'SHOAL_REDIS_MEMORY_HIGH_WATERMARK'
 
 
 class AddressKind(enum.StrEnum):
@@ -151,11 +171,102 @@ class StoreSettings:
     consumers and ClientIDs. Renewed every third of it."""
 
 
+class ClientAuth(enum.StrEnum):
+    """Whether the TLS listener asks for a client certificate."""
+
+    NONE = 'none'
+    OPTIONAL = 'optional'
+    """Asked for and verified when presented (then SASL EXTERNAL is offered)."""
+    REQUIRED = 'required'
+    """The TLS handshake fails without a certificate signed by the client CA."""
+
+
+class Overflow(enum.StrEnum):
+    """What a publish to an address at its backlog limit does."""
+
+    REJECT_PUBLISH = 'reject-publish'
+    """The message is rejected with ``amqp:resource-limit-exceeded``."""
+    DROP_OLDEST = 'drop-oldest'
+    """The message is stored and the address's oldest messages are dropped."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SecuritySettings:
+    """Authentication, TLS and per-connection limits (docs/security.md)."""
+
+    allow_anonymous: bool = True
+    """Offer SASL ANONYMOUS (and accept peers that skip SASL). On for ``make run`` and the tests;
+    the Helm chart turns it off."""
+
+    users_file: str = ''
+    """JSON users file (salted SCRAM keys and permissions; a Kubernetes Secret mount works),
+    re-read when it changes. Empty: no users, so only ANONYMOUS can connect, unrestricted."""
+
+    sasl_timeout_seconds: float = 10.0
+    """A connection that has not finished SASL (or sent its AMQP header) by then is dropped."""
+
+    open_timeout_seconds: float = 300.0
+    """A connection that has not sent Open by then is dropped (0 = never). Qpid JMS defers Open
+    until the ClientID is known, so this is minutes, not seconds."""
+
+    tls_listen: str = ''
+    """``HOST:PORT`` of the ``amqps`` (TLS) acceptor; empty = none."""
+
+    tls_cert_file: str = ''
+    """PEM server certificate (chain) for the TLS acceptor; re-read when it changes or on SIGHUP."""
+
+    tls_key_file: str = ''
+    """PEM private key of ``tls_cert_file``."""
+
+    tls_client_ca_file: str = ''
+    """PEM CA bundle client certificates must chain to (needed unless client auth is ``none``)."""
+
+    tls_client_auth: ClientAuth = ClientAuth.NONE
+
+    tls_reload_interval_seconds: float = 10.0
+    """How often the certificate, key and CA files are checked for changes."""
+
+    redis_ca_file: str = ''
+    """PEM CA bundle for a ``rediss://`` Redis URL (else the system's trust store)."""
+
+    max_connections: int = 0
+    """AMQP connections this replica holds at most (0 = unlimited); more are refused with
+    ``amqp:resource-limit-exceeded`` in the Close."""
+
+    max_connections_per_user: int = 0
+    """Connections one user may hold on this replica (0 = unlimited)."""
+
+    max_sessions_per_connection: int = 1000
+    """Sessions a connection may have open; more are ended with ``amqp:resource-limit-exceeded``."""
+
+    max_links_per_session: int = 1000
+    """Links a session may have attached; more are refused with ``amqp:resource-limit-exceeded``."""
+
+    max_subscriptions_per_topic: int = 0
+    """Subscriptions (durable, shared or private) a topic may have (0 = unlimited); a consumer
+    that would add one more is refused with ``amqp:resource-limit-exceeded``."""
+
+    max_backlog_per_address: int = 0
+    """Messages an address may hold (0 = unlimited); see ``backlog_overflow``."""
+
+    backlog_overflow: Overflow = Overflow.REJECT_PUBLISH
+
+    memory_ceiling_mb: int = 0
+    """Resident memory (MiB) above which producers get no more credit until it falls below 90 %
+    of it (0 = no ceiling): back-pressure instead of an out-of-memory kill."""
+
+    redis_memory_high_watermark: float = 0.9
+    """With a Redis ``maxmemory``: once Redis uses this fraction of it, messages are refused
+    with ``amqp:resource-limit-exceeded`` (sampled every 0.1 s), keeping the rest for the writes
+    consumers need (returns, acks, leases). 0 = refuse only when Redis itself refuses (OOM)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BrokerSettings:
     amqp: AmqpSettings = dataclasses.field(default_factory=AmqpSettings)
     routing: RoutingSettings = dataclasses.field(default_factory=RoutingSettings)
     store: StoreSettings = dataclasses.field(default_factory=StoreSettings)
+    security: SecuritySettings = dataclasses.field(default_factory=SecuritySettings)
 
     replica_id: str = dataclasses.field(
         default_factory=lambda: f'{socket.gethostname()}-{os.getpid()}'
@@ -219,12 +330,46 @@ class BrokerSettings:
                     env.get(ENV_REPLICATION_TIMEOUT, d.store.replication_timeout_ms)
                 ),
             ),
+            security=_security_from_env(env, d.security),
             replica_id=env.get(ENV_REPLICA_ID) or d.replica_id,
             http=env.get(ENV_HTTP, d.http),
             log_format=LogFormat(env.get(ENV_LOG_FORMAT, d.log_format)),
             log_level=env.get(ENV_LOG_LEVEL, d.log_level),
             shutdown_grace_seconds=float(env.get(ENV_SHUTDOWN_GRACE, d.shutdown_grace_seconds)),
         )
+
+
+def _security_from_env(env: Mapping[str, str], d: SecuritySettings) -> SecuritySettings:
+    return SecuritySettings(
+        allow_anonymous=_flag(env, ENV_ALLOW_ANONYMOUS, d.allow_anonymous),
+        users_file=env.get(ENV_USERS_FILE, d.users_file),
+        sasl_timeout_seconds=float(env.get(ENV_SASL_TIMEOUT, d.sasl_timeout_seconds)),
+        open_timeout_seconds=float(env.get(ENV_OPEN_TIMEOUT, d.open_timeout_seconds)),
+        tls_listen=env.get(ENV_TLS_LISTEN, d.tls_listen),
+        tls_cert_file=env.get(ENV_TLS_CERT_FILE, d.tls_cert_file),
+        tls_key_file=env.get(ENV_TLS_KEY_FILE, d.tls_key_file),
+        tls_client_ca_file=env.get(ENV_TLS_CLIENT_CA_FILE, d.tls_client_ca_file),
+        tls_client_auth=ClientAuth(env.get(ENV_TLS_CLIENT_AUTH, d.tls_client_auth)),
+        tls_reload_interval_seconds=float(
+            env.get(ENV_TLS_RELOAD_INTERVAL, d.tls_reload_interval_seconds)
+        ),
+        redis_ca_file=env.get(ENV_REDIS_CA_FILE, d.redis_ca_file),
+        max_connections=int(env.get(ENV_MAX_CONNECTIONS, d.max_connections)),
+        max_connections_per_user=int(
+            env.get(ENV_MAX_CONNECTIONS_PER_USER, d.max_connections_per_user)
+        ),
+        max_sessions_per_connection=int(env.get(ENV_MAX_SESSIONS, d.max_sessions_per_connection)),
+        max_links_per_session=int(env.get(ENV_MAX_LINKS, d.max_links_per_session)),
+        max_subscriptions_per_topic=int(
+            env.get(ENV_MAX_SUBSCRIPTIONS, d.max_subscriptions_per_topic)
+        ),
+        max_backlog_per_address=int(env.get(ENV_MAX_BACKLOG, d.max_backlog_per_address)),
+        backlog_overflow=Overflow(env.get(ENV_BACKLOG_OVERFLOW, d.backlog_overflow)),
+        memory_ceiling_mb=int(env.get(ENV_MEMORY_CEILING, d.memory_ceiling_mb)),
+        redis_memory_high_watermark=float(
+            env.get(ENV_REDIS_MEMORY_WATERMARK, d.redis_memory_high_watermark)
+        ),
+    )
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:

@@ -23,7 +23,8 @@
  *   temporary  attach a receiver with a dynamic source, send one message to the address the
  *              broker assigned (on a separate sender), receive it; reports address and body.
  *
- * Other options: "host" (default 127.0.0.1), "timeout_ms" (default 20000, hard overall bound),
+ * Other options: "host" (default 127.0.0.1), "username" and "password" (SASL PLAIN),
+ * "timeout_ms" (default 20000, hard overall bound),
  * "body_prefix" (default "m"), "start" (first index, default 0).
  */
 'use strict';
@@ -262,5 +263,8 @@ container.on('disconnected', (context) => {
   if (!finished) fail(`disconnected: ${context.error ? String(context.error) : 'no error given'}`);
 });
 
-connection = container.connect({ host: host, port: port, reconnect: false });
+// username and password (both set) make rhea authenticate with SASL PLAIN, else ANONYMOUS
+connection = container.connect({
+  host: host, port: port, reconnect: false, username: opts.username, password: opts.password,
+});
 modes[mode]();

@@ -161,3 +161,17 @@ def send_raw(conn: BlockingConnection, snd: BlockingSender, payload: bytes) -> i
     link.advance()
     conn.wait(lambda: delivery.settled, timeout=TIMEOUT, msg='disposition')
     return int(delivery.remote_state)
+
+
+def send_with_outcome(
+    conn: BlockingConnection, snd: BlockingSender, message: Message
+) -> tuple[int, str | None]:
+    """Send one message; return its remote outcome and, if refused, the error condition."""
+    link = snd.link
+    conn.wait(lambda: link.credit > 0, timeout=TIMEOUT, msg='credit')
+    delivery = link.delivery(str(time.monotonic_ns()))
+    link.send(message.encode())
+    link.advance()
+    conn.wait(lambda: delivery.settled, timeout=TIMEOUT, msg='disposition')
+    condition = delivery.remote.condition
+    return int(delivery.remote_state), condition.name if condition else None

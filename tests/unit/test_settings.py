@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from shoal_broker import cli, settings
-from shoal_broker.settings import AddressKind, BrokerSettings, Durability, LogFormat
+from shoal_broker.settings import (
+    AddressKind,
+    BrokerSettings,
+    ClientAuth,
+    Durability,
+    LogFormat,
+    Overflow,
+)
 
 # variable -> (value set, path of the field, expected value of that exact type)
 EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
@@ -40,6 +47,27 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_DURABILITY': ('fsync', 'store.durability', Durability.FSYNC),
     'SHOAL_REPLICATION_TIMEOUT_MS': ('250', 'store.replication_timeout_ms', 250),
     'SHOAL_SHUTDOWN_GRACE_SECONDS': ('3', 'shutdown_grace_seconds', 3.0),
+    # security and limits (docs/security.md)
+    'SHOAL_ALLOW_ANONYMOUS': ('false', 'security.allow_anonymous', False),
+    'SHOAL_USERS_FILE': ('/etc/shoal/users.json', 'security.users_file', '/etc/shoal/users.json'),
+    'SHOAL_SASL_TIMEOUT_SECONDS': ('3', 'security.sasl_timeout_seconds', 3.0),
+    'SHOAL_OPEN_TIMEOUT_SECONDS': ('30', 'security.open_timeout_seconds', 30.0),
+    'SHOAL_TLS_LISTEN': ('0.0.0.0:5671', 'security.tls_listen', '0.0.0.0:5671'),
+    'SHOAL_TLS_CERT_FILE': ('/tls/tls.crt', 'security.tls_cert_file', '/tls/tls.crt'),
+    'SHOAL_TLS_KEY_FILE': ('/tls/tls.key', 'security.tls_key_file', '/tls/tls.key'),
+    'SHOAL_TLS_CLIENT_CA_FILE': ('/tls/ca.crt', 'security.tls_client_ca_file', '/tls/ca.crt'),
+    'SHOAL_TLS_CLIENT_AUTH': ('required', 'security.tls_client_auth', ClientAuth.REQUIRED),
+    'SHOAL_TLS_RELOAD_INTERVAL_SECONDS': ('2', 'security.tls_reload_interval_seconds', 2.0),
+    'SHOAL_REDIS_CA_FILE': ('/redis/ca.crt', 'security.redis_ca_file', '/redis/ca.crt'),
+    'SHOAL_MAX_CONNECTIONS': ('100', 'security.max_connections', 100),
+    'SHOAL_MAX_CONNECTIONS_PER_USER': ('5', 'security.max_connections_per_user', 5),
+    'SHOAL_MAX_SESSIONS_PER_CONNECTION': ('7', 'security.max_sessions_per_connection', 7),
+    'SHOAL_MAX_LINKS_PER_SESSION': ('9', 'security.max_links_per_session', 9),
+    'SHOAL_MAX_SUBSCRIPTIONS_PER_TOPIC': ('4', 'security.max_subscriptions_per_topic', 4),
+    'SHOAL_MAX_BACKLOG_PER_ADDRESS': ('1000', 'security.max_backlog_per_address', 1000),
+    'SHOAL_BACKLOG_OVERFLOW': ('drop-oldest', 'security.backlog_overflow', Overflow.DROP_OLDEST),
+    'SHOAL_MEMORY_CEILING_MB': ('512', 'security.memory_ceiling_mb', 512),
+    'SHOAL_REDIS_MEMORY_HIGH_WATERMARK': ('0.8', 'security.redis_memory_high_watermark', 0.8),
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -61,6 +89,13 @@ DEFAULTS: dict[str, Any] = {
     'routing.expiry_address': '',
     'store.trim_interval_seconds': 5.0,
     'shutdown_grace_seconds': 10.0,
+    'security.allow_anonymous': True,
+    'security.users_file': '',
+    'security.tls_listen': '',
+    'security.tls_client_auth': ClientAuth.NONE,
+    'security.max_connections': 0,
+    'security.backlog_overflow': Overflow.REJECT_PUBLISH,
+    'security.redis_memory_high_watermark': 0.9,
 }
 
 

@@ -17,6 +17,7 @@ from shoal_broker.amqp.transactions import COORDINATOR_CAPABILITIES, Coordinator
 from shoal_broker.errors import AddressNotFound, BrokerError, InvalidField, NotImplementedByBroker
 from shoal_broker.routing import addresses, jms_subscriptions
 from shoal_broker.routing.storage import QUEUE_GROUP
+from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import AddressKind
 
 if TYPE_CHECKING:
@@ -88,16 +89,17 @@ async def producer(broker: 'Broker', state: ProducerLink) -> LinkState | None:
     if dynamic:
         address, kind = await _temporary(broker, state, requested)
     elif address is not None:
+        broker.guard.authorize(state.conn, Operation.SEND, address)
         kind = await broker.resolve(address, requested)
     else:
-        kind = None  # anonymous relay
+        kind = None  # anonymous relay: checked per message
     if not _still_wanted(state):
         return None
     state.address, state.kind = address, kind
     _open(link, address=address if dynamic else None)
     lib.pn_link_set_max_message_size(link, broker.settings.amqp.max_message_size)
     state.opened = True
-    lib.pn_link_flow(link, broker.settings.amqp.producer_credit)
+    broker.top_up(state)  # the first credit (none while over the memory ceiling)
     return state
 
 
@@ -140,7 +142,7 @@ async def consumer(
         address, kind = await _temporary(broker, placeholder, requested)
     else:
         address = addresses.check_name(engine.terminus_address(source))
-        kind = await broker.resolve(address, requested)
+        kind = await _resolve_to_receive(broker, conn, source, address, requested)
     copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
     presettled = lib.pn_link_remote_snd_settle_mode(link) == lib.PN_SND_SETTLED
     state: LinkState
@@ -169,6 +171,23 @@ async def consumer(
     return state
 
 
+async def _resolve_to_receive(
+    broker: 'Broker',
+    conn: 'AmqpConnection',
+    source: Ptr,
+    address: str,
+    requested: AddressKind | None,
+) -> AddressKind:
+    """Resolve a consumer's address, checking its permission before the address may be created
+    (browsing a queue needs browse or consume; anything else consume)."""
+    copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
+    broker.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
+    kind = await broker.resolve(address, requested)
+    if kind is AddressKind.TOPIC or not copy:
+        broker.guard.authorize(conn, Operation.CONSUME, address)
+    return kind
+
+
 async def _subscribe(
     broker: 'Broker',
     consumer: ConsumerLink,
@@ -192,9 +211,17 @@ async def _subscribe(
         consumer.group = (
             f'nd:{broker.settings.replica_id}:{consumer.conn.id}:{broker.next_serial()}'
         )
+        await broker.guard.check_subscription_room(broker.store, consumer.address, consumer.group)
         consumer.owned_group = True
         await broker.store.create_subscription(consumer.address, consumer.group, from_start=False)
         return
+    if (
+        spec.key.durable
+        and (denied := broker.guard.refusal(consumer.conn, Operation.MANAGE, consumer.address))
+        and await broker.store.subscription_definition(spec.key) is None
+    ):
+        raise denied  # creating a durable subscription needs manage; joining one, consume
+    await broker.guard.check_subscription_room(broker.store, consumer.address, spec.key.id)
     consumer.named = spec.key
     consumer.group = spec.key.id
     consumer.consumer_key = (
@@ -219,6 +246,7 @@ async def lookup(
     definition = await broker.store.subscription_definition(key)
     if definition is None:
         raise AddressNotFound(f'no durable subscription named {key.name!r}')
+    broker.guard.authorize(conn, Operation.MANAGE, definition.get('topic', ''))
     if not _still_wanted(placeholder):
         return None
     lib.pn_terminus_copy(lib.pn_link_target(link), lib.pn_link_remote_target(link))

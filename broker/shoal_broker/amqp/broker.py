@@ -22,6 +22,7 @@ from typing import Any
 from shoal_broker.amqp import attach, codec, engine, transactions
 from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.engine import Ptr, ffi, lib
+from shoal_broker.amqp.guard import Guard
 from shoal_broker.amqp.links import (
     UNSETTLED_ON_DETACH,
     BrowserLink,
@@ -38,6 +39,7 @@ from shoal_broker.errors import (
     BrokerError,
     InvalidField,
     MessageSizeExceeded,
+    StoreFull,
     StoreUnavailable,
 )
 from shoal_broker.metrics.registry import Counters
@@ -45,6 +47,7 @@ from shoal_broker.routing import addresses, outcomes
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Action, Disposition, Outcome
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, MessageStore, OutgoingMessage
+from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import AddressKind, BrokerSettings
 
 logger = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ class Broker:
         self.accepting = True
         self._loop = asyncio.get_running_loop()
         self.coordinator = transactions.Coordinator(self)
+        self.guard = Guard(settings.security, self)
         self.counters = Counters()
         self._dirty: set[AmqpConnection] = set()
         self._flush_scheduled = False
@@ -154,6 +158,10 @@ class Broker:
     def _on_connection_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
         c = conn.connection
         conn.container_id = engine.remote_container(c)
+        if conn.refusal is not None:  # a connection limit (amqp/guard.py)
+            self._open_connection(conn, refused=True)
+            conn.fail(conn.refusal.condition, str(conn.refusal))
+            return
         desired = engine.symbols(lib.pn_connection_remote_desired_capabilities(c))
         if 'sole-connection-for-container' in desired and conn.container_id and self.accepting:
             self.spawn(self._claim_then_open(conn, conn.container_id))
@@ -229,6 +237,8 @@ class Broker:
 
     def _on_session_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
         session = lib.pn_event_session(event)
+        if self.guard.session_refused(conn, session):
+            return
         if not conn.opened.is_set():
             conn.pending_sessions.append(session)  # pipelined Begin: answered after our Open
         elif lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
@@ -278,6 +288,9 @@ class Broker:
         name = engine.link_name(link)
         if not self.accepting:
             attach.refuse(link, BrokerError('broker is shutting down'))
+            return
+        if (limited := self.guard.link_refusal(conn, link)) is not None:
+            attach.refuse(link, limited)
             return
         if lib.pn_link_is_sender(link):
             placeholder = LinkState(conn, link, name)
@@ -453,6 +466,8 @@ class Broker:
 
     def top_up(self, producer: ProducerLink) -> None:
         """Give a producer credit back as its messages are stored (the back-pressure valve)."""
+        if self.guard.memory_high:  # back-pressure: credit again once memory falls
+            return
         window = self.settings.amqp.producer_credit
         credit = lib.pn_link_credit(producer.ptr)
         grant = window - producer.in_store - len(producer.waiting) - credit
@@ -517,6 +532,9 @@ class Broker:
     def _relay(self, producer: ProducerLink, message: PendingMessage) -> None:
         """Anonymous relay: the message names its address; order is kept per producer."""
         view = message.view
+        if view.to and (denied := self.guard.refusal(producer.conn, Operation.SEND, view.to)):
+            self._outcome(producer, message.delivery, message.settled, denied)
+            return
         known = self.kinds.get(view.to or '')
         wanted = addresses.kind_from_jms_dest(view.annotations.get('x-opt-jms-dest'))
         if not producer.waiting and view.to and known and wanted in (None, known):
@@ -552,6 +570,9 @@ class Broker:
         self, producer: ProducerLink, message: PendingMessage, address: str, kind: AddressKind
     ) -> None:
         view = message.view
+        if (full := self.guard.store_full) is not None and message.transaction is None:
+            self._outcome(producer, message.delivery, message.settled, full)
+            return
         stored = OutgoingMessage(
             band=outcomes.priority_band(view.header.priority),
             header=view.header_bytes,
@@ -612,6 +633,9 @@ class Broker:
                 self.counters.dropped(address)
         if not producer.alive:
             return  # stored (or not) all the same; the peer will not hear of it
+        if isinstance(error, StoreFull) and not message.settled:
+            self._outcome(producer, message.delivery, False, error)  # refused, not released
+            return
         if isinstance(error, AddressNotFound):
             self.kinds.pop(address, None)
             if not message.settled:

@@ -124,7 +124,10 @@ def decode(buf: bytes | bytearray, pos: int, depth: int = 0) -> tuple[Any, int]:
     if code == 0x82:
         return struct.unpack_from('>d', buf, pos + 1)[0], end
     if code == 0x73:
-        return chr(int.from_bytes(buf[pos + 1 : end], 'big')), end
+        point = int.from_bytes(buf[pos + 1 : end], 'big')
+        if point > 0x10FFFF:  # found by fuzz/ (a ValueError from chr escaped the decoder)
+            raise DecodeError(f'char value 0x{point:x} at {pos} is not a Unicode code point')
+        return chr(point), end
     if code == 0x98:
         return uuid.UUID(bytes=bytes(buf[pos + 1 : end])), end
     if code in (0xA0, 0xA1, 0xA3):

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, cast
 
 from shoal_broker.amqp import engine
 from shoal_broker.amqp.engine import ffi, lib
+from shoal_broker.amqp.sasl import SaslHandshake
+from shoal_broker.errors import BrokerError
+from shoal_broker.security.authenticator import Identity
 
 if TYPE_CHECKING:
     from shoal_broker.amqp.broker import Broker
@@ -56,7 +59,12 @@ class AmqpConnection(asyncio.Protocol):
         t = self.transport = lib.pn_transport()
         lib.pn_transport_set_server(t)
         lib.pn_transport_set_max_frame(t, broker.settings.amqp.max_frame_size)
-        engine.allow_mechanisms(t, 'ANONYMOUS')
+        # SASL is ours (amqp/sasl.py, via amqp/guard.py): proton gets the bytes after it
+        self.handshake: SaslHandshake | None = None
+        self.identity: Identity | None = None
+        self.refusal: BrokerError | None = None
+        """Set when a limit refuses the connection: the peer's Open is answered with it."""
+        self.counted = False
         self.connection = lib.pn_connection()
         self.collector = lib.pn_collector()
         lib.pn_connection_collect(self.connection, self.collector)
@@ -69,12 +77,17 @@ class AmqpConnection(asyncio.Protocol):
         self._socket = cast(asyncio.Transport, transport)
         peer = self._socket.get_extra_info('peername')
         self.peer = f'{peer[0]}:{peer[1]}' if isinstance(peer, tuple) else str(peer)
+        self.broker.guard.connection_made(self, transport)
         self.broker.connection_opened(self)
         self.process()
 
     def data_received(self, data: bytes) -> None:
         if self._freed:
             return
+        if self.handshake is not None:
+            data = self.broker.guard.handshake_input(self, data)
+            if not data:
+                return
         view = memoryview(data)
         offset, size = 0, len(view)
         while offset < size:
@@ -95,6 +108,7 @@ class AmqpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._close_input()
         self.alive = False
+        self.broker.guard.connection_lost(self)
         self.broker.connection_lost(self)
         self._free()
 
@@ -183,6 +197,16 @@ class AmqpConnection(asyncio.Protocol):
         if lib.pn_connection_state(c) & lib.PN_LOCAL_UNINIT:
             lib.pn_connection_open(c)
         lib.pn_connection_close(c)
+
+    def write_raw(self, data: bytes) -> None:
+        """Bytes from outside proton (the SASL layer), written before anything proton makes."""
+        if self._socket is not None:
+            self._socket.write(data)
+
+    def hang_up(self) -> None:
+        """Close the socket once what was written has gone out."""
+        if self._socket is not None:
+            self._socket.close()
 
     def abort(self) -> None:
         """Drop the socket without ceremony."""

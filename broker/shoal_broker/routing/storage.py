@@ -94,6 +94,14 @@ class MessageStore(Protocol):
         """Remove a subscription and everything it still held."""
         ...
 
+    async def subscription_room(self, address: str, group: str, limit: int) -> bool:
+        """Whether ``group`` exists on the address or fewer than ``limit`` groups do."""
+        ...
+
+    async def memory(self) -> tuple[int, int]:
+        """The store's memory in use and its limit (0: none), in bytes."""
+        ...
+
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
         """Append a message; resolves False when a topic had no subscription to keep it, and
         fails with AddressNotFound when the address was deleted meanwhile."""

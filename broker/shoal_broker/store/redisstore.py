@@ -31,6 +31,7 @@ from shoal_broker.errors import (
     BrokerError,
     ResourceLimitExceeded,
     ResourceLocked,
+    StoreFull,
     StoreUnavailable,
 )
 from shoal_broker.metrics.registry import REDIS_ROUND_TRIP
@@ -45,7 +46,7 @@ _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, 
 SCRIPTS = (
     'publish', 'create_group', 'delete_group', 'fetch', 'browse', 'trim', 'join', 'leave',
     'unsubscribe', 'release_client', 'release_clients', 'reclaim', 'reap_consumers',
-    'renew_lease', 'schedule', 'release_due',
+    'renew_lease', 'schedule', 'release_due', 'publish_limited',
 )  # fmt: skip
 
 
@@ -82,6 +83,9 @@ _Unit = tuple[list[tuple[Any, ...]], list[_Op]]
 
 class RedisStore:
     """Implements ``routing.storage.MessageStore`` on one Redis (or a Redis Cluster slot set)."""
+
+    _backlog: tuple[int, str] | None = None
+    """(limit, overflow policy) of every address's backlog; None = unlimited (limit_backlog)."""
 
     def __init__(
         self,
@@ -293,6 +297,9 @@ class RedisStore:
         if key[0] == 'publish':
             _, _, band, kind = key
             args = [arg for op in members for arg in op.batch_args]
+            if self._backlog is not None:  # SHOAL_MAX_BACKLOG_PER_ADDRESS
+                script_keys = (k.streams[band], k.groups, *k.streams)
+                return [self._script('publish_limited', script_keys, (kind, *self._backlog, *args))]
             return [self._script('publish', (k.streams[band], k.groups), (kind, *args))]
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         commands: list[tuple[Any, ...]] = [
@@ -308,6 +315,8 @@ class RedisStore:
             if replies[0] == -1:
                 self._kinds.pop(address, None)
                 raise AddressNotFound(f'{address!r} no longer exists')
+            if replies[0] == -2:
+                raise StoreFull(f'{address!r} holds its limit of {self._backlog_limit} messages')
             return bool(replies[0])
 
         return self._queue(
@@ -603,6 +612,31 @@ class RedisStore:
             if not cursor:
                 return removed
 
+    # -- limits (docs/security.md) ----------------------------------------------------------------
+
+    def limit_backlog(self, limit: int, overflow: str) -> None:
+        """Cap what every address holds: at ``limit`` entries a publish is refused
+        (``reject-publish``) or the oldest entries are dropped (``drop-oldest``). 0 = no cap."""
+        self._backlog = (limit, overflow) if limit > 0 else None
+
+    @property
+    def _backlog_limit(self) -> int:
+        return self._backlog[0] if self._backlog is not None else 0
+
+    async def memory(self) -> tuple[int, int]:
+        """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes."""
+        info = await self._call(self._client.info('memory'))
+        return int(info.get('used_memory', 0)), int(info.get('maxmemory', 0))
+
+    async def subscription_room(self, address: str, group: str, limit: int) -> bool:
+        """Whether ``group`` exists on the address or fewer than ``limit`` groups do."""
+        k = keys.AddressKeys.of(address)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.sismember(k.groups, group)
+        pipe.scard(k.groups)
+        exists, count = await self._call(pipe.execute())
+        return bool(exists) or int(count) < limit
+
     @property
     def client(self) -> 'redis.asyncio.Redis':
         """The Redis client, for the store's own companion modules (liveness, inspection)."""
@@ -702,6 +736,9 @@ def _settle(op: _Op, replies: list[Any]) -> None:
     if op.future.done():
         return
     error = next((r for r in replies if isinstance(r, Exception)), None)
+    if isinstance(error, redis.exceptions.OutOfMemoryError):
+        _fail(op, StoreFull('the message store is full (Redis maxmemory reached)'))
+        return
     if error is not None:
         _fail(op, StoreUnavailable(f'Redis refused: {error}'))
         return

@@ -1,0 +1,263 @@
+"""
+The broker's door: SASL on each new connection, connection/session/link limits, permissions.
+
+Everything here is called from small hooks in ``connection.py``, ``broker.py`` and ``attach.py``
+so that the security decisions live in one place. The pure parts (SCRAM, users file, permission
+patterns) are in ``shoal_broker.security``; the SASL frames in ``amqp/sasl.py``.
+"""
+
+import asyncio
+import collections
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from shoal_broker.amqp import engine, sasl
+from shoal_broker.amqp.engine import Ptr, lib
+from shoal_broker.amqp.links import ProducerLink
+from shoal_broker.errors import BrokerError, ResourceLimitExceeded, StoreFull, Unauthorized
+from shoal_broker.security.authenticator import Authenticator, AuthPolicy, Identity, UsersSource
+from shoal_broker.security.permissions import Operation
+from shoal_broker.settings import SecuritySettings
+
+if TYPE_CHECKING:
+    from shoal_broker.amqp.broker import Broker
+    from shoal_broker.amqp.connection import AmqpConnection
+    from shoal_broker.routing.storage import MessageStore
+
+MEMORY_SAMPLE_SECONDS = 0.5
+STORE_MEMORY_SAMPLE_SECONDS = 0.1
+STORE_LIMIT_RECHECK_SECONDS = 10.0
+MEMORY_RELIEF = 0.9
+"""Credit flows again once resident memory is below this fraction of the ceiling."""
+
+logger = logging.getLogger(__name__)
+
+
+class Guard:
+    def __init__(self, settings: SecuritySettings, broker: 'Broker') -> None:
+        self.settings = settings
+        self.broker = broker
+        users = UsersSource(settings.users_file) if settings.users_file else None
+        self.authenticator = Authenticator(
+            AuthPolicy(allow_anonymous=settings.allow_anonymous, users=users)
+        )
+        self.per_user: collections.Counter[str] = collections.Counter()
+        self.admitted = 0
+        self._timers: dict[int, list[asyncio.TimerHandle]] = {}
+        self.memory_high = False
+        """Resident memory is over the ceiling: producers get no credit (``Broker.top_up``)."""
+        self.store_full: StoreFull | None = None
+        """Redis is at its high watermark: publishes are refused with this error."""
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def connection_made(self, conn: 'AmqpConnection', socket: asyncio.BaseTransport) -> None:
+        conn.handshake = sasl.SaslHandshake(self.authenticator, certificate_name(socket))
+        loop = asyncio.get_running_loop()
+        timers = [loop.call_later(self.settings.sasl_timeout_seconds, self._sasl_overdue, conn)]
+        if self.settings.open_timeout_seconds > 0:
+            timers.append(
+                loop.call_later(self.settings.open_timeout_seconds, self._open_overdue, conn)
+            )
+        self._timers[conn.id] = timers
+
+    def handshake_input(self, conn: 'AmqpConnection', data: bytes) -> bytes:
+        """Feed the SASL layer; return what belongs to proton (empty while SASL goes on)."""
+        handshake = conn.handshake
+        assert handshake is not None
+        if handshake.failure is not None:  # bytes that were in flight when we hung up
+            return b''
+        step = handshake.receive(data)
+        if step.output:
+            conn.write_raw(step.output)
+        if handshake.state is sasl.State.FAILED:
+            logger.info('connection %d from %s: %s', conn.id, conn.peer, handshake.failure)
+            conn.hang_up()
+            return b''
+        if step.passthrough is None:
+            return b''
+        assert handshake.identity is not None
+        conn.handshake = None
+        self._admit(conn, handshake.identity)
+        return step.passthrough
+
+    def _admit(self, conn: 'AmqpConnection', identity: Identity) -> None:
+        conn.identity = identity
+        limit, per_user = self.settings.max_connections, self.settings.max_connections_per_user
+        if limit and self.admitted >= limit:
+            conn.refusal = ResourceLimitExceeded(
+                f'this broker holds its limit of {limit} connections'
+            )
+        elif per_user and self.per_user[identity.name] >= per_user:
+            conn.refusal = ResourceLimitExceeded(
+                f'user {identity.name!r} holds its limit of {per_user} connections'
+            )
+        else:
+            self.admitted += 1
+            self.per_user[identity.name] += 1
+            conn.counted = True
+        logger.debug('connection %d authenticated as %r (%s)', conn.id, identity.name,
+                     identity.mechanism)  # fmt: skip
+
+    def connection_lost(self, conn: 'AmqpConnection') -> None:
+        for timer in self._timers.pop(conn.id, ()):
+            timer.cancel()
+        if conn.counted and conn.identity is not None:
+            conn.counted = False
+            self.admitted -= 1
+            self.per_user[conn.identity.name] -= 1
+            if self.per_user[conn.identity.name] <= 0:
+                del self.per_user[conn.identity.name]
+
+    def _sasl_overdue(self, conn: 'AmqpConnection') -> None:
+        if conn.alive and conn.handshake is not None:
+            logger.info('connection %d from %s: SASL not finished in time', conn.id, conn.peer)
+            conn.abort()
+
+    def _open_overdue(self, conn: 'AmqpConnection') -> None:
+        state = lib.pn_connection_state(conn.connection)
+        if conn.alive and not state & (lib.PN_REMOTE_ACTIVE | lib.PN_REMOTE_CLOSED):
+            logger.info('connection %d from %s: no Open in time', conn.id, conn.peer)
+            conn.abort()
+
+    # -- sessions and links --------------------------------------------------------------------
+
+    def session_refused(self, conn: 'AmqpConnection', session: Ptr) -> bool:
+        """True (and the session ended with the error) when the connection has too many."""
+        limit = self.settings.max_sessions_per_connection
+        if not limit:
+            return False
+        # sessions already answered or waiting for our Open (this one is neither yet)
+        count = len(conn.pending_sessions)
+        s = lib.pn_session_head(conn.connection, lib.PN_LOCAL_ACTIVE)
+        while s != engine.NULL:
+            count += 1
+            s = lib.pn_session_next(s, lib.PN_LOCAL_ACTIVE)
+        if count < limit:
+            return False
+        if not conn.opened.is_set():
+            # proton never writes a Begin (or End) for a session answered before our Open, so
+            # a peer pipelining this many sessions before it loses the whole connection
+            conn.fail(ResourceLimitExceeded.condition, f'more than {limit} sessions before Open')
+            return True
+        engine.set_condition(
+            lib.pn_session_condition(session),
+            ResourceLimitExceeded.condition,
+            f'a connection may have at most {limit} sessions',
+        )
+        lib.pn_session_open(session)
+        lib.pn_session_close(session)
+        return True
+
+    def link_refusal(self, conn: 'AmqpConnection', link: Ptr) -> BrokerError | None:
+        limit = self.settings.max_links_per_session
+        if not limit:
+            return None
+        session = lib.pn_link_session(link)
+        count = sum(1 for ptr in conn.links if lib.pn_link_session(ptr) == session)
+        if count < limit:
+            return None
+        return ResourceLimitExceeded(f'a session may have at most {limit} links')
+
+    async def check_subscription_room(
+        self, store: 'MessageStore', address: str, group: str
+    ) -> None:
+        """Refuse a subscription that would exceed ``max_subscriptions_per_topic``. Checked, not
+        reserved: attaches racing on several replicas may pass it together."""
+        limit = self.settings.max_subscriptions_per_topic
+        if limit and not await store.subscription_room(address, group, limit):
+            raise ResourceLimitExceeded(f'topic {address!r} has its limit of {limit} subscriptions')
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def watch_memory(self) -> None:
+        """Sample resident memory; over the ceiling, withhold producer credit (back-pressure
+        rather than an out-of-memory kill); below 90 % of it, give credit back."""
+        ceiling = self.settings.memory_ceiling_mb * 1024 * 1024
+        if not ceiling:
+            return
+        loop = asyncio.get_running_loop()
+        broker = self.broker
+
+        def sample() -> None:
+            rss = resident_bytes()
+            if not self.memory_high and rss > ceiling:
+                self.memory_high = True
+                logger.warning('resident memory %d MiB over the ceiling: producers paused',
+                               rss >> 20)  # fmt: skip
+            elif self.memory_high and rss < ceiling * MEMORY_RELIEF:
+                self.memory_high = False
+                logger.warning('resident memory %d MiB: producers resume', rss >> 20)
+                for conn in list(broker.connections):
+                    for state in list(conn.links.values()):
+                        if isinstance(state, ProducerLink) and state.opened and state.alive:
+                            broker.top_up(state)
+            loop.call_later(MEMORY_SAMPLE_SECONDS, sample)
+
+        sample()
+
+    async def watch_store_memory(self, store: 'MessageStore') -> None:
+        """Refuse publishes while Redis is above its high watermark (runs until cancelled)."""
+        watermark = self.settings.redis_memory_high_watermark
+        if watermark <= 0:
+            return
+        while True:
+            try:
+                used, limit = await store.memory()
+            except BrokerError as exc:
+                logger.debug('Redis memory not sampled: %s', exc)
+                limit = 0
+            else:
+                full = bool(limit) and used >= limit * watermark
+                if full and self.store_full is None:
+                    logger.warning('Redis uses %d of its %d bytes: refusing messages', used, limit)
+                    self.store_full = StoreFull(
+                        f'the message store is full ({used >> 20} of {limit >> 20} MiB used)'
+                    )
+                elif not full and self.store_full is not None:
+                    logger.warning('Redis memory below the watermark again: accepting messages')
+                    self.store_full = None
+            # without a maxmemory there is nothing to watch: look again now and then in case
+            # one is configured at run time
+            await asyncio.sleep(
+                STORE_MEMORY_SAMPLE_SECONDS if limit else STORE_LIMIT_RECHECK_SECONDS
+            )
+
+    # -- permissions ---------------------------------------------------------------------------
+
+    def refusal(
+        self, conn: 'AmqpConnection', operation: Operation, address: str
+    ) -> Unauthorized | None:
+        identity = conn.identity
+        if identity is None or identity.permissions is None:
+            return None
+        if identity.permissions.allows(operation, address):
+            return None
+        return Unauthorized(f'user {identity.name!r} may not {operation} {address!r}')
+
+    def authorize(self, conn: 'AmqpConnection', operation: Operation, address: str) -> None:
+        error = self.refusal(conn, operation, address)
+        if error is not None:
+            raise error
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (Linux ``/proc``)."""
+    with open('/proc/self/statm', encoding='ascii') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+def certificate_name(socket: asyncio.BaseTransport) -> str | None:
+    """The verified client certificate's subject CN (the SASL EXTERNAL identity), if any."""
+    ssl_object = socket.get_extra_info('ssl_object')
+    if ssl_object is None:
+        return None
+    certificate = ssl_object.getpeercert()
+    if not certificate:
+        return None
+    for rdn in certificate.get('subject', ()):
+        for key, value in rdn:
+            if key == 'commonName':
+                return str(value)
+    return None

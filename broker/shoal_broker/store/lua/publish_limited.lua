@@ -1,0 +1,44 @@
+-- publish.lua with a backlog limit per address (SHOAL_MAX_BACKLOG_PER_ADDRESS).
+--
+-- KEYS[1] stream   STREAM of the band written
+-- KEYS[2] groups   SET subscription names of the address
+-- KEYS[3] band 0 STREAM, KEYS[4] band 1 STREAM (the backlog counts both)
+-- ARGV[1] kind     'queue' or 'topic'
+-- ARGV[2] limit    entries the address may hold
+-- ARGV[3] overflow 'reject-publish' (refuse the whole batch) or 'drop-oldest' (add, then trim
+--                  the oldest entries, normal band first)
+-- ARGV[4..] quadruples as in publish.lua
+-- The backlog is what the streams hold: entries every subscription has consumed leave at the
+-- next trim, so until then they count. Returns as publish.lua, or -2 when refused as full.
+if redis.call('SCARD', KEYS[2]) == 0 then
+  if ARGV[1] == 'topic' then return 0 end
+  return -1
+end
+local limit = tonumber(ARGV[2])
+local adding = (#ARGV - 3) / 4
+local held = redis.call('XLEN', KEYS[3]) + redis.call('XLEN', KEYS[4])
+if ARGV[3] == 'reject-publish' and held + adding > limit then return -2 end
+local ids = {}
+for i = 4, #ARGV, 4 do
+  local fields = {'h', ARGV[i], 'r', ARGV[i + 1]}
+  if ARGV[i + 2] ~= '0' then
+    fields[#fields + 1] = 'x'
+    fields[#fields + 1] = ARGV[i + 2]
+  end
+  if ARGV[i + 3] ~= '' then
+    fields[#fields + 1] = 'c'
+    fields[#fields + 1] = ARGV[i + 3]
+  end
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', unpack(fields))
+end
+local excess = held + adding - limit
+for band = 3, 4 do
+  if excess <= 0 then break end
+  local length = redis.call('XLEN', KEYS[band])
+  local cut = math.min(length, excess)
+  if cut > 0 then
+    redis.call('XTRIM', KEYS[band], 'MAXLEN', length - cut)
+    excess = excess - cut
+  end
+end
+return #ids
