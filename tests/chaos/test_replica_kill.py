@@ -70,7 +70,7 @@ def test_kill_9_of_a_replica_under_load_loses_no_accepted_message(cluster, recor
     for body, got in duplicates.items():
         first, *again = got
         # Only the killed replica's in-flight deliveries may come twice: first from it (a dead
-        # process sends nothing, so no clock comparison is needed), then redelivered by the survivor.
+        # process sends nothing, so no clock comparison is needed), then again from the survivor.
         assert first.url == doomed.url, (body, got, summary)
         assert all(r.url == survivor.url and r.delivery_count >= 1 for r in again), (body, got)
         assert len(got) == 2, (body, got)
