@@ -2,10 +2,12 @@
 The Redis store: every message, subscription and in-flight delivery of the cluster.
 
 Per-message operations (publish, fetch, ack, release) are queued and sent as one pipeline per
-cycle: while one pipeline is in flight, the next one fills up, so the batch grows with load and
-there is never one round trip per message (DESIGN.md §3). Exactly one pipeline is in flight at a
-time, which also keeps one producer's messages in order. Multi-key changes that must be atomic
-are Lua scripts in ``lua/`` (one file per operation, KEYS and ARGV documented in its header).
+cycle: while pipelines are in flight, the next one fills up, so the batch grows with load and
+there is never one round trip per message (DESIGN.md §3). Up to ``PIPELINES_IN_FLIGHT``
+pipelines are in flight at a time, all on one connection (``lane.py``): Redis applies them in
+the order they were written, which keeps one producer's messages in order, and nothing is
+accepted before its pipeline's reply. Multi-key changes that must be atomic are Lua scripts in
+``lua/`` (one file per operation, KEYS and ARGV documented in its header).
 
 Wake-ups: a cycle that added or returned entries publishes one notification per address; other
 replicas with hungry consumers fetch on it instead of polling.
@@ -38,6 +40,7 @@ from shoal_broker.routing.jms_subscriptions import SubscriptionKey, Subscription
 from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notify, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
+from shoal_broker.store.lane import Lane
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,10 @@ MAX_REDIS_CONNECTIONS = 64
 
 POOL_WAIT_SECONDS = 20.0
 """How long a Redis call waits for a free connection before it fails."""
+
+PIPELINES_IN_FLIGHT = 4
+"""Per-message pipelines sent but not yet answered. One left the broker idle for every round
+trip (73 % CPU at saturation); more than a few only shrinks the batches (docs/benchmarks.md)."""
 
 
 def _lua(name: str) -> str:
@@ -97,7 +104,12 @@ class RedisStore:
         self._sha: dict[str, str] = {}
         self._source: dict[str, str] = {}
         self._queued: list[_Op] = []
-        self._in_flight: list[_Op] = []
+        self._in_flight: dict[int, list[_Op]] = {}
+        """Ops of each pipeline sent and not yet answered, by cycle number."""
+        self._cycle_number = 0
+        self._lane = Lane(client.connection_pool, PIPELINES_IN_FLIGHT)
+        self._retry: list[_Op] = []
+        """Ops to send again, in order, once the scripts are loaded (Redis had forgotten them)."""
         self._wakeup = asyncio.Event()
         self._kinds: dict[str, AddressKind] = {}
         self._watchers: dict[str, list[Notify]] = {}
@@ -159,7 +171,8 @@ class RedisStore:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for op in self._queued:
+        await self._lane.close()
+        for op in (*self._queued, *self._retry, *self._in_flight_ops()):
             if not op.future.done():
                 op.future.set_exception(StoreUnavailable('broker shutting down'))
         if self._pubsub is not None:
@@ -169,9 +182,12 @@ class RedisStore:
 
     async def flush(self) -> None:
         """Wait until everything queued or in flight has been sent and answered."""
-        while self._queued or self._in_flight:
-            pending = [op.future for op in (*self._queued, *self._in_flight)]
+        while self._queued or self._in_flight or self._retry:
+            pending = [op.future for op in (*self._queued, *self._retry, *self._in_flight_ops())]
             await asyncio.gather(*pending, return_exceptions=True)
+
+    def _in_flight_ops(self) -> list[_Op]:
+        return [op for ops in self._in_flight.values() for op in ops]
 
     async def ping(self) -> bool:
         try:
@@ -184,7 +200,7 @@ class RedisStore:
             self._source[name] = _lua(name)
             self._sha[name] = as_text(await self._client.script_load(self._source[name]))
 
-    # -- the per-message path: queued, batched, one pipeline in flight -------------------------
+    # -- the per-message path: queued, batched, a few pipelines in flight on one connection -----
 
     def _queue(
         self,
@@ -209,53 +225,72 @@ class RedisStore:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            ops, self._queued = self._queued, []
-            if not ops:
+            if not self._queued:
                 continue
-            self._in_flight = ops
+            await self._lane.wait_for_room()  # meanwhile the batch grows
+            ops, self._queued = self._queued, []
             try:
-                await self._cycle(ops)
+                await self._send_cycle(ops)
             except Exception as exc:  # a bug must not stop every later store operation
                 logger.exception('store cycle failed')
                 for op in ops:
                     if not op.future.done():
                         op.future.set_exception(StoreUnavailable(f'store cycle failed: {exc}'))
-            finally:
-                self._in_flight = []
 
-    async def _cycle(self, ops: list[_Op]) -> None:
+    async def _send_cycle(self, ops: list[_Op]) -> None:
         units = self._units(ops)
-        pipe = self._client.pipeline(transaction=False)
-        for commands, _ in units:
-            for command in commands:
-                pipe.execute_command(*command)
+        commands = [command for unit_commands, _ in units for command in unit_commands]
         announced = {op.notify for op in ops if op.notify}
         for address in announced:
-            pipe.execute_command('PUBLISH', keys.AddressKeys.of(address).notify, self._replica_id)
+            commands.append(('PUBLISH', keys.AddressKeys.of(address).notify, self._replica_id))
         waits = self._durability is Durability.REPLICATED and any(
             op.batch is not None and op.batch[0] == 'publish' for op in ops
         )
         if waits:  # accepted only once a Redis replica has it
-            pipe.execute_command('WAIT', 1, self._replication_timeout_ms)
+            commands.append(('WAIT', 1, self._replication_timeout_ms))
         self.pipelines += 1
-        self.commands += len(pipe.command_stack)
+        self.commands += len(commands)
         started = time.perf_counter()
         try:
-            replies = await pipe.execute(raise_on_error=False)
-            REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
+            replies = await self._lane.send(commands)
         except _REDIS_DOWN as exc:
-            logger.warning('Redis unreachable: %s', exc)
-            for op in ops:
-                if not op.future.done():
-                    _fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
+            _unreachable(ops, exc)
             return
+        number = self._cycle_number = self._cycle_number + 1
+        self._in_flight[number] = ops
+
+        def answered(future: asyncio.Future[list[Any]]) -> None:
+            del self._in_flight[number]
+            self._answered(ops, units, future, waits=waits, started=started)
+
+        replies.add_done_callback(answered)
+
+    def _answered(
+        self,
+        ops: list[_Op],
+        units: list[_Unit],
+        future: asyncio.Future[list[Any]],
+        *,
+        waits: bool,
+        started: float,
+    ) -> None:
+        """Settle a cycle's ops from its replies (called in the order the cycles were sent)."""
+        if future.cancelled():
+            _unreachable(ops, StoreUnavailable('broker shutting down'))
+            return
+        exc = future.exception()
+        if exc is not None:
+            _unreachable(ops, exc)
+            return
+        replies = future.result()
+        REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
         if waits and not (isinstance(replies[-1], int) and replies[-1] >= 1):
             _unconfirmed(ops)
-        await self._settle_units(units, replies)
+        self._settle_units(units, replies)
         for address in {op.notify for op in ops if op.notify and op.notify_local}:
             self._notify_local(address)
 
-    async def _settle_units(self, units: list[_Unit], replies: list[Any]) -> None:
+    def _settle_units(self, units: list[_Unit], replies: list[Any]) -> None:
         retry: list[_Op] = []
         pos = 0
         for commands, members in units:
@@ -267,9 +302,24 @@ class RedisStore:
             for op in members:
                 _settle(op, mine)  # a merged command's replies belong to each of its members
         if retry:
+            if not self._retry:
+                self._background(self._reload_then_retry())
+            self._retry += retry  # cycles are answered in order, so the retries stay in order
+
+    async def _reload_then_retry(self) -> None:
+        """Redis forgot the scripts (restarted or flushed): load them, then send those ops again
+        ahead of everything queued (a script's hash is its SHA1: the commands stay valid). Only
+        idempotent scripts (fetch, browse, schedule) go by hash; publish goes as source, so a
+        lost script can never reorder a producer's messages."""
+        try:
             await self._load_scripts()
-            self._queued[:0] = retry  # a script's hash is its SHA1: the commands stay valid
-            self._wakeup.set()
+        except _REDIS_DOWN as exc:
+            retry, self._retry = self._retry, []
+            _unreachable(retry, exc)
+            return
+        retry, self._retry = self._retry, []
+        self._queued[:0] = retry
+        self._wakeup.set()
 
     def _units(self, ops: list[_Op]) -> list[_Unit]:
         """Group ops into pipeline units, merging batchable ones where the first of them stood."""
@@ -293,7 +343,8 @@ class RedisStore:
         if key[0] == 'publish':
             _, _, band, kind = key
             args = [arg for op in members for arg in op.batch_args]
-            return [self._script('publish', (k.streams[band], k.groups), (kind, *args))]
+            # by source, not hash: see _reload_then_retry (Redis caches it by its SHA1)
+            return [('EVAL', self._source['publish'], 2, k.streams[band], k.groups, kind, *args)]
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         commands: list[tuple[Any, ...]] = [
             ('XACK', k.streams[band], group, *(op.batch_args[0] for op in members))
@@ -712,6 +763,13 @@ def _settle(op: _Op, replies: list[Any]) -> None:
     except Exception as exc:  # a reply of an unexpected shape: fail this op, not the cycle
         logger.exception('unexpected Redis reply')
         _fail(op, StoreUnavailable(f'unexpected Redis reply: {exc}'))
+
+
+def _unreachable(ops: list[_Op], exc: BaseException) -> None:
+    logger.warning('Redis unreachable: %s', exc)
+    for op in ops:
+        if not op.future.done():
+            _fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
 
 
 def _unconfirmed(ops: list[_Op]) -> None:
