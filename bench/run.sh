@@ -28,6 +28,11 @@
 # as a topic, each consumer link gets its own non-durable subscription, and the row measures
 # real topic fan-out (amqpload checks that every subscriber got every message).
 #
+# Durable row: a second redis-server with appendonly yes + appendfsync always and a broker with
+# SHOAL_DURABILITY=fsync (an accept means the message is fsynced), producers marking messages
+# durable; it matches run-peer-bench.sh's "i-durable" row (RabbitMQ durable queue, persistent).
+# ROWS (default "i ii iii v iv d") picks rows, e.g. ROWS="i d".
+#
 # Every amqpload run is bounded by --timeout per process and each step by `timeout`. Every
 # process this script starts is stopped by PID on exit.
 set -euo pipefail
@@ -39,6 +44,7 @@ AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
 N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
 REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+ROWS=" ${ROWS:-i ii iii v iv d} "
 OUT=${1:-/tmp/shoal-bench/$(date +%Y%m%d-%H%M%S)}
 
 [[ -f $AMQPLOAD ]] || { echo "amqpload not found at $AMQPLOAD (set AMQPLOAD=...)" >&2; exit 2; }
@@ -88,8 +94,10 @@ proc_cpu_s() {  # utime+stime of a PID in seconds
   awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
 }
 
-start_redis() {
-  redis-server --bind 127.0.0.1 --port "$RPORT" --save '' --appendonly no --dir "$WORK" \
+start_redis() {  # extra redis-server options, e.g. --appendonly yes --appendfsync always
+  local opts=(--appendonly no)
+  (($#)) && opts=("$@")
+  redis-server --bind 127.0.0.1 --port "$RPORT" --save '' "${opts[@]}" --dir "$WORK" \
       --protected-mode yes --logfile "$OUT/redis.log" --daemonize no > /dev/null 2>&1 &
   REDIS_PID=$!
   STARTED_PIDS+=("$REDIS_PID")
@@ -158,6 +166,8 @@ bench() {  # label, messages per rep (for the Redis CPU line), then amqpload run
        status --porcelain -- broker 2>/dev/null | grep -q . && echo ' (broker/ modified)')"
 } | tee "$OUT/machine.txt"
 
+row() { [[ $ROWS == *" $1 "* ]]; }
+
 start_redis
 start_broker broker.log
 
@@ -165,16 +175,31 @@ Q='bench-{run}'     # a fresh address per repetition ({run} is replaced by amqpl
 
 # Closed loop: the producer keeps at most $BACKLOG messages sent but not yet received, so the
 # rows measure steady-state capacity with meaningful latency.
-bench "i queue 1p1c at-least-once" "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" --warmup "$WARMUP"
-bench "ii queue 1p1c presettled"   "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" --presettled
-bench "iii queue 1p4c competing"   "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" -k 4
-bench "v latency @${RATE}/s"       "$NLAT" -a "$Q" -n "$NLAT" --rate "$RATE" --max-backlog "$BACKLOG"
+row i && bench "i queue 1p1c at-least-once" "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" \
+  --warmup "$WARMUP"
+row ii && bench "ii queue 1p1c presettled" "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" \
+  --presettled
+row iii && bench "iii queue 1p4c competing" "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" -k 4
+row v && bench "v latency @${RATE}/s" "$NLAT" -a "$Q" -n "$NLAT" --rate "$RATE" \
+  --max-backlog "$BACKLOG"
 
 # Fan-out needs addresses auto-created as topics (see the header).
 stop_broker
-start_broker broker-topic.log SHOAL_DEFAULT_ADDRESS_KIND=topic
-bench "iv topic fan-out 1p4s" "$NFAN" -a "$Q" -n "$NFAN" --max-backlog "$BACKLOG" -k 4 --fanout
-stop_broker
+if row iv; then
+  start_broker broker-topic.log SHOAL_DEFAULT_ADDRESS_KIND=topic
+  bench "iv topic fan-out 1p4s" "$NFAN" -a "$Q" -n "$NFAN" --max-backlog "$BACKLOG" -k 4 --fanout
+  stop_broker
+fi
+
+# Durable: Redis fsyncs every write before replying, the broker accepts only after that reply.
+if row d; then
+  kill -TERM "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true
+  start_redis --appendonly yes --appendfsync always
+  start_broker broker-fsync.log SHOAL_DURABILITY=fsync
+  bench "i-durable queue 1p1c at-least-once" "$N" -a "bench-d-{run}" -n "$N" \
+    --max-backlog "$BACKLOG" --durable
+  stop_broker
+fi
 
 machine "after" | tee -a "$OUT/machine.txt"
 
