@@ -64,6 +64,9 @@ _TERMINAL = {
     lib.PN_MODIFIED: Outcome.MODIFIED,
 }
 
+_DISPOSITIONS = {outcome: Disposition(outcome) for outcome in Outcome}
+"""Shared (frozen) dispositions: building one per acknowledgement cost ~2.5 µs."""
+
 
 class Broker:
     def __init__(self, settings: BrokerSettings, store: MessageStore, version: str) -> None:
@@ -552,14 +555,17 @@ class Broker:
         self, producer: ProducerLink, message: PendingMessage, address: str, kind: AddressKind
     ) -> None:
         view = message.view
-        stored = OutgoingMessage(
-            band=outcomes.priority_band(view.header.priority),
-            header=view.header_bytes,
-            rest=view.rest,
-            expiry_ms=outcomes.expiry_ms(
-                int(time.time() * 1000), view.header.ttl, view.absolute_expiry_time
+        header = view.header
+        stored = OutgoingMessage(  # positional: keyword construction costs ~2 µs per message
+            outcomes.priority_band(header.priority),  # band
+            view.header_bytes,
+            view.rest,
+            (  # expiry_ms
+                outcomes.expiry_ms(int(time.time() * 1000), header.ttl, view.absolute_expiry_time)
+                if header.ttl or view.absolute_expiry_time
+                else 0
             ),
-            origin=producer.conn.container_id or '',
+            producer.conn.container_id or '',  # origin
         )
         if message.transaction is not None:  # held until the transaction is discharged
             message.transaction.sends.append((address, kind, stored))
@@ -671,12 +677,15 @@ class Broker:
                 return  # e.g. `received`: not an outcome yet
             outcome = Outcome.ACCEPTED  # settled with no outcome: the peer is done with it
         entry = consumer.unacked.pop(delivery, None)
-        remote = lib.pn_delivery_remote(delivery)
-        disposition = Disposition(
-            outcome,
-            delivery_failed=bool(lib.pn_disposition_is_failed(remote)),
-            undeliverable_here=bool(lib.pn_disposition_is_undeliverable(remote)),
-        )
+        if outcome is Outcome.MODIFIED:  # its flags matter to no other outcome
+            remote = lib.pn_delivery_remote(delivery)
+            disposition = Disposition(
+                outcome,
+                bool(lib.pn_disposition_is_failed(remote)),  # delivery_failed
+                bool(lib.pn_disposition_is_undeliverable(remote)),  # undeliverable_here
+            )
+        else:
+            disposition = _DISPOSITIONS[outcome]
         lib.pn_delivery_settle(delivery)
         if entry is not None:
             self._apply(consumer, entry, disposition)

@@ -267,14 +267,14 @@ def parse(buf: bytes | bytearray) -> RoutingView:
             pos = end
     except IndexError as exc:
         raise DecodeError('truncated section') from exc
-    return RoutingView(
-        header=header,
-        header_bytes=header_bytes,
-        rest=bytes(buf[rest_start:]) if rest_start is not None else b'',
-        annotations=annotations,
-        to=to if isinstance(to, str) else None,
-        absolute_expiry_time=expiry if isinstance(expiry, int) else None,
-        creation_time=creation if isinstance(creation, int) else None,
+    return RoutingView(  # positional: keyword construction costs ~2 µs per message
+        header,
+        header_bytes,
+        bytes(buf[rest_start:]) if rest_start is not None else b'',  # rest
+        annotations,
+        to if isinstance(to, str) else None,  # to
+        expiry if isinstance(expiry, int) else None,  # absolute_expiry_time
+        creation if isinstance(creation, int) else None,  # creation_time
     )
 
 

@@ -34,14 +34,17 @@ def pack(commands: Iterable[Sequence[Any]]) -> bytes:
     for command in commands:
         append(b'*%d\r\n' % len(command))
         for arg in command:
-            if isinstance(arg, str):
+            kind = type(arg)
+            if kind is bytes:  # most arguments: message parts
+                pass
+            elif kind is str:
                 arg = arg.encode()
-            elif isinstance(arg, int):
+            elif kind is int:
                 arg = b'%d' % arg
-            elif isinstance(arg, float):
+            elif kind is float:
                 arg = repr(arg).encode()
             elif not isinstance(arg, bytes | bytearray | memoryview):
-                raise TypeError(f'cannot send a {type(arg).__name__} to Redis')
+                raise TypeError(f'cannot send a {kind.__name__} to Redis')
             append(b'$%d\r\n' % len(arg))
             append(arg)
             append(b'\r\n')

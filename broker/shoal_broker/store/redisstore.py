@@ -361,13 +361,21 @@ class RedisStore:
                 raise AddressNotFound(f'{address!r} no longer exists')
             return bool(replies[0])
 
-        return self._queue(
-            [],
-            finish,
-            notify=address,
-            batch=('publish', address, message.band, kind.value),
-            batch_args=(message.header, message.rest, str(message.expiry_ms), message.origin),
+        # _queue inlined: this runs once per message
+        future: asyncio.Future[bool] = (self._loop or asyncio.get_running_loop()).create_future()
+        self._queued.append(
+            _Op(
+                [],
+                finish,
+                future,
+                address,  # notify
+                False,  # notify_local
+                ('publish', address, message.band, kind.value),  # batch
+                (message.header, message.rest, str(message.expiry_ms), message.origin),
+            )
         )
+        self._wakeup.set()
+        return future
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:
         """Hold a message until ``due_ms``; any replica moves it into the stream then."""
@@ -796,15 +804,17 @@ def _is_noscript(reply: Any) -> bool:
 
 
 def _entries(flat: list[Any]) -> list[Entry]:
+    # positional (id, band, header, rest, expiry_ms, delivery_count, origin): keyword
+    # construction costs ~2 µs per entry
     return [
         Entry(
-            id=as_text(flat[i + 1]),
-            band=int(flat[i]),
-            header=flat[i + 2],
-            rest=flat[i + 3],
-            expiry_ms=int(flat[i + 4]),
-            delivery_count=int(flat[i + 5]),
-            origin=as_text(flat[i + 6]),
+            flat[i + 1].decode(),
+            int(flat[i]),
+            flat[i + 2],
+            flat[i + 3],
+            int(flat[i + 4]),
+            int(flat[i + 5]),
+            flat[i + 6].decode(),
         )
         for i in range(0, len(flat), 7)
     ]
