@@ -91,7 +91,10 @@ class Counters:
         self.latencies: dict[tuple[str, str], list[int]] = {}
 
     def _tally(self, address: str, group: str, what: str) -> None:
-        key = (address, subscription_label(group))
+        self._tally_label(address, subscription_label(group), what)
+
+    def _tally_label(self, address: str, label: str, what: str) -> None:
+        key = (address, label)
         tally = self.tallies.get(key)
         if tally is None:
             tally = self.tallies[key] = dict.fromkeys(records.COUNTS, 0)
@@ -113,12 +116,14 @@ class Counters:
         _count(('dropped', address))
 
     def delivered(self, address: str, group: str) -> None:
-        _count(('delivered', address, subscription_label(group)))
-        self._tally(address, group, 'delivered')
+        label = subscription_label(group)
+        _count(('delivered', address, label))
+        self._tally_label(address, label, 'delivered')
 
     def settled(self, address: str, group: str, outcome: str) -> None:
-        _count(('settled', address, subscription_label(group), outcome))
-        self._tally(address, group, outcome)
+        label = subscription_label(group)
+        _count(('settled', address, label, outcome))
+        self._tally_label(address, label, outcome)
 
     def expired(self, address: str, group: str = 'queue') -> None:
         _count(('expired', address))
@@ -142,7 +147,8 @@ class Counters:
         buckets = self.latencies.get(key)
         if buckets is None:
             buckets = self.latencies[key] = [0] * (len(records.LATENCY_BOUNDS) + 1)
-        buckets[records.bucket_index(seconds)] += 1
+        # = records.bucket_index(seconds) (first bound >= seconds), by bisection
+        buckets[bisect.bisect_left(records.LATENCY_BOUNDS, seconds)] += 1
 
 
 def _count(key: tuple[str, ...]) -> None:
