@@ -31,7 +31,10 @@
 # Durable row: a second redis-server with appendonly yes + appendfsync always and a broker with
 # SHOAL_DURABILITY=fsync (an accept means the message is fsynced), producers marking messages
 # durable; it matches run-peer-bench.sh's "i-durable" row (RabbitMQ durable queue, persistent).
-# ROWS (default "i ii iii v iv d") picks rows, e.g. ROWS="i d".
+# Shared row ("s"): a JMS shared durable subscription with 4 consumers over 2 replicas (a second
+# broker on the same Redis), driven by bench/shared.py because amqpload cannot attach the way
+# Qpid JMS does; RabbitMQ 3.10 has no JMS shared subscriptions, so this row has no peer.
+# ROWS (default "i ii iii v iv s d") picks rows, e.g. ROWS="i d".
 #
 # Every amqpload run is bounded by --timeout per process and each step by `timeout`. Every
 # process this script starts is stopped by PID on exit.
@@ -44,7 +47,7 @@ AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
 N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
 REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
-ROWS=" ${ROWS:-i ii iii v iv d} "
+ROWS=" ${ROWS:-i ii iii v iv s d} "
 OUT=${1:-/tmp/shoal-bench/$(date +%Y%m%d-%H%M%S)}
 
 [[ -f $AMQPLOAD ]] || { echo "amqpload not found at $AMQPLOAD (set AMQPLOAD=...)" >&2; exit 2; }
@@ -78,9 +81,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # Three distinct free loopback ports (held open together so they differ).
-read -r RPORT PORT HPORT < <("$PY" -c '
+read -r RPORT PORT HPORT PORT2 HPORT2 < <("$PY" -c '
 import socket
-ss = [socket.socket() for _ in range(3)]
+ss = [socket.socket() for _ in range(5)]
 for s in ss:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in ss))')
@@ -191,6 +194,35 @@ if row iv; then
   stop_broker
 fi
 
+# Shared durable subscription, 4 consumers over 2 replicas (consumers 0 and 2 on the first).
+if row s; then
+  start_broker broker-shared-a.log
+  FIRST_PID=$BROKER_PID
+  env SHOAL_LOG_LEVEL=WARNING "$PY" -m shoal_broker --listen "127.0.0.1:$PORT2" \
+      --http "127.0.0.1:$HPORT2" --redis-url "redis://127.0.0.1:$RPORT/0" --replica-id bench2 \
+      > "$OUT/broker-shared-b.log" 2>&1 &
+  SECOND_PID=$!
+  STARTED_PIDS+=("$SECOND_PID")
+  for ((i = 0; i < 300; i++)); do
+    curl -sf "http://127.0.0.1:$HPORT2/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
+  echo "--- s shared durable subscription 4c over 2 replicas"
+  r0=$(proc_cpu_s "$REDIS_PID")
+  for ((rep = 1; rep <= REPS; rep++)); do
+    timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$HERE/shared.py" --replica "127.0.0.1:$PORT" \
+      --replica "127.0.0.1:$PORT2" --consumers 4 --count "$N" --max-backlog "$BACKLOG" \
+      --size "$SIZE" --timeout "$RUN_TIMEOUT" --broker-pid "$FIRST_PID" --broker-pid "$SECOND_PID" \
+      --label "shoal s shared durable subscription 4c/2 replicas rep $rep" 2>&1 \
+      | tee -a "$OUT/log.txt" "$OUT/shared.txt" \
+      || { echo "(shared: incomplete or failed)"; FAILED+=("shared"); }
+  done
+  r1=$(proc_cpu_s "$REDIS_PID")
+  awk -v a="$r0" -v b="$r1" -v m="$((N * REPS))" 'BEGIN {
+      printf "redis-server CPU | s shared durable subscription | %.1f s | %d msgs | %.1f us/msg\n",
+      b - a, m, 1e6 * (b - a) / m }' | tee -a "$OUT/redis-cpu.txt"
+  stop_broker
+  BROKER_PID=$SECOND_PID stop_broker
+fi
+
 # Durable: Redis fsyncs every write before replying, the broker accepts only after that reply.
 if row d; then
   kill -TERM "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true
@@ -206,6 +238,7 @@ machine "after" | tee -a "$OUT/machine.txt"
 echo
 echo "## Shoal, medians of $REPS ($(nproc) cores)"
 echo
+touch "$J"  # (empty when only the shared row ran)
 "$PY" "$AMQPLOAD" table "$J" | tee "$OUT/table.md"
 echo
 # Broker CPU per message, which amqpload's table leaves out: CPU seconds over each rep's wall
@@ -225,6 +258,7 @@ for line in open(sys.argv[1]):
         "; ".join(sorted({e for r in runs for e in r["errors"]})) or "none"))
 EOF
 echo
+[[ -f $OUT/shared.txt ]] && cat "$OUT/shared.txt"
 cat "$OUT/redis-cpu.txt"
 errs=$(grep -c -E 'ERROR|CRITICAL|Traceback' "$OUT"/broker*.log || true)
 echo "broker log lines with ERROR/CRITICAL/Traceback: $(echo "$errs" | tr '\n' ' ')"

@@ -110,6 +110,8 @@ class RedisStore:
         self._lane = Lane(client.connection_pool, PIPELINES_IN_FLIGHT)
         self._retry: list[_Op] = []
         """Ops to send again, in order, once the scripts are loaded (Redis had forgotten them)."""
+        self._sending: list[_Op] = []
+        """Ops taken from the queue whose pipeline is being written."""
         self._wakeup = asyncio.Event()
         self._kinds: dict[str, AddressKind] = {}
         self._watchers: dict[str, list[Notify]] = {}
@@ -172,7 +174,7 @@ class RedisStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._lane.close()
-        for op in (*self._queued, *self._retry, *self._in_flight_ops()):
+        for op in (*self._queued, *self._sending, *self._retry, *self._in_flight_ops()):
             if not op.future.done():
                 op.future.set_exception(StoreUnavailable('broker shutting down'))
         if self._pubsub is not None:
@@ -182,9 +184,9 @@ class RedisStore:
 
     async def flush(self) -> None:
         """Wait until everything queued or in flight has been sent and answered."""
-        while self._queued or self._in_flight or self._retry:
-            pending = [op.future for op in (*self._queued, *self._retry, *self._in_flight_ops())]
-            await asyncio.gather(*pending, return_exceptions=True)
+        while self._queued or self._sending or self._in_flight or self._retry:
+            ops = (*self._queued, *self._sending, *self._retry, *self._in_flight_ops())
+            await asyncio.gather(*(op.future for op in ops), return_exceptions=True)
 
     def _in_flight_ops(self) -> list[_Op]:
         return [op for ops in self._in_flight.values() for op in ops]
@@ -229,6 +231,7 @@ class RedisStore:
                 continue
             await self._lane.wait_for_room()  # meanwhile the batch grows
             ops, self._queued = self._queued, []
+            self._sending = ops
             try:
                 await self._send_cycle(ops)
             except Exception as exc:  # a bug must not stop every later store operation
@@ -236,6 +239,8 @@ class RedisStore:
                 for op in ops:
                     if not op.future.done():
                         op.future.set_exception(StoreUnavailable(f'store cycle failed: {exc}'))
+            finally:
+                self._sending = []
 
     async def _send_cycle(self, ops: list[_Op]) -> None:
         units = self._units(ops)
