@@ -64,6 +64,10 @@ _TERMINAL = {
     lib.PN_MODIFIED: Outcome.MODIFIED,
 }
 
+RECOVERY_WAIT_STEP = 0.01
+RECOVERY_WAIT_STEPS = 1000
+"""Recovery waits up to 10 s for a fetch in flight to be answered before it returns entries."""
+
 _DISPOSITIONS = {outcome: Disposition(outcome) for outcome in Outcome}
 """Shared (frozen) dispositions: building one per acknowledgement cost ~2.5 µs."""
 
@@ -778,14 +782,23 @@ class Broker:
         self._loop.call_later(delay, lambda: self.spawn(self._recover(sub)))
 
     async def _recover(self, sub: LocalSubscription) -> None:
-        held = sub.held() | self.coordinator.held(sub.address, sub.group)
+        sub.recovering = True  # no new fetch until the stranded entries are back
         try:
+            for _ in range(RECOVERY_WAIT_STEPS):  # a fetch started meanwhile must land first
+                if not sub.fetching:
+                    break
+                await asyncio.sleep(RECOVERY_WAIT_STEP)
+            else:
+                raise StoreUnavailable('a fetch is still unanswered')
+            held = sub.held() | self.coordinator.held(sub.address, sub.group)
             returned = await self.store.return_stranded(sub.address, sub.group, held)
         except BrokerError as exc:
             sub.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, sub.retry_delay * 2))
             logger.warning('recovery of %s/%s postponed: %s', sub.address, sub.group, exc)
             self.schedule_recovery(sub, sub.retry_delay)
             return
+        finally:
+            sub.recovering = False
         if returned:
             logger.warning('%d entries of %s/%s recovered after a failed fetch',
                            returned, sub.address, sub.group)  # fmt: skip

@@ -46,9 +46,9 @@ logger = logging.getLogger(__name__)
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 SCRIPTS = (
-    'publish', 'create_group', 'delete_group', 'fetch', 'browse', 'trim', 'join', 'leave',
-    'unsubscribe', 'release_client', 'release_clients', 'reclaim', 'reap_consumers',
-    'renew_lease', 'schedule', 'release_due',
+    'publish', 'create_address', 'create_group', 'delete_group', 'fetch', 'browse', 'trim',
+    'join', 'leave', 'unsubscribe', 'release_client', 'release_clients', 'reclaim',
+    'reap_consumers', 'renew_lease', 'schedule', 'release_due',
 )  # fmt: skip
 
 
@@ -481,12 +481,11 @@ class RedisStore:
         return kind
 
     async def create_address(self, address: str, kind: AddressKind) -> AddressKind:
-        await self._call(self._client.hsetnx(keys.ADDRESSES, address, kind.value))
-        self._kinds.pop(address, None)
-        actual = await self.address_kind(address)
-        assert actual is not None
-        if actual is AddressKind.QUEUE:
-            await self.create_subscription(address, keys.QUEUE_GROUP, from_start=True)
+        k = keys.AddressKeys.of(address)
+        script_keys = (keys.ADDRESSES, *k.streams, k.groups)
+        args = (address, kind.value, keys.QUEUE_GROUP)
+        actual = AddressKind(as_text(await self.evalsha('create_address', script_keys, args)))
+        self._kinds[address] = actual
         return actual
 
     async def delete_address(self, address: str) -> None:
