@@ -108,22 +108,44 @@ class Counters:
         latencies, self.latencies = self.latencies, {}
         return tallies, latencies
 
+    # The per-message events (enqueued, delivered, settled, latency) are written out inline:
+    # two helper calls per event were ~1.5 µs per message.
+
     def enqueued(self, address: str, group: str = 'queue') -> None:
-        _count(('enqueued', address))
-        self._tally(address, group, 'enqueued')
+        key = ('enqueued', address)
+        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        tally = self.tallies.get((address, group))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally['enqueued'] += 1
+
+    def _new_tally(self, address: str, group: str) -> dict[str, int]:
+        tally = self.tallies.get((address, subscription_label(group)))
+        if tally is None:
+            tally = dict.fromkeys(records.COUNTS, 0)
+            self.tallies[(address, subscription_label(group))] = tally
+        return tally
 
     def dropped(self, address: str) -> None:
         _count(('dropped', address))
 
     def delivered(self, address: str, group: str) -> None:
-        label = subscription_label(group)
-        _count(('delivered', address, label))
-        self._tally_label(address, label, 'delivered')
+        label = 'private' if group.startswith('nd:') else group  # subscription_label
+        key = ('delivered', address, label)
+        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        tally = self.tallies.get((address, label))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally['delivered'] += 1
 
     def settled(self, address: str, group: str, outcome: str) -> None:
-        label = subscription_label(group)
-        _count(('settled', address, label, outcome))
-        self._tally_label(address, label, outcome)
+        label = 'private' if group.startswith('nd:') else group  # subscription_label
+        key = ('settled', address, label, outcome)
+        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        tally = self.tallies.get((address, label))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally[outcome] += 1
 
     def expired(self, address: str, group: str = 'queue') -> None:
         _count(('expired', address))
@@ -143,7 +165,7 @@ class Counters:
             histogram = _LATENCIES[address] = [0.0] * (len(LATENCY_BUCKETS) + 2)
         histogram[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         histogram[-1] += seconds
-        key = (address, subscription_label(group))
+        key = (address, 'private' if group.startswith('nd:') else group)  # subscription_label
         buckets = self.latencies.get(key)
         if buckets is None:
             buckets = self.latencies[key] = [0] * (len(records.LATENCY_BOUNDS) + 1)
