@@ -590,11 +590,16 @@ class Broker:
         due = view.annotations.get('x-opt-delivery-time')
         if isinstance(due, int) and due > time.time() * 1000:
             future = self.store.schedule(address, stored, due)  # JMS delivery delay
+            future.add_done_callback(  # type: ignore[attr-defined]
+                lambda f: self._stored(producer, message, address, *_outcome_of(f))
+            )
         else:
-            future = self.store.publish(address, kind, stored)
-        future.add_done_callback(  # type: ignore[attr-defined]
-            lambda f: self._stored(producer, message, address, f)
-        )
+            self.store.publish_then(
+                address,
+                kind,
+                stored,
+                lambda kept, error: self._stored(producer, message, address, kept, error),
+            )
         # Local consumers of this address fetch in the same pipeline, right after the publish:
         # one Redis round trip from producer to consumer instead of two (other replicas hear of
         # it through the notification the publish sends).
@@ -606,15 +611,11 @@ class Broker:
         producer: ProducerLink,
         message: PendingMessage,
         address: str,
-        future: 'asyncio.Future[bool]',
+        kept: bool | None,
+        error: BrokerError | None,
     ) -> None:
         producer.in_store -= 1
-        error: BrokerError | None = None
-        try:
-            kept = future.result()
-        except BrokerError as exc:
-            error = exc
-        else:
+        if error is None:
             if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone
                 queue = self.kinds.get(address) is AddressKind.QUEUE
                 self.counters.enqueued(address, QUEUE_GROUP if queue else '')
@@ -872,6 +873,13 @@ def _durable_key(state: LinkState | None) -> SubscriptionKey | None:
     if isinstance(state, ConsumerLink) and state.named is not None and state.named.durable:
         return state.named
     return None
+
+
+def _outcome_of(future: 'asyncio.Future[bool]') -> tuple[bool | None, BrokerError | None]:
+    try:
+        return future.result(), None
+    except BrokerError as exc:
+        return None, exc
 
 
 def _age_seconds(entry: Entry) -> float:

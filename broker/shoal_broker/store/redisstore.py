@@ -73,7 +73,8 @@ class _Op:
 
     commands: list[tuple[Any, ...]]
     finish: Callable[[list[Any]], Any]
-    future: asyncio.Future[Any]
+    future: asyncio.Future[Any] | None
+    """Resolved with the outcome; None when ``callback`` gets it instead."""
     notify: str | None = None
     """Address to announce to other replicas once the commands succeeded."""
     notify_local: bool = False
@@ -81,6 +82,35 @@ class _Op:
     batch: tuple[Any, ...] | None = None
     """Ops with the same key are merged into one command per cycle (publish, ack)."""
     batch_args: tuple[Any, ...] = ()
+    callback: Callable[[Any, BrokerError | None], None] | None = None
+    """Called with (result, None) or (None, error) as the replies are read: a future and its
+    scheduled callback cost ~4 µs per message (``publish_then``)."""
+    answered: bool = False
+
+    def done(self) -> bool:
+        return self.answered or (self.future is not None and self.future.done())
+
+    def resolve(self, value: Any) -> None:
+        self.answered = True
+        if self.callback is not None:
+            _call_back(self.callback, value, None)
+        elif self.future is not None:
+            self.future.set_result(value)
+
+    def reject(self, error: BrokerError) -> None:
+        self.answered = True
+        if self.callback is not None:
+            _call_back(self.callback, None, error)
+        elif self.future is not None:
+            self.future.set_exception(error)
+
+
+def _call_back(callback: Callable[[Any, BrokerError | None], None], value: Any,
+               error: BrokerError | None) -> None:  # fmt: skip
+    try:
+        callback(value, error)
+    except Exception:  # like an asyncio callback: logged, and the other ops still settle
+        logger.exception('store callback failed')
 
 
 _Unit = tuple[list[tuple[Any, ...]], list[_Op]]
@@ -175,8 +205,8 @@ class RedisStore:
                 await task
         await self._lane.close()
         for op in (*self._queued, *self._sending, *self._retry, *self._in_flight_ops()):
-            if not op.future.done():
-                op.future.set_exception(StoreUnavailable('broker shutting down'))
+            if not op.done():
+                _fail(op, StoreUnavailable('broker shutting down'))
         if self._pubsub is not None:
             with contextlib.suppress(*_REDIS_DOWN):
                 await self._pubsub.aclose()
@@ -186,7 +216,11 @@ class RedisStore:
         """Wait until everything queued or in flight has been sent and answered."""
         while self._queued or self._sending or self._in_flight or self._retry:
             ops = (*self._queued, *self._sending, *self._retry, *self._in_flight_ops())
-            await asyncio.gather(*(op.future for op in ops), return_exceptions=True)
+            futures = [op.future for op in ops if op.future is not None]
+            if futures:
+                await asyncio.gather(*futures, return_exceptions=True)
+            else:  # only callback ops left: they are answered with their pipeline
+                await asyncio.sleep(0.01)
 
     def _in_flight_ops(self) -> list[_Op]:
         return [op for ops in self._in_flight.values() for op in ops]
@@ -237,8 +271,8 @@ class RedisStore:
             except Exception as exc:  # a bug must not stop every later store operation
                 logger.exception('store cycle failed')
                 for op in ops:
-                    if not op.future.done():
-                        op.future.set_exception(StoreUnavailable(f'store cycle failed: {exc}'))
+                    if not op.done():
+                        _fail(op, StoreUnavailable(f'store cycle failed: {exc}'))
             finally:
                 self._sending = []
 
@@ -360,14 +394,34 @@ class RedisStore:
         return commands
 
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
+        future: asyncio.Future[bool] = (self._loop or asyncio.get_running_loop()).create_future()
+        self._queue_publish(address, kind, message, future, None)
+        return future
+
+    def publish_then(
+        self,
+        address: str,
+        kind: AddressKind,
+        message: OutgoingMessage,
+        callback: Callable[[bool | None, BrokerError | None], None],
+    ) -> None:
+        self._queue_publish(address, kind, message, None, callback)
+
+    def _queue_publish(
+        self,
+        address: str,
+        kind: AddressKind,
+        message: OutgoingMessage,
+        future: 'asyncio.Future[bool] | None',
+        callback: Callable[[bool | None, BrokerError | None], None] | None,
+    ) -> None:
         def finish(replies: list[Any]) -> bool:
             if replies[0] == -1:
                 self._kinds.pop(address, None)
                 raise AddressNotFound(f'{address!r} no longer exists')
             return bool(replies[0])
 
-        # _queue inlined: this runs once per message
-        future: asyncio.Future[bool] = (self._loop or asyncio.get_running_loop()).create_future()
+        # _queue written out: this runs once per message
         self._queued.append(
             _Op(
                 [],
@@ -377,10 +431,10 @@ class RedisStore:
                 False,  # notify_local
                 ('publish', address, message.band, kind.value),  # batch
                 (message.header, message.rest, str(message.expiry_ms), message.origin),
+                callback,
             )
         )
         self._wakeup.set()
-        return future
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:
         """Hold a message until ``due_ms``; any replica moves it into the stream then."""
@@ -762,32 +816,34 @@ class RedisStore:
 
 
 def _settle(op: _Op, replies: list[Any]) -> None:
-    if op.future.done():
+    if op.done():
         return
     error = next((r for r in replies if isinstance(r, Exception)), None)
     if error is not None:
         _fail(op, StoreUnavailable(f'Redis refused: {error}'))
         return
     try:
-        op.future.set_result(op.finish(replies))
+        result = op.finish(replies)
     except BrokerError as exc:
         _fail(op, exc)
     except Exception as exc:  # a reply of an unexpected shape: fail this op, not the cycle
         logger.exception('unexpected Redis reply')
         _fail(op, StoreUnavailable(f'unexpected Redis reply: {exc}'))
+    else:
+        op.resolve(result)
 
 
 def _unreachable(ops: list[_Op], exc: BaseException) -> None:
     logger.warning('Redis unreachable: %s', exc)
     for op in ops:
-        if not op.future.done():
+        if not op.done():
             _fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
 
 
 def _unconfirmed(ops: list[_Op]) -> None:
     """Messages written but not confirmed by a Redis replica in time: never accept them."""
     for op in ops:
-        if op.batch is not None and op.batch[0] == 'publish' and not op.future.done():
+        if op.batch is not None and op.batch[0] == 'publish' and not op.done():
             _fail(op, StoreUnavailable('no Redis replica confirmed the write in time'))
 
 
@@ -795,8 +851,10 @@ def _fail(op: _Op, error: BrokerError) -> None:
     """Fail an op. Acks and releases are fire-and-forget for the broker: mark the exception
     seen (the entry stays pending and is redelivered; the failure is logged) so asyncio does not
     complain about an exception nobody retrieved; an awaiting caller still gets it."""
-    op.future.set_exception(error)
-    if (op.batch is not None and op.batch[0] == 'ack') or op.notify_local:
+    op.reject(error)
+    if op.future is not None and (
+        (op.batch is not None and op.batch[0] == 'ack') or op.notify_local
+    ):
         logger.debug('store operation failed: %s', error)
         op.future.exception()
 
