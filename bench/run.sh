@@ -28,6 +28,14 @@
 # as a topic, each consumer link gets its own non-durable subscription, and the row measures
 # real topic fan-out (amqpload checks that every subscriber got every message).
 #
+# Durable row: a second redis-server with appendonly yes + appendfsync always and a broker with
+# SHOAL_DURABILITY=fsync (an accept means the message is fsynced), producers marking messages
+# durable; it matches run-peer-bench.sh's "i-durable" row (RabbitMQ durable queue, persistent).
+# Shared row ("s"): a JMS shared durable subscription with 4 consumers over 2 replicas (a second
+# broker on the same Redis), driven by bench/shared.py because amqpload cannot attach the way
+# Qpid JMS does; RabbitMQ 3.10 has no JMS shared subscriptions, so this row has no peer.
+# ROWS (default "i ii iii v iv s d") picks rows, e.g. ROWS="i d".
+#
 # Every amqpload run is bounded by --timeout per process and each step by `timeout`. Every
 # process this script starts is stopped by PID on exit.
 set -euo pipefail
@@ -39,6 +47,7 @@ AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
 N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
 REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+ROWS=" ${ROWS:-i ii iii v iv s d} "
 OUT=${1:-/tmp/shoal-bench/$(date +%Y%m%d-%H%M%S)}
 
 [[ -f $AMQPLOAD ]] || { echo "amqpload not found at $AMQPLOAD (set AMQPLOAD=...)" >&2; exit 2; }
@@ -72,9 +81,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # Three distinct free loopback ports (held open together so they differ).
-read -r RPORT PORT HPORT < <("$PY" -c '
+read -r RPORT PORT HPORT PORT2 HPORT2 < <("$PY" -c '
 import socket
-ss = [socket.socket() for _ in range(3)]
+ss = [socket.socket() for _ in range(5)]
 for s in ss:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in ss))')
@@ -88,8 +97,10 @@ proc_cpu_s() {  # utime+stime of a PID in seconds
   awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
 }
 
-start_redis() {
-  redis-server --bind 127.0.0.1 --port "$RPORT" --save '' --appendonly no --dir "$WORK" \
+start_redis() {  # extra redis-server options, e.g. --appendonly yes --appendfsync always
+  local opts=(--appendonly no)
+  (($#)) && opts=("$@")
+  redis-server --bind 127.0.0.1 --port "$RPORT" --save '' "${opts[@]}" --dir "$WORK" \
       --protected-mode yes --logfile "$OUT/redis.log" --daemonize no > /dev/null 2>&1 &
   REDIS_PID=$!
   STARTED_PIDS+=("$REDIS_PID")
@@ -158,6 +169,8 @@ bench() {  # label, messages per rep (for the Redis CPU line), then amqpload run
        status --porcelain -- broker 2>/dev/null | grep -q . && echo ' (broker/ modified)')"
 } | tee "$OUT/machine.txt"
 
+row() { [[ $ROWS == *" $1 "* ]]; }
+
 start_redis
 start_broker broker.log
 
@@ -165,22 +178,67 @@ Q='bench-{run}'     # a fresh address per repetition ({run} is replaced by amqpl
 
 # Closed loop: the producer keeps at most $BACKLOG messages sent but not yet received, so the
 # rows measure steady-state capacity with meaningful latency.
-bench "i queue 1p1c at-least-once" "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" --warmup "$WARMUP"
-bench "ii queue 1p1c presettled"   "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" --presettled
-bench "iii queue 1p4c competing"   "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" -k 4
-bench "v latency @${RATE}/s"       "$NLAT" -a "$Q" -n "$NLAT" --rate "$RATE" --max-backlog "$BACKLOG"
+row i && bench "i queue 1p1c at-least-once" "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" \
+  --warmup "$WARMUP"
+row ii && bench "ii queue 1p1c presettled" "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" \
+  --presettled
+row iii && bench "iii queue 1p4c competing" "$N" -a "$Q" -n "$N" --max-backlog "$BACKLOG" -k 4
+row v && bench "v latency @${RATE}/s" "$NLAT" -a "$Q" -n "$NLAT" --rate "$RATE" \
+  --max-backlog "$BACKLOG"
 
 # Fan-out needs addresses auto-created as topics (see the header).
 stop_broker
-start_broker broker-topic.log SHOAL_DEFAULT_ADDRESS_KIND=topic
-bench "iv topic fan-out 1p4s" "$NFAN" -a "$Q" -n "$NFAN" --max-backlog "$BACKLOG" -k 4 --fanout
-stop_broker
+if row iv; then
+  start_broker broker-topic.log SHOAL_DEFAULT_ADDRESS_KIND=topic
+  bench "iv topic fan-out 1p4s" "$NFAN" -a "$Q" -n "$NFAN" --max-backlog "$BACKLOG" -k 4 --fanout
+  stop_broker
+fi
+
+# Shared durable subscription, 4 consumers over 2 replicas (consumers 0 and 2 on the first).
+if row s; then
+  start_broker broker-shared-a.log
+  FIRST_PID=$BROKER_PID
+  env SHOAL_LOG_LEVEL=WARNING "$PY" -m shoal_broker --listen "127.0.0.1:$PORT2" \
+      --http "127.0.0.1:$HPORT2" --redis-url "redis://127.0.0.1:$RPORT/0" --replica-id bench2 \
+      > "$OUT/broker-shared-b.log" 2>&1 &
+  SECOND_PID=$!
+  STARTED_PIDS+=("$SECOND_PID")
+  for ((i = 0; i < 300; i++)); do
+    curl -sf "http://127.0.0.1:$HPORT2/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
+  echo "--- s shared durable subscription 4c over 2 replicas"
+  r0=$(proc_cpu_s "$REDIS_PID")
+  for ((rep = 1; rep <= REPS; rep++)); do
+    timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$HERE/shared.py" --replica "127.0.0.1:$PORT" \
+      --replica "127.0.0.1:$PORT2" --consumers 4 --count "$N" --max-backlog "$BACKLOG" \
+      --size "$SIZE" --timeout "$RUN_TIMEOUT" --broker-pid "$FIRST_PID" --broker-pid "$SECOND_PID" \
+      --label "shoal s shared durable subscription 4c/2 replicas rep $rep" 2>&1 \
+      | tee -a "$OUT/log.txt" "$OUT/shared.txt" \
+      || { echo "(shared: incomplete or failed)"; FAILED+=("shared"); }
+  done
+  r1=$(proc_cpu_s "$REDIS_PID")
+  awk -v a="$r0" -v b="$r1" -v m="$((N * REPS))" 'BEGIN {
+      printf "redis-server CPU | s shared durable subscription | %.1f s | %d msgs | %.1f us/msg\n",
+      b - a, m, 1e6 * (b - a) / m }' | tee -a "$OUT/redis-cpu.txt"
+  stop_broker
+  BROKER_PID=$SECOND_PID stop_broker
+fi
+
+# Durable: Redis fsyncs every write before replying, the broker accepts only after that reply.
+if row d; then
+  kill -TERM "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true
+  start_redis --appendonly yes --appendfsync always
+  start_broker broker-fsync.log SHOAL_DURABILITY=fsync
+  bench "i-durable queue 1p1c at-least-once" "$N" -a "bench-d-{run}" -n "$N" \
+    --max-backlog "$BACKLOG" --durable
+  stop_broker
+fi
 
 machine "after" | tee -a "$OUT/machine.txt"
 
 echo
 echo "## Shoal, medians of $REPS ($(nproc) cores)"
 echo
+touch "$J"  # (empty when only the shared row ran)
 "$PY" "$AMQPLOAD" table "$J" | tee "$OUT/table.md"
 echo
 # Broker CPU per message, which amqpload's table leaves out: CPU seconds over each rep's wall
@@ -200,6 +258,7 @@ for line in open(sys.argv[1]):
         "; ".join(sorted({e for r in runs for e in r["errors"]})) or "none"))
 EOF
 echo
+[[ -f $OUT/shared.txt ]] && cat "$OUT/shared.txt"
 cat "$OUT/redis-cpu.txt"
 errs=$(grep -c -E 'ERROR|CRITICAL|Traceback' "$OUT"/broker*.log || true)
 echo "broker log lines with ERROR/CRITICAL/Traceback: $(echo "$errs" | tr '\n' ' ')"

@@ -67,6 +67,13 @@ _TERMINAL = {
     lib.PN_MODIFIED: Outcome.MODIFIED,
 }
 
+RECOVERY_WAIT_STEP = 0.01
+RECOVERY_WAIT_STEPS = 1000
+"""Recovery waits up to 10 s for a fetch in flight to be answered before it returns entries."""
+
+_DISPOSITIONS = {outcome: Disposition(outcome) for outcome in Outcome}
+"""Shared (frozen) dispositions: building one per acknowledgement cost ~2.5 µs."""
+
 
 class Broker:
     def __init__(self, settings: BrokerSettings, store: MessageStore, version: str) -> None:
@@ -573,14 +580,17 @@ class Broker:
         if (full := self.guard.store_full) is not None and message.transaction is None:
             self._outcome(producer, message.delivery, message.settled, full)
             return
-        stored = OutgoingMessage(
-            band=outcomes.priority_band(view.header.priority),
-            header=view.header_bytes,
-            rest=view.rest,
-            expiry_ms=outcomes.expiry_ms(
-                int(time.time() * 1000), view.header.ttl, view.absolute_expiry_time
+        header = view.header
+        stored = OutgoingMessage(  # positional: keyword construction costs ~2 µs per message
+            outcomes.priority_band(header.priority),  # band
+            view.header_bytes,
+            view.rest,
+            (  # expiry_ms
+                outcomes.expiry_ms(int(time.time() * 1000), header.ttl, view.absolute_expiry_time)
+                if header.ttl or view.absolute_expiry_time
+                else 0
             ),
-            origin=producer.conn.container_id or '',
+            producer.conn.container_id or '',  # origin
         )
         if message.transaction is not None:  # held until the transaction is discharged
             message.transaction.sends.append((address, kind, stored))
@@ -601,11 +611,16 @@ class Broker:
         due = view.annotations.get('x-opt-delivery-time')
         if isinstance(due, int) and due > time.time() * 1000:
             future = self.store.schedule(address, stored, due)  # JMS delivery delay
+            future.add_done_callback(  # type: ignore[attr-defined]
+                lambda f: self._stored(producer, message, address, *_outcome_of(f))
+            )
         else:
-            future = self.store.publish(address, kind, stored)
-        future.add_done_callback(  # type: ignore[attr-defined]
-            lambda f: self._stored(producer, message, address, f)
-        )
+            self.store.publish_then(
+                address,
+                kind,
+                stored,
+                lambda kept, error: self._stored(producer, message, address, kept, error),
+            )
         # Local consumers of this address fetch in the same pipeline, right after the publish:
         # one Redis round trip from producer to consumer instead of two (other replicas hear of
         # it through the notification the publish sends).
@@ -617,15 +632,11 @@ class Broker:
         producer: ProducerLink,
         message: PendingMessage,
         address: str,
-        future: 'asyncio.Future[bool]',
+        kept: bool | None,
+        error: BrokerError | None,
     ) -> None:
         producer.in_store -= 1
-        error: BrokerError | None = None
-        try:
-            kept = future.result()
-        except BrokerError as exc:
-            error = exc
-        else:
+        if error is None:
             if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone
                 queue = self.kinds.get(address) is AddressKind.QUEUE
                 self.counters.enqueued(address, QUEUE_GROUP if queue else '')
@@ -695,12 +706,15 @@ class Broker:
                 return  # e.g. `received`: not an outcome yet
             outcome = Outcome.ACCEPTED  # settled with no outcome: the peer is done with it
         entry = consumer.unacked.pop(delivery, None)
-        remote = lib.pn_delivery_remote(delivery)
-        disposition = Disposition(
-            outcome,
-            delivery_failed=bool(lib.pn_disposition_is_failed(remote)),
-            undeliverable_here=bool(lib.pn_disposition_is_undeliverable(remote)),
-        )
+        if outcome is Outcome.MODIFIED:  # its flags matter to no other outcome
+            remote = lib.pn_delivery_remote(delivery)
+            disposition = Disposition(
+                outcome,
+                bool(lib.pn_disposition_is_failed(remote)),  # delivery_failed
+                bool(lib.pn_disposition_is_undeliverable(remote)),  # undeliverable_here
+            )
+        else:
+            disposition = _DISPOSITIONS[outcome]
         lib.pn_delivery_settle(delivery)
         if entry is not None:
             self._apply(consumer, entry, disposition)
@@ -793,14 +807,23 @@ class Broker:
         self._loop.call_later(delay, lambda: self.spawn(self._recover(sub)))
 
     async def _recover(self, sub: LocalSubscription) -> None:
-        held = sub.held() | self.coordinator.held(sub.address, sub.group)
+        sub.recovering = True  # no new fetch until the stranded entries are back
         try:
+            for _ in range(RECOVERY_WAIT_STEPS):  # a fetch started meanwhile must land first
+                if not sub.fetching:
+                    break
+                await asyncio.sleep(RECOVERY_WAIT_STEP)
+            else:
+                raise StoreUnavailable('a fetch is still unanswered')
+            held = sub.held() | self.coordinator.held(sub.address, sub.group)
             returned = await self.store.return_stranded(sub.address, sub.group, held)
         except BrokerError as exc:
             sub.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, sub.retry_delay * 2))
             logger.warning('recovery of %s/%s postponed: %s', sub.address, sub.group, exc)
             self.schedule_recovery(sub, sub.retry_delay)
             return
+        finally:
+            sub.recovering = False
         if returned:
             logger.warning('%d entries of %s/%s recovered after a failed fetch',
                            returned, sub.address, sub.group)  # fmt: skip
@@ -874,6 +897,13 @@ def _durable_key(state: LinkState | None) -> SubscriptionKey | None:
     if isinstance(state, ConsumerLink) and state.named is not None and state.named.durable:
         return state.named
     return None
+
+
+def _outcome_of(future: 'asyncio.Future[bool]') -> tuple[bool | None, BrokerError | None]:
+    try:
+        return future.result(), None
+    except BrokerError as exc:
+        return None, exc
 
 
 def _age_seconds(entry: Entry) -> float:

@@ -52,6 +52,9 @@ class LocalSubscription:
         self._next = 0
         self._fetching = False
         self._again = False
+        self.recovering = False
+        """Returning stranded entries after a failed fetch: no fetch may be in flight meanwhile
+        (what it claims would look stranded, be returned and then delivered twice)."""
         self._parked: list[tuple[float, Entry]] = []
         self.retry_delay = 0.0
         self.filters_consume = group != QUEUE_GROUP
@@ -77,7 +80,7 @@ class LocalSubscription:
 
     def kick(self) -> None:
         """Fetch for the free credit of the local consumers, unless a fetch is in flight."""
-        if self._fetching:
+        if self._fetching or self.recovering:
             self._again = True
             return
         if self._parked:
@@ -173,6 +176,10 @@ class LocalSubscription:
                 self.broker.sent(consumer, entry)
             else:
                 self._parked.append((deadline, entry))
+
+    @property
+    def fetching(self) -> bool:
+        return self._fetching
 
     def held(self) -> set[tuple[int, str]]:
         """Entries of this subscription this replica legitimately holds: out at a consumer

@@ -7,49 +7,69 @@ every consumer a new series). Counting sits on the per-message path, so labelled
 looked up once per address or subscription and cached (``Counters``), not per message.
 """
 
+import bisect
 from collections.abc import Callable, Iterable
-from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client import Gauge, Histogram
+from prometheus_client.core import (
+    REGISTRY,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from shoal_broker.metrics import records
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                    10, 30, 60, 300)  # fmt: skip
 
-ENQUEUED = Counter('shoal_messages_enqueued', 'Messages stored for an address.', ['address'])
-DROPPED = Counter(
-    'shoal_messages_dropped', 'Messages published to a topic nobody subscribed to.', ['address']
-)
-DELIVERED = Counter(
-    'shoal_messages_delivered', 'Transfers sent to consumers.', ['address', 'subscription']
-)
-SETTLED = Counter(
-    'shoal_deliveries_settled',
-    'Consumer outcomes: accepted (acknowledged), released, modified, rejected.',
-    ['address', 'subscription', 'outcome'],
-)
-EXPIRED = Counter(
-    'shoal_messages_expired', 'Messages whose TTL ran out before delivery.', ['address']
-)
-DEAD_LETTERED = Counter(
-    'shoal_messages_dead_lettered',
-    'Messages moved to the dead-letter address (rejected or past max delivery attempts).',
-    ['address'],
-)
-FILTERED = Counter(
-    'shoal_messages_filtered',
-    "Messages a subscription's selector or no-local filter excluded.",
-    ['address', 'subscription'],
-)
-LATENCY = Histogram(
-    'shoal_delivery_latency_seconds',
-    'From enqueue (stream entry time) to the consumer accepting the message.',
-    ['address'],
-    buckets=LATENCY_BUCKETS,
-)
+_HOT_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    'enqueued': ('shoal_messages_enqueued', 'Messages stored for an address.', ('address',)),
+    'dropped': (
+        'shoal_messages_dropped',
+        'Messages published to a topic nobody subscribed to.',
+        ('address',),
+    ),
+    'delivered': (
+        'shoal_messages_delivered',
+        'Transfers sent to consumers.',
+        ('address', 'subscription'),
+    ),
+    'settled': (
+        'shoal_deliveries_settled',
+        'Consumer outcomes: accepted (acknowledged), released, modified, rejected.',
+        ('address', 'subscription', 'outcome'),
+    ),
+    'expired': (
+        'shoal_messages_expired',
+        'Messages whose TTL ran out before delivery.',
+        ('address',),
+    ),
+    'dead_lettered': (
+        'shoal_messages_dead_lettered',
+        'Messages moved to the dead-letter address (rejected or past max delivery attempts).',
+        ('address',),
+    ),
+    'filtered': (
+        'shoal_messages_filtered',
+        "Messages a subscription's selector or no-local filter excluded.",
+        ('address', 'subscription'),
+    ),
+}
+"""The per-message counters: plain ints here, turned into Prometheus families at scrape time
+(a ``prometheus_client.Counter`` takes a lock per increment: 10 % of the broker's CPU under
+load, docs/benchmarks.md)."""
+
+LATENCY_NAME = 'shoal_delivery_latency_seconds'
+LATENCY_HELP = 'From enqueue (stream entry time) to the consumer accepting the message.'
+
+_COUNTS: dict[tuple[str, ...], int] = {}
+"""(counter, *label values) -> count since the process started, for every broker in it."""
+_LATENCIES: dict[str, list[float]] = {}
+"""address -> per-bucket counts (``LATENCY_BUCKETS`` and +Inf), then the sum of seconds."""
+
 REDIS_ROUND_TRIP = Histogram(
     'shoal_redis_pipeline_seconds',
     'Round trip of one batched Redis pipeline (the per-message store path).',
@@ -63,16 +83,18 @@ def subscription_label(group: str) -> str:
 
 
 class Counters:
-    """Labelled children of the hot-path metrics, cached per address and subscription, and plain
+    """Counts of the hot-path events (exported by ``HotMetrics`` at scrape time), and plain
     tallies of the same events for the per-interval metric records (``records.py``)."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[Any, ...], Any] = {}
         self.tallies: dict[tuple[str, str], dict[str, int]] = {}
         self.latencies: dict[tuple[str, str], list[int]] = {}
 
     def _tally(self, address: str, group: str, what: str) -> None:
-        key = (address, subscription_label(group))
+        self._tally_label(address, subscription_label(group), what)
+
+    def _tally_label(self, address: str, label: str, what: str) -> None:
+        key = (address, label)
         tally = self.tallies.get(key)
         if tally is None:
             tally = self.tallies[key] = dict.fromkeys(records.COUNTS, 0)
@@ -86,47 +108,97 @@ class Counters:
         latencies, self.latencies = self.latencies, {}
         return tallies, latencies
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._cache.get(key)
-        if child is None:
-            child = self._cache[key] = metric.labels(*labels)
-        return child
+    # The per-message events (enqueued, delivered, settled, latency) are written out inline:
+    # two helper calls per event were ~1.5 µs per message.
 
     def enqueued(self, address: str, group: str = 'queue') -> None:
-        self._child(ENQUEUED, address).inc()
-        self._tally(address, group, 'enqueued')
+        key = ('enqueued', address)
+        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        tally = self.tallies.get((address, group))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally['enqueued'] += 1
+
+    def _new_tally(self, address: str, group: str) -> dict[str, int]:
+        tally = self.tallies.get((address, subscription_label(group)))
+        if tally is None:
+            tally = dict.fromkeys(records.COUNTS, 0)
+            self.tallies[(address, subscription_label(group))] = tally
+        return tally
 
     def dropped(self, address: str) -> None:
-        self._child(DROPPED, address).inc()
+        _count(('dropped', address))
 
     def delivered(self, address: str, group: str) -> None:
-        self._child(DELIVERED, address, subscription_label(group)).inc()
-        self._tally(address, group, 'delivered')
+        label = 'private' if group.startswith('nd:') else group  # subscription_label
+        key = ('delivered', address, label)
+        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        tally = self.tallies.get((address, label))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally['delivered'] += 1
 
     def settled(self, address: str, group: str, outcome: str) -> None:
-        self._child(SETTLED, address, subscription_label(group), outcome).inc()
-        self._tally(address, group, outcome)
+        label = 'private' if group.startswith('nd:') else group  # subscription_label
+        key = ('settled', address, label, outcome)
+        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        tally = self.tallies.get((address, label))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally[outcome] += 1
 
     def expired(self, address: str, group: str = 'queue') -> None:
-        self._child(EXPIRED, address).inc()
+        _count(('expired', address))
         self._tally(address, group, 'expired')
 
     def dead_lettered(self, address: str, group: str = 'queue') -> None:
-        self._child(DEAD_LETTERED, address).inc()
+        _count(('dead_lettered', address))
         self._tally(address, group, 'dead_lettered')
 
     def filtered(self, address: str, group: str) -> None:
-        self._child(FILTERED, address, subscription_label(group)).inc()
+        _count(('filtered', address, subscription_label(group)))
         self._tally(address, group, 'filtered')
 
     def latency(self, address: str, group: str, seconds: float) -> None:
-        self._child(LATENCY, address).observe(seconds)
-        key = (address, subscription_label(group))
+        histogram = _LATENCIES.get(address)
+        if histogram is None:
+            histogram = _LATENCIES[address] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        histogram[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        histogram[-1] += seconds
+        key = (address, 'private' if group.startswith('nd:') else group)  # subscription_label
         buckets = self.latencies.get(key)
         if buckets is None:
             buckets = self.latencies[key] = [0] * (len(records.LATENCY_BOUNDS) + 1)
-        buckets[records.bucket_index(seconds)] += 1
+        # = records.bucket_index(seconds) (first bound >= seconds), by bisection
+        buckets[bisect.bisect_left(records.LATENCY_BOUNDS, seconds)] += 1
+
+
+def _count(key: tuple[str, ...]) -> None:
+    _COUNTS[key] = _COUNTS.get(key, 0) + 1
+
+
+class HotMetrics(Collector):
+    """The per-message counters and the delivery latency histogram, read at scrape time."""
+
+    def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
+        families = {
+            what: CounterMetricFamily(name, help_text, labels=list(labels))
+            for what, (name, help_text, labels) in _HOT_COUNTERS.items()
+        }
+        for (what, *values), count in list(_COUNTS.items()):
+            families[what].add_metric(values, count)
+        yield from families.values()
+        latency = HistogramMetricFamily(LATENCY_NAME, LATENCY_HELP, labels=['address'])
+        for address, histogram in list(_LATENCIES.items()):
+            cumulative, buckets = 0.0, []
+            for bound, in_bucket in zip((*LATENCY_BUCKETS, float('inf')), histogram, strict=False):
+                cumulative += in_bucket
+                buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
+            latency.add_metric([address], buckets, histogram[-1])
+        yield latency
+
+
+REGISTRY.register(HotMetrics())
 
 
 Gauges = Callable[[], Iterable[tuple[str, str, list[str], list[tuple[list[str], float]]]]]

@@ -12,6 +12,7 @@ import enum
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from shoal_broker.errors import BrokerError
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.settings import AddressKind
 
@@ -105,6 +106,17 @@ class MessageStore(Protocol):
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
         """Append a message; resolves False when a topic had no subscription to keep it, and
         fails with AddressNotFound when the address was deleted meanwhile."""
+        ...
+
+    def publish_then(
+        self,
+        address: str,
+        kind: AddressKind,
+        message: OutgoingMessage,
+        callback: Callable[[bool | None, BrokerError | None], None],
+    ) -> None:
+        """``publish`` for the per-message path: ``callback(kept, None)`` or ``callback(None,
+        error)`` once the store answered, with no future in between."""
         ...
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:

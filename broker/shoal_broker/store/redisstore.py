@@ -2,10 +2,12 @@
 The Redis store: every message, subscription and in-flight delivery of the cluster.
 
 Per-message operations (publish, fetch, ack, release) are queued and sent as one pipeline per
-cycle: while one pipeline is in flight, the next one fills up, so the batch grows with load and
-there is never one round trip per message (DESIGN.md §3). Exactly one pipeline is in flight at a
-time, which also keeps one producer's messages in order. Multi-key changes that must be atomic
-are Lua scripts in ``lua/`` (one file per operation, KEYS and ARGV documented in its header).
+cycle: while pipelines are in flight, the next one fills up, so the batch grows with load and
+there is never one round trip per message (DESIGN.md §3). Up to ``PIPELINES_IN_FLIGHT``
+pipelines are in flight at a time, all on one connection (``lane.py``): Redis applies them in
+the order they were written, which keeps one producer's messages in order, and nothing is
+accepted before its pipeline's reply. Multi-key changes that must be atomic are Lua scripts in
+``lua/`` (one file per operation, KEYS and ARGV documented in its header).
 
 Wake-ups: a cycle that added or returned entries publishes one notification per address; other
 replicas with hungry consumers fetch on it instead of polling.
@@ -39,14 +41,15 @@ from shoal_broker.routing.jms_subscriptions import SubscriptionKey, Subscription
 from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notify, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
+from shoal_broker.store.lane import Lane
 
 logger = logging.getLogger(__name__)
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 SCRIPTS = (
-    'publish', 'create_group', 'delete_group', 'fetch', 'browse', 'trim', 'join', 'leave',
-    'unsubscribe', 'release_client', 'release_clients', 'reclaim', 'reap_consumers',
-    'renew_lease', 'schedule', 'release_due', 'publish_limited',
+    'publish', 'create_address', 'create_group', 'delete_group', 'fetch', 'browse', 'trim',
+    'join', 'leave', 'unsubscribe', 'release_client', 'release_clients', 'reclaim',
+    'reap_consumers', 'renew_lease', 'schedule', 'release_due', 'publish_limited',
 )  # fmt: skip
 
 
@@ -55,6 +58,10 @@ MAX_REDIS_CONNECTIONS = 64
 
 POOL_WAIT_SECONDS = 20.0
 """How long a Redis call waits for a free connection before it fails."""
+
+PIPELINES_IN_FLIGHT = 4
+"""Per-message pipelines sent but not yet answered. One left the broker idle for every round
+trip (73 % CPU at saturation); more than a few only shrinks the batches (docs/benchmarks.md)."""
 
 
 def _lua(name: str) -> str:
@@ -67,7 +74,8 @@ class _Op:
 
     commands: list[tuple[Any, ...]]
     finish: Callable[[list[Any]], Any]
-    future: asyncio.Future[Any]
+    future: asyncio.Future[Any] | None
+    """Resolved with the outcome; None when ``callback`` gets it instead."""
     notify: str | None = None
     """Address to announce to other replicas once the commands succeeded."""
     notify_local: bool = False
@@ -75,6 +83,35 @@ class _Op:
     batch: tuple[Any, ...] | None = None
     """Ops with the same key are merged into one command per cycle (publish, ack)."""
     batch_args: tuple[Any, ...] = ()
+    callback: Callable[[Any, BrokerError | None], None] | None = None
+    """Called with (result, None) or (None, error) as the replies are read: a future and its
+    scheduled callback cost ~4 µs per message (``publish_then``)."""
+    answered: bool = False
+
+    def done(self) -> bool:
+        return self.answered or (self.future is not None and self.future.done())
+
+    def resolve(self, value: Any) -> None:
+        self.answered = True
+        if self.callback is not None:
+            _call_back(self.callback, value, None)
+        elif self.future is not None:
+            self.future.set_result(value)
+
+    def reject(self, error: BrokerError) -> None:
+        self.answered = True
+        if self.callback is not None:
+            _call_back(self.callback, None, error)
+        elif self.future is not None:
+            self.future.set_exception(error)
+
+
+def _call_back(callback: Callable[[Any, BrokerError | None], None], value: Any,
+               error: BrokerError | None) -> None:  # fmt: skip
+    try:
+        callback(value, error)
+    except Exception:  # like an asyncio callback: logged, and the other ops still settle
+        logger.exception('store callback failed')
 
 
 _Unit = tuple[list[tuple[Any, ...]], list[_Op]]
@@ -101,7 +138,14 @@ class RedisStore:
         self._sha: dict[str, str] = {}
         self._source: dict[str, str] = {}
         self._queued: list[_Op] = []
-        self._in_flight: list[_Op] = []
+        self._in_flight: dict[int, list[_Op]] = {}
+        """Ops of each pipeline sent and not yet answered, by cycle number."""
+        self._cycle_number = 0
+        self._lane = Lane(client.connection_pool, PIPELINES_IN_FLIGHT)
+        self._retry: list[_Op] = []
+        """Ops to send again, in order, once the scripts are loaded (Redis had forgotten them)."""
+        self._sending: list[_Op] = []
+        """Ops taken from the queue whose pipeline is being written."""
         self._wakeup = asyncio.Event()
         self._kinds: dict[str, AddressKind] = {}
         self._watchers: dict[str, list[Notify]] = {}
@@ -163,9 +207,10 @@ class RedisStore:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for op in self._queued:
-            if not op.future.done():
-                op.future.set_exception(StoreUnavailable('broker shutting down'))
+        await self._lane.close()
+        for op in (*self._queued, *self._sending, *self._retry, *self._in_flight_ops()):
+            if not op.done():
+                _fail(op, StoreUnavailable('broker shutting down'))
         if self._pubsub is not None:
             with contextlib.suppress(*_REDIS_DOWN):
                 await self._pubsub.aclose()
@@ -173,9 +218,16 @@ class RedisStore:
 
     async def flush(self) -> None:
         """Wait until everything queued or in flight has been sent and answered."""
-        while self._queued or self._in_flight:
-            pending = [op.future for op in (*self._queued, *self._in_flight)]
-            await asyncio.gather(*pending, return_exceptions=True)
+        while self._queued or self._sending or self._in_flight or self._retry:
+            ops = (*self._queued, *self._sending, *self._retry, *self._in_flight_ops())
+            futures = [op.future for op in ops if op.future is not None]
+            if futures:
+                await asyncio.gather(*futures, return_exceptions=True)
+            else:  # only callback ops left: they are answered with their pipeline
+                await asyncio.sleep(0.01)
+
+    def _in_flight_ops(self) -> list[_Op]:
+        return [op for ops in self._in_flight.values() for op in ops]
 
     async def ping(self) -> bool:
         try:
@@ -188,7 +240,7 @@ class RedisStore:
             self._source[name] = _lua(name)
             self._sha[name] = as_text(await self._client.script_load(self._source[name]))
 
-    # -- the per-message path: queued, batched, one pipeline in flight -------------------------
+    # -- the per-message path: queued, batched, a few pipelines in flight on one connection -----
 
     def _queue(
         self,
@@ -213,53 +265,75 @@ class RedisStore:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            ops, self._queued = self._queued, []
-            if not ops:
+            if not self._queued:
                 continue
-            self._in_flight = ops
+            await self._lane.wait_for_room()  # meanwhile the batch grows
+            ops, self._queued = self._queued, []
+            self._sending = ops
             try:
-                await self._cycle(ops)
+                await self._send_cycle(ops)
             except Exception as exc:  # a bug must not stop every later store operation
                 logger.exception('store cycle failed')
                 for op in ops:
-                    if not op.future.done():
-                        op.future.set_exception(StoreUnavailable(f'store cycle failed: {exc}'))
+                    if not op.done():
+                        _fail(op, StoreUnavailable(f'store cycle failed: {exc}'))
             finally:
-                self._in_flight = []
+                self._sending = []
 
-    async def _cycle(self, ops: list[_Op]) -> None:
+    async def _send_cycle(self, ops: list[_Op]) -> None:
         units = self._units(ops)
-        pipe = self._client.pipeline(transaction=False)
-        for commands, _ in units:
-            for command in commands:
-                pipe.execute_command(*command)
+        commands = [command for unit_commands, _ in units for command in unit_commands]
         announced = {op.notify for op in ops if op.notify}
         for address in announced:
-            pipe.execute_command('PUBLISH', keys.AddressKeys.of(address).notify, self._replica_id)
+            commands.append(('PUBLISH', keys.AddressKeys.of(address).notify, self._replica_id))
         waits = self._durability is Durability.REPLICATED and any(
             op.batch is not None and op.batch[0] == 'publish' for op in ops
         )
         if waits:  # accepted only once a Redis replica has it
-            pipe.execute_command('WAIT', 1, self._replication_timeout_ms)
+            commands.append(('WAIT', 1, self._replication_timeout_ms))
         self.pipelines += 1
-        self.commands += len(pipe.command_stack)
+        self.commands += len(commands)
         started = time.perf_counter()
         try:
-            replies = await pipe.execute(raise_on_error=False)
-            REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
+            replies = await self._lane.send(commands)
         except _REDIS_DOWN as exc:
-            logger.warning('Redis unreachable: %s', exc)
-            for op in ops:
-                if not op.future.done():
-                    _fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
+            _unreachable(ops, exc)
             return
+        number = self._cycle_number = self._cycle_number + 1
+        self._in_flight[number] = ops
+
+        def answered(future: asyncio.Future[list[Any]]) -> None:
+            del self._in_flight[number]
+            self._answered(ops, units, future, waits=waits, started=started)
+
+        replies.add_done_callback(answered)
+
+    def _answered(
+        self,
+        ops: list[_Op],
+        units: list[_Unit],
+        future: asyncio.Future[list[Any]],
+        *,
+        waits: bool,
+        started: float,
+    ) -> None:
+        """Settle a cycle's ops from its replies (called in the order the cycles were sent)."""
+        if future.cancelled():
+            _unreachable(ops, StoreUnavailable('broker shutting down'))
+            return
+        exc = future.exception()
+        if exc is not None:
+            _unreachable(ops, exc)
+            return
+        replies = future.result()
+        REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
         if waits and not (isinstance(replies[-1], int) and replies[-1] >= 1):
             _unconfirmed(ops)
-        await self._settle_units(units, replies)
+        self._settle_units(units, replies)
         for address in {op.notify for op in ops if op.notify and op.notify_local}:
             self._notify_local(address)
 
-    async def _settle_units(self, units: list[_Unit], replies: list[Any]) -> None:
+    def _settle_units(self, units: list[_Unit], replies: list[Any]) -> None:
         retry: list[_Op] = []
         pos = 0
         for commands, members in units:
@@ -271,9 +345,24 @@ class RedisStore:
             for op in members:
                 _settle(op, mine)  # a merged command's replies belong to each of its members
         if retry:
+            if not self._retry:
+                self._background(self._reload_then_retry())
+            self._retry += retry  # cycles are answered in order, so the retries stay in order
+
+    async def _reload_then_retry(self) -> None:
+        """Redis forgot the scripts (restarted or flushed): load them, then send those ops again
+        ahead of everything queued (a script's hash is its SHA1: the commands stay valid). Only
+        idempotent scripts (fetch, browse, schedule) go by hash; publish goes as source, so a
+        lost script can never reorder a producer's messages."""
+        try:
             await self._load_scripts()
-            self._queued[:0] = retry  # a script's hash is its SHA1: the commands stay valid
-            self._wakeup.set()
+        except _REDIS_DOWN as exc:
+            retry, self._retry = self._retry, []
+            _unreachable(retry, exc)
+            return
+        retry, self._retry = self._retry, []
+        self._queued[:0] = retry
+        self._wakeup.set()
 
     def _units(self, ops: list[_Op]) -> list[_Unit]:
         """Group ops into pipeline units, merging batchable ones where the first of them stood."""
@@ -297,10 +386,14 @@ class RedisStore:
         if key[0] == 'publish':
             _, _, band, kind = key
             args = [arg for op in members for arg in op.batch_args]
+            # by source, not hash: see _reload_then_retry (Redis caches it by its SHA1)
             if self._backlog is not None:  # SHOAL_MAX_BACKLOG_PER_ADDRESS
                 script_keys = (k.streams[band], k.groups, *k.streams)
-                return [self._script('publish_limited', script_keys, (kind, *self._backlog, *args))]
-            return [self._script('publish', (k.streams[band], k.groups), (kind, *args))]
+                return [
+                    ('EVAL', self._source['publish_limited'], len(script_keys), *script_keys,
+                     kind, *self._backlog, *args)
+                ]  # fmt: skip
+            return [('EVAL', self._source['publish'], 2, k.streams[band], k.groups, kind, *args)]
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         commands: list[tuple[Any, ...]] = [
             ('XACK', k.streams[band], group, *(op.batch_args[0] for op in members))
@@ -311,6 +404,27 @@ class RedisStore:
         return commands
 
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
+        future: asyncio.Future[bool] = (self._loop or asyncio.get_running_loop()).create_future()
+        self._queue_publish(address, kind, message, future, None)
+        return future
+
+    def publish_then(
+        self,
+        address: str,
+        kind: AddressKind,
+        message: OutgoingMessage,
+        callback: Callable[[bool | None, BrokerError | None], None],
+    ) -> None:
+        self._queue_publish(address, kind, message, None, callback)
+
+    def _queue_publish(
+        self,
+        address: str,
+        kind: AddressKind,
+        message: OutgoingMessage,
+        future: 'asyncio.Future[bool] | None',
+        callback: Callable[[bool | None, BrokerError | None], None] | None,
+    ) -> None:
         def finish(replies: list[Any]) -> bool:
             if replies[0] == -1:
                 self._kinds.pop(address, None)
@@ -319,13 +433,20 @@ class RedisStore:
                 raise StoreFull(f'{address!r} holds its limit of {self._backlog_limit} messages')
             return bool(replies[0])
 
-        return self._queue(
-            [],
-            finish,
-            notify=address,
-            batch=('publish', address, message.band, kind.value),
-            batch_args=(message.header, message.rest, str(message.expiry_ms), message.origin),
+        # _queue written out: this runs once per message
+        self._queued.append(
+            _Op(
+                [],
+                finish,
+                future,
+                address,  # notify
+                False,  # notify_local
+                ('publish', address, message.band, kind.value),  # batch
+                (message.header, message.rest, str(message.expiry_ms), message.origin),
+                callback,
+            )
         )
+        self._wakeup.set()
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:
         """Hold a message until ``due_ms``; any replica moves it into the stream then."""
@@ -426,12 +547,11 @@ class RedisStore:
         return kind
 
     async def create_address(self, address: str, kind: AddressKind) -> AddressKind:
-        await self._call(self._client.hsetnx(keys.ADDRESSES, address, kind.value))
-        self._kinds.pop(address, None)
-        actual = await self.address_kind(address)
-        assert actual is not None
-        if actual is AddressKind.QUEUE:
-            await self.create_subscription(address, keys.QUEUE_GROUP, from_start=True)
+        k = keys.AddressKeys.of(address)
+        script_keys = (keys.ADDRESSES, *k.streams, k.groups)
+        args = (address, kind.value, keys.QUEUE_GROUP)
+        actual = AddressKind(as_text(await self.evalsha('create_address', script_keys, args)))
+        self._kinds[address] = actual
         return actual
 
     async def delete_address(self, address: str) -> None:
@@ -733,7 +853,7 @@ class RedisStore:
 
 
 def _settle(op: _Op, replies: list[Any]) -> None:
-    if op.future.done():
+    if op.done():
         return
     error = next((r for r in replies if isinstance(r, Exception)), None)
     if isinstance(error, redis.exceptions.OutOfMemoryError):
@@ -743,18 +863,27 @@ def _settle(op: _Op, replies: list[Any]) -> None:
         _fail(op, StoreUnavailable(f'Redis refused: {error}'))
         return
     try:
-        op.future.set_result(op.finish(replies))
+        result = op.finish(replies)
     except BrokerError as exc:
         _fail(op, exc)
     except Exception as exc:  # a reply of an unexpected shape: fail this op, not the cycle
         logger.exception('unexpected Redis reply')
         _fail(op, StoreUnavailable(f'unexpected Redis reply: {exc}'))
+    else:
+        op.resolve(result)
+
+
+def _unreachable(ops: list[_Op], exc: BaseException) -> None:
+    logger.warning('Redis unreachable: %s', exc)
+    for op in ops:
+        if not op.done():
+            _fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
 
 
 def _unconfirmed(ops: list[_Op]) -> None:
     """Messages written but not confirmed by a Redis replica in time: never accept them."""
     for op in ops:
-        if op.batch is not None and op.batch[0] == 'publish' and not op.future.done():
+        if op.batch is not None and op.batch[0] == 'publish' and not op.done():
             _fail(op, StoreUnavailable('no Redis replica confirmed the write in time'))
 
 
@@ -762,8 +891,10 @@ def _fail(op: _Op, error: BrokerError) -> None:
     """Fail an op. Acks and releases are fire-and-forget for the broker: mark the exception
     seen (the entry stays pending and is redelivered; the failure is logged) so asyncio does not
     complain about an exception nobody retrieved; an awaiting caller still gets it."""
-    op.future.set_exception(error)
-    if (op.batch is not None and op.batch[0] == 'ack') or op.notify_local:
+    op.reject(error)
+    if op.future is not None and (
+        (op.batch is not None and op.batch[0] == 'ack') or op.notify_local
+    ):
         logger.debug('store operation failed: %s', error)
         op.future.exception()
 
@@ -775,15 +906,17 @@ def _is_noscript(reply: Any) -> bool:
 
 
 def _entries(flat: list[Any]) -> list[Entry]:
+    # positional (id, band, header, rest, expiry_ms, delivery_count, origin): keyword
+    # construction costs ~2 µs per entry
     return [
         Entry(
-            id=as_text(flat[i + 1]),
-            band=int(flat[i]),
-            header=flat[i + 2],
-            rest=flat[i + 3],
-            expiry_ms=int(flat[i + 4]),
-            delivery_count=int(flat[i + 5]),
-            origin=as_text(flat[i + 6]),
+            flat[i + 1].decode(),
+            int(flat[i]),
+            flat[i + 2],
+            flat[i + 3],
+            int(flat[i + 4]),
+            int(flat[i + 5]),
+            flat[i + 6].decode(),
         )
         for i in range(0, len(flat), 7)
     ]

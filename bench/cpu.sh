@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# bench/cpu.sh - A/B broker CPU per message: the load-insensitive figure for comparing builds on a
+# shared machine. For each source tree given (a checkout's broker/ directory, put first on
+# PYTHONPATH), start one private redis-server and one Shoal broker, then run the same amqpload
+# row against each tree in turn (A B A B ...), REPS times, and print per tree the median broker
+# CPU µs per message (utime+stime from /proc/PID/stat over the run), Redis CPU µs per message,
+# msg/s, and Redis pipelines/commands per message from the broker's /metrics.
+#
+# usage: bench/cpu.sh SRC_A [SRC_B ...]        e.g. bench/cpu.sh /tmp/base/broker broker
+#
+# Environment: N (messages per run, 30000), REPS (3), ROW (extra amqpload options; default
+# 1 -> 1 at-least-once closed loop: "--max-backlog 1000"), ENV (extra broker environment,
+# e.g. "SHOAL_DEFAULT_ADDRESS_KIND=topic"), PY, AMQPLOAD, RUN_TIMEOUT (120).
+# Loopback only; every process started is stopped by PID on exit.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+PY=${PY:-$ROOT/.venv/bin/python}
+AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
+N=${N:-30000}; REPS=${REPS:-3}; ROW=${ROW:---max-backlog 1000}; ENV=${ENV:-}
+RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+(($# >= 1)) || { echo "usage: $0 SRC_A [SRC_B ...]" >&2; exit 2; }
+
+WORK=$(mktemp -d /tmp/shoal-cpu.XXXXXX)
+STARTED_PIDS=()
+cleanup() {
+  local rc=$? pid i
+  set +e
+  for pid in "${STARTED_PIDS[@]}"; do
+    kill -0 "$pid" 2>/dev/null || continue
+    kill -TERM "$pid" 2>/dev/null
+    for ((i = 0; i < 150; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+  done
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_ports() {  # N distinct free loopback ports
+  "$PY" -c '
+import socket, sys
+ss = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in ss:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in ss))' "$1"
+}
+
+proc_cpu_s() {
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
+}
+
+metric() {  # sum of a Prometheus counter from the broker's /metrics
+  curl -sf "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 ~ "^"m { s += $2 } END { print s + 0 }'
+}
+
+declare -a SRC RPID BPID APORT HPORT
+i=0
+for src in "$@"; do
+  src=$(cd "$src" && pwd)
+  read -r rport aport hport < <(free_ports 3)
+  mkdir -p "$WORK/$i"
+  redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --dir "$WORK/$i" \
+      --logfile "$WORK/$i/redis.log" --daemonize no > /dev/null 2>&1 &
+  RPID[i]=$!; STARTED_PIDS+=("${RPID[i]}")
+  for ((t = 0; t < 100; t++)); do
+    redis-cli -p "$rport" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  # shellcheck disable=SC2086
+  env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING $ENV "$PY" -m shoal_broker \
+      --listen "127.0.0.1:$aport" --http "127.0.0.1:$hport" \
+      --redis-url "redis://127.0.0.1:$rport/0" --replica-id "cpu$i" > "$WORK/$i/broker.log" 2>&1 &
+  BPID[i]=$!; STARTED_PIDS+=("${BPID[i]}")
+  for ((t = 0; t < 300; t++)); do
+    curl -sf "http://127.0.0.1:$hport/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
+  SRC[i]=$src; APORT[i]=$aport; HPORT[i]=$hport
+  echo "tree $i: $src (broker pid ${BPID[i]}, redis pid ${RPID[i]})"
+  i=$((i + 1))
+done
+echo "machine: nproc=$(nproc) loadavg=$(cut -d' ' -f1-3 /proc/loadavg) N=$N REPS=$REPS ROW=$ROW ENV=$ENV"
+
+RESULTS=$WORK/results.txt
+for ((rep = 0; rep <= REPS; rep++)); do  # rep 0 warms every broker up and is not counted
+  for ((j = 0; j < ${#SRC[@]}; j++)); do
+    b0=$(proc_cpu_s "${BPID[j]}"); r0=$(proc_cpu_s "${RPID[j]}")
+    p0=$(metric "${HPORT[j]}" shoal_redis_pipeline_seconds_count)
+    n=$N; ((rep == 0)) && n=5000
+    # shellcheck disable=SC2086
+    out=$(timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$AMQPLOAD" run --host 127.0.0.1 \
+          --port "${APORT[j]}" --timeout "$RUN_TIMEOUT" -a "cpu-$rep-$j" -n "$n" --size 1024 \
+          $ROW 2>&1) || { echo "$out" >&2; echo "tree $j rep $rep failed" >&2; exit 1; }
+    b1=$(proc_cpu_s "${BPID[j]}"); r1=$(proc_cpu_s "${RPID[j]}")
+    p1=$(metric "${HPORT[j]}" shoal_redis_pipeline_seconds_count)
+    rate=$(echo "$out" | grep -oE ' in=[0-9.]+' | tail -1 | cut -d= -f2 || true)
+    ((rep == 0)) && continue
+    awk -v j="$j" -v n="$n" -v b="$(echo "$b1 - $b0" | bc)" -v r="$(echo "$r1 - $r0" | bc)" \
+        -v p="$((${p1%.*} - ${p0%.*}))" -v rate="${rate:-0}" \
+        'BEGIN { printf "%d %.1f %.1f %.0f %.3f\n", j, 1e6*b/n, 1e6*r/n, rate, p/n }' \
+        | tee -a "$RESULTS"
+  done
+done
+
+echo
+echo "| tree | broker µs/msg | Redis µs/msg | msg/s | pipelines/msg | source |"
+echo "|---|---|---|---|---|---|"
+for ((j = 0; j < ${#SRC[@]}; j++)); do
+  "$PY" -c '
+import statistics, sys
+j, src, path = sys.argv[1:4]
+rows = [line.split() for line in open(path) if line.split()[0] == j]
+med = [statistics.median(float(r[c]) for r in rows) for c in range(1, 5)]
+print(f"| {j} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.0f} | {med[3]:.3f} | {src} |")
+' "$j" "${SRC[j]}" "$RESULTS"
+done
+echo "per rep (tree broker-us redis-us msg/s pipelines/msg):"; cat "$RESULTS"
+echo "machine after: loadavg=$(cut -d' ' -f1-3 /proc/loadavg)"

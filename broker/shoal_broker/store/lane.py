@@ -1,0 +1,154 @@
+"""
+One Redis connection carrying the per-message pipelines, several of them in flight at once.
+
+Redis runs one connection's commands in the order they arrive, so pipelines written one after
+the other on one connection are applied in that order whether or not the previous replies have
+come back: a producer's messages stay in order without waiting a round trip per pipeline. The
+broker builds the next pipeline while Redis works on the previous ones (the one-in-flight limit
+measured in docs/benchmarks.md left the broker idle for each round trip).
+
+The connection comes from redis-py's pool (so authentication, TLS and the database in the URL
+apply), but the hot path packs RESP itself and reads the replies in order: redis-py's pipeline
+packing was 10 % of the broker's CPU under load (docs/benchmarks.md, profile G).
+
+A connection that fails is never written to again, because replies still owed on it could
+otherwise be matched with the wrong pipeline: every pipeline sent on it fails, and the next one
+goes out on a fresh connection.
+"""
+
+import asyncio
+import collections
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions
+
+CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def pack(commands: Iterable[Sequence[Any]]) -> bytes:
+    """RESP arrays of bulk strings for ``commands`` (str, bytes-like, int or float arguments)."""
+    out: list[bytes | bytearray | memoryview] = []
+    append = out.append
+    for command in commands:
+        append(b'*%d\r\n' % len(command))
+        for arg in command:
+            kind = type(arg)
+            if kind is bytes:  # most arguments: message parts
+                pass
+            elif kind is str:
+                arg = arg.encode()
+            elif kind is int:
+                arg = b'%d' % arg
+            elif kind is float:
+                arg = repr(arg).encode()
+            elif not isinstance(arg, bytes | bytearray | memoryview):
+                raise TypeError(f'cannot send a {kind.__name__} to Redis')
+            append(b'$%d\r\n' % len(arg))
+            append(arg)
+            append(b'\r\n')
+    return b''.join(out)
+
+
+class Lane:
+    """Sends pipelines on one connection and hands back each one's replies, in order."""
+
+    def __init__(self, pool: 'redis.asyncio.ConnectionPool', max_in_flight: int) -> None:
+        self._pool = pool
+        self._max_in_flight = max_in_flight
+        self._conn: Any = None
+        self._sent: collections.deque[tuple[int, asyncio.Future[list[Any]], Any]] = (
+            collections.deque()
+        )
+        self._broken: set[Any] = set()
+        self._readable = asyncio.Event()
+        self._room = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._sent)
+
+    async def wait_for_room(self) -> None:
+        """Return once fewer than ``max_in_flight`` pipelines await their replies."""
+        while len(self._sent) >= self._max_in_flight:
+            self._room.clear()
+            await self._room.wait()
+
+    async def send(self, commands: Sequence[Sequence[Any]]) -> 'asyncio.Future[list[Any]]':
+        """Write one pipeline; the future gets its replies (error replies as exception objects)
+        or fails with a connection error. Call ``wait_for_room`` first to bound the pipelines
+        in flight."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        packed = pack(commands)
+        if self._conn is None:
+            self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        conn = self._conn
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+        except CONNECTION_ERRORS:
+            await self._break(conn)
+            raise
+        self._sent.append((len(commands), future, conn))
+        self._readable.set()
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read(), name='store-lane-replies')
+        return future
+
+    async def _read(self) -> None:
+        while True:
+            while not self._sent:
+                self._readable.clear()
+                await self._readable.wait()
+            count, future, conn = self._sent[0]
+            try:
+                if conn in self._broken:
+                    raise redis.exceptions.ConnectionError('an earlier pipeline on it failed')
+                replies = [await _reply(conn) for _ in range(count)]
+            except Exception as exc:  # whatever it was, the replies are out of step now
+                self._sent.popleft()
+                if not future.done():
+                    future.set_exception(exc)
+                await self._break(conn)
+            else:
+                self._sent.popleft()
+                if not future.done():
+                    future.set_result(replies)
+            self._room.set()
+
+    async def _break(self, conn: Any) -> None:
+        """Stop using ``conn``; give it back to the pool once no reply is owed on it."""
+        if conn is self._conn:
+            self._conn = None
+            self._broken.add(conn)
+            await conn.disconnect(nowait=True)
+        if conn in self._broken and not any(c is conn for _, _, c in self._sent):
+            self._broken.discard(conn)
+            await self._pool.release(conn)
+
+    async def close(self) -> None:
+        """Stop reading; pipelines still in flight fail; the connection goes back to the pool."""
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+            self._reader = None
+        while self._sent:
+            _, future, _ = self._sent.popleft()
+            if not future.done():
+                future.set_exception(redis.exceptions.ConnectionError('store closing'))
+        for conn in [*self._broken, *([self._conn] if self._conn is not None else [])]:
+            await conn.disconnect(nowait=True)
+            await self._pool.release(conn)
+        self._broken.clear()
+        self._conn = None
+
+
+async def _reply(conn: Any) -> Any:
+    try:
+        return await conn.read_response()
+    except redis.exceptions.ResponseError as error:  # an error reply belongs to its command
+        return error

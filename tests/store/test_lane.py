@@ -1,0 +1,100 @@
+"""The store's pipeline lane on a real redis-server: several pipelines in flight on one
+connection, applied and answered in the order written; a failed connection is never reused."""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+import redis.exceptions
+from processes import RedisServer
+
+from shoal_broker.settings import AddressKind
+from shoal_broker.store.lane import Lane, pack
+from shoal_broker.store.redisstore import RedisStore
+
+
+@pytest.fixture
+async def client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    c = redis.asyncio.Redis.from_url(redis_server.url)
+    yield c
+    await c.aclose()
+
+
+def test_commands_are_packed_as_resp_arrays_of_bulk_strings() -> None:
+    packed = pack([('SET', 'k', b'v\r\n', 7), ('INCRBYFLOAT', 'f', 1.5)])
+    assert packed == (
+        b'*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n$1\r\n7\r\n'
+        b'*3\r\n$11\r\nINCRBYFLOAT\r\n$1\r\nf\r\n$3\r\n1.5\r\n'
+    )
+    assert pack([('SET', 'é', 'ü')]) == b'*3\r\n$3\r\nSET\r\n$2\r\n\xc3\xa9\r\n$2\r\n\xc3\xbc\r\n'
+    with pytest.raises(TypeError):
+        pack([('SET', 'k', None)])
+
+
+async def test_pipelines_in_flight_are_applied_and_answered_in_the_order_written(
+    client: redis.asyncio.Redis,
+) -> None:
+    key = f'lane-{uuid.uuid4().hex}'
+    lane = Lane(client.connection_pool, max_in_flight=8)
+    futures = []
+    for i in range(8):  # none awaited before the next is written
+        await lane.wait_for_room()
+        futures.append(await lane.send([('RPUSH', key, i), ('LLEN', key)]))
+    assert lane.in_flight > 0 or all(f.done() for f in futures)
+    replies = await asyncio.gather(*futures)
+    assert replies == [[i + 1, i + 1] for i in range(8)]
+    assert await client.lrange(key, 0, -1) == [b'%d' % i for i in range(8)]
+    await lane.close()
+
+
+async def test_an_error_reply_belongs_to_its_command_only(client: redis.asyncio.Redis) -> None:
+    key = f'lane-{uuid.uuid4().hex}'
+    lane = Lane(client.connection_pool, max_in_flight=2)
+    replies = await (await lane.send([('SET', key, 'x'), ('INCR', key), ('GET', key)]))
+    assert replies[0] == b'OK'
+    assert isinstance(replies[1], redis.exceptions.ResponseError)
+    assert replies[2] == b'x'
+    await lane.close()
+
+
+async def test_a_killed_connection_fails_what_is_in_flight_and_the_next_pipeline_gets_a_new_one(
+    client: redis.asyncio.Redis,
+) -> None:
+    key = f'lane-{uuid.uuid4().hex}'
+    lane = Lane(client.connection_pool, max_in_flight=4)
+    name = f'lane-{uuid.uuid4().hex[:8]}'
+    await (await lane.send([('CLIENT', 'SETNAME', name)]))
+    blocked = await lane.send([('BLPOP', f'{key}-never', 0)])  # holds the connection's replies
+    behind = await lane.send([('SET', key, 'after')])
+    await asyncio.sleep(0.2)
+    clients = await client.client_list()
+    [victim] = [c for c in clients if c['name'] == name]
+    await client.client_kill_filter(_id=victim['id'])
+    for future in (blocked, behind):
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await asyncio.wait_for(future, 10)
+    assert await client.get(key) is None  # queued behind BLPOP on the killed connection
+    assert await (await lane.send([('SET', key, 'fresh'), ('GET', key)])) == [b'OK', b'fresh']
+    await lane.close()
+
+
+async def test_an_address_is_created_with_its_queue_group_in_one_step(
+    redis_server: RedisServer, client: redis.asyncio.Redis
+) -> None:
+    stores = [RedisStore.from_url(redis_server.url, f'r{i}') for i in range(2)]
+    for store in stores:
+        await store.start()
+    name = f'addr-{uuid.uuid4().hex[:10]}'
+    kinds = await asyncio.gather(
+        stores[0].create_address(name, AddressKind.QUEUE),
+        stores[1].create_address(name, AddressKind.TOPIC),
+    )
+    assert kinds[0] is kinds[1]  # whoever came first decided the kind for both
+    if kinds[0] is AddressKind.QUEUE:  # and a queue's group exists as soon as the address does
+        for band in (0, 1):
+            groups = await client.xinfo_groups(f'shoal:{{a:{name}}}:s:{band}')
+            assert [g['name'] for g in groups] == [b'queue']
+    for store in stores:
+        await store.close()
