@@ -178,6 +178,10 @@ class Inspector:
         backlogs = await self._backlogs([(d.get('topic', ''), sid) for sid, d, _ in rows])
         return [_subscription(sid, d, c, b) for (sid, d, c), b in zip(rows, backlogs, strict=True)]
 
+    async def backlog(self, address: str, group: str) -> GroupBacklog:
+        """What one consumer group of an address has not consumed yet."""
+        return (await self._backlogs([(address, group)]))[0]
+
     async def clients(self) -> list[ClientInfo]:
         holders: dict[str, str] = await self._call(self._client.hgetall(keys.CLIENTS))
         found = []

@@ -1,0 +1,124 @@
+"""
+Kopf wiring only: decorators, kwargs, and translating outcomes into kopf's terms (status patches,
+retries, events). Decisions live in ``reconcile`` and the pure modules it calls.
+
+Handlers are registered into a registry built per operator run (``build_registry``), so the
+process entry point and the tests each run their own operator with their own login.
+"""
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from shoal_operator import k8s, metrics, reconcile
+from shoal_operator.models import GROUP, VERSION, BrokerCluster, InvalidSpec
+from shoal_operator.runtime import Runtime
+
+Login = Callable[..., kopf.ConnectionInfo | None]
+ENTITIES = {'queues': 'Queue', 'sharedsubscriptions': 'SharedSubscription'}
+
+
+def build_registry(runtime: Runtime, login: Login) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = f'{GROUP}/finalizer'
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.watching.inactivity_timeout = 600
+        settings.networking.request_timeout = 30
+
+    @kopf.on.login(registry=registry)
+    async def log_in(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        info = login(**kwargs)
+        if info is not None:
+            if runtime.kube is not None:
+                await runtime.kube.close()
+            runtime.kube = k8s.Kube(info)
+        return info
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(**_: Any) -> None:
+        await runtime.close()
+
+    for plural, kind in {'brokerclusters': 'BrokerCluster', **ENTITIES}.items():
+        _inventory(registry, runtime, plural, kind)
+    _clusters(registry, runtime)
+    for plural, kind in ENTITIES.items():
+        _entities(registry, runtime, plural, kind)
+    return registry
+
+
+def _inventory(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, kind: str) -> None:
+    @kopf.on.event(GROUP, VERSION, plural, id=f'remember-{plural}', registry=registry)
+    def remember(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002  (kopf's name)
+        runtime.remember(kind, body, deleted=type == 'DELETED')
+        metrics.MANAGED.labels(kind).set(len(runtime.of_kind(kind)))
+
+
+def _clusters(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
+    @kopf.on.resume(GROUP, VERSION, 'brokerclusters', id='reconcile', registry=registry)
+    @kopf.on.create(GROUP, VERSION, 'brokerclusters', id='reconcile', registry=registry)
+    @kopf.on.update(GROUP, VERSION, 'brokerclusters', id='reconcile', registry=registry)
+    async def reconcile_cluster(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        try:
+            cluster = BrokerCluster.from_body(body, default_image=runtime.settings.broker_image)
+            if cluster.meta.paused:
+                kopf.info(body, reason='ReconcilePaused', message='children left as they are')
+            else:
+                cluster = await reconcile.apply_cluster(runtime, body)
+            new = await reconcile.observe_cluster(runtime, cluster, body.get('status') or {})
+        except InvalidSpec as exc:
+            metrics.RECONCILES.labels('BrokerCluster', 'invalid').inc()
+            kopf.warn(body, reason='InvalidSpec', message=str(exc))
+            raise kopf.PermanentError(str(exc)) from exc
+        except k8s.ApiError as exc:
+            metrics.RECONCILES.labels('BrokerCluster', 'error').inc()
+            raise kopf.TemporaryError(str(exc), delay=runtime.settings.retry_seconds) from exc
+        patch.status.update(new)
+        metrics.RECONCILES.labels('BrokerCluster', 'ok').inc()
+
+
+def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, kind: str) -> None:
+    @kopf.on.resume(GROUP, VERSION, plural, id='provision', registry=registry)
+    @kopf.on.create(GROUP, VERSION, plural, id='provision', registry=registry)
+    @kopf.on.update(GROUP, VERSION, plural, id='provision', registry=registry)
+    async def provision(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        outcome = await reconcile.provision(runtime, kind, body)
+        patch.status.update(outcome.status)
+        previous = (body.get('status') or {}).get('conditions') or []
+        was_failing = any(c.get('type') == 'Ready' and c.get('status') == 'False'
+                          for c in previous)  # fmt: skip
+        if outcome.problem is None:
+            metrics.RECONCILES.labels(kind, 'ok').inc()
+            if was_failing or not previous:
+                kopf.info(body, reason='Provisioned', message=f'{kind} is ready in Redis')
+            return
+        reason, message = outcome.problem
+        metrics.RECONCILES.labels(kind, reason).inc()
+        kopf.warn(body, reason=reason, message=message)
+        if outcome.retry:
+            raise kopf.TemporaryError(message, delay=runtime.settings.retry_seconds)
+
+    @kopf.on.delete(GROUP, VERSION, plural, id='deprovision', registry=registry,
+                    when=lambda spec, **_: reconcile.needs_finalizer(spec))  # fmt: skip
+    async def deprovision(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+        since = memo.get('unreachable_since')
+        result, since = await reconcile.remove(runtime, kind, body, since)
+        memo['unreachable_since'] = since
+        if result.done:
+            if result.released is not None:
+                kopf.warn(body, reason='FinalizerReleased', message=result.message)
+            else:
+                kopf.info(body, reason='Deprovisioned', message=result.message)
+            return
+        assert result.blocked is not None
+        patch.status['conditions'] = reconcile.blocked_conditions(body, *result.blocked)
+        kopf.warn(body, reason='DeletionBlocked', message=result.message)
+        raise kopf.TemporaryError(result.message, delay=runtime.settings.retry_seconds)

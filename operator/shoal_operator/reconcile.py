@@ -1,0 +1,295 @@
+"""
+The reconcile steps behind each kopf handler: read the model, act through ``k8s`` and the store
+registry, and return the new status. Decisions are delegated to the pure modules (``manifests``,
+``provisioning``, ``status``); outcomes are plain values and exceptions that ``handlers`` turns into
+kopf's terms (status patches, retries, events).
+"""
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shoal_broker.errors import StoreUnavailable
+from shoal_broker.store.registry import EntityState, ProvisionConflict, Removal
+from shoal_operator import conditions, manifests, metrics, provisioning, status
+from shoal_operator.manifests import naming
+from shoal_operator.models import (
+    BrokerCluster,
+    DeletionPolicy,
+    InvalidSpec,
+    ManagementPolicy,
+    Queue,
+    SharedSubscription,
+)
+from shoal_operator.runtime import ClusterUnavailable, Runtime
+
+Entity = Queue | SharedSubscription
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body['metadata']
+    return {
+        'apiVersion': body['apiVersion'],
+        'kind': body['kind'],
+        'name': meta['name'],
+        'uid': meta.get('uid', ''),
+        'controller': True,
+        'blockOwnerDeletion': True,
+    }
+
+
+# -- BrokerCluster --------------------------------------------------------------------------------
+
+
+async def apply_cluster(runtime: Runtime, body: Mapping[str, Any]) -> BrokerCluster:
+    """Create or correct every child object of the cluster (also the drift check)."""
+    cluster = BrokerCluster.from_body(body, default_image=runtime.settings.broker_image)
+    kube = runtime.api()
+    owner = owner_reference(body)
+    for manifest in manifests.build_all(cluster):
+        manifest['metadata']['ownerReferences'] = [owner]
+        await kube.apply(manifest)
+    for api_version, kind, name in manifests.switched_off(cluster):
+        await kube.delete(api_version, kind, cluster.meta.namespace, name)
+    return cluster
+
+
+async def observe_cluster(
+    runtime: Runtime, cluster: BrokerCluster, previous: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The cluster's status from its Deployment and a Redis probe."""
+    kube = runtime.api()
+    deployment = await kube.get('apps/v1', 'Deployment', cluster.meta.namespace,
+                                naming.child(cluster))  # fmt: skip
+    redis_info, redis_error, declared = None, '', None
+    try:
+        registry = await runtime.registry(cluster)
+        redis_info = await registry.info()
+        declared = await registry.subscription_count()
+    except (StoreUnavailable, ClusterUnavailable) as exc:
+        redis_error = str(exc)
+    new = status.cluster_status(
+        cluster, deployment=deployment, redis=redis_info, redis_error=redis_error,
+        declared_subscriptions=declared, previous=previous.get('conditions') or [], now=now(),
+    )  # fmt: skip
+    new.update(
+        selector=naming.selector(cluster),
+        image=cluster.image,
+        bindingSecret=naming.child(cluster, 'connection'),
+        endpoints=[{
+            'name': 'amqp', 'host': naming.service_host(cluster), 'port': naming.AMQP_PORT,
+            'url': f'amqp://{naming.service_host(cluster)}:{naming.AMQP_PORT}',
+        }],
+    )  # fmt: skip
+    return new
+
+
+# -- Queue and SharedSubscription -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    status: dict[str, Any]
+    retry: bool = False
+    """Something may resolve by itself (cluster appears, Redis returns): try again later."""
+    problem: tuple[str, str] | None = None
+
+
+def parse(kind: str, body: Mapping[str, Any]) -> Entity:
+    return Queue.from_body(body) if kind == 'Queue' else SharedSubscription.from_body(body)
+
+
+async def provision(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> Outcome:
+    """Declare the queue or subscription in its cluster's Redis; the status says how it went."""
+    previous = (body.get('status') or {}).get('conditions') or []
+    generation = int((body.get('metadata') or {}).get('generation') or 1)
+    try:
+        entity = parse(kind, body)
+    except (InvalidSpec, ValueError) as exc:
+        return _outcome(generation, previous, ('InvalidSpec', str(exc)), None, paused=False)
+    identity = _identity(entity)
+    if entity.meta.paused:
+        return _outcome(generation, previous, None, None, paused=True, extra=identity)
+    observe_only = entity.management_policy is ManagementPolicy.OBSERVE_ONLY
+    try:
+        if isinstance(entity, SharedSubscription):
+            provisioning.check_selector(entity)
+        cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
+        registry = await runtime.registry(cluster)
+        if observe_only:
+            state = await _state(runtime, entity, registry)
+            provisioned = ('Observed', 'exists in Redis') if state.exists else None
+            problem = None if state.exists else ('NotFound', 'not in Redis (ObserveOnly)')
+            return _outcome(generation, previous, problem, provisioned, paused=False,
+                            observe_only=True, extra=identity)  # fmt: skip
+        if isinstance(entity, SharedSubscription):
+            result = await registry.declare_subscription(
+                provisioning.declaration(entity), recreate=entity.recreate_on_change
+            )
+        else:
+            result = await registry.declare_queue(entity.address, entity.meta.owner)
+        metrics.PROVISIONED.labels(kind, result.value).inc()
+        return _outcome(generation, previous, None, (result.value.capitalize(), ''),
+                        paused=False, extra=identity)  # fmt: skip
+    except InvalidSpec as exc:
+        reason = 'InvalidSelector' if 'selector' in str(exc) else 'InvalidSpec'
+        return _outcome(generation, previous, (reason, str(exc)), None, paused=False,
+                        extra=identity)  # fmt: skip
+    except ClusterUnavailable as exc:
+        return _outcome(generation, previous, (exc.reason, str(exc)), None, paused=False,
+                        extra=identity, retry=True)  # fmt: skip
+    except ProvisionConflict as exc:
+        return _outcome(generation, previous, ('Conflict', str(exc)), None, paused=False,
+                        extra=identity, retry=True)  # fmt: skip
+    except StoreUnavailable as exc:
+        return _outcome(generation, previous, ('RedisUnavailable', str(exc)), None,
+                        paused=False, extra=identity, retry=True)  # fmt: skip
+
+
+def _identity(entity: Entity) -> dict[str, Any]:
+    if isinstance(entity, SharedSubscription):
+        return {'linkName': entity.link_name,
+                'brokerId': provisioning.subscription_key(entity).id}  # fmt: skip
+    return {'address': entity.address}
+
+
+def _outcome(
+    generation: int,
+    previous: Sequence[Any],
+    problem: tuple[str, str] | None,
+    provisioned: tuple[str, str] | None,
+    *,
+    paused: bool,
+    observe_only: bool = False,
+    extra: Mapping[str, Any] | None = None,
+    retry: bool = False,
+) -> Outcome:
+    conds = status.entity_conditions(
+        generation=generation, previous=previous, now=now(), problem=problem,
+        provisioned=provisioned, paused=paused, observe_only=observe_only,
+    )  # fmt: skip
+    new = {'observedGeneration': generation, 'conditions': conds, **(extra or {})}
+    return Outcome(new, retry=retry, problem=problem)
+
+
+async def _state(runtime: Runtime, entity: Entity, registry: Any) -> EntityState:
+    if isinstance(entity, SharedSubscription):
+        state: EntityState = await registry.subscription_state(
+            provisioning.subscription_key(entity)
+        )
+    else:
+        state = await registry.queue_state(entity.address)
+    return state
+
+
+async def sample(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Live numbers for the status (and drift repair: a declared entity missing from Redis is
+    declared again); None when nothing can be sampled now."""
+    try:
+        entity = parse(kind, body)
+        cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
+        registry = await runtime.registry(cluster)
+        state = await _state(runtime, entity, registry)
+        managed = entity.management_policy is ManagementPolicy.MANAGED and not entity.meta.paused
+        provisioned = conditions.is_true((body.get('status') or {}).get('conditions') or [],
+                                         'Provisioned')  # fmt: skip
+        if managed and provisioned and (not state.exists or not state.owner):
+            await provision(runtime, kind, body)  # removed or released behind our back
+            state = await _state(runtime, entity, registry)
+    except (InvalidSpec, ValueError, ClusterUnavailable, StoreUnavailable, ProvisionConflict):
+        return None
+    if isinstance(entity, SharedSubscription):
+        live = status.subscription_live(entity, state, now())
+        previous = (body.get('status') or {}).get('conditions') or []
+        limit = status.at_limit(entity, state)
+        if limit is not None:
+            live['conditions'] = conditions.merged(previous, [conditions.make_condition(
+                'ConsumersAtLimit', limit, reason='AtLimit' if limit else 'BelowLimit',
+                message=f'{state.consumers} of {entity.max_consumers} consumers',
+                generation=entity.meta.generation, previous=previous, now=now(),
+            )])  # fmt: skip
+        return live
+    return status.queue_live(entity, state, now())
+
+
+# -- deletion -------------------------------------------------------------------------------------
+
+
+def needs_finalizer(spec: Mapping[str, Any]) -> bool:
+    """Only deletion that acts on Redis holds the resource (kopf adds/removes the finalizer)."""
+    policy = str(spec.get('deletionPolicy', DeletionPolicy.RETAIN.value))
+    managed = spec.get('managementPolicy', ManagementPolicy.MANAGED.value) == 'Managed'
+    return bool(managed and policy != DeletionPolicy.RETAIN.value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeletionResult:
+    done: bool
+    message: str
+    released: provisioning.Release | None = None
+    blocked: tuple[str, str] | None = None
+    """(reason, message) for the DeletionBlocked condition while waiting."""
+
+
+async def remove(
+    runtime: Runtime,
+    kind: str,
+    body: Mapping[str, Any],
+    unreachable_since: datetime.datetime | None,
+) -> tuple[DeletionResult, datetime.datetime | None]:
+    """Act on the deletion policy; returns the result and when Redis was first unreachable."""
+    entity = parse(kind, body)
+    cluster: BrokerCluster | None = None
+    try:
+        cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
+    except ClusterUnavailable:
+        cluster = None
+    context = provisioning.DeletionContext(
+        policy=entity.deletion_policy,
+        force=entity.meta.force_delete,
+        paused=entity.meta.paused,
+        cluster_present=cluster is not None,
+        unreachable_since=unreachable_since,
+        timeout_seconds=cluster.finalizer_timeout_seconds if cluster else 0,
+    )
+    hatch = provisioning.escape_hatch(context, now())
+    if hatch is not None or cluster is None:
+        release = hatch or provisioning.Release.CLUSTER_GONE
+        metrics.FINALIZERS_RELEASED.labels(release.value).inc()
+        return DeletionResult(True, f'left in Redis: {release.value}', released=release), None
+    only_if_empty = entity.deletion_policy is DeletionPolicy.DELETE_IF_EMPTY
+    try:
+        registry = await runtime.registry(cluster)
+        if isinstance(entity, SharedSubscription):
+            removal = await registry.remove_subscription(
+                provisioning.subscription_key(entity), entity.meta.owner, delete=True,
+                only_if_empty=only_if_empty,
+            )  # fmt: skip
+        else:
+            removal = await registry.remove_queue(
+                entity.address, entity.meta.owner, delete=True, only_if_empty=only_if_empty
+            )
+    except (StoreUnavailable, ClusterUnavailable) as exc:
+        since = unreachable_since or now()
+        return DeletionResult(False, str(exc), blocked=('RedisUnavailable', str(exc))), since
+    if removal is Removal.IN_USE:
+        why = ('messages are waiting or consumers are attached' if only_if_empty
+               else 'consumers are attached')  # fmt: skip
+        return DeletionResult(False, why, blocked=('NotEmpty' if only_if_empty
+                                                   else 'ConsumersAttached', why)), None  # fmt: skip
+    return DeletionResult(True, f'{removal.value} in Redis'), None
+
+
+def blocked_conditions(body: Mapping[str, Any], reason: str, message: str) -> list[Any]:
+    previous = (body.get('status') or {}).get('conditions') or []
+    generation = int((body.get('metadata') or {}).get('generation') or 1)
+    blocked = conditions.make_condition(
+        'DeletionBlocked', True, reason=reason, message=message, generation=generation,
+        previous=previous, now=now(),
+    )  # fmt: skip
+    return conditions.merged(previous, [blocked])
