@@ -57,7 +57,7 @@ def build_registry(runtime: Runtime, login: Login) -> kopf.OperatorRegistry:
 
 def _inventory(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, kind: str) -> None:
     @kopf.on.event(GROUP, VERSION, plural, id=f'remember-{plural}', registry=registry)
-    def remember(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002  (kopf's name)
+    def remember(type: str | None, body: kopf.Body, **_: Any) -> None:
         runtime.remember(kind, body, deleted=type == 'DELETED')
         metrics.MANAGED.labels(kind).set(len(runtime.of_kind(kind)))
 

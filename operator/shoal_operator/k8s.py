@@ -65,7 +65,7 @@ class Kube:
         headers = {'Accept': 'application/json'}
         if info.token:
             headers['Authorization'] = f'{info.scheme or "Bearer"} {info.token}'
-        context: ssl.SSLContext | bool = False if info.insecure else True
+        context: ssl.SSLContext | bool = not info.insecure
         if info.ca_path or info.ca_data or info.certificate_path or info.certificate_data:
             context = _ssl_context(info)
         self._session = aiohttp.ClientSession(
@@ -99,8 +99,16 @@ class Kube:
         """True if it existed."""
         return await self._request('DELETE', path(api_version, kind, namespace, name)) is not None
 
-    async def patch(self, api_version: str, kind: str, namespace: str, name: str,
-                    body: Mapping[str, Any], *, subresource: str = '') -> dict[str, Any] | None:  # fmt: skip
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        subresource: str = '',
+    ) -> dict[str, Any] | None:
         url = path(api_version, kind, namespace, name) + (f'/{subresource}' if subresource else '')
         return await self._request('PATCH', url, body=body, content_type=MERGE_PATCH)
 
@@ -114,8 +122,9 @@ class Kube:
         encoded = (secret.get('data') or {}).get(key)
         return base64.b64decode(encoded).decode() if encoded is not None else None
 
-    async def _request(self, method: str, url: str, *, body: Any = None,
-                       content_type: str = 'application/json') -> dict[str, Any] | None:  # fmt: skip
+    async def _request(
+        self, method: str, url: str, *, body: Any = None, content_type: str = 'application/json'
+    ) -> dict[str, Any] | None:
         """The decoded answer; None for 404 (and for a DELETE of a missing object)."""
         kwargs: dict[str, Any] = {}
         if body is not None:

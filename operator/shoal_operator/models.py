@@ -146,7 +146,7 @@ class BrokerCluster:
                 {'interval': monitor.get('interval', '30s'), 'labels': monitor.get('labels') or {}}
                 if monitor.get('enabled')
                 else None
-            ),  # fmt: skip
+            ),
             network_policy_from=list(policy.get('from') or []) if policy.get('enabled') else None,
             finalizer_timeout_seconds=int(spec.get('finalizerTimeoutSeconds', 600)),
             allowed_namespaces=frozenset(

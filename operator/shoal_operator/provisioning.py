@@ -1,10 +1,10 @@
 """
 What a Queue or SharedSubscription means in Redis, and what deleting one should do.
 
-Pure: models in, the broker's own vocabulary out (``SubscriptionKey`` and ``SubscriptionDeclaration``
-from ``shoal_broker``), so the operator and the broker agree on ids and link names by construction.
-Selectors are checked with the broker's own parser, so a selector the operator accepts is one every
-replica accepts.
+Pure: models in, the broker's own vocabulary out (``SubscriptionKey``,
+``SubscriptionDeclaration`` from ``shoal_broker``), so the operator and the broker agree on ids
+and link names by construction. Selectors are checked with the broker's own parser, so a selector
+the operator accepts is one every replica accepts.
 """
 
 import dataclasses

@@ -7,6 +7,7 @@ kopf's terms (status patches, retries, events).
 
 import dataclasses
 import datetime
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from shoal_operator.models import (
 from shoal_operator.runtime import ClusterUnavailable, Runtime
 
 Entity = Queue | SharedSubscription
+logger = logging.getLogger(__name__)
 
 
 def now() -> datetime.datetime:
@@ -201,7 +203,14 @@ async def sample(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> dict[s
         if managed and provisioned and (not state.exists or not state.owner):
             await provision(runtime, kind, body)  # removed or released behind our back
             state = await _state(runtime, entity, registry)
-    except (InvalidSpec, ValueError, ClusterUnavailable, StoreUnavailable, ProvisionConflict):
+    except (
+        InvalidSpec,
+        ValueError,
+        ClusterUnavailable,
+        StoreUnavailable,
+        ProvisionConflict,
+    ) as exc:
+        logger.info('no sample of %s %s: %s', kind, (body.get('metadata') or {}).get('name'), exc)
         return None
     if isinstance(entity, SharedSubscription):
         live = status.subscription_live(entity, state, now())
@@ -280,8 +289,9 @@ async def remove(
     if removal is Removal.IN_USE:
         why = ('messages are waiting or consumers are attached' if only_if_empty
                else 'consumers are attached')  # fmt: skip
-        return DeletionResult(False, why, blocked=('NotEmpty' if only_if_empty
-                                                   else 'ConsumersAttached', why)), None  # fmt: skip
+        return DeletionResult(
+            False, why, blocked=('NotEmpty' if only_if_empty else 'ConsumersAttached', why)
+        ), None
     return DeletionResult(True, f'{removal.value} in Redis'), None
 
 

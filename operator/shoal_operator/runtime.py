@@ -23,7 +23,7 @@ class Settings:
     observe_seconds: float = 30.0
     """How often live status is sampled and children are checked for drift."""
     retry_seconds: float = 10.0
-    """Delay before retrying a reconcile that waits for something (cluster, Redis, an empty queue)."""
+    """Delay before retrying a reconcile that waits (for the cluster, Redis, an empty queue)."""
     redis_timeout_seconds: float = 5.0
 
     @classmethod

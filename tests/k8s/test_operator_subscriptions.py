@@ -6,8 +6,8 @@ from typing import Any
 
 import redis
 from amqpclient import Capabilities, connect, sender
-from kubeemulator import Kube
 from jmswire import JmsSource, jms_connect, subscriber, take
+from kubeemulator import Kube
 from processes import BrokerProcess, RedisServer
 from proton import Message
 
@@ -96,8 +96,12 @@ async def test_a_declared_shared_subscription_is_joined_by_a_jms_consumer_and_re
     name = f'ssub-{address[-8:]}'
     await operator.redis_secret(redis_server.url)
     await operator.create('brokerclusters', cluster_body())
-    await operator.create('sharedsubscriptions', subscription_body(
-        name, address, selector="color = 'red'", maxConsumers=2, deletionPolicy='Delete'))  # fmt: skip
+    await operator.create(
+        'sharedsubscriptions',
+        subscription_body(
+            name, address, selector="color = 'red'", maxConsumers=2, deletionPolicy='Delete'
+        ),
+    )
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     sub_id = f'durable:global:*:{name}'
     definition_key = keys.SubscriptionKeys.of(sub_id).definition

@@ -86,8 +86,14 @@ class Kube:
             found: dict[str, Any] = await r.json()
             return found
 
-    async def patch(self, plural: str, name: str, body: dict[str, Any],
-                    namespace: str = 'default', api_version: str = GROUP_VERSION) -> None:  # fmt: skip
+    async def patch(
+        self,
+        plural: str,
+        name: str,
+        body: dict[str, Any],
+        namespace: str = 'default',
+        api_version: str = GROUP_VERSION,
+    ) -> None:
         async with self.session.patch(
             self.url(api_version, plural, namespace, name), json=body,
             headers={'Content-Type': 'application/merge-patch+json'},
@@ -105,9 +111,9 @@ class Kube:
         }
         await self.create('secrets', body, api_version='v1')
 
-    async def eventually(self, probe: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    async def eventually(self, probe: Callable[[], Any], what: str, limit: float = 30) -> Any:
         """Poll an async probe until it returns something truthy (bounded)."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = asyncio.get_running_loop().time() + limit
         while True:
             value = await probe()
             if value:

@@ -130,7 +130,7 @@ class SubscriptionKeys:
         return cls(definition=f'{tag}:def', consumers=f'{tag}:consumers')
 
 
-# -- provisioned definitions (store/registry.py; written by the operator) ---------------------------
+# -- provisioned definitions (store/registry.py; written by the operator) -------------------------
 
 PROVISIONED = f'{PREFIX}:provisioned'
 """HASH entity (``queue:<address>``, ``subscription:<id>``) -> ``<namespace>/<name>`` of the

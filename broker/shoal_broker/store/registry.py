@@ -234,9 +234,9 @@ class Registry:
         if kind != AddressKind.QUEUE:
             await self._call(self._client.hdel(keys.PROVISIONED, field))
             return Removal.MISSING
-        if delete and only_if_empty:
-            if (await self._inspector.backlog(address, QUEUE_GROUP)).backlog:
-                return Removal.IN_USE
+        waiting = delete and only_if_empty and await self._inspector.backlog(address, QUEUE_GROUP)
+        if waiting and waiting.backlog:
+            return Removal.IN_USE
         await self._call(self._client.hdel(keys.PROVISIONED, field))
         if not delete:
             return Removal.RELEASED
@@ -320,9 +320,15 @@ class Registry:
                 candidates.append(summary['min'])
             last = next((g['last-delivered-id'] for g in groups if g['name'] == group), None)
             if last is not None:
-                after = await self._call(self._client.xrange(stream, f'({last}', '+', count=1))
+                # entries hold binary message data: read them undecoded, only the id is used
+                after = await self._call(self._client.execute_command(  # type: ignore[no-untyped-call]
+                    'XRANGE', stream, f'({last}', '+', 'COUNT', 1, NEVER_DECODE=True
+                ))  # fmt: skip
                 if after:
-                    candidates.append(after[0][0])
+                    entry_id = after[0][0]
+                    candidates.append(
+                        entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    )
             for entry_id in candidates:
                 ms = int(str(entry_id).partition('-')[0])
                 oldest_ms = ms if oldest_ms is None else min(oldest_ms, ms)

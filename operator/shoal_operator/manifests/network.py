@@ -1,4 +1,4 @@
-"""How clients reach the brokers: the AMQP Service, a headless Service, an optional NetworkPolicy."""
+"""How clients reach the brokers: the AMQP Service, a headless Service, a NetworkPolicy."""
 
 from shoal_operator.manifests import naming
 from shoal_operator.manifests.config import Manifest

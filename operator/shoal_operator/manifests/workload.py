@@ -42,7 +42,7 @@ def _container(cluster: BrokerCluster) -> dict[str, Any]:
                 'name': broker.ENV_REPLICA_ID,
                 'valueFrom': {'fieldRef': {'fieldPath': 'metadata.name'}},
             },
-        ],  # fmt: skip
+        ],
         'resources': cluster.resources or DEFAULT_RESOURCES,
         'startupProbe': _probe('/livez', 2, 30),
         'livenessProbe': _probe('/livez', 10, 3),
