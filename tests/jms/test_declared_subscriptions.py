@@ -4,7 +4,6 @@ outlives its consumers."""
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from amqpclient import Capabilities, connect, nothing_more, receive_all, sender
@@ -41,8 +40,8 @@ def definition(url: str, key: SubscriptionKey) -> dict[str, str]:
 
 
 @pytest.fixture
-def name() -> Iterator[str]:
-    yield f'declared-{uuid.uuid4().hex[:8]}'
+def name() -> str:
+    return f'declared-{uuid.uuid4().hex[:8]}'
 
 
 def publish(url: str, topic: str, bodies: list[object], **properties: object) -> None:

@@ -102,7 +102,8 @@ async def test_removal_waits_for_consumers_and_if_asked_for_an_empty_backlog(
     await store.leave_subscription(key, 'c1')
     await store.publish(topic, AddressKind.TOPIC, message(b'waiting'))
     state = await registry.subscription_state(key)
-    assert state.backlog == 1 and state.oldest_age_seconds is not None
+    assert state.backlog == 1
+    assert state.oldest_age_seconds is not None
     assert await registry.remove_subscription(
         key, 'ns/sub', delete=True, only_if_empty=True
     ) is Removal.IN_USE  # fmt: skip
@@ -122,7 +123,8 @@ async def test_a_released_subscription_stays_undeclared_and_may_be_unsubscribed(
         declaration.key, 'ns/sub', delete=False
     ) is Removal.RELEASED  # fmt: skip
     state = await registry.subscription_state(declaration.key)
-    assert state.exists and state.owner == ''
+    assert state.exists
+    assert state.owner == ''
     await store.unsubscribe(declaration.key, '')
     assert not (await registry.subscription_state(declaration.key)).exists
 
