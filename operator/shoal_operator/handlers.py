@@ -12,11 +12,13 @@ from typing import Any
 
 import kopf
 
+from shoal_broker.store.registry import Provisioned
 from shoal_operator import k8s, metrics, reconcile
 from shoal_operator.models import GROUP, VERSION, BrokerCluster, InvalidSpec
 from shoal_operator.runtime import Runtime
 
 Login = Callable[..., kopf.ConnectionInfo | None]
+KOPF_PREFIX = f'kopf.{GROUP}'
 ENTITIES = {'queues': 'Queue', 'sharedsubscriptions': 'SharedSubscription'}
 
 
@@ -26,8 +28,10 @@ def build_registry(runtime: Runtime, login: Login) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = f'{GROUP}/finalizer'
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        # kopf leaves its own annotations out of the diff it reacts to: they must not share the
+        # prefix of the user-facing ones (shoal.dev/paused, shoal.dev/force-delete)
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=KOPF_PREFIX)
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
@@ -57,9 +61,12 @@ def build_registry(runtime: Runtime, login: Login) -> kopf.OperatorRegistry:
 
 def _inventory(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, kind: str) -> None:
     @kopf.on.event(GROUP, VERSION, plural, id=f'remember-{plural}', registry=registry)
-    def remember(type: str | None, body: kopf.Body, **_: Any) -> None:
+    async def remember(type: str | None, body: kopf.Body, **_: Any) -> None:
         runtime.remember(kind, body, deleted=type == 'DELETED')
         metrics.MANAGED.labels(kind).set(len(runtime.of_kind(kind)))
+        if type == 'DELETED' and kind in ENTITIES.values():
+            # gone without (or past) a finalizer: what stays in Redis is no longer declared
+            await reconcile.release(runtime, kind, body)
 
 
 def _clusters(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
@@ -70,13 +77,13 @@ def _clusters(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         try:
             cluster = BrokerCluster.from_body(body, default_image=runtime.settings.broker_image)
             if cluster.meta.paused:
-                kopf.info(body, reason='ReconcilePaused', message='children left as they are')
+                _event(body, 'Normal', 'ReconcilePaused', 'children left as they are')
             else:
                 cluster = await reconcile.apply_cluster(runtime, body)
             new = await reconcile.observe_cluster(runtime, cluster, body.get('status') or {})
         except InvalidSpec as exc:
             metrics.RECONCILES.labels('BrokerCluster', 'invalid').inc()
-            kopf.warn(body, reason='InvalidSpec', message=str(exc))
+            _event(body, 'Warning', 'InvalidSpec', str(exc))
             raise kopf.PermanentError(str(exc)) from exc
         except k8s.ApiError as exc:
             metrics.RECONCILES.labels('BrokerCluster', 'error').inc()
@@ -93,16 +100,17 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
         outcome = await reconcile.provision(runtime, kind, body)
         patch.status.update(outcome.status)
         previous = (body.get('status') or {}).get('conditions') or []
-        was_failing = any(c.get('type') == 'Ready' and c.get('status') == 'False'
-                          for c in previous)  # fmt: skip
         if outcome.problem is None:
             metrics.RECONCILES.labels(kind, 'ok').inc()
-            if was_failing or not previous:
-                kopf.info(body, reason='Provisioned', message=f'{kind} is ready in Redis')
+            written = outcome.provisioned
+            if written is not None and (written is not Provisioned.UNCHANGED
+                                        or not _has(previous, 'Ready', 'True')):  # fmt: skip
+                _event(body, 'Normal', written.value.capitalize(), f'{kind} {written.value}')
             return
         reason, message = outcome.problem
         metrics.RECONCILES.labels(kind, reason).inc()
-        kopf.warn(body, reason=reason, message=message)
+        if not _has(previous, 'Ready', 'False', reason):  # once per new problem, not per retry
+            _event(body, 'Warning', reason, message)
         if outcome.retry:
             raise kopf.TemporaryError(message, delay=runtime.settings.retry_seconds)
 
@@ -114,11 +122,27 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
         memo['unreachable_since'] = since
         if result.done:
             if result.released is not None:
-                kopf.warn(body, reason='FinalizerReleased', message=result.message)
+                _event(body, 'Warning', 'FinalizerReleased', result.message)
             else:
-                kopf.info(body, reason='Deprovisioned', message=result.message)
+                _event(body, 'Normal', 'Deprovisioned', result.message)
             return
         assert result.blocked is not None
+        previous = (body.get('status') or {}).get('conditions') or []
+        if not _has(previous, 'DeletionBlocked', 'True', result.blocked[0]):
+            _event(body, 'Warning', 'DeletionBlocked', result.message)
         patch.status['conditions'] = reconcile.blocked_conditions(body, *result.blocked)
-        kopf.warn(body, reason='DeletionBlocked', message=result.message)
         raise kopf.TemporaryError(result.message, delay=runtime.settings.retry_seconds)
+
+
+def _has(conditions: list[Any], type_: str, status: str, reason: str | None = None) -> bool:
+    return any(
+        c.get('type') == type_ and c.get('status') == status
+        and (reason is None or c.get('reason') == reason)
+        for c in conditions
+    )  # fmt: skip
+
+
+def _event(body: kopf.Body, type_: str, reason: str, message: str) -> None:
+    """A Kubernetes Event users see with ``kubectl describe`` (kopf's own logs are not posted
+    below WARNING)."""
+    kopf.event(body, type=type_, reason=reason, message=message)

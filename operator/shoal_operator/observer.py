@@ -69,10 +69,16 @@ async def _entity(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
     live = await reconcile.sample(runtime, kind, body)
     if live is None:
         return
+    at_limit = live.pop(reconcile.AT_LIMIT, None)
     old = body.get('status') or {}
-    if status.worth_writing(old, live) or live.get('conditions', old.get('conditions')) != old.get(
-        'conditions'
-    ):
+    if at_limit is not None:
+        # conditions are kopf's handlers' to write too: merge into a fresh read, not the inventory
+        fresh = await runtime.api().get(API_VERSION, kind, str(meta.get('namespace')),
+                                        str(meta.get('name')))  # fmt: skip
+        limited = reconcile.limit_conditions(fresh, at_limit) if fresh else None
+        if limited is not None:
+            live['conditions'] = limited
+    if 'conditions' in live or status.worth_writing(old, live):
         await _patch_status(runtime, kind, meta, live)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_broker.store.registry import EntityState, ProvisionConflict, Removal
+from shoal_broker.store.registry import EntityState, ProvisionConflict, Provisioned, Removal
 from shoal_operator import conditions, manifests, metrics, provisioning, status
 from shoal_operator.manifests import naming
 from shoal_operator.models import (
@@ -27,6 +27,8 @@ from shoal_operator.runtime import ClusterUnavailable, Runtime
 
 Entity = Queue | SharedSubscription
 logger = logging.getLogger(__name__)
+AT_LIMIT = 'consumersAtLimit'
+"""Key of a sample: whether a subscription is at its consumer limit (for the condition)."""
 
 
 def now() -> datetime.datetime:
@@ -100,6 +102,17 @@ class Outcome:
     retry: bool = False
     """Something may resolve by itself (cluster appears, Redis returns): try again later."""
     problem: tuple[str, str] | None = None
+    provisioned: Provisioned | None = None
+    """What the write to Redis did (None when nothing was written)."""
+
+
+_WRITES = {
+    Provisioned.CREATED: 'created in Redis',
+    Provisioned.ADOPTED: 'adopted: it existed in Redis and is now declared by this resource',
+    Provisioned.UPDATED: 'updated in Redis',
+    Provisioned.UNCHANGED: 'Redis holds the declared definition',
+    Provisioned.RECREATED: 'recreated with the new topic or selector; its backlog was dropped',
+}
 
 
 def parse(kind: str, body: Mapping[str, Any]) -> Entity:
@@ -136,8 +149,9 @@ async def provision(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> Out
         else:
             result = await registry.declare_queue(entity.address, entity.meta.owner)
         metrics.PROVISIONED.labels(kind, result.value).inc()
-        return _outcome(generation, previous, None, (result.value.capitalize(), ''),
-                        paused=False, extra=identity)  # fmt: skip
+        outcome = _outcome(generation, previous, None, ('Provisioned', _WRITES[result]),
+                           paused=False, extra=identity)  # fmt: skip
+        return dataclasses.replace(outcome, provisioned=result)
     except InvalidSpec as exc:
         reason = 'InvalidSelector' if 'selector' in str(exc) else 'InvalidSpec'
         return _outcome(generation, previous, (reason, str(exc)), None, paused=False,
@@ -210,18 +224,13 @@ async def sample(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> dict[s
         StoreUnavailable,
         ProvisionConflict,
     ) as exc:
-        logger.info('no sample of %s %s: %s', kind, (body.get('metadata') or {}).get('name'), exc)
+        logger.debug('no sample of %s %s: %s', kind, entity_name(body), exc)
         return None
     if isinstance(entity, SharedSubscription):
         live = status.subscription_live(entity, state, now())
-        previous = (body.get('status') or {}).get('conditions') or []
         limit = status.at_limit(entity, state)
         if limit is not None:
-            live['conditions'] = conditions.merged(previous, [conditions.make_condition(
-                'ConsumersAtLimit', limit, reason='AtLimit' if limit else 'BelowLimit',
-                message=f'{state.consumers} of {entity.max_consumers} consumers',
-                generation=entity.meta.generation, previous=previous, now=now(),
-            )])  # fmt: skip
+            live[AT_LIMIT] = limit
         return live
     return status.queue_live(entity, state, now())
 
@@ -303,3 +312,45 @@ def blocked_conditions(body: Mapping[str, Any], reason: str, message: str) -> li
         previous=previous, now=now(),
     )  # fmt: skip
     return conditions.merged(previous, [blocked])
+
+
+async def release(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
+    """A deleted resource's entity stays in Redis (Retain, or a released finalizer): drop the
+    declaration so apps may manage it again. Best effort: a later resource adopts it anyway."""
+    try:
+        entity = parse(kind, body)
+        if entity.management_policy is not ManagementPolicy.MANAGED or entity.meta.paused:
+            return
+        cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
+        registry = await runtime.registry(cluster)
+        if isinstance(entity, SharedSubscription):
+            await registry.remove_subscription(
+                provisioning.subscription_key(entity), entity.meta.owner, delete=False
+            )
+        else:
+            await registry.remove_queue(entity.address, entity.meta.owner, delete=False)
+    except (InvalidSpec, ValueError, ClusterUnavailable, StoreUnavailable) as exc:
+        logger.info('%s %s left declared in Redis: %s', kind, entity_name(body), exc)
+
+
+def entity_name(body: Mapping[str, Any]) -> str:
+    meta = body.get('metadata') or {}
+    return f'{meta.get("namespace")}/{meta.get("name")}'
+
+
+def limit_conditions(body: Mapping[str, Any], at_limit: bool) -> list[Any] | None:
+    """The conditions with ``ConsumersAtLimit`` set, or None when it already says so (or the
+    resource is paused: its conditions are left as the pause left them)."""
+    entity = SharedSubscription.from_body(body)
+    previous = (body.get('status') or {}).get('conditions') or []
+    if entity.meta.paused:
+        return None
+    if any(c.get('type') == 'ConsumersAtLimit' and c.get('status') == str(at_limit)
+           for c in previous):  # fmt: skip
+        return None
+    updated = conditions.make_condition(
+        'ConsumersAtLimit', at_limit, reason='AtLimit' if at_limit else 'BelowLimit',
+        message=f'maxConsumers is {entity.max_consumers}', generation=entity.meta.generation,
+        previous=previous, now=now(),
+    )  # fmt: skip
+    return conditions.merged(previous, [updated])

@@ -7,32 +7,11 @@ from typing import Any
 import redis
 from amqpclient import Capabilities, connect, sender
 from jmswire import JmsSource, jms_connect, subscriber, take
-from kubeemulator import Kube
+from kubeemulator import Kube, cluster_body, condition, subscription_body
 from processes import BrokerProcess, RedisServer
 from proton import Message
 
 from shoal_broker.store import keys
-
-
-def cluster_body(name: str = 'shoal', **spec: Any) -> dict[str, Any]:
-    return {'kind': 'BrokerCluster', 'metadata': {'name': name},
-            'spec': {'redis': {'secretName': 'redis'}, 'replicas': 2, **spec}}  # fmt: skip
-
-
-def subscription_body(name: str, topic: str, **spec: Any) -> dict[str, Any]:
-    return {
-        'kind': 'SharedSubscription',
-        'metadata': {'name': name},
-        'spec': {'clusterRef': {'name': 'shoal'}, 'topic': topic, 'subscriptionName': name,
-                 **spec},
-    }  # fmt: skip
-
-
-def condition(body: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    for c in ((body or {}).get('status') or {}).get('conditions') or []:
-        if c['type'] == type_:
-            return dict(c)
-    return {}
 
 
 async def test_a_broker_cluster_gets_its_children_with_owner_references(

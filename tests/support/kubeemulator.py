@@ -1,9 +1,10 @@
 """
 Test-side helpers for the emulated Kubernetes API (kmock's KubernetesEmulator).
 
-kmock keeps no resourceVersion or generation (operator-anchors §5); ``StampingEmulator`` stamps
-both, as an API server does, so kopf's finalizer patches (a JSON-patch testing the
-resourceVersion) and observedGeneration work. ``Kube`` is a test's hands on the API.
+kmock keeps no resourceVersion, uid or generation and ignores ``generateName`` (operator-anchors
+§5); ``StampingEmulator`` fills them in as an API server does, so kopf's finalizer patches (a
+JSON-patch testing the resourceVersion), observedGeneration and kopf's Events work. ``Kube`` is a
+test's hands on the API.
 """
 
 import asyncio
@@ -25,6 +26,8 @@ class StampingEmulator(kmock.KubernetesEmulator):
         data = request.data
         if request.resource is not None and request.action == kmock.action.CREATE:
             meta = data.setdefault('metadata', {})
+            if not meta.get('name') and meta.get('generateName'):  # as the API server does
+                meta['name'] = f'{meta["generateName"]}{uuid.uuid4().hex[:5]}'
             meta.setdefault('uid', str(uuid.uuid4()))
             meta.setdefault('generation', 1)
             meta.setdefault('creationTimestamp', '2026-01-01T00:00:00Z')
@@ -104,6 +107,14 @@ class Kube:
         async with self.session.delete(self.url(GROUP_VERSION, plural, namespace, name)) as r:
             assert r.status < 300, await r.text()
 
+    async def event_reasons(self, name: str, namespace: str = 'default') -> list[str]:
+        """Reasons of the Events posted about the object called ``name``, oldest first."""
+        async with self.session.get(self.url('v1', 'events', namespace)) as r:
+            assert r.status < 300, await r.text()
+            items = (await r.json()).get('items') or []
+        return [e.get('reason', '') for e in items
+                if (e.get('involvedObject') or {}).get('name') == name]  # fmt: skip
+
     async def redis_secret(self, url: str, name: str = 'redis') -> None:
         body = {
             'metadata': {'name': name},
@@ -121,3 +132,27 @@ class Kube:
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f'timed out waiting for {what}')
             await asyncio.sleep(0.2)
+
+
+# -- resource bodies ----------------------------------------------------------------------------
+
+
+def cluster_body(name: str = 'shoal', **spec: Any) -> dict[str, Any]:
+    return {'kind': 'BrokerCluster', 'metadata': {'name': name},
+            'spec': {'redis': {'secretName': 'redis'}, 'replicas': 2, **spec}}  # fmt: skip
+
+
+def subscription_body(name: str, topic: str, **spec: Any) -> dict[str, Any]:
+    return {
+        'kind': 'SharedSubscription',
+        'metadata': {'name': name},
+        'spec': {'clusterRef': {'name': 'shoal'}, 'topic': topic, 'subscriptionName': name,
+                 **spec},
+    }  # fmt: skip
+
+
+def condition(body: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for c in ((body or {}).get('status') or {}).get('conditions') or []:
+        if c['type'] == type_:
+            return dict(c)
+    return {}
