@@ -8,6 +8,7 @@ but is not available on every API server the operator is tested against.
 """
 
 import base64
+import datetime
 import ssl
 from collections.abc import Mapping
 from typing import Any
@@ -111,6 +112,23 @@ class Kube:
     ) -> dict[str, Any] | None:
         url = path(api_version, kind, namespace, name) + (f'/{subresource}' if subresource else '')
         return await self._request('PATCH', url, body=body, content_type=MERGE_PATCH)
+
+    async def post_event(self, body: Mapping[str, Any], type_: str, reason: str, message: str
+                         ) -> None:  # fmt: skip
+        """A core/v1 Event about ``body`` (for work done outside kopf's handlers)."""
+        meta = body['metadata']
+        now = datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+        event = {
+            'apiVersion': 'v1', 'kind': 'Event',
+            'metadata': {'generateName': f"{meta['name']}.", 'namespace': meta['namespace']},
+            'involvedObject': {'apiVersion': body['apiVersion'], 'kind': body['kind'],
+                               'name': meta['name'], 'namespace': meta['namespace'],
+                               'uid': meta.get('uid', '')},
+            'type': type_, 'reason': reason, 'message': message[:1024],
+            'source': {'component': 'shoal-operator'},
+            'firstTimestamp': now, 'lastTimestamp': now, 'count': 1,
+        }  # fmt: skip
+        await self._request('POST', f'/api/v1/namespaces/{meta["namespace"]}/events', body=event)
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """One key of a Secret, decoded; None when the Secret or key is missing."""

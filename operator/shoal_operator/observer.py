@@ -54,6 +54,7 @@ async def _cluster(runtime: Runtime, body: Mapping[str, Any]) -> None:
             await reconcile.apply_cluster(runtime, body)
         old = body.get('status') or {}
         new = await reconcile.observe_cluster(runtime, cluster, old)
+        await reconcile.close_the_loop(runtime, body, cluster, new)
     except (InvalidSpec, k8s.ApiError, StoreUnavailable) as exc:
         logger.warning('cannot observe BrokerCluster %s/%s: %s', meta.get('namespace'),
                        meta.get('name'), exc)  # fmt: skip

@@ -13,9 +13,10 @@ from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.store.registry import EntityState, ProvisionConflict, Provisioned, Removal
-from shoal_operator import conditions, manifests, metrics, provisioning, status
+from shoal_operator import analytics, conditions, manifests, metrics, provisioning, status
 from shoal_operator.manifests import naming
 from shoal_operator.models import (
+    API_VERSION,
     BrokerCluster,
     DeletionPolicy,
     InvalidSpec,
@@ -91,6 +92,42 @@ async def observe_cluster(
         }],
     )  # fmt: skip
     return new
+
+
+async def close_the_loop(
+    runtime: Runtime, body: Mapping[str, Any], cluster: BrokerCluster, new: dict[str, Any]
+) -> None:
+    """Report the analytics job's latest summary on ``new`` (the cluster's next status), post
+    Events for a summary not seen before and apply its replica recommendation if asked to."""
+    try:
+        summary = await (await runtime.registry(cluster)).analytics_summary()
+    except (StoreUnavailable, ClusterUnavailable):
+        return
+    except ValueError as exc:
+        logger.warning('unusable analytics summary for %s: %s', entity_name(body), exc)
+        return
+    if summary is None:
+        return
+    previous = body.get('status') or {}
+    new['analytics'] = analytics.section(summary)
+    new['conditions'] = conditions.merged(new.get('conditions') or [], [
+        analytics.anomalies_condition(summary, generation=cluster.meta.generation,
+                                      previous=previous.get('conditions') or [], now=now()),
+    ])  # fmt: skip
+    kube = runtime.api()
+    if analytics.is_new(summary, previous):
+        for type_, reason, message in analytics.events(summary):
+            await kube.post_event(body, type_, reason, message)
+    replicas = None if cluster.meta.paused else analytics.replicas_to_apply(cluster, summary)
+    if replicas is not None:
+        await kube.patch(API_VERSION, 'BrokerCluster', cluster.meta.namespace, cluster.meta.name,
+                         {'spec': {'replicas': replicas}})  # fmt: skip
+        await kube.post_event(
+            body,
+            'Normal',
+            'ScaledFromAnalytics',
+            f'replicas {cluster.replicas} -> {replicas}: {summary.reason}',
+        )
 
 
 # -- Queue and SharedSubscription -----------------------------------------------------------------
