@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 from amqpclient import Capabilities, connect, nothing_more, receive_all, sender
-from jmswire import JmsSource, NullSource, jms_connect, subscriber
+from jmswire import JmsSource, NullSource, collect, jms_connect, subscriber
 from processes import BrokerProcess, RedisServer
 from proton import Message
 
@@ -29,6 +29,14 @@ def declare(url: str, name: str, topic: str, *, durable: bool = True, selector: 
 
     asyncio.run(run())
     return key
+
+
+def consumers(url: str, key: SubscriptionKey) -> int:
+    async def run() -> int:
+        async with Registry.from_url(url) as registry:
+            return (await registry.subscription_state(key)).consumers
+
+    return asyncio.run(run())
 
 
 def definition(url: str, key: SubscriptionKey) -> dict[str, str]:
@@ -56,16 +64,17 @@ def test_a_declared_subscription_keeps_messages_until_jms_consumers_join_it_on_a
     broker: BrokerProcess, second_broker: BrokerProcess, redis_server: RedisServer, address: str,
     name: str,
 ) -> None:  # fmt: skip
-    declare(redis_server.url, name, address)
+    key = declare(redis_server.url, name, address)
     publish(broker.url, address, [0, 1, 2, 3])  # before any consumer: kept for the subscription
     first, second = jms_connect(broker.url), jms_connect(second_broker.url)
     source = JmsSource(*SHARED_GLOBAL, durable=True)
-    a = subscriber(first, address, f'{name}|global', source, credit=1)
-    b = subscriber(second, address, f'{name}|global2', source, credit=1)
-    got = [m.body for m in receive_all(a, 1)] + [m.body for m in receive_all(b, 1)]
-    a.flow(10)
-    got += [m.body for m in receive_all(a, 2)]
-    assert sorted(got) == [0, 1, 2, 3]
+    a = subscriber(first, address, f'{name}|global', source)
+    assert [m.body for m in receive_all(a, 4)] == [0, 1, 2, 3]
+    b = subscriber(second, address, f'{name}|global2', source)  # the other replica joins it too
+    assert consumers(redis_server.url, key) == 2
+    publish(broker.url, address, list(range(4, 10)))
+    got = collect([a, b], 6)
+    assert sorted(got[0] + got[1]) == list(range(4, 10))  # each message to exactly one of them
     first.close()
     second.close()
 
