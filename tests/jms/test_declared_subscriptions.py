@@ -3,14 +3,18 @@ Qpid JMS attaches join them, cannot change or unsubscribe them, and a declared n
 outlives its consumers."""
 
 import asyncio
+import time
 import uuid
+from collections.abc import Callable
 
 import pytest
+import redis
 from amqpclient import Capabilities, connect, nothing_more, receive_all, sender
 from jmswire import JmsSource, NullSource, collect, jms_connect, subscriber
 from processes import BrokerProcess, RedisServer
 from proton import Message
 
+from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.store.registry import Registry, SubscriptionDeclaration
 
@@ -140,3 +144,40 @@ def test_the_declared_consumer_limit_holds_across_replicas(
         subscriber(second, address, f'{name}|global2', source)
     first.close()
     second.close()
+
+
+def test_metric_records_of_declared_entities_name_their_resource(
+    start_broker: Callable[..., BrokerProcess], redis_server: RedisServer, address: str,
+    name: str,
+) -> None:  # fmt: skip
+    b = start_broker(env={'SHOAL_METRICS_INTERVAL_SECONDS': '0.5'}, replica_id=f'rec-{name}')
+    key = declare(redis_server.url, name, address)
+    queue = f'{address}-q'
+
+    async def declare_queue() -> None:
+        async with Registry.from_url(redis_server.url) as registry:
+            await registry.declare_queue(queue, 'team/orders')
+
+    asyncio.run(declare_queue())
+    conn = jms_connect(b.url)
+    sub = subscriber(conn, address, f'{name}|global', JmsSource(*SHARED_GLOBAL, durable=True))
+    publish(b.url, address, [1])
+    snd = sender(conn, queue)
+    snd.send(Message(body='order'))
+    assert [m.body for m in receive_all(sub, 1)] == [1]
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    labels: dict[str, set[tuple[str, str]]] = {}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not {key.id, 'queue'} <= set(labels):
+        time.sleep(0.5)
+        for _, fields in client.xrange('shoal:metrics'):
+            record = MetricRecord.from_fields(fields)
+            if record.replica == f'rec-{name}' and record.address in (address, queue):
+                labels.setdefault(record.subscription, set()).add(
+                    (record.cr_namespace, record.cr_name)
+                )
+    client.close()
+    conn.close()
+    producer_side = labels.pop('', {('', '')})  # the topic's own (publish) records: no resource
+    assert producer_side == {('', '')}
+    assert labels == {key.id: {('team', name)}, 'queue': {('team', 'orders')}}

@@ -14,7 +14,7 @@ Redis failures become ``StoreUnavailable``; a refused declaration becomes ``Prov
 import dataclasses
 import enum
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from importlib import resources
 from types import TracebackType
 from typing import Any
@@ -23,7 +23,7 @@ import redis.asyncio
 import redis.exceptions
 
 from shoal_broker.errors import BrokerError, StoreUnavailable
-from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
+from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary, MetricRecord
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
@@ -353,3 +353,34 @@ class Registry:
             raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
         except redis.exceptions.RedisError as exc:
             raise StoreUnavailable(f'Redis refused: {exc}') from exc
+
+
+# -- metric records of declared entities ----------------------------------------------------------
+
+
+async def declared_owners(client: 'redis.asyncio.Redis') -> dict[str, str]:
+    """``PROVISIONED`` read with any client (the broker's store client returns bytes)."""
+    try:
+        raw = await client.hgetall(keys.PROVISIONED)
+    except _REDIS_DOWN as exc:
+        raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
+    except redis.exceptions.RedisError as exc:
+        raise StoreUnavailable(f'Redis refused: {exc}') from exc
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def labelled(record: MetricRecord, owners: Mapping[str, str]) -> MetricRecord:
+    """The record with ``cr_namespace``/``cr_name`` of the resource declaring its queue or
+    subscription (so the analytics job can join metrics to resources); unchanged otherwise."""
+    if record.subscription == QUEUE_GROUP:
+        owner = owners.get(keys.provisioned_queue(record.address))
+    else:
+        owner = owners.get(keys.provisioned_subscription(record.subscription))
+    if not owner or '/' not in owner:
+        return record
+    namespace, _, name = owner.partition('/')
+    return dataclasses.replace(record, cr_namespace=namespace, cr_name=name)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
