@@ -14,9 +14,6 @@ import prometheus_client
 from shoal_operator import handlers, observer
 from shoal_operator.runtime import Runtime, Settings
 
-LIVENESS = 'http://0.0.0.0:8080/healthz'
-METRICS_PORT = 9090
-
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In a pod: its service account; elsewhere: the kubeconfig."""
@@ -28,7 +25,7 @@ async def run(
     *,
     login: handlers.Login = login,
     stop: asyncio.Event | None = None,
-    liveness: str | None = LIVENESS,
+    liveness: bool = True,
 ) -> None:
     """Run the operator until ``stop`` is set (or forever)."""
     runtime = Runtime(settings)
@@ -49,7 +46,7 @@ async def run(
             standalone=True,
             clusterwide=not settings.namespaces,
             namespaces=settings.namespaces,
-            liveness_endpoint=liveness,
+            liveness_endpoint=f'http://{settings.health}/healthz' if liveness else None,
             stop_flag=stop_flag,
         )
     except asyncio.CancelledError:
@@ -65,5 +62,7 @@ async def run(
 def main() -> None:
     level = os.environ.get('SHOAL_OPERATOR_LOG_LEVEL', 'INFO').upper()
     logging.basicConfig(level=level, format='%(asctime)s %(levelname)s %(name)s %(message)s')
-    prometheus_client.start_http_server(METRICS_PORT)
-    asyncio.run(run(Settings.from_env()))
+    settings = Settings.from_env()
+    host, _, port = settings.metrics.rpartition(':')
+    prometheus_client.start_http_server(int(port), addr=host or '0.0.0.0')
+    asyncio.run(run(settings))

@@ -13,6 +13,8 @@ from shoal_operator import k8s
 from shoal_operator.models import API_VERSION, BrokerCluster, ClusterRef
 
 DEFAULT_IMAGE = 'ghcr.io/shoal-dev/shoal:0.1.0'
+DEFAULT_HEALTH = '0.0.0.0:8080'
+DEFAULT_METRICS = '0.0.0.0:9090'
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -25,6 +27,10 @@ class Settings:
     retry_seconds: float = 10.0
     """Delay before retrying a reconcile that waits (for the cluster, Redis, an empty queue)."""
     redis_timeout_seconds: float = 5.0
+    health: str = DEFAULT_HEALTH
+    """``HOST:PORT`` of the liveness endpoint ``/healthz``."""
+    metrics: str = DEFAULT_METRICS
+    """``HOST:PORT`` of the Prometheus endpoint ``/metrics``."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> 'Settings':
@@ -34,6 +40,8 @@ class Settings:
             namespaces=tuple(n for n in namespaces if n),
             observe_seconds=float(env.get('SHOAL_OPERATOR_OBSERVE_SECONDS', 30)),
             retry_seconds=float(env.get('SHOAL_OPERATOR_RETRY_SECONDS', 10)),
+            health=env.get('SHOAL_OPERATOR_HEALTH') or DEFAULT_HEALTH,
+            metrics=env.get('SHOAL_OPERATOR_METRICS') or DEFAULT_METRICS,
         )
 
 

@@ -53,7 +53,7 @@ async def operator(kube: Kube, redis_server: RedisServer) -> AsyncIterator[Kube]
         try:
             loop.run_until_complete(cli.run(
                 settings, login=lambda **_: kopf.ConnectionInfo(server=server), stop=stop,
-                liveness=None,
+                liveness=False,
             ))  # fmt: skip
         except BaseException as exc:
             failures.append(exc)
