@@ -52,6 +52,14 @@ async def body_when(kube: Kube, plural: str, name: str, check: Any, what: str) -
     return found
 
 
+async def deletion_blocked(kube: Kube, name: str, reason: str) -> None:
+    def blocked(body: dict[str, Any]) -> bool:
+        found = condition(body, 'DeletionBlocked')
+        return found.get('status') == 'True' and found.get('reason') == reason
+
+    await body_when(kube, 'sharedsubscriptions', name, blocked, f'DeletionBlocked/{reason}')
+
+
 def ready(body: dict[str, Any]) -> bool:
     return condition(body, 'Ready').get('status') == 'True'
 
@@ -156,14 +164,7 @@ async def test_delete_waits_for_consumers_then_removes_the_subscription_and_back
     app = jms_connect(broker.url)
     subscriber(app, address, f'{name}|global', JmsSource('shared', 'global', 'topic', durable=True))
     await cluster.delete('sharedsubscriptions', name)
-    body = await body_when(
-        cluster,
-        'sharedsubscriptions',
-        name,
-        lambda b: condition(b, 'DeletionBlocked').get('status') == 'True',
-        'DeletionBlocked',
-    )
-    assert condition(body, 'DeletionBlocked')['reason'] == 'ConsumersAttached'
+    await deletion_blocked(cluster, name, 'ConsumersAttached')
     assert rds.exists(definition_key(name))
     app.close()
     await gone(cluster, 'sharedsubscriptions', name)
@@ -183,14 +184,7 @@ async def test_delete_if_empty_waits_for_the_backlog_to_be_consumed(
     sender(conn, address, Capabilities('topic')).send(Message(body='pending'))
     conn.close()
     await cluster.delete('sharedsubscriptions', name)
-    body = await body_when(
-        cluster,
-        'sharedsubscriptions',
-        name,
-        lambda b: condition(b, 'DeletionBlocked').get('status') == 'True',
-        'DeletionBlocked',
-    )
-    assert condition(body, 'DeletionBlocked')['reason'] == 'NotEmpty'
+    await deletion_blocked(cluster, name, 'NotEmpty')
     app = jms_connect(broker.url)
     consumer = subscriber(
         app, address, f'{name}|global', JmsSource('shared', 'global', 'topic', durable=True)
@@ -211,13 +205,7 @@ async def test_the_force_annotation_releases_a_blocked_deletion_and_leaves_redis
     app = jms_connect(broker.url)
     subscriber(app, address, f'{name}|global', JmsSource('shared', 'global', 'topic', durable=True))
     await cluster.delete('sharedsubscriptions', name)
-    await body_when(
-        cluster,
-        'sharedsubscriptions',
-        name,
-        lambda b: condition(b, 'DeletionBlocked').get('status') == 'True',
-        'blocked',
-    )
+    await deletion_blocked(cluster, name, 'ConsumersAttached')
     await cluster.patch(
         'sharedsubscriptions',
         name,
@@ -257,13 +245,7 @@ async def test_the_finalizer_goes_when_redis_stays_unreachable_past_the_timeout(
     )
     await operator.patch('brokerclusters', 'shoal', {'spec': {'redis': {'secretName': 'dead'}}})
     await operator.delete('sharedsubscriptions', name)
-    await body_when(
-        operator,
-        'sharedsubscriptions',
-        name,
-        lambda b: condition(b, 'DeletionBlocked').get('reason') == 'RedisUnavailable',
-        'blocked by the unreachable Redis',
-    )
+    await deletion_blocked(operator, name, 'RedisUnavailable')
     await gone(operator, 'sharedsubscriptions', name)
     assert rds.exists(definition_key(name))
 

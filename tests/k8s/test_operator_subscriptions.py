@@ -64,6 +64,8 @@ async def test_a_broker_cluster_gets_its_children_with_owner_references(
         return d is not None and d['spec']['replicas'] == 4
 
     await operator.eventually(scaled, 'the Deployment scaled to 4')
+    await operator.delete('deployments', 'shoal', api_version='apps/v1')  # drift: repaired
+    await operator.eventually(scaled, 'the Deployment created again')
     status = (await operator.get('brokerclusters', 'shoal') or {})['status']
     assert status['selector'] == ('app.kubernetes.io/name=shoal,app.kubernetes.io/instance=shoal,'
                                   'app.kubernetes.io/component=broker')  # fmt: skip
@@ -78,7 +80,7 @@ async def test_a_declared_shared_subscription_is_joined_by_a_jms_consumer_and_re
     await operator.create(
         'sharedsubscriptions',
         subscription_body(
-            name, address, selector="color = 'red'", maxConsumers=2, deletionPolicy='Delete'
+            name, address, selector="color = 'red'", maxConsumers=1, deletionPolicy='Delete'
         ),
     )
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
@@ -97,7 +99,7 @@ async def test_a_declared_shared_subscription_is_joined_by_a_jms_consumer_and_re
     assert (definition['topic'], definition['selector'], definition['max_consumers']) == (
         address,
         "color = 'red'",
-        '2',
+        '1',
     )
 
     # messages published before any consumer attached are kept for the declared subscription
@@ -122,8 +124,15 @@ async def test_a_declared_shared_subscription_is_joined_by_a_jms_consumer_and_re
         return ((body or {}).get('status') or {}).get('consumers', {}).get('active') == 1
 
     await operator.eventually(one_consumer, 'one consumer on the status')
+
+    async def at_limit(expected: str) -> bool:
+        body = await operator.get('sharedsubscriptions', name)
+        return condition(body, 'ConsumersAtLimit').get('status') == expected
+
+    await operator.eventually(lambda: at_limit('True'), 'ConsumersAtLimit with 1 of 1')
     received = await asyncio.to_thread(take, consumer, 2)
     assert received == [0, 2]  # the blue one was consumed unseen by the selector
     await operator.eventually(lambda: backlog_of(0), 'the backlog drained on the status')
     app.close()
+    await operator.eventually(lambda: at_limit('False'), 'below the limit once it left')
     client.close()

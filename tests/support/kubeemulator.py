@@ -103,8 +103,10 @@ class Kube:
         ) as r:  # fmt: skip
             assert r.status < 300, await r.text()
 
-    async def delete(self, plural: str, name: str, namespace: str = 'default') -> None:
-        async with self.session.delete(self.url(GROUP_VERSION, plural, namespace, name)) as r:
+    async def delete(
+        self, plural: str, name: str, namespace: str = 'default', api_version: str = GROUP_VERSION
+    ) -> None:
+        async with self.session.delete(self.url(api_version, plural, namespace, name)) as r:
             assert r.status < 300, await r.text()
 
     async def event_reasons(self, name: str, namespace: str = 'default') -> list[str]:

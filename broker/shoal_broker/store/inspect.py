@@ -18,7 +18,7 @@ stream or group counts as zero.
 import dataclasses
 from collections.abc import Awaitable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import redis.asyncio
 import redis.exceptions
@@ -118,14 +118,14 @@ class Inspector:
         self._client = client
 
     @classmethod
-    def from_url(cls, url: str, *, timeout: float = 5.0) -> 'Inspector':
+    def from_url(cls, url: str, *, timeout: float = 5.0) -> Self:
         """Raises ValueError for a URL redis-py cannot use."""
         client = redis.asyncio.Redis.from_url(
             url, decode_responses=True, socket_connect_timeout=timeout, socket_timeout=timeout
         )
         return cls(client)
 
-    async def __aenter__(self) -> 'Inspector':
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(

@@ -14,9 +14,8 @@ Redis failures become ``StoreUnavailable``; a refused declaration becomes ``Prov
 import dataclasses
 import enum
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from importlib import resources
-from types import TracebackType
 from typing import Any
 
 import redis.asyncio
@@ -97,43 +96,18 @@ class RedisInfo:
     server_version: str
 
 
-class Registry:
-    """The operator's handle on one cluster's Redis."""
+class Registry(Inspector):
+    """The operator's handle on one cluster's Redis: the inspector's read-only view plus the
+    writes that declare and remove queues and subscriptions."""
 
     def __init__(self, client: 'redis.asyncio.Redis') -> None:
-        self._client = client
-        self._inspector = Inspector(client)
+        super().__init__(client)
         self._scripts = {
             name: client.register_script(
                 resources.files('shoal_broker.store').joinpath('lua', f'{name}.lua').read_text()
             )
             for name in _SCRIPTS
         }
-
-    @classmethod
-    def from_url(cls, url: str, *, timeout: float = 5.0) -> 'Registry':
-        """Raises ValueError for a URL redis-py cannot use."""
-        client = redis.asyncio.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=timeout, socket_timeout=timeout
-        )
-        return cls(client)
-
-    async def __aenter__(self) -> 'Registry':
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        try:
-            await self._client.aclose()
-        except _REDIS_DOWN:
-            pass
 
     async def info(self) -> RedisInfo:
         started = time.perf_counter()
@@ -194,7 +168,7 @@ class Registry:
             return EntityState(exists=False)
         consumers: dict[str, str] = await self._call(self._client.hgetall(k.consumers))
         topic = definition.get('topic', '')
-        backlog = await self._inspector.backlog(topic, key.id)
+        backlog = await self.backlog(topic, key.id)
         return EntityState(
             exists=True,
             owner=definition.get('owner', ''),
@@ -234,7 +208,7 @@ class Registry:
         if kind != AddressKind.QUEUE:
             await self._call(self._client.hdel(keys.PROVISIONED, field))
             return Removal.MISSING
-        waiting = delete and only_if_empty and await self._inspector.backlog(address, QUEUE_GROUP)
+        waiting = delete and only_if_empty and await self.backlog(address, QUEUE_GROUP)
         if waiting and waiting.backlog:
             return Removal.IN_USE
         await self._call(self._client.hdel(keys.PROVISIONED, field))
@@ -256,7 +230,7 @@ class Registry:
         owner = await self._call(
             self._client.hget(keys.PROVISIONED, keys.provisioned_queue(address))
         )
-        backlog = await self._inspector.backlog(address, QUEUE_GROUP)
+        backlog = await self.backlog(address, QUEUE_GROUP)
         return EntityState(
             exists=True,
             owner=owner or '',
@@ -345,14 +319,6 @@ class Registry:
 
     async def _run_raw(self, name: str, keys_: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         return await self._call(self._scripts[name](keys=list(keys_), args=list(args)))
-
-    async def _call(self, awaitable: Awaitable[Any]) -> Any:
-        try:
-            return await awaitable
-        except _REDIS_DOWN as exc:
-            raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
-        except redis.exceptions.RedisError as exc:
-            raise StoreUnavailable(f'Redis refused: {exc}') from exc
 
 
 # -- metric records of declared entities ----------------------------------------------------------
