@@ -1,6 +1,7 @@
 """
 Kopf wiring only: decorators, kwargs, and translating outcomes into kopf's terms (status patches,
-retries, events). Decisions live in ``reconcile`` and the pure modules it calls.
+retries, events). The work is in ``clusters``, ``entities`` and ``deletion``, the decisions in the
+pure modules they call.
 
 Handlers are registered into a registry built per operator run (``build_registry``), so the
 process entry point and the tests each run their own operator with their own login.
@@ -13,7 +14,7 @@ from typing import Any
 import kopf
 
 from shoal_broker.store.registry import Provisioned
-from shoal_operator import k8s, metrics, reconcile
+from shoal_operator import clusters, deletion, entities, k8s, metrics
 from shoal_operator.models import GROUP, VERSION, BrokerCluster, InvalidSpec
 from shoal_operator.runtime import Runtime
 
@@ -66,7 +67,7 @@ def _inventory(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, k
         metrics.MANAGED.labels(kind).set(len(runtime.of_kind(kind)))
         if type == 'DELETED' and kind in ENTITIES.values():
             # gone without (or past) a finalizer: what stays in Redis is no longer declared
-            await reconcile.release(runtime, kind, body)
+            await deletion.release(runtime, kind, body)
 
 
 def _clusters(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
@@ -79,8 +80,8 @@ def _clusters(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
             if cluster.meta.paused:
                 _event(body, 'Normal', 'ReconcilePaused', 'children left as they are')
             else:
-                cluster = await reconcile.apply_cluster(runtime, body)
-            new = await reconcile.observe_cluster(runtime, cluster, body.get('status') or {})
+                cluster = await clusters.apply_cluster(runtime, body)
+            new = await clusters.observe_cluster(runtime, cluster, body.get('status') or {})
         except InvalidSpec as exc:
             metrics.RECONCILES.labels('BrokerCluster', 'invalid').inc()
             _event(body, 'Warning', 'InvalidSpec', str(exc))
@@ -97,7 +98,7 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
     @kopf.on.create(GROUP, VERSION, plural, id='provision', registry=registry)
     @kopf.on.update(GROUP, VERSION, plural, id='provision', registry=registry)
     async def provision(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        outcome = await reconcile.provision(runtime, kind, body)
+        outcome = await entities.provision(runtime, kind, body)
         patch.status.update(outcome.status)
         previous = (body.get('status') or {}).get('conditions') or []
         if outcome.problem is None:
@@ -115,10 +116,10 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
             raise kopf.TemporaryError(message, delay=runtime.settings.retry_seconds)
 
     @kopf.on.delete(GROUP, VERSION, plural, id='deprovision', registry=registry,
-                    when=lambda spec, **_: reconcile.needs_finalizer(spec))  # fmt: skip
+                    when=lambda spec, **_: deletion.needs_finalizer(spec))  # fmt: skip
     async def deprovision(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
         since = memo.get('unreachable_since')
-        result, since = await reconcile.remove(runtime, kind, body, since)
+        result, since = await deletion.remove(runtime, kind, body, since)
         memo['unreachable_since'] = since
         if result.done:
             if result.released is not None:
@@ -130,7 +131,7 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
         previous = (body.get('status') or {}).get('conditions') or []
         if not _has(previous, 'DeletionBlocked', 'True', result.blocked[0]):
             _event(body, 'Warning', 'DeletionBlocked', result.message)
-        patch.status['conditions'] = reconcile.blocked_conditions(body, *result.blocked)
+        patch.status['conditions'] = deletion.blocked_conditions(body, *result.blocked)
         raise kopf.TemporaryError(result.message, delay=runtime.settings.retry_seconds)
 
 

@@ -19,6 +19,12 @@ PAUSE_ANNOTATION = f'{GROUP}/paused'
 FORCE_DELETE_ANNOTATION = f'{GROUP}/force-delete'
 
 
+def describe(body: Mapping[str, Any]) -> str:
+    """``<namespace>/<name>`` of a raw body, for logs."""
+    meta = body.get('metadata') or {}
+    return f'{meta.get("namespace")}/{meta.get("name")}'
+
+
 class InvalidSpec(ValueError):
     """The resource cannot be acted on as written; retrying will not help."""
 

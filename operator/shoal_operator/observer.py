@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_operator import k8s, metrics, reconcile, status
+from shoal_operator import clusters, entities, k8s, metrics, status
 from shoal_operator.models import API_VERSION, BrokerCluster, InvalidSpec
 from shoal_operator.runtime import Runtime
 
@@ -51,10 +51,10 @@ async def _cluster(runtime: Runtime, body: Mapping[str, Any]) -> None:
     try:
         cluster = BrokerCluster.from_body(body, default_image=runtime.settings.broker_image)
         if not cluster.meta.paused:
-            await reconcile.apply_cluster(runtime, body)
+            await clusters.apply_cluster(runtime, body)
         old = body.get('status') or {}
-        new = await reconcile.observe_cluster(runtime, cluster, old)
-        await reconcile.close_the_loop(runtime, body, cluster, new)
+        new = await clusters.observe_cluster(runtime, cluster, old)
+        await clusters.close_the_loop(runtime, body, cluster, new)
     except (InvalidSpec, k8s.ApiError, StoreUnavailable) as exc:
         logger.warning('cannot observe BrokerCluster %s/%s: %s', meta.get('namespace'),
                        meta.get('name'), exc)  # fmt: skip
@@ -67,16 +67,16 @@ async def _entity(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
     meta = body.get('metadata') or {}
     if meta.get('deletionTimestamp') or not _settled(body):
         return
-    live = await reconcile.sample(runtime, kind, body)
+    live = await entities.sample(runtime, kind, body)
     if live is None:
         return
-    at_limit = live.pop(reconcile.AT_LIMIT, None)
+    at_limit = live.pop(entities.AT_LIMIT, None)
     old = body.get('status') or {}
     if at_limit is not None:
         # conditions are kopf's handlers' to write too: merge into a fresh read, not the inventory
         fresh = await runtime.api().get(API_VERSION, kind, str(meta.get('namespace')),
                                         str(meta.get('name')))  # fmt: skip
-        limited = reconcile.limit_conditions(fresh, at_limit) if fresh else None
+        limited = entities.limit_conditions(fresh, at_limit) if fresh else None
         if limited is not None:
             live['conditions'] = limited
     if 'conditions' in live or status.worth_writing(old, live):

@@ -4,6 +4,7 @@ and the inventory of resources seen on the watch streams (so periodic work needs
 """
 
 import dataclasses
+import datetime
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +44,11 @@ class Settings:
             health=env.get('SHOAL_OPERATOR_HEALTH') or DEFAULT_HEALTH,
             metrics=env.get('SHOAL_OPERATOR_METRICS') or DEFAULT_METRICS,
         )
+
+
+def now() -> datetime.datetime:
+    """The clock the reconcilers use (pure modules take it as a parameter)."""
+    return datetime.datetime.now(datetime.UTC)
 
 
 class ClusterUnavailable(Exception):
