@@ -43,9 +43,11 @@ def definition_key(name: str, durable: bool = True) -> str:
     return keys.SubscriptionKeys.of(f'{lifetime}:global:*:{name}').definition
 
 
-async def body_when(kube: Kube, plural: str, name: str, check: Any, what: str) -> dict[str, Any]:
+async def body_when(
+    kube: Kube, plural: str, name: str, check: Any, what: str, namespace: str = 'default'
+) -> dict[str, Any]:
     async def probe() -> Any:
-        body = await kube.get(plural, name)
+        body = await kube.get(plural, name, namespace=namespace)
         return body if body is not None and check(body) else None
 
     found: dict[str, Any] = await kube.eventually(probe, what)
@@ -318,3 +320,27 @@ async def test_a_subscription_removed_behind_the_operators_back_is_declared_agai
         return rds.hget(definition_key(name), 'owner') == f'default/{name}'
 
     await cluster.eventually(back, 'the definition declared again')
+
+
+async def test_observe_only_reports_without_writing_and_other_namespaces_need_admission(
+    cluster: Kube, rds: redis.Redis, name: str, address: str
+) -> None:
+    await cluster.create(
+        'sharedsubscriptions', subscription_body(name, address, managementPolicy='ObserveOnly')
+    )
+    missing = await body_when(
+        cluster, 'sharedsubscriptions', name, lambda b: 'conditions' in b.get('status', {}), 'seen'
+    )
+    assert condition(missing, 'Ready')['reason'] == 'NotFound'
+    assert not rds.exists(definition_key(name))
+    assert 'finalizers' not in missing['metadata']
+    foreign = subscription_body(f'{name}-x', address)
+    foreign['metadata']['namespace'] = 'elsewhere'
+    foreign['spec']['clusterRef']['namespace'] = 'default'
+    await cluster.create('sharedsubscriptions', foreign)
+    refused = await body_when(
+        cluster, 'sharedsubscriptions', f'{name}-x',
+        lambda b: 'conditions' in b.get('status', {}), 'seen', namespace='elsewhere',
+    )  # fmt: skip
+    assert condition(refused, 'ClusterAvailable')['reason'] == 'NamespaceNotAllowed'
+    assert not rds.exists(definition_key(f'{name}-x'))
