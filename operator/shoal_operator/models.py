@@ -112,6 +112,8 @@ class BrokerCluster:
     finalizer_timeout_seconds: int
     allowed_namespaces: frozenset[str]
     autoscaling: Autoscaling
+    declared_subscriptions_only: bool = False
+    """``spec.subscriptions.undeclared: Deny``."""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], *, default_image: str) -> 'BrokerCluster':
@@ -159,6 +161,9 @@ class BrokerCluster:
                 (spec.get('tenancy') or {}).get('allowedNamespaces') or ()
             ),
             autoscaling=autoscaling,
+            declared_subscriptions_only=(
+                (spec.get('subscriptions') or {}).get('undeclared', 'Allow') == 'Deny'
+            ),
         )
 
     def admits(self, namespace: str) -> bool:

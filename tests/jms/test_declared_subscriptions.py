@@ -181,3 +181,20 @@ def test_metric_records_of_declared_entities_name_their_resource(
     producer_side = labels.pop('', {('', '')})  # the topic's own (publish) records: no resource
     assert producer_side == {('', '')}
     assert labels == {key.id: {('team', name)}, 'queue': {('team', 'orders')}}
+
+
+def test_with_only_declared_subscriptions_an_undeclared_shared_one_is_not_allowed(
+    start_broker: Callable[..., BrokerProcess], redis_server: RedisServer, address: str,
+    name: str,
+) -> None:  # fmt: skip
+    b = start_broker(env={'SHOAL_DECLARED_SUBSCRIPTIONS_ONLY': 'true'})
+    declare(redis_server.url, name, address)
+    conn = jms_connect(b.url)
+    shared = JmsSource(*SHARED_GLOBAL, durable=True)
+    with pytest.raises(Exception, match='amqp:not-allowed'):
+        subscriber(conn, address, f'{name}-undeclared|global', shared)
+    conn.close()
+    conn = jms_connect(b.url, f'client-{name}')
+    subscriber(conn, address, f'{name}|global', shared)  # declared: joins
+    subscriber(conn, address, f'{name}-exclusive', JmsSource('topic', durable=True))  # not shared
+    conn.close()

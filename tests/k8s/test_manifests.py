@@ -90,6 +90,9 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
     assert data[broker.ENV_MAX_DELIVERY_ATTEMPTS] == '5'
     assert data[broker.ENV_DEAD_LETTER_ADDRESS] == 'DLQ'
     assert broker.ENV_AUTO_CREATE_TOPICS not in data
+    assert broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY not in data
+    denying = config.configmap(model(subscriptions={'undeclared': 'Deny'}))['data']
+    assert denying[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] == 'true'
 
 
 def test_the_connection_secret_tells_apps_where_to_connect() -> None:

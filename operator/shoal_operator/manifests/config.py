@@ -34,6 +34,8 @@ def settings_env(cluster: BrokerCluster) -> dict[str, str]:
         broker.ENV_LOG_FORMAT: 'json',
         broker.ENV_SHUTDOWN_GRACE: str(cluster.shutdown_grace_seconds),
     }
+    if cluster.declared_subscriptions_only:
+        env[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] = 'true'
     for field, variable in _SETTINGS.items():
         if field in cluster.broker_settings:
             env[variable] = _text(cluster.broker_settings[field])
