@@ -25,6 +25,7 @@ from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.metrics.registry import LEASE_UP, register_gauges, subscription_label
 from shoal_broker.security.tls import ServerTls, redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
+from shoal_broker.store import registry
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.inspect import Inspector
 from shoal_broker.store.redisstore import RedisStore
@@ -293,6 +294,8 @@ async def _record_metrics(
         await asyncio.sleep(interval)
         batch = metric_records(broker, backlog, settings.replica_id, int(interval * 1000))
         try:
+            owners = await registry.declared_owners(store.client)  # resources declaring them
+            batch = [registry.labelled(record, owners) for record in batch]
             await store.append_records(
                 [r.to_fields() for r in batch], settings.store.metrics_stream_length
             )

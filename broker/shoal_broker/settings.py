@@ -30,6 +30,7 @@ ENV_MAX_DELIVERY_ATTEMPTS = 'SHOAL_MAX_DELIVERY_ATTEMPTS'
 ENV_DEAD_LETTER_ADDRESS = 'SHOAL_DEAD_LETTER_ADDRESS'
 ENV_EXPIRY_ADDRESS = 'SHOAL_EXPIRY_ADDRESS'
 ENV_MAX_CONSUMERS = 'SHOAL_MAX_CONSUMERS_PER_SUBSCRIPTION'
+ENV_DECLARED_SUBSCRIPTIONS_ONLY = 'SHOAL_DECLARED_SUBSCRIPTIONS_ONLY'
 ENV_TRIM_INTERVAL = 'SHOAL_TRIM_INTERVAL_SECONDS'
 ENV_LEASE = 'SHOAL_LEASE_SECONDS'
 ENV_DURABILITY = 'SHOAL_DURABILITY'
@@ -137,6 +138,10 @@ class RoutingSettings:
     max_consumers_per_subscription: int = 0
     """Consumers a shared subscription may have across all replicas (0 = unlimited); more are
     refused with ``amqp:resource-limit-exceeded``. A provisioned subscription's own limit wins."""
+
+    declared_subscriptions_only: bool = False
+    """Refuse (``amqp:not-allowed``) attaches to shared subscriptions that no SharedSubscription
+    resource declares, so the resources are the only way to create them."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -310,6 +315,9 @@ class BrokerSettings:
                 expiry_address=env.get(ENV_EXPIRY_ADDRESS, d.routing.expiry_address),
                 max_consumers_per_subscription=int(
                     env.get(ENV_MAX_CONSUMERS, d.routing.max_consumers_per_subscription)
+                ),
+                declared_subscriptions_only=_flag(
+                    env, ENV_DECLARED_SUBSCRIPTIONS_ONLY, d.routing.declared_subscriptions_only
                 ),
             ),
             store=StoreSettings(

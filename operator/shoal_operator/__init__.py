@@ -1,1 +1,1 @@
-"""Shoal's Kubernetes operator: arrives with the operator issue (#5); nothing here yet."""
+"""Shoal's Kubernetes operator: BrokerCluster, Queue and SharedSubscription (DESIGN.md §6)."""

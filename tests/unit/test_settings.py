@@ -40,6 +40,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
         'routing.max_consumers_per_subscription',
         3,
     ),
+    'SHOAL_DECLARED_SUBSCRIPTIONS_ONLY': ('true', 'routing.declared_subscriptions_only', True),
     'SHOAL_TRIM_INTERVAL_SECONDS': ('0.5', 'store.trim_interval_seconds', 0.5),
     'SHOAL_LEASE_SECONDS': ('2', 'store.lease_seconds', 2.0),
     'SHOAL_METRICS_INTERVAL_SECONDS': ('1.5', 'store.metrics_interval_seconds', 1.5),

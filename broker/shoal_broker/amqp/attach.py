@@ -215,6 +215,9 @@ async def _subscribe(
         consumer.owned_group = True
         await broker.store.create_subscription(consumer.address, consumer.group, from_start=False)
         return
+    if spec.shared and broker.settings.routing.declared_subscriptions_only:
+        definition = await broker.store.subscription_definition(spec.key)
+        jms_subscriptions.check_declared(spec, definition)
     if (
         spec.key.durable
         and (denied := broker.guard.refusal(consumer.conn, Operation.MANAGE, consumer.address))

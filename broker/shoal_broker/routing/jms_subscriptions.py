@@ -17,8 +17,9 @@ that is, in which namespace, with what lifetime (jms-amqp-facts §2.2, §3, §4,
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 
-from shoal_broker.errors import InvalidField
+from shoal_broker.errors import InvalidField, NotAllowed
 
 EXPIRY_NEVER = 'never'
 
@@ -128,3 +129,12 @@ def lookup_key(
 ) -> SubscriptionKey:
     """The durable subscription a null-source attach (Qpid JMS unsubscribe) names."""
     return key_for(link_name, container_id, desired_capabilities, durable=True)
+
+
+def check_declared(spec: SubscriptionSpec, definition: Mapping[str, str] | None) -> None:
+    """With only declared subscriptions allowed: refuse a shared one no resource declares (its
+    stored definition has no ``owner``, see ``store/registry.py``)."""
+    if spec.shared and not (definition or {}).get('owner'):
+        raise NotAllowed(
+            f'shared subscription {spec.key.name!r} is not declared by a SharedSubscription'
+        )

@@ -18,7 +18,7 @@ stream or group counts as zero.
 import dataclasses
 from collections.abc import Awaitable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import redis.asyncio
 import redis.exceptions
@@ -118,14 +118,14 @@ class Inspector:
         self._client = client
 
     @classmethod
-    def from_url(cls, url: str, *, timeout: float = 5.0) -> 'Inspector':
+    def from_url(cls, url: str, *, timeout: float = 5.0) -> Self:
         """Raises ValueError for a URL redis-py cannot use."""
         client = redis.asyncio.Redis.from_url(
             url, decode_responses=True, socket_connect_timeout=timeout, socket_timeout=timeout
         )
         return cls(client)
 
-    async def __aenter__(self) -> 'Inspector':
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -177,6 +177,10 @@ class Inspector:
                 rows.append((subscription_id, definition, consumers))
         backlogs = await self._backlogs([(d.get('topic', ''), sid) for sid, d, _ in rows])
         return [_subscription(sid, d, c, b) for (sid, d, c), b in zip(rows, backlogs, strict=True)]
+
+    async def backlog(self, address: str, group: str) -> GroupBacklog:
+        """What one consumer group of an address has not consumed yet."""
+        return (await self._backlogs([(address, group)]))[0]
 
     async def clients(self) -> list[ClientInfo]:
         holders: dict[str, str] = await self._call(self._client.hgetall(keys.CLIENTS))

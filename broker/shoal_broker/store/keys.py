@@ -128,3 +128,21 @@ class SubscriptionKeys:
     def of(cls, subscription_id: str) -> 'SubscriptionKeys':
         tag = f'{PREFIX}:{{s:{subscription_id}}}'
         return cls(definition=f'{tag}:def', consumers=f'{tag}:consumers')
+
+
+# -- provisioned definitions (store/registry.py; written by the operator) -------------------------
+
+PROVISIONED = f'{PREFIX}:provisioned'
+"""HASH entity (``queue:<address>``, ``subscription:<id>``) -> ``<namespace>/<name>`` of the
+Kubernetes resource declaring it: the index of what the operator owns (a subscription's definition
+HASH also carries the owner in its ``owner`` field, where the broker's scripts see it)."""
+
+
+def provisioned_queue(address: str) -> str:
+    """Field of ``PROVISIONED`` for a declared queue."""
+    return f'queue:{address}'
+
+
+def provisioned_subscription(subscription_id: str) -> str:
+    """Field of ``PROVISIONED`` for a declared subscription."""
+    return f'subscription:{subscription_id}'

@@ -31,6 +31,7 @@ import redis.exceptions
 from shoal_broker.errors import (
     AddressNotFound,
     BrokerError,
+    NotAllowed,
     ResourceLimitExceeded,
     ResourceLocked,
     StoreFull,
@@ -686,6 +687,8 @@ class RedisStore:
         outcome = as_text(reply[0])
         if outcome == 'missing':
             raise AddressNotFound(f'no durable subscription named {key.name!r}')
+        if outcome == 'owned':
+            raise NotAllowed(f'subscription {key.name!r} is declared by {as_text(reply[1])}')
         if outcome == 'locked':
             raise ResourceLocked(f'there are active consumers on the subscription {key.name!r}')
         await self.delete_subscription(as_text(reply[1]), key.id)

@@ -10,7 +10,9 @@
 --   joined          existing subscription, same definition; detail = topic
 --   recreated       topic, selector or noLocal differed and nobody was attached: the old one is
 --                   replaced (its messages go); detail = the old topic, whose group must go too
---   locked          refused: in use with another definition, or exclusive and already consumed
+--   locked          refused: in use with another definition, or exclusive and already consumed,
+--                   or declared by a SharedSubscription resource (field ``owner``) that the
+--                   attach contradicts: the resource is the source of truth and is never replaced
 --   limit           refused: max consumers reached
 local attached = redis.call('HLEN', KEYS[2])
 local function define()
@@ -25,8 +27,14 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
   return {'created', ''}
 end
-local d = redis.call('HMGET', KEYS[1], 'topic', 'selector', 'no_local', 'shared', 'max_consumers')
-if d[1] ~= ARGV[9] or d[2] ~= ARGV[10] or d[3] ~= ARGV[11] then
+local d = redis.call('HMGET', KEYS[1], 'topic', 'selector', 'no_local', 'shared', 'max_consumers',
+                     'owner')
+local differs = d[1] ~= ARGV[9] or d[2] ~= ARGV[10] or d[3] ~= ARGV[11]
+if d[6] and (differs or d[4] ~= ARGV[4]) then
+  return {'locked', 'subscription is declared by SharedSubscription ' .. d[6] ..
+          ' with another topic, selector, noLocal or sharing'}
+end
+if differs then
   if attached > 0 then
     return {'locked', 'subscription is in use with another topic, selector or noLocal'}
   end

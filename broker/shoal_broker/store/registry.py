@@ -1,0 +1,352 @@
+"""
+Provisioned definitions: queues and shared subscriptions declared by Kubernetes resources.
+
+The operator writes here and the broker reads the same keys, so there is one schema with one owner
+(DESIGN.md §6): a declared subscription is the broker's own definition HASH (``keys.py``) plus an
+``owner`` field naming the resource (``<namespace>/<name>``). The broker's scripts honour that
+field: an attach contradicting the declaration is refused, unsubscribing it is refused with
+``amqp:not-allowed``, and a declared non-durable subscription outlives its last consumer. Status
+(consumers across replicas, backlog, oldest message age) is read back from the same keys.
+
+Redis failures become ``StoreUnavailable``; a refused declaration becomes ``ProvisionConflict``.
+"""
+
+import dataclasses
+import enum
+import time
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions
+
+from shoal_broker.errors import BrokerError, StoreUnavailable
+from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary, MetricRecord
+from shoal_broker.routing.jms_subscriptions import SubscriptionKey
+from shoal_broker.routing.storage import QUEUE_GROUP
+from shoal_broker.settings import AddressKind
+from shoal_broker.store import keys
+from shoal_broker.store.inspect import Inspector
+
+_REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+_SCRIPTS = ('provision_subscription', 'deprovision_subscription', 'create_group', 'delete_group')
+
+
+class ProvisionConflict(BrokerError):
+    """Redis holds something the declaration may not replace (the detail says what)."""
+
+    condition = 'amqp:resource-locked'
+
+
+class Provisioned(enum.StrEnum):
+    CREATED = 'created'
+    ADOPTED = 'adopted'
+    """It existed (created by an app, or left behind by a retained resource) and is now declared."""
+    UPDATED = 'updated'
+    UNCHANGED = 'unchanged'
+    RECREATED = 'recreated'
+    """The topic or selector changed: the old backlog was dropped."""
+
+
+class Removal(enum.StrEnum):
+    DELETED = 'deleted'
+    RELEASED = 'released'
+    """Left in Redis, no longer declared."""
+    MISSING = 'missing'
+    FOREIGN = 'foreign'
+    """Declared by another resource: left alone."""
+    IN_USE = 'in-use'
+    """Consumers are attached (or, when asked to delete only if empty, messages are waiting)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubscriptionDeclaration:
+    """A SharedSubscription as the broker keeps it."""
+
+    key: SubscriptionKey
+    topic: str
+    selector: str | None
+    max_consumers: int | None
+    owner: str
+    """``<namespace>/<name>`` of the declaring resource."""
+    generation: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EntityState:
+    """What Redis holds for a declared queue or subscription right now."""
+
+    exists: bool
+    owner: str = ''
+    definition: dict[str, str] = dataclasses.field(default_factory=dict)
+    consumers: int = 0
+    consumer_replicas: int = 0
+    """Broker replicas serving at least one of the consumers."""
+    backlog: int = 0
+    ready: int = 0
+    in_flight: int = 0
+    oldest_age_seconds: float | None = None
+    """Age of the oldest message not yet consumed; None when there is none."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedisInfo:
+    latency_ms: float
+    server_version: str
+
+
+class Registry(Inspector):
+    """The operator's handle on one cluster's Redis: the inspector's read-only view plus the
+    writes that declare and remove queues and subscriptions."""
+
+    def __init__(self, client: 'redis.asyncio.Redis') -> None:
+        super().__init__(client)
+        self._scripts = {
+            name: client.register_script(
+                resources.files('shoal_broker.store').joinpath('lua', f'{name}.lua').read_text()
+            )
+            for name in _SCRIPTS
+        }
+
+    async def info(self) -> RedisInfo:
+        started = time.perf_counter()
+        await self._call(self._client.ping())
+        latency = (time.perf_counter() - started) * 1000
+        server = await self._call(self._client.info('server'))
+        return RedisInfo(round(latency, 3), str(server.get('redis_version', '')))
+
+    # -- subscriptions ----------------------------------------------------------------------------
+
+    async def declare_subscription(
+        self, declaration: SubscriptionDeclaration, *, recreate: bool
+    ) -> Provisioned:
+        """Make Redis hold the declared subscription; its consumer group starts at new messages."""
+        key, topic = declaration.key, declaration.topic
+        await self._claim_address(topic, AddressKind.TOPIC)
+        k = keys.SubscriptionKeys.of(key.id)
+        args = (
+            key.id, key.name, key.scope.value, key.client_id, '1' if key.durable else '0', topic,
+            declaration.selector or '',
+            '' if declaration.max_consumers is None else str(declaration.max_consumers),
+            declaration.owner, str(declaration.generation), '1' if recreate else '0',
+        )  # fmt: skip
+        outcome, detail = await self._run(
+            'provision_subscription',
+            (k.definition, k.consumers, keys.SUBSCRIPTIONS, keys.PROVISIONED),
+            args,
+        )
+        if outcome == 'conflict':
+            raise ProvisionConflict(detail)
+        if outcome == Provisioned.RECREATED:
+            await self._delete_group(detail, key.id)
+        await self._create_group(topic, key.id, from_start=False)
+        return Provisioned(outcome)
+
+    async def remove_subscription(
+        self, key: SubscriptionKey, owner: str, *, delete: bool, only_if_empty: bool = False
+    ) -> Removal:
+        """Delete the subscription and its backlog, or (``delete=False``) release it."""
+        if delete and only_if_empty:
+            state = await self.subscription_state(key)
+            if state.exists and state.owner in ('', owner) and state.backlog:
+                return Removal.IN_USE
+        k = keys.SubscriptionKeys.of(key.id)
+        outcome, detail = await self._run(
+            'deprovision_subscription',
+            (k.definition, k.consumers, keys.SUBSCRIPTIONS, keys.PROVISIONED),
+            (key.id, owner, 'delete' if delete else 'release'),
+        )
+        if outcome == Removal.DELETED:
+            await self._delete_group(detail, key.id)
+        return Removal(outcome)
+
+    async def subscription_state(self, key: SubscriptionKey) -> EntityState:
+        k = keys.SubscriptionKeys.of(key.id)
+        definition: dict[str, str] = await self._call(self._client.hgetall(k.definition))
+        if not definition:
+            return EntityState(exists=False)
+        consumers: dict[str, str] = await self._call(self._client.hgetall(k.consumers))
+        topic = definition.get('topic', '')
+        backlog = await self.backlog(topic, key.id)
+        return EntityState(
+            exists=True,
+            owner=definition.get('owner', ''),
+            definition=definition,
+            consumers=len(consumers),
+            consumer_replicas=len(set(consumers.values())),
+            backlog=backlog.backlog,
+            ready=backlog.ready,
+            in_flight=backlog.in_flight,
+            oldest_age_seconds=await self._oldest_age(topic, key.id),
+        )
+
+    # -- queues -----------------------------------------------------------------------------------
+
+    async def declare_queue(self, address: str, owner: str) -> Provisioned:
+        """Make Redis hold the queue (messages sent before any consumer attaches are kept)."""
+        created = await self._claim_address(address, AddressKind.QUEUE)
+        field = keys.provisioned_queue(address)
+        previous = await self._call(self._client.hget(keys.PROVISIONED, field))
+        if previous and previous != owner:
+            raise ProvisionConflict(f'queue {address!r} is already declared by {previous}')
+        await self._call(self._client.hset(keys.PROVISIONED, field, owner))
+        await self._create_group(address, QUEUE_GROUP, from_start=True)
+        if created:
+            return Provisioned.CREATED
+        return Provisioned.UNCHANGED if previous == owner else Provisioned.ADOPTED
+
+    async def remove_queue(
+        self, address: str, owner: str, *, delete: bool, only_if_empty: bool = False
+    ) -> Removal:
+        """Delete the queue with its messages, or (``delete=False``) release it."""
+        field = keys.provisioned_queue(address)
+        previous = await self._call(self._client.hget(keys.PROVISIONED, field))
+        if previous and previous != owner:
+            return Removal.FOREIGN
+        kind = await self._call(self._client.hget(keys.ADDRESSES, address))
+        if kind != AddressKind.QUEUE:
+            await self._call(self._client.hdel(keys.PROVISIONED, field))
+            return Removal.MISSING
+        waiting = delete and only_if_empty and await self.backlog(address, QUEUE_GROUP)
+        if waiting and waiting.backlog:
+            return Removal.IN_USE
+        await self._call(self._client.hdel(keys.PROVISIONED, field))
+        if not delete:
+            return Removal.RELEASED
+        k = keys.AddressKeys.of(address)
+        groups = await self._call(self._client.smembers(k.groups))
+        doomed = [*k.streams, k.groups, k.scheduled, k.scheduled_messages]
+        for group in groups:
+            doomed += [k.returned(group), k.delivery_counts(group)]
+        await self._call(self._client.delete(*doomed))
+        await self._call(self._client.hdel(keys.ADDRESSES, address))
+        return Removal.DELETED
+
+    async def queue_state(self, address: str) -> EntityState:
+        kind = await self._call(self._client.hget(keys.ADDRESSES, address))
+        if kind != AddressKind.QUEUE:
+            return EntityState(exists=False)
+        owner = await self._call(
+            self._client.hget(keys.PROVISIONED, keys.provisioned_queue(address))
+        )
+        backlog = await self.backlog(address, QUEUE_GROUP)
+        return EntityState(
+            exists=True,
+            owner=owner or '',
+            backlog=backlog.backlog,
+            ready=backlog.ready,
+            in_flight=backlog.in_flight,
+            oldest_age_seconds=await self._oldest_age(address, QUEUE_GROUP),
+        )
+
+    # -- cluster-wide -----------------------------------------------------------------------------
+
+    async def declared(self) -> dict[str, str]:
+        """Every declared entity (``queue:<address>``, ``subscription:<id>``) -> its owner."""
+        found: dict[str, str] = await self._call(self._client.hgetall(keys.PROVISIONED))
+        return found
+
+    async def subscription_count(self) -> int:
+        count: int = await self._call(self._client.scard(keys.SUBSCRIPTIONS))
+        return count
+
+    async def analytics_summary(self) -> AnalyticsSummary | None:
+        """The analytics job's latest summary; None when there is none. ValueError if malformed."""
+        fields = await self._call(self._client.hgetall(ANALYTICS_SUMMARY_KEY))
+        return AnalyticsSummary.from_fields(fields) if fields else None
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    async def _claim_address(self, address: str, kind: AddressKind) -> bool:
+        """Register the address as ``kind``; True if it was new. Another kind is a conflict."""
+        created = bool(await self._call(self._client.hsetnx(keys.ADDRESSES, address, kind.value)))
+        actual = await self._call(self._client.hget(keys.ADDRESSES, address))
+        if actual != kind.value:
+            raise ProvisionConflict(f'address {address!r} exists as a {actual}, not a {kind}')
+        return created
+
+    async def _create_group(self, address: str, group: str, *, from_start: bool) -> None:
+        k = keys.AddressKeys.of(address)
+        await self._run_raw(
+            'create_group', (*k.streams, k.groups), (group, '0' if from_start else '$')
+        )
+
+    async def _delete_group(self, address: str, group: str) -> None:
+        k = keys.AddressKeys.of(address)
+        script_keys = (*k.streams, k.groups, k.returned(group), k.delivery_counts(group))
+        await self._run_raw('delete_group', script_keys, (group,))
+
+    async def _oldest_age(self, address: str, group: str) -> float | None:
+        """Age of the group's oldest unconsumed entry: its oldest pending one, or the first one
+        after its last-delivered id (stream ids start with their creation time in ms)."""
+        oldest_ms: int | None = None
+        for stream in keys.AddressKeys.of(address).streams:
+            candidates = []
+            try:
+                summary = await self._call(self._client.xpending(stream, group))
+                groups = await self._call(self._client.xinfo_groups(stream))
+            except StoreUnavailable as exc:
+                if isinstance(exc.__cause__, redis.exceptions.ResponseError):
+                    continue  # no such stream or group yet
+                raise
+            if summary.get('min'):
+                candidates.append(summary['min'])
+            last = next((g['last-delivered-id'] for g in groups if g['name'] == group), None)
+            if last is not None:
+                # entries hold binary message data: read them undecoded, only the id is used
+                after = await self._call(self._client.execute_command(  # type: ignore[no-untyped-call]
+                    'XRANGE', stream, f'({last}', '+', 'COUNT', 1, NEVER_DECODE=True
+                ))  # fmt: skip
+                if after:
+                    entry_id = after[0][0]
+                    candidates.append(
+                        entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    )
+            for entry_id in candidates:
+                ms = int(str(entry_id).partition('-')[0])
+                oldest_ms = ms if oldest_ms is None else min(oldest_ms, ms)
+        if oldest_ms is None:
+            return None
+        return round(max(0.0, time.time() - oldest_ms / 1000), 3)
+
+    async def _run(
+        self, name: str, keys_: tuple[str, ...], args: tuple[Any, ...]
+    ) -> tuple[str, str]:
+        """A script's ``{outcome[, detail]}`` reply."""
+        reply = [str(part) for part in await self._run_raw(name, keys_, args)]
+        return reply[0], reply[1] if len(reply) > 1 else ''
+
+    async def _run_raw(self, name: str, keys_: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+        return await self._call(self._scripts[name](keys=list(keys_), args=list(args)))
+
+
+# -- metric records of declared entities ----------------------------------------------------------
+
+
+async def declared_owners(client: 'redis.asyncio.Redis') -> dict[str, str]:
+    """``PROVISIONED`` read with any client (the broker's store client returns bytes)."""
+    try:
+        raw = await client.hgetall(keys.PROVISIONED)
+    except _REDIS_DOWN as exc:
+        raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
+    except redis.exceptions.RedisError as exc:
+        raise StoreUnavailable(f'Redis refused: {exc}') from exc
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def labelled(record: MetricRecord, owners: Mapping[str, str]) -> MetricRecord:
+    """The record with ``cr_namespace``/``cr_name`` of the resource declaring its queue or
+    subscription (so the analytics job can join metrics to resources); unchanged otherwise."""
+    if record.subscription == QUEUE_GROUP:
+        owner = owners.get(keys.provisioned_queue(record.address))
+    else:
+        owner = owners.get(keys.provisioned_subscription(record.subscription))
+    if not owner or '/' not in owner:
+        return record
+    namespace, _, name = owner.partition('/')
+    return dataclasses.replace(record, cr_namespace=namespace, cr_name=name)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,3 @@
+from shoal_operator.cli import main
+
+main()

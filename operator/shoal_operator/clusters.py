@@ -1,0 +1,107 @@
+"""
+Reconciling a BrokerCluster: its children (created, corrected, also by the drift check), its
+status from the Deployment and a Redis probe, and the analytics job's summary (issue #6).
+"""
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from shoal_broker.errors import StoreUnavailable
+from shoal_operator import analytics, conditions, manifests, status
+from shoal_operator.manifests import naming
+from shoal_operator.models import API_VERSION, BrokerCluster, describe
+from shoal_operator.runtime import ClusterUnavailable, Runtime, now
+
+logger = logging.getLogger(__name__)
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body['metadata']
+    return {
+        'apiVersion': body['apiVersion'],
+        'kind': body['kind'],
+        'name': meta['name'],
+        'uid': meta.get('uid', ''),
+        'controller': True,
+        'blockOwnerDeletion': True,
+    }
+
+
+async def apply_cluster(runtime: Runtime, body: Mapping[str, Any]) -> BrokerCluster:
+    """Create or correct every child object of the cluster (also the drift check)."""
+    cluster = BrokerCluster.from_body(body, default_image=runtime.settings.broker_image)
+    kube = runtime.api()
+    owner = owner_reference(body)
+    for manifest in manifests.build_all(cluster):
+        manifest['metadata']['ownerReferences'] = [owner]
+        await kube.apply(manifest)
+    for api_version, kind, name in manifests.switched_off(cluster):
+        await kube.delete(api_version, kind, cluster.meta.namespace, name)
+    return cluster
+
+
+async def observe_cluster(
+    runtime: Runtime, cluster: BrokerCluster, previous: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The cluster's status from its Deployment and a Redis probe."""
+    kube = runtime.api()
+    deployment = await kube.get('apps/v1', 'Deployment', cluster.meta.namespace,
+                                naming.child(cluster))  # fmt: skip
+    redis_info, redis_error, declared = None, '', None
+    try:
+        registry = await runtime.registry(cluster)
+        redis_info = await registry.info()
+        declared = await registry.subscription_count()
+    except (StoreUnavailable, ClusterUnavailable) as exc:
+        redis_error = str(exc)
+    new = status.cluster_status(
+        cluster, deployment=deployment, redis=redis_info, redis_error=redis_error,
+        declared_subscriptions=declared, previous=previous.get('conditions') or [], now=now(),
+    )  # fmt: skip
+    new.update(
+        selector=naming.selector(cluster),
+        image=cluster.image,
+        bindingSecret=naming.child(cluster, 'connection'),
+        endpoints=[{
+            'name': 'amqp', 'host': naming.service_host(cluster), 'port': naming.AMQP_PORT,
+            'url': f'amqp://{naming.service_host(cluster)}:{naming.AMQP_PORT}',
+        }],
+    )  # fmt: skip
+    return new
+
+
+async def close_the_loop(
+    runtime: Runtime, body: Mapping[str, Any], cluster: BrokerCluster, new: dict[str, Any]
+) -> None:
+    """Report the analytics job's latest summary on ``new`` (the cluster's next status), post
+    Events for a summary not seen before and apply its replica recommendation if asked to."""
+    try:
+        summary = await (await runtime.registry(cluster)).analytics_summary()
+    except (StoreUnavailable, ClusterUnavailable):
+        return
+    except ValueError as exc:
+        logger.warning('unusable analytics summary for %s: %s', describe(body), exc)
+        return
+    if summary is None:
+        return
+    previous = body.get('status') or {}
+    new['analytics'] = analytics.section(summary)
+    new['conditions'] = conditions.merged(new.get('conditions') or [], [
+        analytics.anomalies_condition(summary, generation=cluster.meta.generation,
+                                      previous=previous.get('conditions') or [], now=now()),
+    ])  # fmt: skip
+    kube = runtime.api()
+    if analytics.is_new(summary, previous):
+        for type_, reason, message in analytics.events(summary):
+            await kube.post_event(body, type_, reason, message)
+    replicas = None if cluster.meta.paused else analytics.replicas_to_apply(cluster, summary)
+    if replicas is not None:
+        await kube.patch(API_VERSION, 'BrokerCluster', cluster.meta.namespace, cluster.meta.name,
+                         {'spec': {'replicas': replicas}})  # fmt: skip
+        await kube.post_event(
+            body,
+            'Normal',
+            'ScaledFromAnalytics',
+            f'replicas {cluster.replicas} -> {replicas}: {summary.reason}',
+        )

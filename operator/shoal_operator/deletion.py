@@ -1,0 +1,121 @@
+"""
+Deleting a Queue or SharedSubscription: acting on its deletion policy, the escape hatches that
+release the finalizer without touching Redis, and releasing what a deleted resource left behind.
+"""
+
+import dataclasses
+import datetime
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from shoal_broker.errors import StoreUnavailable
+from shoal_broker.store.registry import Removal
+from shoal_operator import conditions, metrics, provisioning
+from shoal_operator.entities import parse
+from shoal_operator.models import (
+    BrokerCluster,
+    DeletionPolicy,
+    InvalidSpec,
+    ManagementPolicy,
+    SharedSubscription,
+    describe,
+)
+from shoal_operator.runtime import ClusterUnavailable, Runtime, now
+
+logger = logging.getLogger(__name__)
+
+
+def needs_finalizer(spec: Mapping[str, Any]) -> bool:
+    """Only deletion that acts on Redis holds the resource (kopf adds/removes the finalizer)."""
+    policy = str(spec.get('deletionPolicy', DeletionPolicy.RETAIN.value))
+    managed = spec.get('managementPolicy', ManagementPolicy.MANAGED.value) == 'Managed'
+    return bool(managed and policy != DeletionPolicy.RETAIN.value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeletionResult:
+    done: bool
+    message: str
+    released: provisioning.Release | None = None
+    blocked: tuple[str, str] | None = None
+    """(reason, message) for the DeletionBlocked condition while waiting."""
+
+
+async def remove(
+    runtime: Runtime,
+    kind: str,
+    body: Mapping[str, Any],
+    unreachable_since: datetime.datetime | None,
+) -> tuple[DeletionResult, datetime.datetime | None]:
+    """Act on the deletion policy; returns the result and when Redis was first unreachable."""
+    entity = parse(kind, body)
+    cluster: BrokerCluster | None = None
+    try:
+        cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
+    except ClusterUnavailable:
+        cluster = None
+    context = provisioning.DeletionContext(
+        policy=entity.deletion_policy,
+        force=entity.meta.force_delete,
+        paused=entity.meta.paused,
+        cluster_present=cluster is not None,
+        unreachable_since=unreachable_since,
+        timeout_seconds=cluster.finalizer_timeout_seconds if cluster else 0,
+    )
+    hatch = provisioning.escape_hatch(context, now())
+    if hatch is not None or cluster is None:
+        release = hatch or provisioning.Release.CLUSTER_GONE
+        metrics.FINALIZERS_RELEASED.labels(release.value).inc()
+        return DeletionResult(True, f'left in Redis: {release.value}', released=release), None
+    only_if_empty = entity.deletion_policy is DeletionPolicy.DELETE_IF_EMPTY
+    try:
+        registry = await runtime.registry(cluster)
+        if isinstance(entity, SharedSubscription):
+            removal = await registry.remove_subscription(
+                provisioning.subscription_key(entity), entity.meta.owner, delete=True,
+                only_if_empty=only_if_empty,
+            )  # fmt: skip
+        else:
+            removal = await registry.remove_queue(
+                entity.address, entity.meta.owner, delete=True, only_if_empty=only_if_empty
+            )
+    except (StoreUnavailable, ClusterUnavailable) as exc:
+        since = unreachable_since or now()
+        return DeletionResult(False, str(exc), blocked=('RedisUnavailable', str(exc))), since
+    if removal is Removal.IN_USE:
+        why = ('messages are waiting or consumers are attached' if only_if_empty
+               else 'consumers are attached')  # fmt: skip
+        return DeletionResult(
+            False, why, blocked=('NotEmpty' if only_if_empty else 'ConsumersAttached', why)
+        ), None
+    return DeletionResult(True, f'{removal.value} in Redis'), None
+
+
+def blocked_conditions(body: Mapping[str, Any], reason: str, message: str) -> list[Any]:
+    previous = (body.get('status') or {}).get('conditions') or []
+    generation = int((body.get('metadata') or {}).get('generation') or 1)
+    blocked = conditions.make_condition(
+        'DeletionBlocked', True, reason=reason, message=message, generation=generation,
+        previous=previous, now=now(),
+    )  # fmt: skip
+    return conditions.merged(previous, [blocked])
+
+
+async def release(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
+    """A deleted resource's entity stays in Redis (Retain, or a released finalizer): drop the
+    declaration so apps may manage it again. Best effort: a later resource adopts it anyway."""
+    try:
+        entity = parse(kind, body)
+        if entity.management_policy is not ManagementPolicy.MANAGED or entity.meta.paused:
+            return
+        cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
+        registry = await runtime.registry(cluster)
+        if isinstance(entity, SharedSubscription):
+            await registry.remove_subscription(
+                provisioning.subscription_key(entity), entity.meta.owner, delete=False
+            )
+        else:
+            await registry.remove_queue(entity.address, entity.meta.owner, delete=False)
+    except (InvalidSpec, ValueError, ClusterUnavailable, StoreUnavailable) as exc:
+        logger.info('%s %s left declared in Redis: %s', kind, describe(body), exc)

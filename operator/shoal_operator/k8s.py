@@ -1,0 +1,170 @@
+"""
+The only module doing Kubernetes API I/O (besides kopf patching the object it handles).
+
+Plain REST over aiohttp (kopf's own HTTP client) with the credentials kopf logged in with, so the
+operator needs no second client configuration. Children are applied as "create, else merge-patch
+when they differ": idempotent, and quiet when nothing changed. Server-side apply would be nicer
+but is not available on every API server the operator is tested against.
+"""
+
+import base64
+import datetime
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+PLURALS = {
+    'ConfigMap': 'configmaps',
+    'Secret': 'secrets',
+    'Service': 'services',
+    'Deployment': 'deployments',
+    'PodDisruptionBudget': 'poddisruptionbudgets',
+    'NetworkPolicy': 'networkpolicies',
+    'ServiceMonitor': 'servicemonitors',
+    'BrokerCluster': 'brokerclusters',
+    'Queue': 'queues',
+    'SharedSubscription': 'sharedsubscriptions',
+}
+MERGE_PATCH = 'application/merge-patch+json'
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f'HTTP {status}: {message}')
+        self.status = status
+
+
+def path(api_version: str, kind: str, namespace: str, name: str = '') -> str:
+    root = f'/api/{api_version}' if '/' not in api_version else f'/apis/{api_version}'
+    tail = f'/{name}' if name else ''
+    return f'{root}/namespaces/{namespace}/{PLURALS[kind]}{tail}'
+
+
+def contains(actual: Any, desired: Any) -> bool:
+    """Whether ``actual`` already holds everything ``desired`` says (extra fields are fine)."""
+    if isinstance(desired, Mapping):
+        return isinstance(actual, Mapping) and all(
+            contains(actual.get(k), v) for k, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(desired)
+            and all(contains(a, d) for a, d in zip(actual, desired, strict=True))
+        )
+    return bool(actual == desired)
+
+
+class Kube:
+    """A Kubernetes API session for one login."""
+
+    def __init__(self, info: kopf.ConnectionInfo) -> None:
+        self._server = info.server.rstrip('/')
+        headers = {'Accept': 'application/json'}
+        if info.token:
+            headers['Authorization'] = f'{info.scheme or "Bearer"} {info.token}'
+        context: ssl.SSLContext | bool = not info.insecure
+        if info.ca_path or info.ca_data or info.certificate_path or info.certificate_data:
+            context = _ssl_context(info)
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            connector=aiohttp.TCPConnector(ssl=context),
+            timeout=aiohttp.ClientTimeout(total=30),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str
+                  ) -> dict[str, Any] | None:  # fmt: skip
+        return await self._request('GET', path(api_version, kind, namespace, name))
+
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the object, or merge-patch it when it lacks part of ``manifest``."""
+        meta = manifest['metadata']
+        url = path(manifest['apiVersion'], manifest['kind'], meta['namespace'], meta['name'])
+        current = await self._request('GET', url)
+        if current is None:
+            collection = path(manifest['apiVersion'], manifest['kind'], meta['namespace'])
+            created = await self._request('POST', collection, body=manifest)
+            return created or {}
+        if contains(current, manifest):
+            return current
+        patched = await self._request('PATCH', url, body=manifest, content_type=MERGE_PATCH)
+        return patched or current
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """True if it existed."""
+        return await self._request('DELETE', path(api_version, kind, namespace, name)) is not None
+
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        subresource: str = '',
+    ) -> dict[str, Any] | None:
+        url = path(api_version, kind, namespace, name) + (f'/{subresource}' if subresource else '')
+        return await self._request('PATCH', url, body=body, content_type=MERGE_PATCH)
+
+    async def post_event(self, body: Mapping[str, Any], type_: str, reason: str, message: str
+                         ) -> None:  # fmt: skip
+        """A core/v1 Event about ``body`` (for work done outside kopf's handlers)."""
+        meta = body['metadata']
+        now = datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+        event = {
+            'apiVersion': 'v1', 'kind': 'Event',
+            'metadata': {'generateName': f"{meta['name']}.", 'namespace': meta['namespace']},
+            'involvedObject': {'apiVersion': body['apiVersion'], 'kind': body['kind'],
+                               'name': meta['name'], 'namespace': meta['namespace'],
+                               'uid': meta.get('uid', '')},
+            'type': type_, 'reason': reason, 'message': message[:1024],
+            'source': {'component': 'shoal-operator'},
+            'firstTimestamp': now, 'lastTimestamp': now, 'count': 1,
+        }  # fmt: skip
+        await self._request('POST', f'/api/v1/namespaces/{meta["namespace"]}/events', body=event)
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """One key of a Secret, decoded; None when the Secret or key is missing."""
+        secret = await self.get('v1', 'Secret', namespace, name)
+        if secret is None:
+            return None
+        if key in (secret.get('stringData') or {}):  # never returned by a real API server
+            return str(secret['stringData'][key])
+        encoded = (secret.get('data') or {}).get(key)
+        return base64.b64decode(encoded).decode() if encoded is not None else None
+
+    async def _request(
+        self, method: str, url: str, *, body: Any = None, content_type: str = 'application/json'
+    ) -> dict[str, Any] | None:
+        """The decoded answer; None for 404 (and for a DELETE of a missing object)."""
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            kwargs['json'] = body
+            kwargs['headers'] = {'Content-Type': content_type}
+        async with self._session.request(method, self._server + url, **kwargs) as response:
+            if response.status == 404:
+                return None
+            if response.status >= 400:
+                raise ApiError(response.status, (await response.text())[:500])
+            answer: dict[str, Any] = await response.json(content_type=None)
+            return answer
+
+
+def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext:
+    context = ssl.create_default_context(
+        cafile=str(info.ca_path) if info.ca_path else None,
+        cadata=info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data,
+    )
+    if info.certificate_path and info.private_key_path:
+        context.load_cert_chain(str(info.certificate_path), str(info.private_key_path))
+    if info.insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context

@@ -1,0 +1,36 @@
+"""
+Pure builders: a BrokerCluster model -> the Kubernetes objects that run it.
+
+``build_all`` orders them so what the Deployment reads (ConfigMap, Secret) comes first;
+``optional_kinds`` names the objects a spec can switch off, which the operator deletes when off.
+"""
+
+from shoal_operator.manifests import config, network, workload
+from shoal_operator.manifests.config import Manifest
+from shoal_operator.models import BrokerCluster
+
+__all__ = ['Manifest', 'build_all', 'switched_off']
+
+
+def build_all(cluster: BrokerCluster) -> list[Manifest]:
+    optional = [network.network_policy(cluster), network.service_monitor(cluster)]
+    return [
+        config.configmap(cluster),
+        config.connection_secret(cluster),
+        workload.deployment(cluster),
+        network.service(cluster),
+        network.headless_service(cluster),
+        workload.pod_disruption_budget(cluster),
+        *[m for m in optional if m is not None],
+    ]
+
+
+def switched_off(cluster: BrokerCluster) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of optional objects the spec does not want (to be deleted)."""
+    name = cluster.meta.name
+    off = []
+    if cluster.network_policy_from is None:
+        off.append(('networking.k8s.io/v1', 'NetworkPolicy', name))
+    if cluster.service_monitor is None:
+        off.append(('monitoring.coreos.com/v1', 'ServiceMonitor', name))
+    return off

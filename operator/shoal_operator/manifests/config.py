@@ -1,0 +1,77 @@
+"""The broker settings ConfigMap and the connection Secret apps mount."""
+
+import base64
+from typing import Any
+
+from shoal_broker import settings as broker
+from shoal_operator.manifests import naming
+from shoal_operator.models import BrokerCluster
+
+Manifest = dict[str, Any]
+
+_SETTINGS = {
+    'autoCreateQueues': broker.ENV_AUTO_CREATE_QUEUES,
+    'autoCreateTopics': broker.ENV_AUTO_CREATE_TOPICS,
+    'maxDeliveryAttempts': broker.ENV_MAX_DELIVERY_ATTEMPTS,
+    'deadLetterAddress': broker.ENV_DEAD_LETTER_ADDRESS,
+    'maxConsumersPerSubscription': broker.ENV_MAX_CONSUMERS,
+    'idleTimeoutSeconds': broker.ENV_IDLE_TIMEOUT,
+    'metricsIntervalSeconds': broker.ENV_METRICS_INTERVAL,
+    'logLevel': broker.ENV_LOG_LEVEL,
+}
+"""BrokerCluster ``spec.broker`` field -> the broker's environment variable."""
+
+
+def _text(value: Any) -> str:
+    return ('true' if value else 'false') if isinstance(value, bool) else str(value)
+
+
+def settings_env(cluster: BrokerCluster) -> dict[str, str]:
+    env = {
+        broker.ENV_LISTEN: f'0.0.0.0:{naming.AMQP_PORT}',
+        broker.ENV_HTTP: f'0.0.0.0:{naming.HTTP_PORT}',
+        broker.ENV_DURABILITY: cluster.durability,
+        broker.ENV_LOG_FORMAT: 'json',
+        broker.ENV_SHUTDOWN_GRACE: str(cluster.shutdown_grace_seconds),
+    }
+    if cluster.declared_subscriptions_only:
+        env[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] = 'true'
+    for field, variable in _SETTINGS.items():
+        if field in cluster.broker_settings:
+            env[variable] = _text(cluster.broker_settings[field])
+    return env
+
+
+def configmap(cluster: BrokerCluster) -> Manifest:
+    return {
+        'apiVersion': 'v1',
+        'kind': 'ConfigMap',
+        'metadata': naming.metadata(cluster, naming.child(cluster, 'config')),
+        'data': settings_env(cluster),
+    }
+
+
+def connection_secret(cluster: BrokerCluster) -> Manifest:
+    """Service Binding-style connection details (type, host, port, uri) for apps."""
+    return {
+        'apiVersion': 'v1',
+        'kind': 'Secret',
+        'type': 'servicebinding.io/amqp',
+        'metadata': naming.metadata(cluster, naming.child(cluster, 'connection')),
+        'data': {key: _b64(value) for key, value in connection_details(cluster).items()},
+    }
+
+
+def connection_details(cluster: BrokerCluster) -> dict[str, str]:
+    host = naming.service_host(cluster)
+    return {
+        'type': 'amqp',
+        'provider': 'shoal',
+        'host': host,
+        'port': str(naming.AMQP_PORT),
+        'uri': f'amqp://{host}:{naming.AMQP_PORT}',
+    }
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()

@@ -1,0 +1,126 @@
+"""The broker pods: a Deployment (replicas hold no state; it is all in Redis) and its PDB."""
+
+from typing import Any
+
+from shoal_broker import settings as broker
+from shoal_operator.manifests import naming
+from shoal_operator.manifests.config import Manifest
+from shoal_operator.models import BrokerCluster
+
+BROKER_UID = 10001
+DEFAULT_RESOURCES = {'requests': {'cpu': '100m', 'memory': '256Mi'}, 'limits': {'memory': '1Gi'}}
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        'httpGet': {'path': path, 'port': 'http'},
+        'periodSeconds': period,
+        'timeoutSeconds': 2,
+        'failureThreshold': failures,
+    }
+
+
+def _container(cluster: BrokerCluster) -> dict[str, Any]:
+    return {
+        'name': 'broker',
+        'image': cluster.image,
+        'imagePullPolicy': cluster.image_pull_policy,
+        'command': ['shoal-broker'],
+        'ports': [
+            {'name': 'amqp', 'containerPort': naming.AMQP_PORT, 'protocol': 'TCP'},
+            {'name': 'http', 'containerPort': naming.HTTP_PORT, 'protocol': 'TCP'},
+        ],
+        'envFrom': [{'configMapRef': {'name': naming.child(cluster, 'config')}}],
+        'env': [
+            {
+                'name': broker.ENV_REDIS_URL,
+                'valueFrom': {
+                    'secretKeyRef': {'name': cluster.redis_secret, 'key': cluster.redis_key}
+                },
+            },
+            {
+                'name': broker.ENV_REPLICA_ID,
+                'valueFrom': {'fieldRef': {'fieldPath': 'metadata.name'}},
+            },
+        ],
+        'resources': cluster.resources or DEFAULT_RESOURCES,
+        'startupProbe': _probe('/livez', 2, 30),
+        'livenessProbe': _probe('/livez', 10, 3),
+        'readinessProbe': _probe('/readyz', 5, 2),
+        # preStop: the pod leaves the Service endpoints first; then SIGTERM makes the broker return
+        # held messages and close connections with amqp:connection:forced so clients fail over
+        'lifecycle': {'preStop': {'exec': {'command': ['sleep', str(cluster.drain_seconds)]}}},
+        'securityContext': {
+            'runAsNonRoot': True,
+            'runAsUser': BROKER_UID,
+            'runAsGroup': BROKER_UID,
+            'allowPrivilegeEscalation': False,
+            'readOnlyRootFilesystem': True,
+            'capabilities': {'drop': ['ALL']},
+            'seccompProfile': {'type': 'RuntimeDefault'},
+        },
+        'volumeMounts': [{'name': 'tmp', 'mountPath': '/tmp'}],
+    }
+
+
+def _spreading(cluster: BrokerCluster) -> dict[str, Any]:
+    selector = {'matchLabels': naming.labels(cluster)}
+    template = cluster.pod_template
+    return {
+        'affinity': template.get('affinity') or {'podAntiAffinity': {
+            'preferredDuringSchedulingIgnoredDuringExecution': [{
+                'weight': 100,
+                'podAffinityTerm': {'topologyKey': 'kubernetes.io/hostname',
+                                    'labelSelector': selector},
+            }]}},
+        'topologySpreadConstraints': template.get('topologySpreadConstraints') or [{
+            'maxSkew': 1, 'topologyKey': 'topology.kubernetes.io/zone',
+            'whenUnsatisfiable': 'ScheduleAnyway', 'labelSelector': selector,
+        }],
+    }  # fmt: skip
+
+
+def deployment(cluster: BrokerCluster) -> Manifest:
+    template = cluster.pod_template
+    pod_spec: dict[str, Any] = {
+        'automountServiceAccountToken': False,
+        'terminationGracePeriodSeconds': cluster.drain_seconds + cluster.shutdown_grace_seconds + 5,
+        'securityContext': {'runAsNonRoot': True, 'fsGroup': BROKER_UID,
+                            'seccompProfile': {'type': 'RuntimeDefault'}},
+        'containers': [_container(cluster)],
+        'volumes': [{'name': 'tmp', 'emptyDir': {}}],
+        **_spreading(cluster),
+    }  # fmt: skip
+    for field in ('nodeSelector', 'tolerations', 'priorityClassName'):
+        if template.get(field):
+            pod_spec[field] = template[field]
+    return {
+        'apiVersion': 'apps/v1',
+        'kind': 'Deployment',
+        'metadata': naming.metadata(cluster, naming.child(cluster)),
+        'spec': {
+            'replicas': cluster.replicas,
+            'selector': {'matchLabels': naming.labels(cluster)},
+            'strategy': {'type': 'RollingUpdate',
+                         'rollingUpdate': {'maxSurge': 1, 'maxUnavailable': 0}},
+            'template': {
+                'metadata': {
+                    'labels': {**dict(template.get('labels') or {}), **naming.all_labels(cluster)},
+                    'annotations': dict(template.get('annotations') or {}),
+                },
+                'spec': pod_spec,
+            },
+        },
+    }  # fmt: skip
+
+
+def pod_disruption_budget(cluster: BrokerCluster) -> Manifest:
+    return {
+        'apiVersion': 'policy/v1',
+        'kind': 'PodDisruptionBudget',
+        'metadata': naming.metadata(cluster, naming.child(cluster)),
+        'spec': {
+            'maxUnavailable': cluster.pdb_max_unavailable,
+            'selector': {'matchLabels': naming.labels(cluster)},
+        },
+    }

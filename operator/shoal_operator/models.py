@@ -1,0 +1,256 @@
+"""
+Typed, validated views of the three custom resources, parsed from their bodies.
+
+The CRD schema (``crds/``) defaults and validates fields on a real API server; this module applies
+the same defaults again so the operator behaves the same against a server that does not (kmock,
+or a CR stored before a default was added), and raises ``InvalidSpec`` for what the schema cannot
+express. Everything else in the operator works on these dataclasses, never on raw bodies.
+"""
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+GROUP = 'shoal.dev'
+VERSION = 'v1alpha1'
+API_VERSION = f'{GROUP}/{VERSION}'
+PAUSE_ANNOTATION = f'{GROUP}/paused'
+FORCE_DELETE_ANNOTATION = f'{GROUP}/force-delete'
+
+
+def describe(body: Mapping[str, Any]) -> str:
+    """``<namespace>/<name>`` of a raw body, for logs."""
+    meta = body.get('metadata') or {}
+    return f'{meta.get("namespace")}/{meta.get("name")}'
+
+
+class InvalidSpec(ValueError):
+    """The resource cannot be acted on as written; retrying will not help."""
+
+
+class DeletionPolicy(enum.StrEnum):
+    RETAIN = 'Retain'
+    DELETE = 'Delete'
+    DELETE_IF_EMPTY = 'DeleteIfEmpty'
+
+
+class ManagementPolicy(enum.StrEnum):
+    MANAGED = 'Managed'
+    OBSERVE_ONLY = 'ObserveOnly'
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Meta:
+    """What every resource carries: identity, generation and the operator's annotations."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    annotations: Mapping[str, str]
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> 'Meta':
+        meta = body.get('metadata') or {}
+        return cls(
+            namespace=str(meta.get('namespace') or 'default'),
+            name=str(meta.get('name') or ''),
+            uid=str(meta.get('uid') or ''),
+            generation=int(meta.get('generation') or 1),
+            annotations=dict(meta.get('annotations') or {}),
+        )
+
+    @property
+    def paused(self) -> bool:
+        return self.annotations.get(PAUSE_ANNOTATION, '').lower() == 'true'
+
+    @property
+    def force_delete(self) -> bool:
+        return self.annotations.get(FORCE_DELETE_ANNOTATION, '').lower() == 'true'
+
+    @property
+    def owner(self) -> str:
+        """How Redis names the declaring resource: ``<namespace>/<name>``."""
+        return f'{self.namespace}/{self.name}'
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterRef:
+    namespace: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Autoscaling:
+    from_analytics: bool = False
+    min_replicas: int = 1
+    max_replicas: int = 10
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokerCluster:
+    meta: Meta
+    replicas: int
+    image: str
+    image_pull_policy: str
+    redis_secret: str
+    redis_key: str
+    durability: str
+    broker_settings: Mapping[str, Any]
+    service_type: str
+    service_annotations: Mapping[str, str]
+    resources: Mapping[str, Any]
+    pod_template: Mapping[str, Any]
+    pdb_max_unavailable: int
+    drain_seconds: int
+    shutdown_grace_seconds: int
+    service_monitor: Mapping[str, Any] | None
+    """``{'interval': ..., 'labels': {...}}`` when enabled."""
+    network_policy_from: list[Any] | None
+    """Allowed peers when the NetworkPolicy is enabled (empty: every pod of the namespace)."""
+    finalizer_timeout_seconds: int
+    allowed_namespaces: frozenset[str]
+    autoscaling: Autoscaling
+    declared_subscriptions_only: bool = False
+    """``spec.subscriptions.undeclared: Deny``."""
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], *, default_image: str) -> 'BrokerCluster':
+        spec = body.get('spec') or {}
+        redis = spec.get('redis') or {}
+        if not redis.get('secretName'):
+            raise InvalidSpec('spec.redis.secretName is required')
+        image = spec.get('image') or default_image
+        monitor = (spec.get('metrics') or {}).get('serviceMonitor') or {}
+        policy = spec.get('networkPolicy') or {}
+        scale_down = spec.get('scaleDown') or {}
+        scaling = spec.get('autoscaling') or {}
+        autoscaling = Autoscaling(
+            from_analytics=bool(scaling.get('fromAnalytics', False)),
+            min_replicas=int(scaling.get('minReplicas', 1)),
+            max_replicas=int(scaling.get('maxReplicas', 10)),
+        )
+        if autoscaling.min_replicas > autoscaling.max_replicas:
+            raise InvalidSpec('autoscaling.minReplicas must not exceed autoscaling.maxReplicas')
+        service = spec.get('service') or {}
+        return cls(
+            meta=Meta.of(body),
+            replicas=int(spec.get('replicas', 2)),
+            image=image,
+            image_pull_policy=str(spec.get('imagePullPolicy', 'IfNotPresent')),
+            redis_secret=str(redis['secretName']),
+            redis_key=str(redis.get('key') or 'url'),
+            durability=str(spec.get('durability', 'memory')),
+            broker_settings=dict(spec.get('broker') or {}),
+            service_type=str(service.get('type', 'ClusterIP')),
+            service_annotations=dict(service.get('annotations') or {}),
+            resources=dict(spec.get('resources') or {}),
+            pod_template=dict(spec.get('podTemplate') or {}),
+            pdb_max_unavailable=int((spec.get('pdb') or {}).get('maxUnavailable', 1)),
+            drain_seconds=int(scale_down.get('drainSeconds', 5)),
+            shutdown_grace_seconds=int(scale_down.get('shutdownGraceSeconds', 20)),
+            service_monitor=(
+                {'interval': monitor.get('interval', '30s'), 'labels': monitor.get('labels') or {}}
+                if monitor.get('enabled')
+                else None
+            ),
+            network_policy_from=list(policy.get('from') or []) if policy.get('enabled') else None,
+            finalizer_timeout_seconds=int(spec.get('finalizerTimeoutSeconds', 600)),
+            allowed_namespaces=frozenset(
+                (spec.get('tenancy') or {}).get('allowedNamespaces') or ()
+            ),
+            autoscaling=autoscaling,
+            declared_subscriptions_only=(
+                (spec.get('subscriptions') or {}).get('undeclared', 'Allow') == 'Deny'
+            ),
+        )
+
+    def admits(self, namespace: str) -> bool:
+        """Whether resources in ``namespace`` may reference this cluster."""
+        return namespace == self.meta.namespace or namespace in self.allowed_namespaces
+
+
+def _cluster_ref(meta: Meta, spec: Mapping[str, Any]) -> ClusterRef:
+    ref = spec.get('clusterRef') or {}
+    if not ref.get('name'):
+        raise InvalidSpec('spec.clusterRef.name is required')
+    return ClusterRef(namespace=str(ref.get('namespace') or meta.namespace), name=str(ref['name']))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Queue:
+    meta: Meta
+    cluster: ClusterRef
+    address: str
+    deletion_policy: DeletionPolicy
+    management_policy: ManagementPolicy
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> 'Queue':
+        meta = Meta.of(body)
+        spec = body.get('spec') or {}
+        address = str(spec.get('queueName') or meta.name)
+        if not address or any(c.isspace() for c in address):
+            raise InvalidSpec(f'queue name {address!r} must be non-empty without whitespace')
+        return cls(
+            meta=meta,
+            cluster=_cluster_ref(meta, spec),
+            address=address,
+            deletion_policy=DeletionPolicy(spec.get('deletionPolicy', 'Retain')),
+            management_policy=ManagementPolicy(spec.get('managementPolicy', 'Managed')),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SharedSubscription:
+    meta: Meta
+    cluster: ClusterRef
+    topic: str
+    subscription_name: str
+    durable: bool
+    client_id: str | None
+    """The owning JMS ClientID (scope ClientId); None for a global subscription."""
+    selector: str | None
+    recreate_on_change: bool
+    max_consumers: int | None
+    deletion_policy: DeletionPolicy
+    management_policy: ManagementPolicy
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> 'SharedSubscription':
+        meta = Meta.of(body)
+        spec = body.get('spec') or {}
+        name = str(spec.get('subscriptionName') or '')
+        if not name or '|' in name or any(c.isspace() for c in name):
+            raise InvalidSpec(f'subscriptionName {name!r} must be non-empty, without | or spaces')
+        topic = str(spec.get('topic') or '')
+        if not topic:
+            raise InvalidSpec('spec.topic is required')
+        scope = spec.get('scope', 'Global')
+        client_id = spec.get('clientId')
+        if (scope == 'ClientId') != bool(client_id):
+            raise InvalidSpec('clientId is required when scope=ClientId and forbidden otherwise')
+        durable = bool(spec.get('durable', True))
+        deletion = DeletionPolicy(spec.get('deletionPolicy', 'Retain'))
+        if not durable and deletion is not DeletionPolicy.DELETE:
+            raise InvalidSpec('non-durable subscriptions can only use deletionPolicy=Delete')
+        max_consumers = spec.get('maxConsumers')
+        return cls(
+            meta=meta,
+            cluster=_cluster_ref(meta, spec),
+            topic=topic,
+            subscription_name=name,
+            durable=durable,
+            client_id=str(client_id) if client_id else None,
+            selector=str(spec['selector']).strip() or None if spec.get('selector') else None,
+            recreate_on_change=spec.get('selectorChangePolicy', 'Reject') == 'Recreate',
+            max_consumers=int(max_consumers) if max_consumers is not None else None,
+            deletion_policy=deletion,
+            management_policy=ManagementPolicy(spec.get('managementPolicy', 'Managed')),
+        )
+
+    @property
+    def link_name(self) -> str:
+        """The base link name Qpid JMS gives a consumer of this subscription."""
+        return self.subscription_name if self.client_id else f'{self.subscription_name}|global'

@@ -1,0 +1,130 @@
+"""
+What one operator run holds: its settings, the Kubernetes session, one Redis registry per cluster,
+and the inventory of resources seen on the watch streams (so periodic work needs no list calls).
+"""
+
+import dataclasses
+import datetime
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from shoal_broker.store.registry import Registry
+from shoal_operator import k8s
+from shoal_operator.models import API_VERSION, BrokerCluster, ClusterRef
+
+DEFAULT_IMAGE = 'ghcr.io/shoal-dev/shoal:0.1.0'
+DEFAULT_HEALTH = '0.0.0.0:8080'
+DEFAULT_METRICS = '0.0.0.0:9090'
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    broker_image: str = DEFAULT_IMAGE
+    namespaces: tuple[str, ...] = ()
+    """Namespaces watched; empty = the whole cluster."""
+    observe_seconds: float = 30.0
+    """How often live status is sampled and children are checked for drift."""
+    retry_seconds: float = 10.0
+    """Delay before retrying a reconcile that waits (for the cluster, Redis, an empty queue)."""
+    redis_timeout_seconds: float = 5.0
+    health: str = DEFAULT_HEALTH
+    """``HOST:PORT`` of the liveness endpoint ``/healthz``."""
+    metrics: str = DEFAULT_METRICS
+    """``HOST:PORT`` of the Prometheus endpoint ``/metrics``."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> 'Settings':
+        namespaces = tuple(n.strip() for n in env.get('SHOAL_OPERATOR_NAMESPACES', '').split(','))
+        return cls(
+            broker_image=env.get('SHOAL_BROKER_IMAGE') or DEFAULT_IMAGE,
+            namespaces=tuple(n for n in namespaces if n),
+            observe_seconds=float(env.get('SHOAL_OPERATOR_OBSERVE_SECONDS', 30)),
+            retry_seconds=float(env.get('SHOAL_OPERATOR_RETRY_SECONDS', 10)),
+            health=env.get('SHOAL_OPERATOR_HEALTH') or DEFAULT_HEALTH,
+            metrics=env.get('SHOAL_OPERATOR_METRICS') or DEFAULT_METRICS,
+        )
+
+
+def now() -> datetime.datetime:
+    """The clock the reconcilers use (pure modules take it as a parameter)."""
+    return datetime.datetime.now(datetime.UTC)
+
+
+class ClusterUnavailable(Exception):
+    """The referenced BrokerCluster cannot be used; ``reason`` is the condition reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+Key = tuple[str, str, str]
+"""(kind, namespace, name)"""
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.kube: k8s.Kube | None = None
+        self.inventory: dict[Key, dict[str, Any]] = {}
+        self._registries: dict[str, Registry] = {}
+
+    def api(self) -> k8s.Kube:
+        if self.kube is None:
+            raise RuntimeError('not logged in to Kubernetes yet')
+        return self.kube
+
+    def remember(self, kind: str, body: Mapping[str, Any], deleted: bool) -> None:
+        meta = body.get('metadata') or {}
+        key = (kind, str(meta.get('namespace')), str(meta.get('name')))
+        if deleted:
+            self.inventory.pop(key, None)
+        else:
+            self.inventory[key] = dict(body)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [body for (k, _, _), body in sorted(self.inventory.items()) if k == kind]
+
+    async def cluster(self, ref: ClusterRef, namespace: str) -> BrokerCluster:
+        """The referenced cluster, if it exists, is not being deleted and admits ``namespace``."""
+        body = await self.api().get(API_VERSION, 'BrokerCluster', ref.namespace, ref.name)
+        if body is None or (body.get('metadata') or {}).get('deletionTimestamp'):
+            raise ClusterUnavailable(
+                'ClusterNotFound', f'BrokerCluster {ref.namespace}/{ref.name} does not exist'
+            )
+        cluster = BrokerCluster.from_body(body, default_image=self.settings.broker_image)
+        if not cluster.admits(namespace):
+            raise ClusterUnavailable(
+                'NamespaceNotAllowed',
+                f'BrokerCluster {ref.namespace}/{ref.name} does not list {namespace} in '
+                'spec.tenancy.allowedNamespaces',
+            )
+        return cluster
+
+    async def registry(self, cluster: BrokerCluster) -> Registry:
+        """The cluster's Redis, named by its Secret."""
+        url = await self.api().secret_value(
+            cluster.meta.namespace, cluster.redis_secret, cluster.redis_key
+        )
+        if not url:
+            raise ClusterUnavailable(
+                'RedisSecretMissing',
+                f'Secret {cluster.meta.namespace}/{cluster.redis_secret} has no key '
+                f'{cluster.redis_key!r}',
+            )
+        if url not in self._registries:
+            try:
+                registry = Registry.from_url(url, timeout=self.settings.redis_timeout_seconds)
+            except ValueError as exc:
+                raise ClusterUnavailable('RedisSecretInvalid', f'bad Redis URL: {exc}') from exc
+            self._registries[url] = registry
+        return self._registries[url]
+
+    async def close(self) -> None:
+        for registry in self._registries.values():
+            await registry.close()
+        self._registries.clear()
+        if self.kube is not None:
+            await self.kube.close()
+            self.kube = None

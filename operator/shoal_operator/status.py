@@ -1,0 +1,184 @@
+"""
+Status of each resource kind, computed from what was observed.
+
+Pure: the observations (the registry's ``EntityState``, the Deployment, Redis' answer) and the
+previous status come in, the whole new status goes out; the clock is a parameter. ``worth_writing``
+is the throttle: live numbers are rewritten only when they moved enough (exact figures are in
+Prometheus), so sampling does not churn etcd.
+"""
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shoal_broker.store.registry import EntityState, RedisInfo
+from shoal_operator import conditions
+from shoal_operator.conditions import Condition
+from shoal_operator.models import BrokerCluster, ManagementPolicy, Queue, SharedSubscription
+
+BACKLOG_CHANGE = 0.1
+"""Relative backlog change that is worth a status write (besides any crossing of zero)."""
+AGE_CHANGE_SECONDS = 60.0
+
+
+def entity_conditions(
+    *,
+    generation: int,
+    previous: Sequence[Any],
+    now: datetime.datetime,
+    problem: tuple[str, str] | None,
+    provisioned: tuple[str, str] | None,
+    paused: bool,
+    observe_only: bool,
+    at_limit: bool | None = None,
+) -> list[Condition]:
+    """Conditions of a Queue or SharedSubscription.
+
+    ``problem`` (reason, message) is what keeps it from being usable (cluster missing, Redis down,
+    invalid spec, conflict); ``provisioned`` (reason, message) describes the write that was done.
+    """
+
+    def make(type_: str, ok: bool | None, reason: str, message: str = '') -> Condition:
+        return conditions.make_condition(
+            type_, ok, reason=reason, message=message, generation=generation,
+            previous=previous, now=now,
+        )  # fmt: skip
+
+    cluster_problem = problem is not None and problem[0] in (
+        'ClusterNotFound',
+        'RedisUnavailable',
+        'NamespaceNotAllowed',
+    )
+    updates = [
+        make('ClusterAvailable', not cluster_problem, problem[0] if cluster_problem and problem
+             else 'ClusterReachable', problem[1] if cluster_problem and problem else ''),
+        make('ReconcilePaused', paused, 'PauseAnnotation' if paused else 'NotPaused'),
+    ]  # fmt: skip
+    if provisioned is not None:
+        updates.append(make('Provisioned', True, *provisioned))
+    elif problem is not None and not cluster_problem:
+        updates.append(make('Provisioned', False, *problem))
+    if at_limit is not None:
+        updates.append(make('ConsumersAtLimit', at_limit, 'AtLimit' if at_limit else 'BelowLimit'))
+    blockers = [problem] if problem is not None else []
+    merged = conditions.merged(previous, updates)
+    ok_reason = 'Observed' if observe_only else 'Provisioned'
+    if paused:
+        ok_reason = 'ReconcilePaused'
+    summary = conditions.ready(
+        blockers, generation=generation, previous=previous, now=now, ok_reason=ok_reason
+    )
+    return conditions.merged(merged, [summary])
+
+
+def subscription_live(sub: SharedSubscription, state: EntityState, now: datetime.datetime
+                      ) -> dict[str, Any]:  # fmt: skip
+    """The live part of a SharedSubscription's status."""
+    consumers: dict[str, Any] = {'active': state.consumers, 'replicas': state.consumer_replicas}
+    if sub.max_consumers is not None:
+        consumers['max'] = sub.max_consumers
+    return {
+        'consumers': consumers,
+        'backlog': _backlog(state, now),
+    }
+
+
+def queue_live(queue: Queue, state: EntityState, now: datetime.datetime) -> dict[str, Any]:
+    backlog = _backlog(state, now)
+    backlog.update(ready=state.ready, inFlight=state.in_flight)
+    return {'address': queue.address, 'backlog': backlog}
+
+
+def _backlog(state: EntityState, now: datetime.datetime) -> dict[str, Any]:
+    backlog: dict[str, Any] = {'messages': state.backlog, 'sampledAt': conditions.timestamp(now)}
+    if state.oldest_age_seconds is not None:
+        backlog['oldestMessageAgeSeconds'] = state.oldest_age_seconds
+    return backlog
+
+
+def at_limit(sub: SharedSubscription, state: EntityState) -> bool | None:
+    if sub.max_consumers is None or sub.management_policy is ManagementPolicy.OBSERVE_ONLY:
+        return None
+    return state.consumers >= sub.max_consumers
+
+
+def worth_writing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether a sampled status differs enough from the stored one to be written."""
+    for section in ('consumers', 'address', 'linkName', 'brokerId'):
+        if old.get(section) != new.get(section):
+            return True
+    before, after = old.get('backlog') or {}, new.get('backlog') or {}
+    was, now = int(before.get('messages', -1)), int(after.get('messages', 0))
+    if (was == 0) != (now == 0) or was < 0:
+        return True
+    if abs(now - was) > BACKLOG_CHANGE * max(was, 1):
+        return True
+    old_age = before.get('oldestMessageAgeSeconds')
+    new_age = after.get('oldestMessageAgeSeconds')
+    if (old_age is None) != (new_age is None):
+        return True
+    return (
+        old_age is not None
+        and new_age is not None
+        and abs(float(new_age) - float(old_age)) >= AGE_CHANGE_SECONDS
+    )
+
+
+def cluster_status(
+    cluster: BrokerCluster,
+    *,
+    deployment: Mapping[str, Any] | None,
+    redis: RedisInfo | None,
+    redis_error: str,
+    declared_subscriptions: int | None,
+    previous: Sequence[Any],
+    now: datetime.datetime,
+) -> dict[str, Any]:
+    """A BrokerCluster's status from its Deployment and a Redis probe."""
+    observed = (deployment or {}).get('status') or {}
+    replicas = int(observed.get('replicas') or 0)
+    ready_replicas = int(observed.get('readyReplicas') or 0)
+    updated = int(observed.get('updatedReplicas') or 0)
+    generation = cluster.meta.generation
+
+    def make(type_: str, ok: bool | None, reason: str, message: str = '') -> Condition:
+        return conditions.make_condition(
+            type_, ok, reason=reason, message=message, generation=generation,
+            previous=previous, now=now,
+        )  # fmt: skip
+
+    connected = redis is not None
+    available = connected and ready_replicas > 0
+    progressing = deployment is not None and (
+        updated < cluster.replicas or ready_replicas < cluster.replicas
+    )
+    blockers: list[tuple[str, str]] = []
+    if not connected:
+        blockers.append(('RedisUnavailable', redis_error or 'Redis did not answer'))
+    if cluster.replicas > 0 and ready_replicas == 0:
+        blockers.append(('NoReplicaReady', f'0 of {cluster.replicas} broker replicas are ready'))
+    updates = [
+        make('RedisConnected', connected, 'Pong' if connected else 'RedisUnavailable',
+             '' if connected else redis_error),
+        make('Available', available, 'ReplicasReady' if available else 'Unavailable',
+             f'{ready_replicas} of {cluster.replicas} replicas ready'),
+        make('Progressing', progressing, 'RollingOut' if progressing else 'Stable'),
+        make('ReconcilePaused', cluster.meta.paused,
+             'PauseAnnotation' if cluster.meta.paused else 'NotPaused'),
+    ]  # fmt: skip
+    summary = conditions.ready(
+        blockers, generation=generation, previous=previous, now=now, ok_reason='Available',
+        ok_message=f'{ready_replicas} of {cluster.replicas} replicas ready',
+    )  # fmt: skip
+    status: dict[str, Any] = {
+        'observedGeneration': generation,
+        'replicas': replicas,
+        'readyReplicas': ready_replicas,
+        'conditions': conditions.merged(conditions.merged(previous, updates), [summary]),
+        'redis': {'connected': connected},
+    }
+    if redis is not None:
+        status['redis'].update(latencyMs=redis.latency_ms, serverVersion=redis.server_version)
+    if declared_subscriptions is not None:
+        status['subscriptions'] = {'declared': declared_subscriptions}
+    return status

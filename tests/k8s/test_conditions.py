@@ -1,0 +1,195 @@
+"""The pure status side: conditions, Ready summaries, the sampling throttle, deletion hatches,
+and what a SharedSubscription means to the broker."""
+
+import datetime
+from typing import Any
+
+import pytest
+
+from shoal_broker.routing.jms_subscriptions import Scope
+from shoal_broker.store.registry import EntityState, RedisInfo
+from shoal_operator import conditions, provisioning, status
+from shoal_operator.models import BrokerCluster, DeletionPolicy, InvalidSpec, SharedSubscription
+
+T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+T1 = T0 + datetime.timedelta(minutes=5)
+
+
+def test_last_transition_time_moves_only_when_the_status_flips() -> None:
+    first = conditions.make_condition('Ready', True, reason='A', generation=1, previous=[], now=T0)
+    same = conditions.make_condition('Ready', True, reason='B', generation=2, previous=[first],
+                                     now=T1)  # fmt: skip
+    flipped = conditions.make_condition('Ready', False, reason='C', generation=2, previous=[same],
+                                        now=T1)  # fmt: skip
+    assert first['lastTransitionTime'] == '2026-01-01T12:00:00Z'
+    assert (same['lastTransitionTime'], same['reason'], same['observedGeneration']) == (
+        '2026-01-01T12:00:00Z', 'B', 2)  # fmt: skip
+    assert flipped['lastTransitionTime'] == '2026-01-01T12:05:00Z'
+    unknown = conditions.make_condition('X', None, reason='R', generation=1, previous=[], now=T0)
+    assert unknown['status'] == 'Unknown'
+
+
+def test_merged_replaces_by_type_and_keeps_the_rest_sorted() -> None:
+    a = conditions.make_condition('B', True, reason='r', generation=1, previous=[], now=T0)
+    b = conditions.make_condition('A', True, reason='r', generation=1, previous=[], now=T0)
+    c = conditions.make_condition('B', False, reason='s', generation=1, previous=[], now=T0)
+    merged = conditions.merged([a, b], [c])
+    assert [(x['type'], x['status']) for x in merged] == [('A', 'True'), ('B', 'False')]
+    assert conditions.without(merged, 'A') == [c]
+    assert conditions.is_true(merged, 'A')
+    assert not conditions.is_true(merged, 'B')
+
+
+def test_ready_is_false_with_the_first_blocker_as_its_reason() -> None:
+    blocked = conditions.ready([('RedisUnavailable', 'down'), ('Other', 'x')], generation=1,
+                               previous=[], now=T0, ok_reason='Ok')  # fmt: skip
+    assert (blocked['status'], blocked['reason'], blocked['message']) == (
+        'False', 'RedisUnavailable', 'down')  # fmt: skip
+    fine = conditions.ready([], generation=1, previous=[], now=T0, ok_reason='Ok')
+    assert (fine['status'], fine['reason']) == ('True', 'Ok')
+
+
+def by_type(conds: list[Any]) -> dict[str, dict[str, Any]]:
+    return {c['type']: c for c in conds}
+
+
+@pytest.mark.parametrize(('problem', 'provisioned', 'expected'), [
+    (None, ('Provisioned', ''), {'Ready': ('True', 'Provisioned'),
+                                 'Provisioned': ('True', 'Provisioned'),
+                                 'ClusterAvailable': ('True', 'ClusterReachable')}),
+    (('ClusterNotFound', 'no'), None, {'Ready': ('False', 'ClusterNotFound'),
+                                       'ClusterAvailable': ('False', 'ClusterNotFound')}),
+    (('InvalidSelector', 'bad'), None, {'Ready': ('False', 'InvalidSelector'),
+                                        'Provisioned': ('False', 'InvalidSelector'),
+                                        'ClusterAvailable': ('True', 'ClusterReachable')}),
+])  # fmt: skip
+def test_entity_conditions(
+    problem: tuple[str, str] | None,
+    provisioned: tuple[str, str] | None,
+    expected: dict[str, tuple[str, str]],
+) -> None:
+    conds = by_type(status.entity_conditions(generation=4, previous=[], now=T0, problem=problem,
+                    provisioned=provisioned, paused=False, observe_only=False))  # fmt: skip
+    for type_, (state, reason) in expected.items():
+        assert (conds[type_]['status'], conds[type_]['reason']) == (state, reason), type_
+        assert conds[type_]['observedGeneration'] == 4
+    assert conds['ReconcilePaused']['status'] == 'False'
+
+
+def test_a_paused_entity_says_so_and_stays_ready() -> None:
+    conds = by_type(status.entity_conditions(generation=1, previous=[], now=T0, problem=None,
+                    provisioned=None, paused=True, observe_only=False))  # fmt: skip
+    assert conds['ReconcilePaused']['status'] == 'True'
+    assert (conds['Ready']['status'], conds['Ready']['reason']) == ('True', 'ReconcilePaused')
+
+
+def cluster(**spec: Any) -> BrokerCluster:
+    return BrokerCluster.from_body({'metadata': {'name': 'c', 'generation': 2},
+                                    'spec': {'redis': {'secretName': 's'}, 'replicas': 2, **spec}},
+                                   default_image='i')  # fmt: skip
+
+
+def test_cluster_status_from_the_deployment_and_redis() -> None:
+    deployment = {'status': {'replicas': 2, 'readyReplicas': 2, 'updatedReplicas': 2}}
+    ok = status.cluster_status(
+        cluster(),
+        deployment=deployment,
+        redis=RedisInfo(0.4, '7.0.15'),
+        redis_error='',
+        declared_subscriptions=3,
+        previous=[],
+        now=T0,
+    )
+    conds = by_type(ok['conditions'])
+    assert conds['Ready']['status'] == 'True'
+    assert conds['Progressing']['status'] == 'False'
+    assert ok['redis'] == {'connected': True, 'latencyMs': 0.4, 'serverVersion': '7.0.15'}
+    assert (ok['replicas'], ok['readyReplicas'], ok['subscriptions']) == (2, 2, {'declared': 3})
+    down = status.cluster_status(cluster(), deployment={'status': {'replicas': 2}}, redis=None,
+                                 redis_error='refused', declared_subscriptions=None,
+                                 previous=ok['conditions'], now=T1)  # fmt: skip
+    conds = by_type(down['conditions'])
+    assert (conds['Ready']['status'], conds['Ready']['reason']) == ('False', 'RedisUnavailable')
+    assert conds['RedisConnected']['message'] == 'refused'
+    assert conds['Progressing']['status'] == 'True'
+    assert conds['Ready']['lastTransitionTime'] == '2026-01-01T12:05:00Z'
+
+
+def subscription(**spec: Any) -> SharedSubscription:
+    return SharedSubscription.from_body(
+        {
+            'metadata': {'name': 's', 'namespace': 'team'},
+            'spec': {
+                'clusterRef': {'name': 'c'},
+                'topic': 't',
+                'subscriptionName': 'audit',
+                **spec,
+            },
+        }
+    )
+
+
+def test_live_status_and_the_throttle() -> None:
+    state = EntityState(exists=True, consumers=2, consumer_replicas=2, backlog=100,
+                        oldest_age_seconds=3.0)  # fmt: skip
+    live = status.subscription_live(subscription(maxConsumers=2), state, T0)
+    assert live['consumers'] == {'active': 2, 'replicas': 2, 'max': 2}
+    assert live['backlog']['messages'] == 100
+    assert status.at_limit(subscription(maxConsumers=2), state) is True
+    assert status.at_limit(subscription(), state) is None
+    moved = {**live, 'backlog': {**live['backlog'], 'messages': 105}}
+    assert not status.worth_writing(live, moved)  # 5 % is noise
+    assert status.worth_writing(live, {**live, 'backlog': {'messages': 0}})
+    assert status.worth_writing(live, {**live, 'backlog': {**live['backlog'], 'messages': 150}})
+    assert status.worth_writing(live, {**live, 'consumers': {'active': 1, 'replicas': 1}})
+    assert status.worth_writing({}, live)
+
+
+def test_a_subscription_maps_to_the_broker_key_and_link_name() -> None:
+    global_sub = subscription()
+    assert provisioning.subscription_key(global_sub).id == 'durable:global:*:audit'
+    assert global_sub.link_name == 'audit|global'
+    mine = subscription(scope='ClientId', clientId='app-1')
+    key = provisioning.subscription_key(mine)
+    assert (key.scope, key.client_id, key.id) == (
+        Scope.CLIENT,
+        'app-1',
+        'durable:client:app-1:audit',
+    )
+    assert mine.link_name == 'audit'
+    volatile = subscription(durable=False, deletionPolicy='Delete')
+    assert provisioning.subscription_key(volatile).id == 'volatile:global:*:audit'
+    declared = provisioning.declaration(subscription(selector="a = 'x'", maxConsumers=3))
+    assert (declared.owner, declared.selector, declared.max_consumers) == ('team/s', "a = 'x'", 3)
+
+
+@pytest.mark.parametrize(('spec', 'message'), [
+    ({'selector': 'a = = 1'}, 'invalid selector'),
+    ({'scope': 'ClientId'}, 'clientId is required'),
+    ({'durable': False}, 'non-durable'),
+    ({'subscriptionName': 'a|b'}, 'without |'),
+])  # fmt: skip
+def test_specs_the_broker_would_refuse_are_invalid(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidSpec, match=message):
+        provisioning.declaration(subscription(**spec))
+
+
+def context(**changes: Any) -> provisioning.DeletionContext:
+    base: dict[str, Any] = {'policy': DeletionPolicy.DELETE, 'force': False, 'paused': False,
+                            'cluster_present': True, 'unreachable_since': None,
+                            'timeout_seconds': 600}  # fmt: skip
+    return provisioning.DeletionContext(**{**base, **changes})
+
+
+def test_the_escape_hatches_release_a_finalizer_without_touching_redis() -> None:
+    assert provisioning.escape_hatch(context(), T0) is None
+    assert provisioning.escape_hatch(context(force=True), T0) is provisioning.Release.FORCED
+    assert provisioning.escape_hatch(context(paused=True), T0) is provisioning.Release.PAUSED
+    assert provisioning.escape_hatch(
+        context(cluster_present=False), T0) is provisioning.Release.CLUSTER_GONE  # fmt: skip
+    waiting = context(unreachable_since=T0)
+    assert provisioning.escape_hatch(waiting, T0 + datetime.timedelta(seconds=599)) is None
+    assert (
+        provisioning.escape_hatch(waiting, T0 + datetime.timedelta(seconds=600))
+        is provisioning.Release.REDIS_TIMEOUT
+    )

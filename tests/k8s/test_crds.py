@@ -1,0 +1,123 @@
+"""The CRDs: every example is accepted, invalid resources are rejected with their message
+(OpenAPI schema with jsonschema, CEL rules with cel-python), and the chart's copy is identical."""
+
+import copy
+import pathlib
+from typing import Any
+
+import celpy
+import jsonschema
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CRDS = {doc['spec']['names']['kind']: doc for doc in (
+    yaml.safe_load(p.read_text()) for p in sorted((ROOT / 'crds').glob('*.yaml')))}  # fmt: skip
+
+
+def schema_of(kind: str) -> dict[str, Any]:
+    return dict(CRDS[kind]['spec']['versions'][0]['schema']['openAPIV3Schema'])
+
+
+def defaulted(schema: dict[str, Any], value: Any) -> Any:
+    """Apply schema defaults, as the API server does before validation."""
+    if isinstance(value, dict) and schema.get('type') == 'object':
+        for name, sub in (schema.get('properties') or {}).items():
+            if name not in value and 'default' in sub:
+                value[name] = copy.deepcopy(sub['default'])
+            if name in value:
+                value[name] = defaulted(sub, value[name])
+    return value
+
+
+def cel_errors(schema: dict[str, Any], new: Any, old: Any | None) -> list[str]:
+    """Messages of the x-kubernetes-validations rules ``new`` breaks (transition rules only with
+    an ``old``), walking the schema like the API server."""
+    errors = []
+    for rule in schema.get('x-kubernetes-validations') or []:
+        if 'oldSelf' in rule['rule'] and old is None:
+            continue
+        env = celpy.Environment()
+        program = env.program(env.compile(rule['rule']))
+        activation = {'self': celpy.json_to_cel(new)}
+        if old is not None:
+            activation['oldSelf'] = celpy.json_to_cel(old)
+        if not bool(program.evaluate(activation)):
+            errors.append(rule['message'])
+    if isinstance(new, dict):
+        for name, sub in (schema.get('properties') or {}).items():
+            if name in new:
+                child_old = old.get(name) if isinstance(old, dict) else None
+                if old is not None and child_old is None:
+                    continue  # a field-level transition rule needs the field on both sides
+                errors += cel_errors(sub, new[name], child_old)
+    return errors
+
+
+def validate(doc: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    schema = schema_of(doc['kind'])
+    new = defaulted(schema, copy.deepcopy(doc))
+    previous = defaulted(schema, copy.deepcopy(old)) if old is not None else None
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [e.message for e in validator.iter_errors(new)]
+    return errors + cel_errors(schema, new, previous)
+
+
+def test_the_chart_carries_an_identical_copy_of_the_crds() -> None:
+    ours = {p.name: p.read_bytes() for p in (ROOT / 'crds').glob('*.yaml')}
+    chart = {p.name: p.read_bytes() for p in (ROOT / 'charts/shoal/crds').glob('*.yaml')}
+    assert ours == chart
+
+
+@pytest.mark.parametrize('path', sorted((ROOT / 'examples').glob('*.yaml')), ids=lambda p: p.name)
+def test_every_example_is_valid(path: pathlib.Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        assert validate(doc) == []
+
+
+def sub(**spec: Any) -> dict[str, Any]:
+    return {'apiVersion': 'shoal.dev/v1alpha1', 'kind': 'SharedSubscription',
+            'metadata': {'name': 'audit'},
+            'spec': {'clusterRef': {'name': 'shoal'}, 'topic': 'prices',
+                     'subscriptionName': 'audit', **spec}}  # fmt: skip
+
+
+@pytest.mark.parametrize(('doc', 'message'), [
+    (sub(scope='ClientId'), 'clientId is required when scope=ClientId'),
+    (sub(clientId='app-1'), 'clientId is required when scope=ClientId'),
+    (sub(durable=False), 'non-durable subscriptions can only use deletionPolicy=Delete'),
+    (sub(subscriptionName='audit|global'), "does not match '^[^|\\\\s]+$'"),
+    (sub(maxConsumers=0), '0 is less than the minimum of 1'),
+    (sub(deletionPolicy='Sometimes'), "'Sometimes' is not one of"),
+    ({'kind': 'BrokerCluster', 'metadata': {'name': 'b'},
+      'spec': {'redis': {'secretName': 'r'},
+               'autoscaling': {'minReplicas': 5, 'maxReplicas': 2}}},
+     'autoscaling.minReplicas must not exceed autoscaling.maxReplicas'),
+    ({'kind': 'BrokerCluster', 'metadata': {'name': 'b'}, 'spec': {}}, "'redis' is a required"),
+    ({'kind': 'Queue', 'metadata': {'name': 'q'}, 'spec': {'clusterRef': {}}},
+     "'name' is a required property"),
+])  # fmt: skip
+def test_invalid_resources_are_rejected_with_their_message(doc: dict[str, Any], message: str
+                                                           ) -> None:  # fmt: skip
+    errors = validate(doc)
+    assert any(message in e for e in errors), errors
+
+
+@pytest.mark.parametrize(('change', 'message'), [
+    ({'topic': 'other'}, 'topic is immutable'),
+    ({'subscriptionName': 'other'}, 'subscriptionName is immutable'),
+    ({'clusterRef': {'name': 'other'}}, 'clusterRef is immutable'),
+    ({'selector': "a = 2"}, 'set selectorChangePolicy=Recreate'),
+])  # fmt: skip
+def test_updates_breaking_a_transition_rule_are_rejected(change: dict[str, Any], message: str
+                                                         ) -> None:  # fmt: skip
+    old = sub(selector='a = 1')
+    new = sub(selector='a = 1')
+    new['spec'].update(change)
+    assert any(message in e for e in validate(new, old)), validate(new, old)
+
+
+def test_a_selector_change_under_recreate_is_accepted() -> None:
+    old = sub(selector='a = 1', selectorChangePolicy='Recreate')
+    new = sub(selector='a = 2', selectorChangePolicy='Recreate')
+    assert validate(new, old) == []

@@ -1,0 +1,167 @@
+"""The pure builders: a BrokerCluster model in, Kubernetes objects out (no API server)."""
+
+import base64
+from typing import Any
+
+import pytest
+
+from shoal_broker import settings as broker
+from shoal_operator import manifests
+from shoal_operator.manifests import config, naming, network, workload
+from shoal_operator.models import BrokerCluster, InvalidSpec
+
+
+def model(**spec: Any) -> BrokerCluster:
+    body = {'metadata': {'name': 'shoal', 'namespace': 'msg', 'uid': 'u1', 'generation': 3},
+            'spec': {'redis': {'secretName': 'redis'}, **spec}}  # fmt: skip
+    return BrokerCluster.from_body(body, default_image='img:1')
+
+
+def test_the_deployment_runs_stateless_non_root_replicas_with_probes_and_a_drain() -> None:
+    d = workload.deployment(model(replicas=3, scaleDown={'drainSeconds': 7}))
+    assert d['spec']['replicas'] == 3
+    assert d['spec']['strategy']['rollingUpdate'] == {'maxSurge': 1, 'maxUnavailable': 0}
+    pod = d['spec']['template']['spec']
+    [container] = pod['containers']
+    assert container['image'] == 'img:1'
+    assert {p['name']: p['containerPort'] for p in container['ports']} == {
+        'amqp': 5672,
+        'http': 8080,
+    }
+    assert container['readinessProbe']['httpGet']['path'] == '/readyz'
+    assert container['livenessProbe']['httpGet']['path'] == '/livez'
+    assert container['lifecycle']['preStop']['exec']['command'] == ['sleep', '7']
+    security = container['securityContext']
+    assert security['runAsNonRoot'] is True
+    assert security['runAsUser'] == 10001
+    assert security['readOnlyRootFilesystem'] is True
+    assert container['volumeMounts'] == [{'name': 'tmp', 'mountPath': '/tmp'}]
+    assert pod['volumes'] == [{'name': 'tmp', 'emptyDir': {}}]
+    assert pod['terminationGracePeriodSeconds'] == 7 + 20 + 5
+    env = {e['name']: e for e in container['env']}
+    assert env[broker.ENV_REDIS_URL]['valueFrom']['secretKeyRef'] == {'name': 'redis', 'key': 'url'}
+    assert container['envFrom'] == [{'configMapRef': {'name': 'shoal-config'}}]
+    anti = pod['affinity']['podAntiAffinity']['preferredDuringSchedulingIgnoredDuringExecution']
+    assert anti[0]['podAffinityTerm']['topologyKey'] == 'kubernetes.io/hostname'
+    assert pod['topologySpreadConstraints'][0]['topologyKey'] == 'topology.kubernetes.io/zone'
+    assert d['spec']['selector']['matchLabels'] == naming.labels(model())
+
+
+def test_pod_template_overrides_replace_the_defaults() -> None:
+    affinity = {'nodeAffinity': {'x': 1}}
+    d = workload.deployment(
+        model(
+            podTemplate={
+                'affinity': affinity,
+                'tolerations': [{'key': 'k'}],
+                'nodeSelector': {'a': 'b'},
+                'labels': {'team': 'x'},
+                'annotations': {'note': 'y'},
+            },
+            resources={'limits': {'cpu': 1}},
+        )
+    )
+    pod = d['spec']['template']['spec']
+    assert pod['affinity'] == affinity
+    assert pod['tolerations'] == [{'key': 'k'}]
+    assert pod['nodeSelector'] == {'a': 'b'}
+    assert pod['containers'][0]['resources'] == {'limits': {'cpu': 1}}
+    meta = d['spec']['template']['metadata']
+    assert meta['labels']['team'] == 'x'
+    assert meta['labels']['app.kubernetes.io/instance'] == 'shoal'  # ours cannot be overridden
+    assert meta['annotations'] == {'note': 'y'}
+
+
+def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
+    data = config.configmap(
+        model(
+            durability='fsync',
+            broker={
+                'autoCreateQueues': False,
+                'maxDeliveryAttempts': 5,
+                'deadLetterAddress': 'DLQ',
+            },
+        )
+    )['data']
+    assert data[broker.ENV_LISTEN] == '0.0.0.0:5672'
+    assert data[broker.ENV_HTTP] == '0.0.0.0:8080'
+    assert data[broker.ENV_DURABILITY] == 'fsync'
+    assert data[broker.ENV_AUTO_CREATE_QUEUES] == 'false'
+    assert data[broker.ENV_MAX_DELIVERY_ATTEMPTS] == '5'
+    assert data[broker.ENV_DEAD_LETTER_ADDRESS] == 'DLQ'
+    assert broker.ENV_AUTO_CREATE_TOPICS not in data
+    assert broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY not in data
+    denying = config.configmap(model(subscriptions={'undeclared': 'Deny'}))['data']
+    assert denying[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] == 'true'
+
+
+def test_the_connection_secret_tells_apps_where_to_connect() -> None:
+    secret = config.connection_secret(model())
+    decoded = {k: base64.b64decode(v).decode() for k, v in secret['data'].items()}
+    assert decoded['uri'] == 'amqp://shoal.msg.svc:5672'
+    assert (decoded['host'], decoded['port'], decoded['type']) == ('shoal.msg.svc', '5672', 'amqp')
+    assert secret['metadata']['name'] == 'shoal-connection'
+
+
+def test_services_select_the_broker_pods() -> None:
+    service = network.service(model(service={'type': 'LoadBalancer', 'annotations': {'a': 'b'}}))
+    assert service['spec']['type'] == 'LoadBalancer'
+    assert service['metadata']['annotations'] == {'a': 'b'}
+    assert service['spec']['selector'] == naming.labels(model())
+    headless = network.headless_service(model())
+    assert headless['spec']['clusterIP'] == 'None'
+    assert headless['metadata']['name'] == 'shoal-pods'
+
+
+def test_the_pdb_keeps_all_but_max_unavailable_replicas() -> None:
+    pdb = workload.pod_disruption_budget(model(pdb={'maxUnavailable': 2}))
+    assert pdb['spec']['maxUnavailable'] == 2
+    assert pdb['spec']['selector']['matchLabels'] == naming.labels(model())
+
+
+def test_the_network_policy_admits_amqp_only_from_the_listed_peers() -> None:
+    assert network.network_policy(model()) is None
+    peers = [{'podSelector': {'matchLabels': {'client': 'yes'}}}]
+    policy = network.network_policy(model(networkPolicy={'enabled': True, 'from': peers}))
+    assert policy is not None
+    amqp, http = policy['spec']['ingress']
+    assert amqp == {'from': peers, 'ports': [{'protocol': 'TCP', 'port': 5672}]}
+    assert http == {'ports': [{'protocol': 'TCP', 'port': 8080}]}
+    everyone = network.network_policy(model(networkPolicy={'enabled': True}))
+    assert everyone is not None
+    assert everyone['spec']['ingress'][0]['from'] == [{'podSelector': {}}]
+
+
+def test_the_service_monitor_scrapes_the_metrics_port_when_enabled() -> None:
+    assert network.service_monitor(model()) is None
+    monitor = network.service_monitor(model(metrics={'serviceMonitor': {
+        'enabled': True, 'interval': '15s', 'labels': {'release': 'prom'}}}))  # fmt: skip
+    assert monitor is not None
+    assert monitor['spec']['endpoints'] == [{'port': 'http', 'path': '/metrics', 'interval': '15s'}]
+    assert monitor['metadata']['labels']['release'] == 'prom'
+
+
+def test_build_all_orders_config_first_and_names_what_is_switched_off() -> None:
+    kinds = [m['kind'] for m in manifests.build_all(model())]
+    assert kinds == ['ConfigMap', 'Secret', 'Deployment', 'Service', 'Service',
+                     'PodDisruptionBudget']  # fmt: skip
+    assert [k for _, k, _ in manifests.switched_off(model())] == ['NetworkPolicy', 'ServiceMonitor']
+    everything = model(
+        networkPolicy={'enabled': True}, metrics={'serviceMonitor': {'enabled': True}}
+    )
+    assert len(manifests.build_all(everything)) == 8
+    assert manifests.switched_off(everything) == []
+    for manifest in manifests.build_all(everything):
+        assert manifest['metadata']['namespace'] == 'msg'
+        assert manifest['metadata']['labels']['app.kubernetes.io/managed-by'] == 'shoal-operator'
+
+
+def test_a_cluster_without_redis_or_with_inverted_bounds_is_invalid() -> None:
+    with pytest.raises(InvalidSpec, match='secretName'):
+        BrokerCluster.from_body({'metadata': {'name': 'x'}, 'spec': {}}, default_image='i')
+    with pytest.raises(InvalidSpec, match='minReplicas'):
+        model(autoscaling={'minReplicas': 5, 'maxReplicas': 2})
+    assert model(image='mine:2').image == 'mine:2'
+    assert model().admits('msg')
+    assert not model().admits('other')
+    assert model(tenancy={'allowedNamespaces': ['other']}).admits('other')

@@ -1,0 +1,156 @@
+"""The store registry (provisioned queues and subscriptions) on a real redis-server."""
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from processes import RedisServer
+
+from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey, SubscriptionSpec
+from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
+from shoal_broker.settings import AddressKind
+from shoal_broker.store import keys
+from shoal_broker.store.redisstore import RedisStore
+from shoal_broker.store.registry import (
+    ProvisionConflict,
+    Provisioned,
+    Registry,
+    Removal,
+    SubscriptionDeclaration,
+)
+
+
+@pytest.fixture
+async def registry(redis_server: RedisServer) -> AsyncIterator[Registry]:
+    async with Registry.from_url(redis_server.url) as r:
+        yield r
+
+
+@pytest.fixture
+async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:
+    s = RedisStore.from_url(redis_server.url, f'replica-{uuid.uuid4().hex[:6]}')
+    await s.start()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def topic() -> str:
+    return f'topic-{uuid.uuid4().hex[:10]}'
+
+
+def declared(topic: str, *, selector: str | None = None, max_consumers: int | None = None,
+             owner: str = 'ns/sub', generation: int = 1) -> SubscriptionDeclaration:  # fmt: skip
+    key = SubscriptionKey(f'sub-{topic}', Scope.GLOBAL, '', True)
+    return SubscriptionDeclaration(key, topic, selector, max_consumers, owner, generation)
+
+
+def message(body: bytes) -> OutgoingMessage:
+    return OutgoingMessage(band=0, header=b'', rest=body, expiry_ms=0)
+
+
+async def test_declaring_is_idempotent_and_reports_what_changed(
+    registry: Registry, topic: str
+) -> None:
+    first = declared(topic)
+    assert await registry.declare_subscription(first, recreate=False) is Provisioned.CREATED
+    assert await registry.declare_subscription(first, recreate=False) is Provisioned.UNCHANGED
+    limited = declared(topic, max_consumers=3, generation=2)
+    assert await registry.declare_subscription(limited, recreate=False) is Provisioned.UPDATED
+    state = await registry.subscription_state(first.key)
+    assert state.definition['max_consumers'] == '3'
+    assert (await registry.declared())[keys.provisioned_subscription(first.key.id)] == 'ns/sub'
+
+
+async def test_a_selector_change_needs_recreate_and_drops_the_backlog(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    await registry.declare_subscription(declared(topic, selector='a = 1'), recreate=False)
+    await store.publish(topic, AddressKind.TOPIC, message(b'old'))
+    assert (await registry.subscription_state(declared(topic).key)).backlog == 1
+    with pytest.raises(ProvisionConflict, match='selectorChangePolicy=Recreate'):
+        await registry.declare_subscription(declared(topic, selector='a = 2'), recreate=False)
+    changed = declared(topic, selector='a = 2')
+    assert await registry.declare_subscription(changed, recreate=True) is Provisioned.RECREATED
+    state = await registry.subscription_state(changed.key)
+    assert (state.definition['selector'], state.backlog) == ('a = 2', 0)
+
+
+async def test_an_app_created_subscription_is_adopted_and_another_owner_is_refused(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    key = declared(topic).key
+    spec = SubscriptionSpec(key=key, shared=True, topic=topic)
+    await store.join_subscription(spec, 'replica|conn|link', 0)
+    assert (
+        await registry.declare_subscription(declared(topic), recreate=False) is Provisioned.ADOPTED
+    )
+    state = await registry.subscription_state(key)
+    assert (state.consumers, state.consumer_replicas, state.owner) == (1, 1, 'ns/sub')
+    with pytest.raises(ProvisionConflict, match='already declared by ns/sub'):
+        await registry.declare_subscription(declared(topic, owner='other/sub'), recreate=False)
+
+
+async def test_removal_waits_for_consumers_and_if_asked_for_an_empty_backlog(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    declaration = declared(topic)
+    key = declaration.key
+    await registry.declare_subscription(declaration, recreate=False)
+    await store.join_subscription(SubscriptionSpec(key=key, shared=True, topic=topic), 'c1', 0)
+    assert await registry.remove_subscription(key, 'ns/sub', delete=True) is Removal.IN_USE
+    await store.leave_subscription(key, 'c1')
+    await store.publish(topic, AddressKind.TOPIC, message(b'waiting'))
+    state = await registry.subscription_state(key)
+    assert state.backlog == 1
+    assert state.oldest_age_seconds is not None
+    assert await registry.remove_subscription(
+        key, 'ns/sub', delete=True, only_if_empty=True
+    ) is Removal.IN_USE  # fmt: skip
+    assert await registry.remove_subscription(key, 'other/x', delete=True) is Removal.FOREIGN
+    assert await registry.remove_subscription(key, 'ns/sub', delete=True) is Removal.DELETED
+    assert not (await registry.subscription_state(key)).exists
+    assert keys.provisioned_subscription(key.id) not in await registry.declared()
+    assert await registry.remove_subscription(key, 'ns/sub', delete=True) is Removal.MISSING
+
+
+async def test_a_released_subscription_stays_undeclared_and_may_be_unsubscribed(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    declaration = declared(topic)
+    await registry.declare_subscription(declaration, recreate=False)
+    assert await registry.remove_subscription(
+        declaration.key, 'ns/sub', delete=False
+    ) is Removal.RELEASED  # fmt: skip
+    state = await registry.subscription_state(declaration.key)
+    assert state.exists
+    assert state.owner == ''
+    await store.unsubscribe(declaration.key, '')
+    assert not (await registry.subscription_state(declaration.key)).exists
+
+
+async def test_a_declared_queue_keeps_messages_and_is_removed_only_when_empty_if_asked(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    queue = f'q-{topic}'
+    assert await registry.declare_queue(queue, 'ns/q') is Provisioned.CREATED
+    assert await registry.declare_queue(queue, 'ns/q') is Provisioned.UNCHANGED
+    with pytest.raises(ProvisionConflict, match='already declared by ns/q'):
+        await registry.declare_queue(queue, 'other/q')
+    await store.publish(queue, AddressKind.QUEUE, message(b'kept'))
+    state = await registry.queue_state(queue)
+    assert (state.exists, state.backlog, state.ready) == (True, 1, 1)
+    assert await registry.remove_queue(queue, 'ns/q', delete=True, only_if_empty=True) is (
+        Removal.IN_USE)  # fmt: skip
+    [entry] = await store.fetch(queue, QUEUE_GROUP, 10)
+    await store.ack(queue, QUEUE_GROUP, entry)
+    await store.flush()
+    assert await registry.remove_queue(queue, 'ns/q', delete=True, only_if_empty=True) is (
+        Removal.DELETED)  # fmt: skip
+    assert not (await registry.queue_state(queue)).exists
+
+
+async def test_an_address_of_the_other_kind_is_a_conflict(registry: Registry, topic: str) -> None:
+    await registry.declare_subscription(declared(topic), recreate=False)
+    with pytest.raises(ProvisionConflict, match='exists as a topic'):
+        await registry.declare_queue(topic, 'ns/q')
