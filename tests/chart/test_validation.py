@@ -12,7 +12,6 @@ from typing import Any
 import helm_python
 import jsonschema
 import kubernetes_validate
-import pytest
 import yaml
 from chartrender import CHART_DIR, ROOT, VARIANTS, Manifest, find, render
 
@@ -64,8 +63,7 @@ def schema_errors(manifest: Manifest) -> list[str]:
         return [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(manifest)]
     if manifest['apiVersion'].startswith('shoal.dev/'):
         own = own_crd_schema(manifest['kind'])
-        if own is None:
-            pytest.skip(f'crds/ has no {manifest["kind"]} CRD on this branch (operator branch)')
+        assert own is not None, f'crds/ has no {manifest["kind"]} CRD'
         return [
             f'{list(e.absolute_path)}: {e.message}'
             for e in jsonschema.Draft7Validator(own).iter_errors(manifest)
