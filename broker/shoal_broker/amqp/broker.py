@@ -155,10 +155,11 @@ class Broker:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=bound_seconds)
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> 'asyncio.Future[None]':
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- connections and sessions ----------------------------------------------------------------
 
@@ -345,15 +346,28 @@ class Broker:
         closed = lib.pn_event_type(event) == lib.PN_LINK_REMOTE_CLOSE
         state = conn.links.pop(link, None)
         key = _durable_key(state) if closed else None
-        if state is not None:
-            self._link_gone(state, unsubscribing=key is not None)
+        left = self._link_gone(state, unsubscribing=key is not None) if state is not None else None
         if key is not None and state is not None:
             # detach(closed=true) on a durable subscription is JMS unsubscribe: the answering
             # detach waits for the store, and carries resource-locked while consumers remain
             consumer = state.consumer_key if isinstance(state, ConsumerLink) else ''
             self.spawn(self._unsubscribe_then_close(conn, link, key, consumer))
             return
+        if left is not None:
+            # JMS consumer.close() waits for this answer and may unsubscribe right after, from
+            # any replica: answer once the consumer is unregistered cluster-wide, or that
+            # unsubscribe would still find it and be refused with resource-locked.
+            self.spawn(self._answer_detach_after(conn, link, closed, left))
+            return
         self._answer_detach(link, closed)
+
+    async def _answer_detach_after(
+        self, conn: AmqpConnection, link: Ptr, closed: bool, left: 'asyncio.Future[None]'
+    ) -> None:
+        await asyncio.wait([left])
+        if conn.alive:
+            self._answer_detach(link, closed)
+            self.mark_dirty(conn)
 
     def _answer_detach(self, link: Ptr, closed: bool, error: BrokerError | None = None) -> None:
         if lib.pn_link_state(link) & lib.PN_LOCAL_UNINIT:
@@ -379,18 +393,25 @@ class Broker:
             self._answer_detach(link, True, error)
             self.mark_dirty(conn)
 
-    def _link_gone(self, state: LinkState, *, unsubscribing: bool = False) -> None:
+    def _link_gone(
+        self, state: LinkState, *, unsubscribing: bool = False
+    ) -> 'asyncio.Future[None] | None':
+        """Forget a link; for a named subscription's consumer, the unregistering under way."""
         state.alive = False
+        left = None
         if isinstance(state, ConsumerLink):
-            self._consumer_gone(state, unsubscribing=unsubscribing)
+            left = self._consumer_gone(state, unsubscribing=unsubscribing)
         elif isinstance(state, BrowserLink):
             self.browsers.get(state.address, set()).discard(state)
         elif isinstance(state, transactions.CoordinatorLink):
             self.coordinator.coordinator_gone(state)
         if state.owned_temporary:
             self.spawn(self.delete_temporary(state.owned_temporary))
+        return left
 
-    def _consumer_gone(self, consumer: ConsumerLink, *, unsubscribing: bool = False) -> None:
+    def _consumer_gone(
+        self, consumer: ConsumerLink, *, unsubscribing: bool = False
+    ) -> 'asyncio.Future[None] | None':
         sub = consumer.subscription
         if sub is not None:
             sub.remove(consumer)
@@ -398,16 +419,18 @@ class Broker:
         returned = [] if consumer.owned_group else [
             self._apply(consumer, entry, UNSETTLED_ON_DETACH) for entry in unacked.values()
         ]  # fmt: skip
+        left = None
         if consumer.owned_group:
             self.spawn(self._drop_subscription(consumer.address, consumer.group))
         elif consumer.named is not None and not unsubscribing:
-            self.spawn(self._leave(consumer.named, consumer.consumer_key, returned))
+            left = self.spawn(self._leave(consumer.named, consumer.consumer_key, returned))
         if sub is not None and not sub.consumers:
             del self.subscriptions[(sub.address, sub.group)]
             self.by_address[sub.address].remove(sub)
             if not self.by_address[sub.address]:
                 del self.by_address[sub.address]
             self.store.unwatch(sub.address, sub.on_notify)
+        return left
 
     async def _leave(
         self, key: SubscriptionKey, consumer: str, returned: list[Awaitable[None] | None]
