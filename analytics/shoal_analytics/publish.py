@@ -10,8 +10,9 @@ import redis
 from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
 
 
-def publish_summary(client: 'redis.Redis[str]', summary: AnalyticsSummary) -> None:
+def publish_summary(client: redis.Redis, summary: AnalyticsSummary) -> None:
     with client.pipeline(transaction=True) as pipe:
         pipe.delete(ANALYTICS_SUMMARY_KEY)
-        pipe.hset(ANALYTICS_SUMMARY_KEY, mapping=summary.to_fields())
+        for field, value in summary.to_fields().items():
+            pipe.hset(ANALYTICS_SUMMARY_KEY, field, value)
         pipe.execute()

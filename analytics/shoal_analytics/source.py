@@ -16,7 +16,7 @@ executor over its own connection. Options (Spark lower-cases their names):
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import redis
 from pyspark.sql.datasource import (
@@ -55,12 +55,20 @@ class _Options:
     def stream(self) -> str:
         return self.get('stream', METRICS)
 
-    def connect(self) -> 'redis.Redis[str]':
+    def connect(self) -> redis.Redis:
         url = self.get('url', '')
         if not url:
             raise ValueError('redis_stream needs the option url (redis://host:port/db)')
         password = os.environ.get(self.get('passwordEnv', DEFAULT_PASSWORD_ENV)) or None
         return redis.Redis.from_url(url, password=password, decode_responses=True)
+
+
+Entry = tuple[str, dict[str, str]]
+
+
+def _xrange(client: redis.Redis, stream: str, low: str, high: str, count: int) -> list[Entry]:
+    # decode_responses=True: ids and fields are str (redis-py types replies as bytes | str).
+    return cast(list[Entry], client.xrange(stream, min=low, max=high, count=count))
 
 
 class _Slice(InputPartition):
@@ -76,7 +84,7 @@ def _read_slice(options: _Options, part: _Slice) -> Iterator[RawRow]:
     try:
         low = part.low
         while True:
-            entries = client.xrange(options.stream, min=low, max=part.high, count=page)
+            entries = _xrange(client, options.stream, low, part.high, page)
             for entry_id, fields in entries:
                 yield raw_row(entry_id, fields)
             if len(entries) < page:
@@ -89,9 +97,9 @@ def _read_slice(options: _Options, part: _Slice) -> Iterator[RawRow]:
 class _Tail:
     """Where the stream stands, read atomically with one XINFO STREAM."""
 
-    def __init__(self, client: 'redis.Redis[str]', stream: str) -> None:
+    def __init__(self, client: redis.Redis, stream: str) -> None:
         try:
-            info = client.xinfo_stream(stream)
+            info: dict[str, Any] = client.xinfo_stream(stream)
         except redis.ResponseError as exc:
             if 'no such key' not in str(exc).lower():
                 raise
@@ -110,11 +118,11 @@ class _Tail:
 class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: _Options) -> None:
         self.options = options
-        self._client: redis.Redis[str] | None = None
+        self._client: redis.Redis | None = None
         self._cap: Offset | None = None
 
     @property
-    def client(self) -> 'redis.Redis[str]':
+    def client(self) -> redis.Redis:
         if self._client is None:
             self._client = self.options.connect()
         return self._client
@@ -141,8 +149,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             check_not_trimmed(self.options.stream, position, tail.last.added, tail.length)
         cap = self._cap or tail.last
         if isinstance(limit, ReadMaxRows) and cap.added - position.added > limit.max_rows:
-            entries = self.client.xrange(
-                self.options.stream, min=f'({position.id}', max=str(cap.id), count=limit.max_rows
+            entries = _xrange(
+                self.client, self.options.stream, f'({position.id}', str(cap.id), limit.max_rows
             )
             if entries:
                 cap = Offset(StreamId.parse(entries[-1][0]), position.added + len(entries))

@@ -58,10 +58,10 @@ class Synthetic:
 def generate(spec: Synthetic) -> pa.Table:
     """All records of ``spec``: intervals x replicas x entities rows."""
     rng = np.random.default_rng(spec.seed)
-    t, r, e = np.meshgrid(
+    grid = np.meshgrid(
         np.arange(spec.intervals), np.arange(spec.replicas), np.arange(spec.entities), indexing='ij'
     )
-    t, r, e = t.ravel(), r.ravel(), e.ravel()
+    t, r, e = (axis.ravel() for axis in grid)
     rows = t.size
     weight = np.ones(spec.replicas)
     if 'hot_replica' in spec.plants:
@@ -138,7 +138,8 @@ def write_raw(spec: Synthetic, raw_dir: Path) -> int:
     table = generate(spec)
     raw_dir.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, raw_dir / f'synthetic-{spec.seed}.parquet')
-    return table.num_rows
+    rows: int = table.num_rows
+    return rows
 
 
 assert len(HEALTHY_LATENCY) == len(SLOW_LATENCY) == len(LATENCY_BOUNDS) + 1
