@@ -14,7 +14,11 @@ import pytest
 from processes import RedisServer
 from pyspark.sql import SparkSession
 
+from shoal_analytics.analyze import Analysis, analyze
+from shoal_analytics.lake import Lake
+from shoal_analytics.params import AnalysisParams
 from shoal_analytics.session import spark_session
+from shoal_analytics.synthetic import Synthetic, write_raw
 
 
 @pytest.fixture(scope='session')
@@ -41,3 +45,14 @@ def own_redis() -> Iterator[RedisServer]:
     server = RedisServer()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope='session')
+def planted(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Synthetic, Lake, Analysis]:
+    """Synthetic records with every plant, analysed once for the analysis and report tests."""
+    spec = Synthetic()
+    lake = Lake(tmp_path_factory.mktemp('planted'))
+    write_raw(spec, lake.raw)
+    return spec, lake, analyze(spark, lake, AnalysisParams())
