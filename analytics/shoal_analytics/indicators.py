@@ -14,7 +14,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from shoal_analytics.params import AnalysisParams
-from shoal_analytics.quantiles import quantile_columns, resummed_buckets, summed_buckets
+from shoal_analytics.quantiles import resummed_buckets, summed_buckets, with_quantiles
 from shoal_broker.metrics.records import COUNTS
 
 ENTITY = ('address', 'subscription')
@@ -82,16 +82,18 @@ def entity_windows(records: DataFrame, params: AnalysisParams) -> DataFrame:
         .withColumn('in_rate', F.col('enqueued') / seconds)
         .withColumn('out_rate', F.col('accepted') / seconds)
     )
-    return _ratios(windows).select('*', *quantile_columns())
+    return with_quantiles(_ratios(windows))
 
 
 def entity_summary(windows: DataFrame, records: DataFrame, params: AnalysisParams) -> DataFrame:
     """Per entity over the lookback: totals, ratios, percentiles, backlog trend, time to drain."""
-    totals = _ratios(
-        records.groupBy(*ENTITY).agg(
-            *(F.sum(name).alias(name) for name in COUNTS), *summed_buckets()
+    totals = with_quantiles(
+        _ratios(
+            records.groupBy(*ENTITY).agg(
+                *(F.sum(name).alias(name) for name in COUNTS), *summed_buckets()
+            )
         )
-    ).select('*', *quantile_columns())
+    )
     ordered = Window.partitionBy(*ENTITY).orderBy('window_start_ms')
     complete = (
         windows.where(F.col('complete') & F.col('backlog').isNotNull())

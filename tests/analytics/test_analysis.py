@@ -14,7 +14,7 @@ from shoal_analytics.analyze import Analysis, analyze
 from shoal_analytics.lake import Lake
 from shoal_analytics.params import AnalysisParams
 from shoal_analytics.publish import publish_summary
-from shoal_analytics.quantiles import BUCKETS, bucket_column, quantile_columns
+from shoal_analytics.quantiles import BUCKETS, bucket_column, with_quantiles
 from shoal_analytics.synthetic import PLANTS, Synthetic, write_raw
 from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
 
@@ -90,13 +90,13 @@ def test_percentiles_follow_histogram_quantile(spark: SparkSession) -> None:
     counts = [0, 50, 45, 4, 0, 0, 0, 0, 0, 1]
     assert len(counts) == BUCKETS
     frame = spark.createDataFrame([tuple(counts)], [bucket_column(i) for i in range(BUCKETS)])
-    row = frame.select(*quantile_columns()).first()
+    row = with_quantiles(frame).select('p50_ms', 'p95_ms', 'p99_ms').first()
     assert row is not None
     assert row['p50_ms'] == pytest.approx(5.0)  # rank 50: the top of (1, 5]
     assert row['p95_ms'] == pytest.approx(10.0)  # rank 95: the top of (5, 10]
     assert row['p99_ms'] == pytest.approx(50.0)  # rank 99: the top of (10, 50]
     empty = spark.createDataFrame([(0,) * BUCKETS], [bucket_column(i) for i in range(BUCKETS)])
-    assert empty.select(*quantile_columns()).first() == (None, None, None)
+    assert with_quantiles(empty).select('p50_ms', 'p95_ms', 'p99_ms').first() == (None,) * 3
 
 
 def test_the_summary_reaches_the_operator_hash(
