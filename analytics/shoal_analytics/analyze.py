@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from shoal_analytics.anomalies import entity_anomalies, fairness_anomalies, replica_anomalies
 from shoal_analytics.errors import AnalysisError
 from shoal_analytics.indicators import (
+    cells,
     cluster_rates,
     entity_summary,
     entity_windows,
@@ -49,23 +50,25 @@ def analyze(spark: SparkSession, lake: Lake, params: AnalysisParams) -> Analysis
     except AnalysisException as exc:
         raise AnalysisError(f'no raw metric records under {lake.raw}: run ingest first') from exc
     records, span = select_span(raw, params)
-    if span.records == 0:
-        raise AnalysisError(f'no well-formed metric records under {lake.raw}')
-    records = records.persist()
     out = lake.analysis
-    windows = _write(entity_windows(records, params), out / 'entity_windows.parquet')
-    entities = _write(entity_summary(windows, records, params), out / 'entities.parquet')
-    fair = _write(fairness(records, params), out / 'fairness.parquet')
-    load = _write(replica_windows(records, params), out / 'replica_windows.parquet')
-    shares = _write(replica_share(records), out / 'replicas.parquet')
+    # The one scan of the records; everything below reads the (smaller) cells.
+    per_cell = _write(cells(records), out / 'cells.parquet')
+    load = _write(replica_windows(per_cell, params), out / 'replica_windows.parquet')
+    shares = _write(replica_share(load), out / 'replicas.parquet')
+    shares_rows = [row.asDict() for row in shares.collect()]
+    record_count = sum(int(row['records']) for row in shares_rows)
+    if record_count == 0:
+        raise AnalysisError(f'no well-formed metric records under {lake.raw}')
+    windows = _write(entity_windows(per_cell, params), out / 'entity_windows.parquet')
+    entities = _write(entity_summary(windows, params), out / 'entities.parquet')
+    fair = _write(fairness(per_cell, params), out / 'fairness.parquet')
     cluster = _write(cluster_rates(load), out / 'cluster_windows.parquet')
-    records.unpersist()
 
     entity_rows = [row.asDict() for row in entities.collect()]
     anomalies = (
         entity_anomalies(entity_rows, params)
         + fairness_anomalies(row.asDict() for row in fair.where('starved').collect())
-        + replica_anomalies((row.asDict() for row in shares.collect()), params)
+        + replica_anomalies(shares_rows, params)
     )
     rates = cluster.orderBy('window_start_ms').collect()
     current = params.current_replicas
@@ -77,7 +80,7 @@ def analyze(spark: SparkSession, lake: Lake, params: AnalysisParams) -> Analysis
         generated_at_ms=int(time.time() * 1000),
         window_start_ms=span.start_ms,
         window_end_ms=span.end_ms,
-        records=span.records,
+        records=record_count,
         current_replicas=current,
         recommended_replicas=advice.replicas,
         reason=advice.reason,

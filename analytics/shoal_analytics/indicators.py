@@ -6,6 +6,9 @@ windows; ``backlog`` is a cluster-wide gauge every replica samples, so the newes
 ``consumers`` is a per-replica gauge. A record belongs to the window holding its interval's
 midpoint; a window is complete once records exist past its end (the newest window is partial, and
 judging it would see every rate dip).
+
+The records are scanned once, into *cells*: one row per (window, entity, replica). Every other
+table is an aggregate of the cells, which are a few times smaller than the records.
 """
 
 import dataclasses
@@ -14,7 +17,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from shoal_analytics.params import AnalysisParams
-from shoal_analytics.quantiles import resummed_buckets, summed_buckets, with_quantiles
+from shoal_analytics.quantiles import BUCKETS, bucket_column, summed_buckets, with_quantiles
 from shoal_broker.metrics.records import COUNTS
 
 ENTITY = ('address', 'subscription')
@@ -24,12 +27,15 @@ ENTITY = ('address', 'subscription')
 class Span:
     start_ms: int
     end_ms: int
-    records: int
     malformed: int
 
 
 def _nonzero(column: Column) -> Column:
     return F.nullif(column, F.lit(0))
+
+
+def _sums(*names: str) -> list[Column]:
+    return [F.sum(name).alias(name) for name in names]
 
 
 def _ratios(frame: DataFrame) -> DataFrame:
@@ -50,34 +56,39 @@ def select_span(raw: DataFrame, params: AnalysisParams) -> tuple[DataFrame, Span
     start_ms = end_ms - params.lookback_minutes * 60_000
     window_ms = params.window_seconds * 1000
     midpoint = F.col('ts_ms') - F.col('interval_ms') / 2
-    records = (
-        raw.where(F.col('error').isNull() & (F.col('ts_ms') > start_ms))
-        .withColumn('window_start_ms', (F.floor(midpoint / window_ms) * window_ms).cast('long'))
-        .withColumn('complete', F.col('window_start_ms') + window_ms <= end_ms)
-        .drop('error')
-    )
-    count = records.count()
-    return records, Span(start_ms, end_ms, count, int(stats['malformed']))
+    window_start = (F.floor(midpoint / window_ms) * window_ms).cast('long')
+    records = raw.where(F.col('error').isNull() & (F.col('ts_ms') > start_ms)).select(
+        window_start.alias('window_start_ms'),
+        (window_start + window_ms <= end_ms).alias('complete'),
+        'ts_ms', *ENTITY, 'replica', *COUNTS, 'consumers', 'backlog',
+        *(F.col('latency_buckets')[i].alias(bucket_column(i)) for i in range(BUCKETS)),
+    )  # fmt: skip
+    return records, Span(start_ms, end_ms, int(stats['malformed']))
 
 
-def entity_windows(records: DataFrame, params: AnalysisParams) -> DataFrame:
-    """Per (window, address, subscription): rates, ratios, backlog, consumers, percentiles."""
-    seconds = float(params.window_seconds)
-    per_replica = records.groupBy('window_start_ms', 'complete', *ENTITY, 'replica').agg(
-        *(F.sum(name).alias(name) for name in COUNTS),
+def cells(records: DataFrame) -> DataFrame:
+    """Per (window, entity, replica): summed deltas and buckets, the newest gauges."""
+    known_backlog = F.when(F.col('backlog') >= 0, F.col('ts_ms'))
+    return records.groupBy('window_start_ms', 'complete', *ENTITY, 'replica').agg(
+        F.count('*').alias('records'),
+        *_sums(*COUNTS),
         F.max_by('consumers', 'ts_ms').alias('consumers'),
-        F.max_by('backlog', F.when(F.col('backlog') >= 0, F.col('ts_ms'))).alias('backlog'),
-        F.max(F.when(F.col('backlog') >= 0, F.col('ts_ms'))).alias('backlog_ts'),
+        F.max_by('backlog', known_backlog).alias('backlog'),
+        F.max(known_backlog).alias('backlog_ts'),
         *summed_buckets(),
     )
+
+
+def entity_windows(cells: DataFrame, params: AnalysisParams) -> DataFrame:
+    """Per (window, address, subscription): rates, ratios, backlog, consumers, percentiles."""
+    seconds = float(params.window_seconds)
     windows = (
-        per_replica.groupBy('window_start_ms', 'complete', *ENTITY)
+        cells.groupBy('window_start_ms', 'complete', *ENTITY)
         .agg(
-            *(F.sum(name).alias(name) for name in COUNTS),
-            F.sum('consumers').alias('consumers'),
+            *_sums(*COUNTS, 'consumers'),
             F.max_by('backlog', 'backlog_ts').alias('backlog'),
             F.count('replica').alias('replicas'),
-            *resummed_buckets(),
+            *summed_buckets(),
         )
         .withColumn('in_rate', F.col('enqueued') / seconds)
         .withColumn('out_rate', F.col('accepted') / seconds)
@@ -85,14 +96,10 @@ def entity_windows(records: DataFrame, params: AnalysisParams) -> DataFrame:
     return with_quantiles(_ratios(windows))
 
 
-def entity_summary(windows: DataFrame, records: DataFrame, params: AnalysisParams) -> DataFrame:
+def entity_summary(windows: DataFrame, params: AnalysisParams) -> DataFrame:
     """Per entity over the lookback: totals, ratios, percentiles, backlog trend, time to drain."""
     totals = with_quantiles(
-        _ratios(
-            records.groupBy(*ENTITY).agg(
-                *(F.sum(name).alias(name) for name in COUNTS), *summed_buckets()
-            )
-        )
+        _ratios(windows.groupBy(*ENTITY).agg(*_sums(*COUNTS), *summed_buckets()))
     )
     ordered = Window.partitionBy(*ENTITY).orderBy('window_start_ms')
     complete = (
@@ -132,7 +139,7 @@ def entity_summary(windows: DataFrame, records: DataFrame, params: AnalysisParam
     )
 
 
-def fairness(records: DataFrame, params: AnalysisParams) -> DataFrame:
+def fairness(cells: DataFrame, params: AnalysisParams) -> DataFrame:
     """
     Per entity: how evenly deliveries spread over the consumers of different replicas.
 
@@ -141,7 +148,7 @@ def fairness(records: DataFrame, params: AnalysisParams) -> DataFrame:
     starvation = some replica's consumers get less than ``starved_fraction`` of the mean).
     """
     per_replica = (
-        records.groupBy(*ENTITY, 'replica')
+        cells.groupBy(*ENTITY, 'replica')
         .agg(F.sum('delivered').alias('delivered'), F.avg('consumers').alias('consumers'))
         .where(F.col('consumers') > 0)
         .withColumn('per_consumer', F.col('delivered') / F.col('consumers'))
@@ -180,25 +187,26 @@ def fairness(records: DataFrame, params: AnalysisParams) -> DataFrame:
     )
 
 
-def replica_windows(records: DataFrame, params: AnalysisParams) -> DataFrame:
+def replica_windows(cells: DataFrame, params: AnalysisParams) -> DataFrame:
     """Per (window, replica): transfers per second and the replica's share of the cluster's."""
     seconds = float(params.window_seconds)
     per_window = Window.partitionBy('window_start_ms')
     return (
-        records.groupBy('window_start_ms', 'complete', 'replica')
+        cells.groupBy('window_start_ms', 'complete', 'replica')
         .agg(
             (F.sum('enqueued') + F.sum('delivered')).alias('transfers'),
-            F.countDistinct(*ENTITY).alias('entities'),
+            F.count('*').alias('entities'),
+            F.sum('records').alias('records'),
         )
         .withColumn('transfers_per_s', F.col('transfers') / seconds)
         .withColumn('share', F.col('transfers') / _nonzero(F.sum('transfers').over(per_window)))
     )
 
 
-def replica_share(records: DataFrame) -> DataFrame:
+def replica_share(replica_windows: DataFrame) -> DataFrame:
     """Per replica over the lookback: transfers and share of the cluster's transfers."""
-    per_replica = records.groupBy('replica').agg(
-        (F.sum('enqueued') + F.sum('delivered')).alias('transfers')
+    per_replica = replica_windows.groupBy('replica').agg(
+        F.sum('transfers').alias('transfers'), F.sum('records').alias('records')
     )
     total = per_replica.agg(F.sum('transfers').alias('cluster_transfers'))
     return (

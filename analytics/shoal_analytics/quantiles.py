@@ -19,13 +19,8 @@ def bucket_column(index: int) -> str:
     return f'lat_b{index}'
 
 
-def summed_buckets(array_column: str = 'latency_buckets') -> list[Column]:
-    """Aggregations summing each bucket of a latency array (use inside ``agg``)."""
-    return [F.sum(F.col(array_column)[i]).alias(bucket_column(i)) for i in range(BUCKETS)]
-
-
-def resummed_buckets() -> list[Column]:
-    """Aggregations summing already-summed bucket columns again (a second aggregation pass)."""
+def summed_buckets() -> list[Column]:
+    """Aggregations summing each bucket column (use inside ``agg``)."""
     return [F.sum(bucket_column(i)).alias(bucket_column(i)) for i in range(BUCKETS)]
 
 

@@ -20,6 +20,8 @@ DEFAULT_CONF: Mapping[str, str] = {
     'spark.sql.session.timeZone': 'UTC',
     'spark.sql.sources.partitionOverwriteMode': 'dynamic',
     'spark.ui.showConsoleProgress': 'false',
+    # The record schema has ~20 columns and 10 latency buckets: plans are wide, not suspicious.
+    'spark.sql.debug.maxToStringFields': '200',
 }
 
 

@@ -18,9 +18,11 @@ from amqpclient import connect, receive_all, receiver, send_all
 from processes import RedisServer
 from pyspark.sql import SparkSession
 
+from shoal_analytics.analyze import analyze
 from shoal_analytics.errors import IngestError
 from shoal_analytics.ingest import ingest
 from shoal_analytics.lake import Lake
+from shoal_analytics.params import AnalysisParams
 from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.store.keys import METRICS
 
@@ -110,6 +112,15 @@ def test_broker_records_land_exactly_once_across_runs_and_a_crash_before_commit(
     malformed = spark.read.parquet(str(lake.raw)).where('error IS NOT NULL').collect()
     assert [row['ts_ms'] for row in malformed] == [None]
     assert 'ValueError' in malformed[0]['error']
+
+    # The analysis reads what the ingest landed: the broker's records, the malformed one counted.
+    analysis = analyze(spark, lake, AnalysisParams(window_seconds=1))
+    broker_records = sum(1 for _, f in client.xrange(METRICS) if f.get('replica') == 'rec')
+    assert (analysis.summary.records, analysis.malformed_records) == (broker_records, 1)
+    mine = spark.read.parquet(str(lake.analysis / 'entities.parquet')).where(
+        f"address = '{address}'"
+    )
+    assert [(row['accepted'], row['p99_ms'] is not None) for row in mine.collect()] == [(100, True)]
     client.close()
 
 
