@@ -1,5 +1,5 @@
 """
-``shoal-analytics ingest|analyze|report`` (the contract in prompts/contracts.md).
+``shoal-analytics ingest|analyze|report`` (docs/analytics.md).
 
 Spark is imported only by the commands that need it, so ``report`` starts no JVM. Errors a user
 can act on (data loss, nothing ingested yet, bad arguments) end with one line and exit status 2.

@@ -68,7 +68,7 @@ def test_the_report_embeds_its_plots_and_lists_the_anomalies(
     for flag in spec.planted:
         assert flag in page.cells
     assert spec.starved_replica in page.cells
-    assert len([a for a in analysis.summary.anomalies]) == len(spec.planted)
+    assert len(analysis.summary.anomalies) == len(spec.planted)
 
 
 def test_report_without_an_analysis_is_a_clear_error(
