@@ -27,6 +27,8 @@ RAW_DDL = ', '.join(
 
 RAW_COLUMNS = tuple(part.split(' ')[0] for part in RAW_DDL.split(', '))
 
+_BUCKETS_INDEX = RAW_COLUMNS[1:-1].index('latency_buckets')
+
 RawRow = tuple[object, ...]
 
 
@@ -36,6 +38,7 @@ def raw_row(stream_id: str, fields: Mapping[str, str]) -> RawRow:
         record = MetricRecord.from_fields(fields)
     except (ValueError, TypeError) as exc:
         return (stream_id, *([None] * (len(RAW_COLUMNS) - 2)), f'{type(exc).__name__}: {exc}')
-    values = dataclasses.asdict(record)
-    values['latency_buckets'] = list(record.latency_buckets)
-    return (stream_id, *(values[name] for name in RAW_COLUMNS[1:-1]), None)
+    # getattr, not dataclasses.asdict: asdict deep-copies and cost most of the ingest's CPU.
+    values = [getattr(record, name) for name in RAW_COLUMNS[1:-1]]
+    values[_BUCKETS_INDEX] = list(record.latency_buckets)
+    return (stream_id, *values, None)
