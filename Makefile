@@ -37,7 +37,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml .stamp-system
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[broker,operator,dev]'
+	$(PY) -m pip install -q -e '.[broker,operator,analytics,dev]'
 	@touch $@
 
 node-deps: tests/rhea/node_modules/.installed

@@ -12,6 +12,8 @@ command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 "$PYTHON" -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 "$PYTHON" -c 'import sysconfig, os; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' \
     2>/dev/null || missing+=(python3-dev)
+# Spark (the analytics package) runs on a Java 17 JRE; Debian 12 packages no newer one.
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 if [ "${SHOAL_NO_NODE:-}" != 1 ]; then
     command -v node >/dev/null 2>&1 || missing+=(nodejs)
     command -v npm >/dev/null 2>&1 || missing+=(npm)

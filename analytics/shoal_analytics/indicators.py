@@ -1,0 +1,228 @@
+"""
+The indicators of one analysis, as Spark DataFrames over the raw records.
+
+Records are deltas per (replica, entity, interval), so sums are additive across replicas and
+windows; ``backlog`` is a cluster-wide gauge every replica samples, so the newest sample wins;
+``consumers`` is a per-replica gauge. A record belongs to the window holding its interval's
+midpoint; a window is complete once records exist past its end (the newest window is partial, and
+judging it would see every rate dip).
+
+The records are scanned once, into *cells*: one row per (window, entity, replica). Every other
+table is an aggregate of the cells, which are a few times smaller than the records.
+"""
+
+import dataclasses
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from shoal_analytics.params import AnalysisParams
+from shoal_analytics.quantiles import BUCKETS, bucket_column, summed_buckets, with_quantiles
+from shoal_broker.metrics.records import COUNTS
+
+ENTITY = ('address', 'subscription')
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    start_ms: int
+    end_ms: int
+    malformed: int
+
+
+def _nonzero(column: Column) -> Column:
+    return F.nullif(column, F.lit(0))
+
+
+def _sums(*names: str) -> list[Column]:
+    return [F.sum(name).alias(name) for name in names]
+
+
+def _ratios(frame: DataFrame) -> DataFrame:
+    returned = F.col('released') + F.col('modified')
+    return frame.withColumn('redelivery_ratio', returned / _nonzero(F.col('delivered'))).withColumn(
+        'expiry_ratio', F.col('expired') / _nonzero(F.col('enqueued'))
+    )
+
+
+def select_span(raw: DataFrame, params: AnalysisParams) -> tuple[DataFrame, Span]:
+    """The well-formed records of the lookback ending at the newest one, with their window."""
+    stats = raw.agg(
+        F.max('ts_ms').alias('end_ms'),
+        F.count(F.when(F.col('error').isNotNull(), 1)).alias('malformed'),
+    ).first()
+    assert stats is not None
+    end_ms = int(stats['end_ms'] or 0)
+    start_ms = end_ms - params.lookback_minutes * 60_000
+    window_ms = params.window_seconds * 1000
+    midpoint = F.col('ts_ms') - F.col('interval_ms') / 2
+    window_start = (F.floor(midpoint / window_ms) * window_ms).cast('long')
+    records = raw.where(F.col('error').isNull() & (F.col('ts_ms') > start_ms)).select(
+        window_start.alias('window_start_ms'),
+        (window_start + window_ms <= end_ms).alias('complete'),
+        'ts_ms', *ENTITY, 'replica', *COUNTS, 'consumers', 'backlog',
+        *(F.col('latency_buckets')[i].alias(bucket_column(i)) for i in range(BUCKETS)),
+    )  # fmt: skip
+    return records, Span(start_ms, end_ms, int(stats['malformed']))
+
+
+def cells(records: DataFrame) -> DataFrame:
+    """Per (window, entity, replica): summed deltas and buckets, the newest gauges."""
+    known_backlog = F.when(F.col('backlog') >= 0, F.col('ts_ms'))
+    return records.groupBy('window_start_ms', 'complete', *ENTITY, 'replica').agg(
+        F.count('*').alias('records'),
+        *_sums(*COUNTS),
+        F.max_by('consumers', 'ts_ms').alias('consumers'),
+        F.max_by('backlog', known_backlog).alias('backlog'),
+        F.max(known_backlog).alias('backlog_ts'),
+        *summed_buckets(),
+    )
+
+
+def entity_windows(cells: DataFrame, params: AnalysisParams) -> DataFrame:
+    """Per (window, address, subscription): rates, ratios, backlog, consumers, percentiles."""
+    seconds = float(params.window_seconds)
+    windows = (
+        cells.groupBy('window_start_ms', 'complete', *ENTITY)
+        .agg(
+            *_sums(*COUNTS, 'consumers'),
+            F.max_by('backlog', 'backlog_ts').alias('backlog'),
+            F.count('replica').alias('replicas'),
+            *summed_buckets(),
+        )
+        .withColumn('in_rate', F.col('enqueued') / seconds)
+        .withColumn('out_rate', F.col('accepted') / seconds)
+    )
+    return with_quantiles(_ratios(windows))
+
+
+def entity_summary(windows: DataFrame, params: AnalysisParams) -> DataFrame:
+    """Per entity over the lookback: totals, ratios, percentiles, backlog trend, time to drain."""
+    totals = with_quantiles(
+        _ratios(windows.groupBy(*ENTITY).agg(*_sums(*COUNTS), *summed_buckets()))
+    )
+    ordered = Window.partitionBy(*ENTITY).orderBy('window_start_ms')
+    complete = (
+        windows.where(F.col('complete') & F.col('backlog').isNotNull())
+        .withColumn('previous', F.lag('backlog').over(ordered))
+        .withColumn('t_s', F.col('window_start_ms') / 1000)
+    )
+    grew = (F.col('backlog') > F.col('previous')).cast('int')
+    trend = complete.groupBy(*ENTITY).agg(
+        F.count('*').alias('trend_windows'),
+        F.regr_slope('backlog', 't_s').alias('backlog_slope_per_s'),
+        F.avg(F.when(F.col('previous').isNotNull(), grew)).alias('backlog_growing_fraction'),
+        F.max_by('backlog', 'window_start_ms').alias('backlog'),
+        F.max_by('in_rate', 'window_start_ms').alias('in_rate'),
+        F.max_by('out_rate', 'window_start_ms').alias('out_rate'),
+        F.max_by('consumers', 'window_start_ms').alias('consumers'),
+    )
+    drain = F.col('out_rate') - F.col('in_rate')
+    return (
+        totals.join(trend, list(ENTITY), 'left')
+        .withColumn(
+            'time_to_drain_s',
+            F.when(F.col('backlog') == 0, F.lit(0.0)).when(
+                drain > 0, F.col('backlog') / _nonzero(drain)
+            ),
+        )
+        .withColumn(
+            'backlog_growing',
+            F.coalesce(
+                (F.col('trend_windows') >= params.min_windows)
+                & (F.col('backlog_slope_per_s') > 0)
+                & (F.col('backlog_growing_fraction') >= params.backlog_growing_fraction)
+                & (F.col('backlog') >= params.backlog_min),
+                F.lit(False),
+            ),
+        )
+    )
+
+
+def fairness(cells: DataFrame, params: AnalysisParams) -> DataFrame:
+    """
+    Per entity: how evenly deliveries spread over the consumers of different replicas.
+
+    Records are per replica, so the unit of fairness is a replica's consumers: deliveries per
+    consumer on each replica that had consumers (Gini, max/min, the least served replica, and
+    starvation = some replica's consumers get less than ``starved_fraction`` of the mean).
+    """
+    per_replica = (
+        cells.groupBy(*ENTITY, 'replica')
+        .agg(F.sum('delivered').alias('delivered'), F.avg('consumers').alias('consumers'))
+        .where(F.col('consumers') > 0)
+        .withColumn('per_consumer', F.col('delivered') / F.col('consumers'))
+    )
+    ranked = per_replica.withColumn(
+        'rank', F.row_number().over(Window.partitionBy(*ENTITY).orderBy('per_consumer', 'replica'))
+    )
+    n = F.col('replicas')
+    high, low = F.col('max_per_consumer'), F.col('min_per_consumer')
+    total = F.col('total_per_consumer')
+    mean = total / n
+    return (
+        ranked.groupBy(*ENTITY)
+        .agg(
+            F.count('*').alias('replicas'),
+            F.sum('delivered').alias('delivered'),
+            F.sum('per_consumer').alias('total_per_consumer'),
+            F.sum(F.col('rank') * F.col('per_consumer')).alias('ranked_sum'),
+            F.max('per_consumer').alias('max_per_consumer'),
+            F.min('per_consumer').alias('min_per_consumer'),
+            F.min_by('replica', F.struct('per_consumer', 'replica')).alias('least_served_replica'),
+        )
+        .withColumn('mean_per_consumer', mean)
+        .withColumn(
+            'gini',
+            F.coalesce(2 * F.col('ranked_sum') / (n * _nonzero(total)) - (n + 1) / n, F.lit(0.0)),
+        )
+        .withColumn('max_min_ratio', high / _nonzero(low))
+        .withColumn(
+            'starved',
+            (n >= 2)
+            & (F.col('delivered') >= params.min_deliveries)
+            & (F.col('min_per_consumer') < F.lit(params.starved_fraction) * mean),
+        )
+        .drop('ranked_sum', 'total_per_consumer')
+    )
+
+
+def replica_windows(cells: DataFrame, params: AnalysisParams) -> DataFrame:
+    """Per (window, replica): transfers per second and the replica's share of the cluster's."""
+    seconds = float(params.window_seconds)
+    per_window = Window.partitionBy('window_start_ms')
+    return (
+        cells.groupBy('window_start_ms', 'complete', 'replica')
+        .agg(
+            (F.sum('enqueued') + F.sum('delivered')).alias('transfers'),
+            F.count('*').alias('entities'),
+            F.sum('records').alias('records'),
+        )
+        .withColumn('transfers_per_s', F.col('transfers') / seconds)
+        .withColumn('share', F.col('transfers') / _nonzero(F.sum('transfers').over(per_window)))
+    )
+
+
+def replica_share(replica_windows: DataFrame) -> DataFrame:
+    """Per replica over the lookback: transfers and share of the cluster's transfers."""
+    per_replica = replica_windows.groupBy('replica').agg(
+        F.sum('transfers').alias('transfers'), F.sum('records').alias('records')
+    )
+    total = per_replica.agg(F.sum('transfers').alias('cluster_transfers'))
+    return (
+        per_replica.crossJoin(total)
+        .withColumn('share', F.col('transfers') / _nonzero(F.col('cluster_transfers')))
+        .drop('cluster_transfers')
+    )
+
+
+def cluster_rates(replica_load: DataFrame) -> DataFrame:
+    """Per complete window: the cluster's transfers per second and the replicas that reported."""
+    return (
+        replica_load.where('complete')
+        .groupBy('window_start_ms')
+        .agg(
+            F.sum('transfers_per_s').alias('transfers_per_s'),
+            F.count('replica').alias('replicas'),
+        )
+    )

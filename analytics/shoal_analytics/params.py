@@ -1,0 +1,55 @@
+"""
+The knobs of one analysis, with the defaults the tests and the chart rely on.
+
+Thresholds carry minimum sample counts: a ratio or a percentile over a handful of messages is
+noise, and an operator acting on noise scales clusters for nothing (reference/spark.md §8).
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AnalysisParams:
+    window_seconds: int = 60
+    """Length of the windows rates, backlog trends and per-replica load are computed over."""
+    lookback_minutes: int = 60
+    """How much history, ending at the newest record, one analysis reads."""
+    capacity_per_replica: float = 10_000.0
+    """Transfers (enqueued + delivered messages) per second one replica sustains. docs/benchmarks.md
+    measured 5 000-7 700 msg/s in and as many out (1 to 1, at-least-once, 1 KiB, 2 cores), so
+    10 000 leaves margin for bigger messages and busier cores; measure your own and pass it."""
+    target_utilisation: float = 0.7
+    """The fraction of capacity the recommendation plans for, leaving headroom for bursts."""
+    current_replicas: int | None = None
+    """Replicas running now; by default the replicas seen in the newest complete window."""
+
+    min_deliveries: int = 200
+    """Deliveries over the lookback before redelivery, latency and fairness flags may fire."""
+    min_enqueued: int = 200
+    """Enqueued messages over the lookback before the expiry flag may fire."""
+    redelivery_ratio: float = 0.05
+    expiry_ratio: float = 0.01
+    latency_slo_ms: float = 1000.0
+    """p99 delivery latency above this flags a slow consumer."""
+    backlog_min: int = 100
+    """A backlog smaller than this is never called growing."""
+    backlog_growing_fraction: float = 0.6
+    """Fraction of consecutive complete windows in which the backlog must have grown."""
+    min_windows: int = 3
+    """Complete windows needed before a backlog trend is judged."""
+    starved_fraction: float = 0.1
+    """A replica's consumers are starved below this fraction of the mean per-consumer deliveries."""
+    hot_share_factor: float = 1.5
+    """A replica is hot when its share of the cluster's transfers exceeds this times 1/replicas."""
+    min_transfers: int = 1000
+    """Cluster transfers over the lookback before the hot-replica flag may fire."""
+
+    def __post_init__(self) -> None:
+        if self.window_seconds <= 0 or self.lookback_minutes <= 0:
+            raise ValueError('window and lookback must be positive')
+        if self.capacity_per_replica <= 0:
+            raise ValueError('capacity per replica must be positive')
+        if not 0 < self.target_utilisation <= 1:
+            raise ValueError('target utilisation must be in (0, 1]')
+        if self.current_replicas is not None and self.current_replicas < 0:
+            raise ValueError('current replicas must not be negative')

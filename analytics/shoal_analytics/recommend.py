@@ -1,0 +1,53 @@
+"""
+The replica recommendation: enough replicas for the busy minutes at the target utilisation.
+
+Sized on the 95th percentile of the cluster's per-window transfer rate (not the peak: one burst
+should not double a cluster), plus one replica when a backlog grows while the replicas are busy.
+A backlog that grows while replicas idle is consumer-bound; more replicas would not help, so it is
+named in the reason and left to the anomaly flags. Clamping to min/max is the operator's job.
+"""
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from shoal_analytics.params import AnalysisParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Recommendation:
+    replicas: int
+    reason: str
+    p95_transfers_per_s: float
+    utilisation: float
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def recommend(
+    window_rates: Sequence[float], current: int, growing_backlogs: int, params: AnalysisParams
+) -> Recommendation:
+    """Replicas to run, given the cluster's transfers per second of each complete window."""
+    if not window_rates:
+        reason = 'no complete window to judge; keep the current replicas'
+        return Recommendation(current, reason, 0, 0)
+    p95 = percentile(window_rates, 0.95)
+    usable = params.capacity_per_replica * params.target_utilisation
+    needed = max(1, math.ceil(p95 / usable))
+    utilisation = p95 / (params.capacity_per_replica * current) if current else math.inf
+    reason = (
+        f'p95 load {p95:.0f} transfers/s needs {needed} replica(s) at '
+        f'{params.target_utilisation:.0%} of {params.capacity_per_replica:.0f}/s each'
+    )
+    if growing_backlogs and utilisation > params.target_utilisation:
+        needed = max(needed, current + 1)
+        reason += f'; {growing_backlogs} backlog(s) grow while replicas are busy: one more'
+    elif growing_backlogs:
+        reason += f'; {growing_backlogs} backlog(s) grow while replicas idle: consumer-bound'
+    return Recommendation(needed, reason, p95, utilisation)

@@ -1,0 +1,112 @@
+"""
+Analysis acceptance on synthetic records: every planted problem is flagged, nothing else is, and
+healthy traffic raises no flag; plus the indicators behind the flags and the summary hand-off.
+"""
+
+from pathlib import Path
+
+import pytest
+import redis
+from processes import RedisServer
+from pyspark.sql import Row, SparkSession
+
+from shoal_analytics.analyze import Analysis, analyze
+from shoal_analytics.lake import Lake
+from shoal_analytics.params import AnalysisParams
+from shoal_analytics.publish import publish_summary
+from shoal_analytics.quantiles import BUCKETS, bucket_column, with_quantiles
+from shoal_analytics.synthetic import PLANTS, Synthetic, write_raw
+from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # the first also starts the JVM
+
+
+def test_every_planted_problem_is_flagged_and_nothing_else(
+    planted: tuple[Synthetic, Lake, Analysis],
+) -> None:
+    spec, _, analysis = planted
+    assert set(spec.planted) == set(PLANTS)
+    found = {(a.flag, a.address or a.replica) for a in analysis.summary.anomalies}
+    assert found == set(spec.planted.items())
+    starved = next(a for a in analysis.summary.anomalies if a.flag == 'starved_consumer')
+    assert (starved.address, starved.replica) == (spec.entity(1), spec.starved_replica)
+    assert analysis.summary.records == spec.intervals * spec.replicas * spec.entities
+    assert analysis.summary.current_replicas == spec.replicas
+
+
+def test_healthy_traffic_flags_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    spec = Synthetic(plants=(), seed=11)
+    lake = Lake(tmp_path)
+    write_raw(spec, lake.raw)
+    analysis = analyze(spark, lake, AnalysisParams())
+    assert analysis.summary.anomalies == ()
+    assert analysis.summary.recommended_replicas == 1  # ~500 transfers/s of 10 000 each
+    assert 'consumer-bound' not in analysis.summary.reason
+
+
+def _by_address(spark: SparkSession, lake: Lake, table: str) -> dict[str, Row]:
+    rows = spark.read.parquet(str(lake.analysis / f'{table}.parquet')).collect()
+    return {row['address']: row for row in rows}
+
+
+def test_indicators_behind_the_flags(
+    spark: SparkSession, planted: tuple[Synthetic, Lake, Analysis]
+) -> None:
+    spec, lake, _ = planted
+    entities = {
+        row['address']: row
+        for row in spark.read.parquet(str(lake.analysis / 'entities.parquet')).collect()
+    }
+    growing = entities[spec.entity(0)]
+    assert growing['backlog_growing']
+    assert growing['time_to_drain_s'] is None  # enqueued faster than drained: never drains
+    assert growing['backlog_slope_per_s'] == pytest.approx(4.0, rel=0.05)  # 40 per 10 s interval
+    healthy = entities[spec.entity(5)]
+    assert not healthy['backlog_growing']
+    assert healthy['p50_ms'] < healthy['p95_ms'] < healthy['p99_ms'] < 250
+    assert entities[spec.entity(2)]['redelivery_ratio'] == pytest.approx(0.2, abs=0.02)
+    assert entities[spec.entity(4)]['expiry_ratio'] == pytest.approx(0.05, abs=0.01)
+
+    fairness = {
+        row['address']: row
+        for row in spark.read.parquet(str(lake.analysis / 'fairness.parquet')).collect()
+    }
+    starved = fairness[spec.entity(1)]
+    assert starved['least_served_replica'] == spec.starved_replica
+    assert starved['min_per_consumer'] == 0
+    assert starved['max_min_ratio'] is None  # division by a zero minimum
+    assert starved['gini'] > 0.25
+    assert fairness[spec.entity(5)]['gini'] < 0.1
+
+    shares = spark.read.parquet(str(lake.analysis / 'replicas.parquet')).collect()
+    assert sum(row['share'] for row in shares) == pytest.approx(1.0)
+    windows = spark.read.parquet(str(lake.analysis / 'cluster_windows.parquet')).collect()
+    window_count = spec.intervals * spec.interval_ms // 60_000
+    assert len(windows) == window_count  # records run up to the end of the newest window
+
+
+def test_percentiles_follow_histogram_quantile(spark: SparkSession) -> None:
+    # 100 samples: 50 in (1 ms, 5 ms], 45 in (5, 10], 4 in (10, 50], 1 beyond 30 s.
+    counts = [0, 50, 45, 4, 0, 0, 0, 0, 0, 1]
+    assert len(counts) == BUCKETS
+    frame = spark.createDataFrame([tuple(counts)], [bucket_column(i) for i in range(BUCKETS)])
+    row = with_quantiles(frame).select('p50_ms', 'p95_ms', 'p99_ms').first()
+    assert row is not None
+    assert row['p50_ms'] == pytest.approx(5.0)  # rank 50: the top of (1, 5]
+    assert row['p95_ms'] == pytest.approx(10.0)  # rank 95: the top of (5, 10]
+    assert row['p99_ms'] == pytest.approx(50.0)  # rank 99: the top of (10, 50]
+    empty = spark.createDataFrame([(0,) * BUCKETS], [bucket_column(i) for i in range(BUCKETS)])
+    assert with_quantiles(empty).select('p50_ms', 'p95_ms', 'p99_ms').first() == (None,) * 3
+
+
+def test_the_summary_reaches_the_operator_hash(
+    planted: tuple[Synthetic, Lake, Analysis], redis_server: RedisServer
+) -> None:
+    _, _, analysis = planted
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.hset(ANALYTICS_SUMMARY_KEY, 'stale', 'field of an older writer')
+    publish_summary(client, analysis.summary)
+    fields = client.hgetall(ANALYTICS_SUMMARY_KEY)
+    client.close()
+    assert set(fields) == {'v', 'summary'}
+    assert AnalyticsSummary.from_fields(fields) == analysis.summary
