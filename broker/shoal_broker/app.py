@@ -237,22 +237,30 @@ BACKLOG_REFRESH_SECONDS = 10.0
 
 
 class BacklogSnapshot:
-    """Backlog per queue and subscription, read from Redis in the background for the gauges."""
+    """Backlog per queue and subscription, read from Redis in the background for the gauges,
+    with the custom resources declaring them (for the ``shoal_declared_info`` join metric)."""
 
     def __init__(self, url: str) -> None:
         self._inspector = Inspector.from_url(url)
         self.samples: list[tuple[list[str], float]] = []
+        self.declared: list[tuple[list[str], float]] = []
 
     async def refresh_forever(self, interval: float) -> None:
         while True:
             try:
                 queues = await self._inspector.queues()
                 subscriptions = await self._inspector.subscriptions()
+                owners = await self._inspector.declared_owners()
             except StoreUnavailable as exc:
                 logger.debug('backlog not refreshed: %s', exc)
             else:
                 self.samples = [([q.name, 'queue'], float(q.backlog)) for q in queues] + [
                     ([s.topic, s.id], float(s.backlog)) for s in subscriptions
+                ]
+                self.declared = [
+                    ([address, subscription, *owner], 1.0)
+                    for (address, subscription), _ in self.samples
+                    if (owner := registry.owner_of(address, subscription, owners)) is not None
                 ]
             await asyncio.sleep(interval)
 
@@ -282,6 +290,11 @@ def broker_gauges(
          consumers),
         ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (refreshed every '
          f'{BACKLOG_REFRESH_SECONDS:g} s).', ['address', 'subscription'], backlog.samples),
+        # An info metric, as kube-state-metrics does: join any series on (address, subscription)
+        # to add the resource's labels, without widening every hot counter's label set.
+        ('shoal_declared_info', 'The Queue or SharedSubscription resource declaring a queue or '
+         'subscription (value 1).', ['address', 'subscription', 'cr_namespace', 'cr_name'],
+         backlog.declared),
     ]  # fmt: skip
 
 

@@ -12,6 +12,7 @@ import redis
 from amqpclient import Capabilities, connect, nothing_more, receive_all, sender
 from jmswire import JmsSource, NullSource, collect, jms_connect, subscriber
 from processes import BrokerProcess, RedisServer
+from prometheus_client.parser import text_string_to_metric_families
 from proton import Message
 
 from shoal_broker.metrics.records import MetricRecord
@@ -198,3 +199,37 @@ def test_with_only_declared_subscriptions_an_undeclared_shared_one_is_not_allowe
     subscriber(conn, address, f'{name}|global', shared)  # declared: joins
     subscriber(conn, address, f'{name}-exclusive', JmsSource('topic', durable=True))  # not shared
     conn.close()
+
+
+def test_metrics_name_the_resource_declaring_a_queue_or_subscription(
+    start_broker: Callable[..., BrokerProcess], redis_server: RedisServer, address: str,
+    name: str,
+) -> None:  # fmt: skip
+    b = start_broker()
+    key = declare(redis_server.url, name, address)
+    queue = f'{address}-q'
+
+    async def declare_queue() -> None:
+        async with Registry.from_url(redis_server.url) as registry:
+            await registry.declare_queue(queue, 'team/orders')
+
+    asyncio.run(declare_queue())
+    wanted = {
+        (address, key.id, 'team', name),
+        (queue, 'queue', 'team', 'orders'),
+    }
+    found: set[tuple[str, ...]] = set()
+    deadline = time.monotonic() + 30  # the backlog snapshot behind it refreshes every 10 s
+    while time.monotonic() < deadline and not wanted <= found:
+        time.sleep(0.5)
+        status, body = b.http_get('/metrics')
+        assert status == 200
+        found = {
+            (s.labels['address'], s.labels['subscription'], s.labels['cr_namespace'],
+             s.labels['cr_name'])
+            for family in text_string_to_metric_families(body.decode())
+            if family.name == 'shoal_declared_info'
+            for s in family.samples
+            if s.value == 1
+        }  # fmt: skip
+    assert wanted <= found, found

@@ -154,6 +154,12 @@ class Inspector:
                 break
         return [AddressInfo(name, registry[name]) for name in sorted(registry)]
 
+    async def declared_owners(self) -> dict[str, str]:
+        """``PROVISIONED``: a declared queue's or subscription's field -> ``namespace/name`` of
+        the resource declaring it (any client: bytes or text replies)."""
+        raw = await self._call(self._client.hgetall(keys.PROVISIONED))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
     async def queues(self) -> list[QueueInfo]:
         names = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
         found = await self._backlogs([(name, keys.QUEUE_GROUP) for name in names])
@@ -280,3 +286,7 @@ def _subscription(
 
 def _count(reply: Any) -> int:
     return 0 if isinstance(reply, Exception) or reply is None else int(reply)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

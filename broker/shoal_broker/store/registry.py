@@ -29,7 +29,6 @@ from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
 from shoal_broker.store.inspect import Inspector
 
-_REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _SCRIPTS = ('provision_subscription', 'deprovision_subscription', 'create_group', 'delete_group')
 
 
@@ -326,27 +325,26 @@ class Registry(Inspector):
 
 async def declared_owners(client: 'redis.asyncio.Redis') -> dict[str, str]:
     """``PROVISIONED`` read with any client (the broker's store client returns bytes)."""
-    try:
-        raw = await client.hgetall(keys.PROVISIONED)
-    except _REDIS_DOWN as exc:
-        raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
-    except redis.exceptions.RedisError as exc:
-        raise StoreUnavailable(f'Redis refused: {exc}') from exc
-    return {_text(k): _text(v) for k, v in raw.items()}
+    return await Inspector(client).declared_owners()
+
+
+def owner_of(address: str, subscription: str, owners: Mapping[str, str]) -> tuple[str, str] | None:
+    """(namespace, name) of the resource declaring a queue (``subscription`` = ``queue``) or a
+    subscription (its id), from ``declared_owners``; None when no resource declares it."""
+    if subscription == QUEUE_GROUP:
+        owner = owners.get(keys.provisioned_queue(address))
+    else:
+        owner = owners.get(keys.provisioned_subscription(subscription))
+    if not owner or '/' not in owner:
+        return None
+    namespace, _, name = owner.partition('/')
+    return namespace, name
 
 
 def labelled(record: MetricRecord, owners: Mapping[str, str]) -> MetricRecord:
     """The record with ``cr_namespace``/``cr_name`` of the resource declaring its queue or
     subscription (so the analytics job can join metrics to resources); unchanged otherwise."""
-    if record.subscription == QUEUE_GROUP:
-        owner = owners.get(keys.provisioned_queue(record.address))
-    else:
-        owner = owners.get(keys.provisioned_subscription(record.subscription))
-    if not owner or '/' not in owner:
+    owner = owner_of(record.address, record.subscription, owners)
+    if owner is None:
         return record
-    namespace, _, name = owner.partition('/')
-    return dataclasses.replace(record, cr_namespace=namespace, cr_name=name)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return dataclasses.replace(record, cr_namespace=owner[0], cr_name=owner[1])
