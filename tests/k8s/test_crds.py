@@ -5,10 +5,10 @@ import copy
 import pathlib
 from typing import Any
 
-import celpy
 import jsonschema
 import pytest
 import yaml
+from crdrules import cel_errors, defaulted
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRDS = {doc['spec']['names']['kind']: doc for doc in (
@@ -17,41 +17,6 @@ CRDS = {doc['spec']['names']['kind']: doc for doc in (
 
 def schema_of(kind: str) -> dict[str, Any]:
     return dict(CRDS[kind]['spec']['versions'][0]['schema']['openAPIV3Schema'])
-
-
-def defaulted(schema: dict[str, Any], value: Any) -> Any:
-    """Apply schema defaults, as the API server does before validation."""
-    if isinstance(value, dict) and schema.get('type') == 'object':
-        for name, sub in (schema.get('properties') or {}).items():
-            if name not in value and 'default' in sub:
-                value[name] = copy.deepcopy(sub['default'])
-            if name in value:
-                value[name] = defaulted(sub, value[name])
-    return value
-
-
-def cel_errors(schema: dict[str, Any], new: Any, old: Any | None) -> list[str]:
-    """Messages of the x-kubernetes-validations rules ``new`` breaks (transition rules only with
-    an ``old``), walking the schema like the API server."""
-    errors = []
-    for rule in schema.get('x-kubernetes-validations') or []:
-        if 'oldSelf' in rule['rule'] and old is None:
-            continue
-        env = celpy.Environment()
-        program = env.program(env.compile(rule['rule']))
-        activation = {'self': celpy.json_to_cel(new)}
-        if old is not None:
-            activation['oldSelf'] = celpy.json_to_cel(old)
-        if not bool(program.evaluate(activation)):
-            errors.append(rule['message'])
-    if isinstance(new, dict):
-        for name, sub in (schema.get('properties') or {}).items():
-            if name in new:
-                child_old = old.get(name) if isinstance(old, dict) else None
-                if old is not None and child_old is None:
-                    continue  # a field-level transition rule needs the field on both sides
-                errors += cel_errors(sub, new[name], child_old)
-    return errors
 
 
 def validate(doc: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:

@@ -4,7 +4,7 @@ pods (Secret volumes, environment, AMQPS ports) and the connection Secret apps r
 import base64
 from typing import Any
 
-from kubeemulator import Kube, cluster_body
+from kubeemulator import Kube, cluster_body, condition
 from processes import RedisServer
 
 from shoal_broker import settings as broker
@@ -82,8 +82,8 @@ async def test_auth_and_tls_mount_their_secrets_and_configure_the_brokers(
     assert broker.ENV_TLS_LISTEN not in env
 
 
-async def test_a_cluster_nobody_could_log_into_is_refused_with_an_event(
-    operator: Kube, redis_server: RedisServer
+async def test_a_cluster_nobody_could_log_into_is_refused_until_it_names_its_users(
+    operator: Kube, redis_server: RedisServer, address: str
 ) -> None:
     await operator.redis_secret(redis_server.url)
     await operator.create('brokerclusters', cluster_body(auth={'allowAnonymous': False}))
@@ -93,3 +93,21 @@ async def test_a_cluster_nobody_could_log_into_is_refused_with_an_event(
 
     await operator.eventually(refused, 'an InvalidSpec event')
     assert await operator.get('deployments', 'shoal', api_version='apps/v1') is None
+    # a Queue on it waits (retrying), saying why, and is declared once the cluster is fixed
+    await operator.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'},
+                                     'spec': {'clusterRef': {'name': 'shoal'},
+                                              'queueName': address}})  # fmt: skip
+
+    async def queue_ready(status: str) -> Any:
+        body = await operator.get('queues', 'orders') or {}
+        found = condition(body, 'Ready')
+        return found if found.get('status') == status else None
+
+    waiting = await operator.eventually(lambda: queue_ready('False'), 'the Queue not Ready')
+    assert waiting['reason'] == 'ClusterInvalid'
+    assert 'auth.usersSecretName is required' in waiting['message']
+    await operator.patch('brokerclusters', 'shoal', {'spec': {'auth': AUTH}})
+    await operator.eventually(
+        lambda: operator.get('deployments', 'shoal', api_version='apps/v1'), 'the Deployment'
+    )
+    await operator.eventually(lambda: queue_ready('True'), 'the Queue Ready')
