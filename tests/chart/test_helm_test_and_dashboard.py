@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from chartrender import CHART_DIR, NAMESPACE, container, env, find, one, render
-from helm_python import HelmValuesError
+from helm_python import HelmRenderError
 from processes import BrokerProcess, free_port
 from proton import Message
 from proton.utils import BlockingConnection
@@ -88,7 +88,7 @@ def test_the_hook_logs_in_unless_the_example_cluster_allows_anonymous() -> None:
     external.update(exampleCluster={'enabled': True, 'auth': {'allowAnonymous': True}})
     external['tests']['credentialsSecret'] = 'creds'
     assert login_env(render(external)) == both
-    with pytest.raises(HelmValuesError, match=r'tests\.credentialsSecret is required'):
+    with pytest.raises(HelmRenderError, match=r'tests\.credentialsSecret is required'):
         render({'tests': {'credentialsSecret': ''}})
     assert find(render({'tests': {'enabled': False, 'credentialsSecret': ''}}), 'Pod') == []
 
