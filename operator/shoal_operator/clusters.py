@@ -9,7 +9,7 @@ from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_operator import analytics, conditions, manifests, status
-from shoal_operator.manifests import naming
+from shoal_operator.manifests import naming, security
 from shoal_operator.models import API_VERSION, BrokerCluster, describe
 from shoal_operator.runtime import ClusterUnavailable, Runtime, now
 
@@ -64,9 +64,9 @@ async def observe_cluster(
         image=cluster.image,
         bindingSecret=naming.child(cluster, 'connection'),
         endpoints=[{
-            'name': 'amqp', 'host': naming.service_host(cluster), 'port': naming.AMQP_PORT,
-            'url': f'amqp://{naming.service_host(cluster)}:{naming.AMQP_PORT}',
-        }],
+            'name': scheme, 'host': naming.service_host(cluster), 'port': port,
+            'url': f'{scheme}://{naming.service_host(cluster)}:{port}',
+        } for scheme, port in security.client_ports(cluster).items()],
     )  # fmt: skip
     return new
 

@@ -89,6 +89,61 @@ class Autoscaling:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Auth:
+    """``spec.auth``: secure by default, SASL users from a Secret and no ANONYMOUS."""
+
+    allow_anonymous: bool = False
+    users_secret: str | None = None
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> 'Auth':
+        auth = spec.get('auth') or {}
+        found = cls(
+            allow_anonymous=bool(auth.get('allowAnonymous', False)),
+            users_secret=str(auth['usersSecretName']) if auth.get('usersSecretName') else None,
+        )
+        if not found.allow_anonymous and found.users_secret is None:
+            raise InvalidSpec(
+                'auth.usersSecretName is required unless auth.allowAnonymous is true '
+                '(a cluster without users and without ANONYMOUS accepts no client)'
+            )
+        return found
+
+
+class ClientAuth(enum.StrEnum):
+    NONE = 'None'
+    OPTIONAL = 'Optional'
+    REQUIRED = 'Required'
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tls:
+    """``spec.tls``: the AMQPS listener's certificate and, optionally, client certificates."""
+
+    secret: str
+    client_auth: ClientAuth = ClientAuth.NONE
+    client_ca_secret: str | None = None
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> 'Tls | None':
+        tls = spec.get('tls')
+        if tls is None:
+            return None
+        if not tls.get('secretName'):
+            raise InvalidSpec('tls.secretName is required')
+        try:
+            client_auth = ClientAuth(tls.get('clientAuth', 'None'))
+        except ValueError:
+            raise InvalidSpec('tls.clientAuth must be None, Optional or Required') from None
+        ca = str(tls['clientCASecretName']) if tls.get('clientCASecretName') else None
+        if client_auth is not ClientAuth.NONE and ca is None:
+            raise InvalidSpec(
+                'tls.clientCASecretName is required when tls.clientAuth is Optional or Required'
+            )
+        return cls(secret=str(tls['secretName']), client_auth=client_auth, client_ca_secret=ca)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class BrokerCluster:
     meta: Meta
     replicas: int
@@ -112,6 +167,9 @@ class BrokerCluster:
     finalizer_timeout_seconds: int
     allowed_namespaces: frozenset[str]
     autoscaling: Autoscaling
+    auth: Auth
+    tls: Tls | None
+    """The AMQPS listener, when ``spec.tls`` is set."""
     declared_subscriptions_only: bool = False
     """``spec.subscriptions.undeclared: Deny``."""
 
@@ -164,6 +222,8 @@ class BrokerCluster:
             declared_subscriptions_only=(
                 (spec.get('subscriptions') or {}).get('undeclared', 'Allow') == 'Deny'
             ),
+            auth=Auth.of(spec),
+            tls=Tls.of(spec),
         )
 
     def admits(self, namespace: str) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 from shoal_broker.store.registry import Registry
 from shoal_operator import k8s
-from shoal_operator.models import API_VERSION, BrokerCluster, ClusterRef
+from shoal_operator.models import API_VERSION, BrokerCluster, ClusterRef, InvalidSpec
 
 DEFAULT_IMAGE = 'ghcr.io/shoal-dev/shoal:0.1.0'
 DEFAULT_HEALTH = '0.0.0.0:8080'
@@ -93,7 +93,12 @@ class Runtime:
             raise ClusterUnavailable(
                 'ClusterNotFound', f'BrokerCluster {ref.namespace}/{ref.name} does not exist'
             )
-        cluster = BrokerCluster.from_body(body, default_image=self.settings.broker_image)
+        try:
+            cluster = BrokerCluster.from_body(body, default_image=self.settings.broker_image)
+        except InvalidSpec as exc:  # the cluster's problem, reported on it; retried until fixed
+            raise ClusterUnavailable(
+                'ClusterInvalid', f'BrokerCluster {ref.namespace}/{ref.name} is invalid: {exc}'
+            ) from exc
         if not cluster.admits(namespace):
             raise ClusterUnavailable(
                 'NamespaceNotAllowed',

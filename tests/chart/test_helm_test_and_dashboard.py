@@ -8,10 +8,13 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chartrender import CHART_DIR, NAMESPACE, container, env, find, one, render
+from helm_python import HelmRenderError
 from processes import BrokerProcess, free_port
 from proton import Message
 from proton.utils import BlockingConnection
@@ -25,10 +28,14 @@ def hook_script(tmp_path: Path) -> Path:
     return script
 
 
-def run_hook(script: Path, url: str, queue: str) -> subprocess.CompletedProcess[str]:
+def run_hook(
+    script: Path, url: str, queue: str, login: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The script as the test pod runs it; LOGIN holds SHOAL_TEST_USERNAME/PASSWORD, which the
+    pod reads from tests.credentialsSecret."""
     return subprocess.run(
         [sys.executable, str(script)],
-        env={'SHOAL_TEST_URL': url, 'SHOAL_TEST_QUEUE': queue},
+        env={'SHOAL_TEST_URL': url, 'SHOAL_TEST_QUEUE': queue, **(login or {})},
         capture_output=True,
         text=True,
         timeout=60,
@@ -46,6 +53,13 @@ def test_test_hook_pod_targets_the_example_cluster_from_the_broker_image() -> No
     assert test['image'] == 'ghcr.io/shoal-dev/shoal:0.1.0'
     assert test['command'] == ['python', '/scripts/send_receive.py']
     assert env(test)['SHOAL_TEST_URL'] == f'amqp://shoal.{NAMESPACE}.svc:5672'
+    # The example cluster refuses ANONYMOUS by default: the test logs in from a Secret.
+    assert [
+        (e['name'], e['valueFrom']['secretKeyRef']) for e in test['env'] if 'valueFrom' in e
+    ] == [
+        ('SHOAL_TEST_USERNAME', {'name': 'shoal-test-credentials', 'key': 'username'}),
+        ('SHOAL_TEST_PASSWORD', {'name': 'shoal-test-credentials', 'key': 'password'}),
+    ]
     assert {'name': 'scripts', 'configMap': {'name': config['metadata']['name']}} in (
         pod['spec']['volumes']
     )
@@ -55,6 +69,54 @@ def test_test_hook_pod_targets_the_example_cluster_from_the_broker_image() -> No
     assert env(container(one(other, 'Pod')['spec'], 'send-receive'))['SHOAL_TEST_URL'] == (
         'amqp://b:5672'
     )
+
+
+def login_env(manifests: list[dict[str, Any]]) -> set[str]:
+    pod = one(manifests, 'Pod')
+    return {e['name'] for e in container(pod['spec'], 'send-receive')['env']} & {
+        'SHOAL_TEST_USERNAME', 'SHOAL_TEST_PASSWORD'}  # fmt: skip
+
+
+def test_the_hook_logs_in_unless_the_example_cluster_allows_anonymous() -> None:
+    both = {'SHOAL_TEST_USERNAME', 'SHOAL_TEST_PASSWORD'}
+    assert login_env(render({'exampleCluster': {'auth': {'allowAnonymous': True}}})) == set()
+    external = {'exampleCluster': {'enabled': False}, 'tests': {'brokerUrl': 'amqp://b:5672'}}
+    assert login_env(render(external)) == both  # the default credentials Secret
+    external['tests']['credentialsSecret'] = ''
+    assert login_env(render(external)) == set()
+    # another broker is tested as configured, whatever the example cluster allows
+    external.update(exampleCluster={'enabled': True, 'auth': {'allowAnonymous': True}})
+    external['tests']['credentialsSecret'] = 'creds'
+    assert login_env(render(external)) == both
+    with pytest.raises(HelmRenderError, match=r'tests\.credentialsSecret is required'):
+        render({'tests': {'credentialsSecret': ''}})
+    assert find(render({'tests': {'enabled': False, 'credentialsSecret': ''}}), 'Pod') == []
+
+
+def shoal_user_add(users_file: Path, name: str, password: str) -> None:
+    """The command the README and NOTES.txt give for the users Secret's file."""
+    subprocess.run(
+        [sys.executable, '-m', 'shoal_broker.admin', 'user', 'add', name, '--users-file',
+         str(users_file), '--password-stdin', '--send', '*', '--consume', '*'],
+        input=password, text=True, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_hook_script_logs_in_with_plain_to_a_broker_without_anonymous(
+    tmp_path: Path, start_broker: Callable[..., BrokerProcess], address: str
+) -> None:
+    users = tmp_path / 'users.json'
+    shoal_user_add(users, 'app', 'app-secret')
+    secured = start_broker(env={'SHOAL_USERS_FILE': str(users), 'SHOAL_ALLOW_ANONYMOUS': 'false'})
+    script = hook_script(tmp_path)
+    login = {'SHOAL_TEST_USERNAME': 'app', 'SHOAL_TEST_PASSWORD': 'app-secret'}
+    result = run_hook(script, secured.url, address, login)
+    assert result.returncode == 0, result.stderr
+    assert f'on {address} via {secured.url}' in result.stdout
+    # the same broker turns away an anonymous test and a wrong password
+    assert run_hook(script, secured.url, address).returncode != 0
+    wrong = {**login, 'SHOAL_TEST_PASSWORD': 'guess'}
+    assert run_hook(script, secured.url, address, wrong).returncode != 0
 
 
 def test_hook_script_sends_and_receives_through_a_real_broker(

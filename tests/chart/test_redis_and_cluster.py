@@ -72,6 +72,7 @@ def test_example_cluster_uses_the_bundled_redis_secret() -> None:
     assert cluster['spec'] == {
         'replicas': 2,
         'redis': {'secretName': 'rel-shoal-redis', 'key': 'url'},
+        'auth': {'allowAnonymous': False, 'usersSecretName': 'shoal-users'},
     }
 
 

@@ -5,10 +5,12 @@ fields rejected), Shoal's own custom resources against the CRD in crds/, and the
 and Prometheus operator's against schemas of the fields we set (tests/chart/schemas/).
 """
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
+import crdrules
 import helm_python
 import jsonschema
 import kubernetes_validate
@@ -110,9 +112,29 @@ def test_example_broker_cluster_is_valid_against_the_crd() -> None:
             'autoscaling': {'fromAnalytics': True, 'minReplicas': 2, 'maxReplicas': 4},
         },
     }
-    for values in ({}, every_field):
+    anonymous = {'exampleCluster': {'auth': {'allowAnonymous': True, 'usersSecretName': ''}}}
+    for values in ({}, every_field, anonymous):
         (cluster,) = find(render(values), 'BrokerCluster')
         assert schema_errors(cluster) == []
+        assert cel_errors(cluster) == []
+
+
+def cel_errors(cluster: Manifest) -> list[str]:
+    """The CRD's CEL rules CLUSTER breaks, after the API server's defaulting."""
+    schema = own_crd_schema('BrokerCluster')
+    assert schema is not None
+    return crdrules.cel_errors(schema, crdrules.defaulted(schema, copy.deepcopy(cluster)), None)
+
+
+def test_the_example_cluster_is_closed_to_anonymous_clients_by_default() -> None:
+    (cluster,) = find(render(), 'BrokerCluster')
+    assert cluster['spec']['auth'] == {'allowAnonymous': False, 'usersSecretName': 'shoal-users'}
+    # what the CEL rules are here for: with the users Secret gone, the API server refuses it
+    del cluster['spec']['auth']['usersSecretName']
+    assert cel_errors(cluster) == [
+        'auth.usersSecretName is required unless auth.allowAnonymous is true (a cluster without '
+        'users and without ANONYMOUS accepts no client)'
+    ]
 
 
 def test_the_validators_catch_what_they_are_here_for() -> None:

@@ -30,6 +30,14 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     'port out of range': ({'networkPolicy': {'apiServer': {'ports': [70000]}}}, 'maximum'),
     'relative lake path': ({'analytics': {'lake': {'mountPath': 'data'}}}, 'mountPath'),
     'test URL not AMQP': ({'tests': {'brokerUrl': 'http://x'}}, '/tests/brokerUrl'),
+    'no users and no ANONYMOUS': ({'exampleCluster': {'auth': {'usersSecretName': ''}}},
+                                  '/exampleCluster/auth/usersSecretName'),
+    'users Secret not a name': ({'exampleCluster': {'auth': {'usersSecretName': 'My_Users'}}},
+                                '/exampleCluster/auth/usersSecretName'),
+    'anonymous as a string': ({'exampleCluster': {'auth': {'allowAnonymous': 'yes'}}},
+                              '/exampleCluster/auth/allowAnonymous'),
+    'credentials not a name': ({'tests': {'credentialsSecret': 'Creds!'}},
+                               '/tests/credentialsSecret'),
 }  # fmt: skip
 
 

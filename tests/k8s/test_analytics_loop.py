@@ -31,7 +31,12 @@ BACKLOG = Anomaly(flag='growing_backlog', subscription='billing', severity='crit
 
 
 def model(**autoscaling: Any) -> BrokerCluster:
-    spec = {'redis': {'secretName': 'r'}, 'replicas': 2, 'autoscaling': autoscaling}
+    spec = {
+        'redis': {'secretName': 'r'},
+        'auth': {'usersSecretName': 'users'},
+        'replicas': 2,
+        'autoscaling': autoscaling,
+    }
     body = {'metadata': {'name': 'shoal'}, 'spec': spec}
     return BrokerCluster.from_body(body, default_image='i')
 

@@ -85,7 +85,8 @@ def test_a_paused_entity_says_so_and_stays_ready() -> None:
 
 def cluster(**spec: Any) -> BrokerCluster:
     return BrokerCluster.from_body({'metadata': {'name': 'c', 'generation': 2},
-                                    'spec': {'redis': {'secretName': 's'}, 'replicas': 2, **spec}},
+                                    'spec': {'redis': {'secretName': 's'}, 'replicas': 2,
+                                             'auth': {'usersSecretName': 'users'}, **spec}},
                                    default_image='i')  # fmt: skip
 
 

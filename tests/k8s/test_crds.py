@@ -5,10 +5,10 @@ import copy
 import pathlib
 from typing import Any
 
-import celpy
 import jsonschema
 import pytest
 import yaml
+from crdrules import cel_errors, defaulted
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRDS = {doc['spec']['names']['kind']: doc for doc in (
@@ -17,41 +17,6 @@ CRDS = {doc['spec']['names']['kind']: doc for doc in (
 
 def schema_of(kind: str) -> dict[str, Any]:
     return dict(CRDS[kind]['spec']['versions'][0]['schema']['openAPIV3Schema'])
-
-
-def defaulted(schema: dict[str, Any], value: Any) -> Any:
-    """Apply schema defaults, as the API server does before validation."""
-    if isinstance(value, dict) and schema.get('type') == 'object':
-        for name, sub in (schema.get('properties') or {}).items():
-            if name not in value and 'default' in sub:
-                value[name] = copy.deepcopy(sub['default'])
-            if name in value:
-                value[name] = defaulted(sub, value[name])
-    return value
-
-
-def cel_errors(schema: dict[str, Any], new: Any, old: Any | None) -> list[str]:
-    """Messages of the x-kubernetes-validations rules ``new`` breaks (transition rules only with
-    an ``old``), walking the schema like the API server."""
-    errors = []
-    for rule in schema.get('x-kubernetes-validations') or []:
-        if 'oldSelf' in rule['rule'] and old is None:
-            continue
-        env = celpy.Environment()
-        program = env.program(env.compile(rule['rule']))
-        activation = {'self': celpy.json_to_cel(new)}
-        if old is not None:
-            activation['oldSelf'] = celpy.json_to_cel(old)
-        if not bool(program.evaluate(activation)):
-            errors.append(rule['message'])
-    if isinstance(new, dict):
-        for name, sub in (schema.get('properties') or {}).items():
-            if name in new:
-                child_old = old.get(name) if isinstance(old, dict) else None
-                if old is not None and child_old is None:
-                    continue  # a field-level transition rule needs the field on both sides
-                errors += cel_errors(sub, new[name], child_old)
-    return errors
 
 
 def validate(doc: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
@@ -75,6 +40,11 @@ def test_every_example_is_valid(path: pathlib.Path) -> None:
         assert validate(doc) == []
 
 
+def cluster(**spec: Any) -> dict[str, Any]:
+    return {'kind': 'BrokerCluster', 'metadata': {'name': 'b'},
+            'spec': {'redis': {'secretName': 'r'}, **spec}}  # fmt: skip
+
+
 def sub(**spec: Any) -> dict[str, Any]:
     return {'apiVersion': 'shoal.dev/v1alpha1', 'kind': 'SharedSubscription',
             'metadata': {'name': 'audit'},
@@ -89,11 +59,18 @@ def sub(**spec: Any) -> dict[str, Any]:
     (sub(subscriptionName='audit|global'), "does not match '^[^|\\\\s]+$'"),
     (sub(maxConsumers=0), '0 is less than the minimum of 1'),
     (sub(deletionPolicy='Sometimes'), "'Sometimes' is not one of"),
-    ({'kind': 'BrokerCluster', 'metadata': {'name': 'b'},
-      'spec': {'redis': {'secretName': 'r'},
-               'autoscaling': {'minReplicas': 5, 'maxReplicas': 2}}},
+    (cluster(auth={'allowAnonymous': True}, autoscaling={'minReplicas': 5, 'maxReplicas': 2}),
      'autoscaling.minReplicas must not exceed autoscaling.maxReplicas'),
     ({'kind': 'BrokerCluster', 'metadata': {'name': 'b'}, 'spec': {}}, "'redis' is a required"),
+    (cluster(), 'auth.usersSecretName is required unless auth.allowAnonymous is true'),
+    (cluster(auth={'allowAnonymous': False}), 'auth.usersSecretName is required unless'),
+    (cluster(auth={'usersSecretName': ''}), "'' should be non-empty"),
+    (cluster(auth={'allowAnonymous': True}, tls={'clientAuth': 'Required'}),
+     "'secretName' is a required property"),
+    (cluster(auth={'allowAnonymous': True}, tls={'secretName': 't', 'clientAuth': 'Optional'}),
+     'tls.clientCASecretName is required when tls.clientAuth is Optional or Required'),
+    (cluster(auth={'allowAnonymous': True}, tls={'secretName': 't', 'clientAuth': 'required'}),
+     "'required' is not one of"),
     ({'kind': 'Queue', 'metadata': {'name': 'q'}, 'spec': {'clusterRef': {}}},
      "'name' is a required property"),
 ])  # fmt: skip
@@ -121,3 +98,21 @@ def test_a_selector_change_under_recreate_is_accepted() -> None:
     old = sub(selector='a = 1', selectorChangePolicy='Recreate')
     new = sub(selector='a = 2', selectorChangePolicy='Recreate')
     assert validate(new, old) == []
+
+
+@pytest.mark.parametrize('spec', [
+    {'auth': {'usersSecretName': 'users'}},
+    {'auth': {'allowAnonymous': True}},
+    {'auth': {'usersSecretName': 'users'}, 'tls': {'secretName': 'tls'}},
+    {'auth': {'usersSecretName': 'users'},
+     'tls': {'secretName': 'tls', 'clientAuth': 'Required', 'clientCASecretName': 'ca'}},
+])  # fmt: skip
+def test_clusters_someone_can_log_into_are_accepted(spec: dict[str, Any]) -> None:
+    assert validate(cluster(**spec)) == []
+
+
+def test_a_cluster_defaults_to_no_anonymous_clients_and_no_client_certificates() -> None:
+    schema = schema_of('BrokerCluster')
+    spec = defaulted(schema, cluster(tls={'secretName': 't'}))['spec']
+    assert spec['auth'] == {'allowAnonymous': False}
+    assert spec['tls']['clientAuth'] == 'None'

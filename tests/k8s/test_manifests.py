@@ -12,8 +12,10 @@ from shoal_operator.models import BrokerCluster, InvalidSpec
 
 
 def model(**spec: Any) -> BrokerCluster:
+    """A cluster from ``spec`` (anonymous clients allowed unless ``spec`` says otherwise)."""
     body = {'metadata': {'name': 'shoal', 'namespace': 'msg', 'uid': 'u1', 'generation': 3},
-            'spec': {'redis': {'secretName': 'redis'}, **spec}}  # fmt: skip
+            'spec': {'redis': {'secretName': 'redis'}, 'auth': {'allowAnonymous': True},
+                     **spec}}  # fmt: skip
     return BrokerCluster.from_body(body, default_image='img:1')
 
 
@@ -165,3 +167,94 @@ def test_a_cluster_without_redis_or_with_inverted_bounds_is_invalid() -> None:
     assert model().admits('msg')
     assert not model().admits('other')
     assert model(tenancy={'allowedNamespaces': ['other']}).admits('other')
+
+
+def test_a_cluster_is_closed_to_anonymous_clients_unless_its_spec_opens_it() -> None:
+    with pytest.raises(InvalidSpec, match='usersSecretName is required'):
+        model(auth={})
+    with pytest.raises(InvalidSpec, match='usersSecretName is required'):
+        BrokerCluster.from_body({'spec': {'redis': {'secretName': 'r'}}}, default_image='i')
+    closed = model(auth={'usersSecretName': 'users'})
+    assert (closed.auth.allow_anonymous, closed.auth.users_secret) == (False, 'users')
+    assert model().auth.allow_anonymous
+
+
+def test_users_come_from_a_read_only_secret_volume_the_broker_rereads() -> None:
+    d = workload.deployment(model(auth={'usersSecretName': 'shoal-users'}))
+    pod = d['spec']['template']['spec']
+    [container] = pod['containers']
+    env = {e['name']: e.get('value') for e in container['env']}
+    assert env[broker.ENV_ALLOW_ANONYMOUS] == 'false'
+    assert env[broker.ENV_USERS_FILE] == '/etc/shoal/users/users.json'
+    assert broker.ENV_TLS_LISTEN not in env
+    assert {'name': 'users', 'mountPath': '/etc/shoal/users', 'readOnly': True} in (
+        container['volumeMounts']
+    )
+    assert not any('subPath' in m for m in container['volumeMounts'])  # would freeze the file
+    assert {'name': 'users', 'secret': {
+        'secretName': 'shoal-users', 'items': [{'key': 'users.json', 'path': 'users.json'}],
+        'defaultMode': 0o440}} in pod['volumes']  # fmt: skip
+    anonymous = workload.deployment(model(auth={'allowAnonymous': True}))['spec']['template']
+    [container] = anonymous['spec']['containers']
+    env = {e['name']: e.get('value') for e in container['env']}
+    assert env[broker.ENV_ALLOW_ANONYMOUS] == 'true'
+    assert broker.ENV_USERS_FILE not in env
+    assert [v['name'] for v in anonymous['spec']['volumes']] == ['tmp']
+
+
+TLS = {'secretName': 'shoal-tls', 'clientAuth': 'Required', 'clientCASecretName': 'clients'}
+
+
+def test_tls_adds_an_amqps_listener_on_the_mounted_certificates() -> None:
+    pod = workload.deployment(model(tls=TLS))['spec']['template']['spec']
+    [container] = pod['containers']
+    env = {e['name']: e.get('value') for e in container['env']}
+    assert env[broker.ENV_TLS_LISTEN] == '0.0.0.0:5671'
+    assert env[broker.ENV_TLS_CERT_FILE] == '/etc/shoal/tls/tls.crt'
+    assert env[broker.ENV_TLS_KEY_FILE] == '/etc/shoal/tls/tls.key'
+    assert env[broker.ENV_TLS_CLIENT_CA_FILE] == '/etc/shoal/client-ca/ca.crt'
+    assert broker.ClientAuth(env[broker.ENV_TLS_CLIENT_AUTH]) is broker.ClientAuth.REQUIRED
+    assert {p['name']: p['containerPort'] for p in container['ports']} == {
+        'amqp': 5672, 'http': 8080, 'amqps': 5671}  # fmt: skip
+    volumes = {v['name']: v['secret'] for v in pod['volumes'] if 'secret' in v}
+    assert volumes['tls']['secretName'] == 'shoal-tls'
+    assert [i['key'] for i in volumes['tls']['items']] == ['tls.crt', 'tls.key']
+    assert volumes['client-ca']['secretName'] == 'clients'
+    mounts = {m['name']: m['mountPath'] for m in container['volumeMounts'] if m.get('readOnly')}
+    assert mounts == {'tls': '/etc/shoal/tls', 'client-ca': '/etc/shoal/client-ca'}
+    assert container['readinessProbe']['httpGet'] == {'path': '/readyz', 'port': 'http'}
+    server_only = workload.deployment(model(tls={'secretName': 'shoal-tls'}))
+    [container] = server_only['spec']['template']['spec']['containers']
+    env = {e['name']: e.get('value') for e in container['env']}
+    assert env[broker.ENV_TLS_CLIENT_AUTH] == 'none'
+    assert broker.ENV_TLS_CLIENT_CA_FILE not in env
+
+
+def test_tls_opens_amqps_on_the_services_the_policy_and_the_connection_secret() -> None:
+    cluster = model(tls={'secretName': 'shoal-tls'}, networkPolicy={'enabled': True})
+    for service in (network.service(cluster), network.headless_service(cluster)):
+        assert {'name': 'amqps', 'port': 5671, 'targetPort': 'amqps', 'protocol': 'TCP'} in (
+            service['spec']['ports']
+        )
+    assert 'amqps' not in [p['name'] for p in network.service(model())['spec']['ports']]
+    policy = network.network_policy(cluster)
+    assert policy is not None
+    assert policy['spec']['ingress'][0]['ports'] == [
+        {'protocol': 'TCP', 'port': 5672}, {'protocol': 'TCP', 'port': 5671}]  # fmt: skip
+    secret = config.connection_secret(cluster)
+    decoded = {k: base64.b64decode(v).decode() for k, v in secret['data'].items()}
+    assert decoded['uri'] == 'amqp://shoal.msg.svc:5672'
+    assert decoded['amqps-uri'] == 'amqps://shoal.msg.svc:5671'
+    assert decoded['amqps-port'] == '5671'
+    plain = config.connection_details(model())
+    assert 'amqps-uri' not in plain
+
+
+@pytest.mark.parametrize(('tls', 'message'), [
+    ({}, 'tls.secretName is required'),
+    ({'secretName': 's', 'clientAuth': 'Optional'}, 'clientCASecretName is required'),
+    ({'secretName': 's', 'clientAuth': 'Sometimes'}, 'must be None, Optional or Required'),
+])  # fmt: skip
+def test_an_incomplete_tls_spec_is_invalid(tls: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidSpec, match=message):
+        model(tls=tls)

@@ -32,6 +32,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         'redis': {'enabled': False, 'existingSecret': {'name': 'my-redis', 'key': 'uri'}},
     },
     'no-example-cluster': {'exampleCluster': {'enabled': False}},
+    'anonymous-example-cluster': {'exampleCluster': {'auth': {'allowAnonymous': True}}},
+    'external-broker-with-credentials': {
+        'exampleCluster': {'enabled': False},
+        'tests': {'brokerUrl': 'amqps://broker.example:5671', 'credentialsSecret': 'creds'},
+    },
 }  # fmt: skip
 
 Manifest = dict[str, Any]

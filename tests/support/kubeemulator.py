@@ -140,8 +140,10 @@ class Kube:
 
 
 def cluster_body(name: str = 'shoal', **spec: Any) -> dict[str, Any]:
+    """A BrokerCluster that lets anonymous clients in (the tests' brokers run without users)."""
     return {'kind': 'BrokerCluster', 'metadata': {'name': name},
-            'spec': {'redis': {'secretName': 'redis'}, 'replicas': 2, **spec}}  # fmt: skip
+            'spec': {'redis': {'secretName': 'redis'}, 'replicas': 2,
+                     'auth': {'allowAnonymous': True}, **spec}}  # fmt: skip
 
 
 def subscription_body(name: str, topic: str, **spec: Any) -> dict[str, Any]:

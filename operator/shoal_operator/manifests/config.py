@@ -52,7 +52,8 @@ def configmap(cluster: BrokerCluster) -> Manifest:
 
 
 def connection_secret(cluster: BrokerCluster) -> Manifest:
-    """Service Binding-style connection details (type, host, port, uri) for apps."""
+    """Service Binding-style connection details (type, host, port, uri; amqps-port and amqps-uri
+    with TLS) for apps."""
     return {
         'apiVersion': 'v1',
         'kind': 'Secret',
@@ -64,13 +65,17 @@ def connection_secret(cluster: BrokerCluster) -> Manifest:
 
 def connection_details(cluster: BrokerCluster) -> dict[str, str]:
     host = naming.service_host(cluster)
-    return {
+    details = {
         'type': 'amqp',
         'provider': 'shoal',
         'host': host,
         'port': str(naming.AMQP_PORT),
         'uri': f'amqp://{host}:{naming.AMQP_PORT}',
     }
+    if cluster.tls is not None:
+        details['amqps-port'] = str(naming.AMQPS_PORT)
+        details['amqps-uri'] = f'amqps://{host}:{naming.AMQPS_PORT}'
+    return details
 
 
 def _b64(text: str) -> str:

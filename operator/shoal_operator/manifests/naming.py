@@ -3,6 +3,7 @@
 from shoal_operator.models import BrokerCluster
 
 AMQP_PORT = 5672
+AMQPS_PORT = 5671
 HTTP_PORT = 8080
 
 

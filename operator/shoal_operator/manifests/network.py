@@ -1,6 +1,6 @@
 """How clients reach the brokers: the AMQP Service, a headless Service, a NetworkPolicy."""
 
-from shoal_operator.manifests import naming
+from shoal_operator.manifests import naming, security
 from shoal_operator.manifests.config import Manifest
 from shoal_operator.models import BrokerCluster
 
@@ -19,6 +19,7 @@ def service(cluster: BrokerCluster) -> Manifest:
             'ports': [
                 {'name': 'amqp', 'port': naming.AMQP_PORT, 'targetPort': 'amqp', 'protocol': 'TCP'},
                 {'name': 'http', 'port': naming.HTTP_PORT, 'targetPort': 'http', 'protocol': 'TCP'},
+                *security.service_ports(cluster),
             ],
         },
     }
@@ -37,14 +38,15 @@ def headless_service(cluster: BrokerCluster) -> Manifest:
             'ports': [
                 {'name': 'amqp', 'port': naming.AMQP_PORT, 'targetPort': 'amqp', 'protocol': 'TCP'},
                 {'name': 'http', 'port': naming.HTTP_PORT, 'targetPort': 'http', 'protocol': 'TCP'},
+                *security.service_ports(cluster),
             ],
         },
     }
 
 
 def network_policy(cluster: BrokerCluster) -> Manifest | None:
-    """AMQP only from the allowed peers (default: pods of the namespace); HTTP (probes, metrics)
-    from anywhere in the cluster network."""
+    """AMQP (and AMQPS) only from the allowed peers (default: pods of the namespace); HTTP
+    (probes, metrics) from anywhere in the cluster network."""
     if cluster.network_policy_from is None:
         return None
     peers = cluster.network_policy_from or [{'podSelector': {}}]
@@ -56,7 +58,13 @@ def network_policy(cluster: BrokerCluster) -> Manifest | None:
             'podSelector': {'matchLabels': naming.labels(cluster)},
             'policyTypes': ['Ingress'],
             'ingress': [
-                {'from': peers, 'ports': [{'protocol': 'TCP', 'port': naming.AMQP_PORT}]},
+                {
+                    'from': peers,
+                    'ports': [
+                        {'protocol': 'TCP', 'port': port}
+                        for port in security.client_ports(cluster).values()
+                    ],
+                },
                 {'ports': [{'protocol': 'TCP', 'port': naming.HTTP_PORT}]},
             ],
         },

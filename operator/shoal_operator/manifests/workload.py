@@ -3,7 +3,7 @@
 from typing import Any
 
 from shoal_broker import settings as broker
-from shoal_operator.manifests import naming
+from shoal_operator.manifests import naming, security
 from shoal_operator.manifests.config import Manifest
 from shoal_operator.models import BrokerCluster
 
@@ -29,6 +29,7 @@ def _container(cluster: BrokerCluster) -> dict[str, Any]:
         'ports': [
             {'name': 'amqp', 'containerPort': naming.AMQP_PORT, 'protocol': 'TCP'},
             {'name': 'http', 'containerPort': naming.HTTP_PORT, 'protocol': 'TCP'},
+            *security.container_ports(cluster),
         ],
         'envFrom': [{'configMapRef': {'name': naming.child(cluster, 'config')}}],
         'env': [
@@ -42,6 +43,7 @@ def _container(cluster: BrokerCluster) -> dict[str, Any]:
                 'name': broker.ENV_REPLICA_ID,
                 'valueFrom': {'fieldRef': {'fieldPath': 'metadata.name'}},
             },
+            *security.env(cluster),
         ],
         'resources': cluster.resources or DEFAULT_RESOURCES,
         'startupProbe': _probe('/livez', 2, 30),
@@ -59,7 +61,7 @@ def _container(cluster: BrokerCluster) -> dict[str, Any]:
             'capabilities': {'drop': ['ALL']},
             'seccompProfile': {'type': 'RuntimeDefault'},
         },
-        'volumeMounts': [{'name': 'tmp', 'mountPath': '/tmp'}],
+        'volumeMounts': [{'name': 'tmp', 'mountPath': '/tmp'}, *security.volume_mounts(cluster)],
     }
 
 
@@ -88,7 +90,7 @@ def deployment(cluster: BrokerCluster) -> Manifest:
         'securityContext': {'runAsNonRoot': True, 'fsGroup': BROKER_UID,
                             'seccompProfile': {'type': 'RuntimeDefault'}},
         'containers': [_container(cluster)],
-        'volumes': [{'name': 'tmp', 'emptyDir': {}}],
+        'volumes': [{'name': 'tmp', 'emptyDir': {}}, *security.volumes(cluster)],
         **_spreading(cluster),
     }  # fmt: skip
     for field in ('nodeSelector', 'tolerations', 'priorityClassName'):

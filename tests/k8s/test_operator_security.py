@@ -1,0 +1,113 @@
+"""The operator against kmock and a real Redis: a BrokerCluster's auth and tls reach the broker
+pods (Secret volumes, environment, AMQPS ports) and the connection Secret apps read."""
+
+import base64
+from typing import Any
+
+from kubeemulator import Kube, cluster_body, condition
+from processes import RedisServer
+
+from shoal_broker import settings as broker
+
+AUTH = {'usersSecretName': 'shoal-users'}
+TLS = {'secretName': 'shoal-tls', 'clientAuth': 'Optional', 'clientCASecretName': 'client-ca'}
+
+
+def broker_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    [container] = deployment['spec']['template']['spec']['containers']
+    return dict(container)
+
+
+def plain_env(container: dict[str, Any]) -> dict[str, str]:
+    return {e['name']: e['value'] for e in container['env'] if 'value' in e}
+
+
+async def test_auth_and_tls_mount_their_secrets_and_configure_the_brokers(
+    operator: Kube, redis_server: RedisServer
+) -> None:
+    await operator.redis_secret(redis_server.url)
+    await operator.create('brokerclusters', cluster_body(auth=AUTH, tls=TLS))
+
+    async def deployment() -> Any:
+        return await operator.get('deployments', 'shoal', api_version='apps/v1')
+
+    found = await operator.eventually(deployment, 'the Deployment')
+    pod = found['spec']['template']['spec']
+    secrets = {v['name']: v['secret']['secretName'] for v in pod['volumes'] if 'secret' in v}
+    assert secrets == {'users': 'shoal-users', 'tls': 'shoal-tls', 'client-ca': 'client-ca'}
+    container = broker_container(found)
+    mounts = {m['name']: (m['mountPath'], m['readOnly'])
+              for m in container['volumeMounts'] if m['name'] != 'tmp'}  # fmt: skip
+    assert mounts == {'users': ('/etc/shoal/users', True), 'tls': ('/etc/shoal/tls', True),
+                      'client-ca': ('/etc/shoal/client-ca', True)}  # fmt: skip
+    env = plain_env(container)
+    assert env[broker.ENV_ALLOW_ANONYMOUS] == 'false'
+    assert env[broker.ENV_USERS_FILE] == '/etc/shoal/users/users.json'
+    assert env[broker.ENV_TLS_LISTEN] == '0.0.0.0:5671'
+    assert env[broker.ENV_TLS_CLIENT_AUTH] == 'optional'
+    assert env[broker.ENV_TLS_CLIENT_CA_FILE] == '/etc/shoal/client-ca/ca.crt'
+    assert 'amqps' in [p['name'] for p in container['ports']]
+
+    connection = await operator.eventually(
+        lambda: operator.get('secrets', 'shoal-connection', api_version='v1'), 'the Secret'
+    )
+    decoded = {k: base64.b64decode(v).decode() for k, v in connection['data'].items()}
+    assert decoded['uri'] == 'amqp://shoal.default.svc:5672'
+    assert decoded['amqps-uri'] == 'amqps://shoal.default.svc:5671'
+
+    async def endpoints() -> Any:
+        body = await operator.get('brokerclusters', 'shoal') or {}
+        return (body.get('status') or {}).get('endpoints')
+
+    urls = [e['url'] for e in await operator.eventually(endpoints, 'status.endpoints')]
+    assert urls == ['amqp://shoal.default.svc:5672', 'amqps://shoal.default.svc:5671']
+
+    # Opening the cluster to anonymous clients and dropping TLS changes the pod template (a
+    # rollout), and the Secret volumes go with it.
+    await operator.patch('brokerclusters', 'shoal', {'spec': {
+        'auth': {'allowAnonymous': True, 'usersSecretName': None}, 'tls': None}})  # fmt: skip
+
+    async def opened() -> Any:
+        d = await deployment()
+        return (
+            d
+            if d and plain_env(broker_container(d))[broker.ENV_ALLOW_ANONYMOUS] == 'true'
+            else None
+        )
+
+    changed = await operator.eventually(opened, 'the Deployment allowing ANONYMOUS')
+    assert [v['name'] for v in changed['spec']['template']['spec']['volumes']] == ['tmp']
+    env = plain_env(broker_container(changed))
+    assert broker.ENV_USERS_FILE not in env
+    assert broker.ENV_TLS_LISTEN not in env
+
+
+async def test_a_cluster_nobody_could_log_into_is_refused_until_it_names_its_users(
+    operator: Kube, redis_server: RedisServer, address: str
+) -> None:
+    await operator.redis_secret(redis_server.url)
+    await operator.create('brokerclusters', cluster_body(auth={'allowAnonymous': False}))
+
+    async def refused() -> bool:
+        return 'InvalidSpec' in await operator.event_reasons('shoal')
+
+    await operator.eventually(refused, 'an InvalidSpec event')
+    assert await operator.get('deployments', 'shoal', api_version='apps/v1') is None
+    # a Queue on it waits (retrying), saying why, and is declared once the cluster is fixed
+    await operator.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'},
+                                     'spec': {'clusterRef': {'name': 'shoal'},
+                                              'queueName': address}})  # fmt: skip
+
+    async def queue_ready(status: str) -> Any:
+        body = await operator.get('queues', 'orders') or {}
+        found = condition(body, 'Ready')
+        return found if found.get('status') == status else None
+
+    waiting = await operator.eventually(lambda: queue_ready('False'), 'the Queue not Ready')
+    assert waiting['reason'] == 'ClusterInvalid'
+    assert 'auth.usersSecretName is required' in waiting['message']
+    await operator.patch('brokerclusters', 'shoal', {'spec': {'auth': AUTH}})
+    await operator.eventually(
+        lambda: operator.get('deployments', 'shoal', api_version='apps/v1'), 'the Deployment'
+    )
+    await operator.eventually(lambda: queue_ready('True'), 'the Queue Ready')
