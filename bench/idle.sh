@@ -7,20 +7,16 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
 ROOT=$(cd "$HERE/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 COUNT=${COUNT:-5000}; HOLD=${HOLD:-30}
 WORK=$(mktemp -d /tmp/shoal-idle.XXXXXX)
-STARTED_PIDS=()
 cleanup() {
-  local rc=$? pid i
+  local rc=$?
   set +e
-  for pid in "${STARTED_PIDS[@]}"; do
-    kill -0 "$pid" 2>/dev/null || continue
-    kill -TERM "$pid" 2>/dev/null
-    for ((i = 0; i < 150; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-  done
+  stop_started
   rm -rf "$WORK"
   exit "$rc"
 }
