@@ -60,8 +60,8 @@ def test_a_declared_max_delivery_attempts_dead_letters_to_its_own_address_only(
     start_broker: Start, redis_server: RedisServer, address: str, name: str
 ) -> None:
     own_dla, global_dla = f'{address}-own-dla', f'{address}-global-dla'
-    declare_subscription(redis_server.url, name, address,
-                         EntityPolicy(max_delivery_attempts=2, dead_letter_address=own_dla))  # fmt: skip
+    own = EntityPolicy(max_delivery_attempts=2, dead_letter_address=own_dla)
+    declare_subscription(redis_server.url, name, address, own)
     b = start_broker(env={'SHOAL_MAX_DELIVERY_ATTEMPTS': '4',
                           'SHOAL_DEAD_LETTER_ADDRESS': global_dla})  # fmt: skip
     conn = jms_connect(b.url)
@@ -156,8 +156,8 @@ def test_a_policy_declared_later_reaches_a_running_replica(
     conn = jms_connect(broker.url)
     rcv = subscriber(conn, address, f'{name}|global', DURABLE_SHARED, credit=1)
     dla = f'{address}-dla'
-    declare_subscription(redis_server.url, name, address,
-                         EntityPolicy(max_delivery_attempts=1, dead_letter_address=dla))  # fmt: skip
+    strict = EntityPolicy(max_delivery_attempts=1, dead_letter_address=dla)
+    declare_subscription(redis_server.url, name, address, strict)
     plain = connect(broker.url)
     snd = sender(plain, address, TOPIC)
     sent = 0
