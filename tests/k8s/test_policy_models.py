@@ -37,8 +37,9 @@ def test_a_queue_carries_its_delivery_and_retention() -> None:
 
 
 def test_a_subscription_declaration_carries_its_policy_and_no_backlog_limit() -> None:
-    parsed = SharedSubscription.from_body(sub(
-        delivery={'maxDeliveryAttempts': 2}, retention={'maxAgeSeconds': 30, 'maxMessages': 3}))  # fmt: skip
+    retention = {'maxAgeSeconds': 30, 'maxMessages': 3}  # maxMessages is for queues only
+    parsed = SharedSubscription.from_body(sub(delivery={'maxDeliveryAttempts': 2},
+                                              retention=retention))  # fmt: skip
     declaration = provisioning.declaration(parsed)
     assert declaration.policy == EntityPolicy(max_delivery_attempts=2, max_age_seconds=30)
 
