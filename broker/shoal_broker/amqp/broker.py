@@ -834,6 +834,10 @@ class Broker:
             header = codec.delivery_header(entry.header, entry.delivery_count)
             moved = OutgoingMessage(entry.band, header, rest, 0)
             await self.store.publish(target, AddressKind.QUEUE, moved)
+            # the publish notifies other replicas only (as in _publish): wake ours, or a consumer
+            # already attached here to the dead-letter or expiry queue would wait for the next one
+            for sub in self.by_address.get(target, ()):
+                sub.kick()
             await self.store.ack(address, group, entry)
         except (BrokerError, codec.DecodeError) as exc:
             logger.warning('could not move %s from %s to %s: %s', entry.id, address, target, exc)
