@@ -106,6 +106,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     await liveness.join()
     broker = Broker(settings, store, version())
     broker.guard.watch_memory()
+    await _refresh_policies(store, broker)  # declared policies apply from the first attach
     host, port = split_host_port(settings.amqp.listen)
     server = await loop.create_server(
         lambda: AmqpConnection(broker), host, port, backlog=LISTEN_BACKLOG, reuse_address=True
@@ -129,6 +130,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         asyncio.create_task(_keep_alive(liveness, broker, stop)),
         asyncio.create_task(_watch_others(liveness)),
         asyncio.create_task(_release_scheduled(store)),
+        asyncio.create_task(_refresh_policies_forever(store, broker)),
         asyncio.create_task(backlog.refresh_forever(BACKLOG_REFRESH_SECONDS)),
         *tls_tasks,
         asyncio.create_task(broker.guard.watch_store_memory(store)),
@@ -355,6 +357,32 @@ async def _release_scheduled(store: RedisStore) -> None:
             await store.release_due(int(time.time() * 1000))
         except StoreUnavailable as exc:
             logger.warning('scheduled messages not moved: %s', exc)
+
+
+POLICY_REFRESH_SECONDS = 2.0
+"""How often each replica rereads the declared policies (``keys.POLICIES``): a changed or new
+Queue/SharedSubscription ``delivery{}``/``retention{}`` reaches every live replica within this."""
+
+
+async def _refresh_policies(store: RedisStore, broker: Broker) -> None:
+    """Hand the declared policies to the broker's subscriptions and the store's publish limits."""
+    try:
+        policies = await store.policies()
+    except StoreUnavailable as exc:
+        logger.warning('declared policies not refreshed: %s', exc)
+        return
+    broker.apply_policies(policies)
+    store.limit_address_backlogs({
+        entity.removeprefix('queue:'): (policy.max_messages, policy.overflow.value)
+        for entity, policy in policies.items()
+        if entity.startswith('queue:') and policy.max_messages
+    })  # fmt: skip
+
+
+async def _refresh_policies_forever(store: RedisStore, broker: Broker) -> None:
+    while True:
+        await asyncio.sleep(POLICY_REFRESH_SECONDS)
+        await _refresh_policies(store, broker)
 
 
 async def _trim_forever(store: RedisStore, interval: float) -> None:

@@ -77,7 +77,7 @@ async def provision(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> Out
                 provisioning.declaration(entity), recreate=entity.recreate_on_change
             )
         else:
-            result = await registry.declare_queue(entity.address, entity.meta.owner)
+            result = await registry.declare_queue(entity.address, entity.meta.owner, entity.policy)
         metrics.PROVISIONED.labels(kind, result.value).inc()
         outcome = _outcome(generation, previous, None, ('Provisioned', _WRITES[result]),
                            paused=False, extra=identity)  # fmt: skip
@@ -140,8 +140,9 @@ async def sample(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> dict[s
         managed = entity.management_policy is ManagementPolicy.MANAGED and not entity.meta.paused
         provisioned = conditions.is_true((body.get('status') or {}).get('conditions') or [],
                                          'Provisioned')  # fmt: skip
-        if managed and provisioned and (not state.exists or not state.owner):
-            await provision(runtime, kind, body)  # removed or released behind our back
+        drifted = state.policy != entity.policy  # e.g. a policy removed from Redis by hand
+        if managed and provisioned and (not state.exists or not state.owner or drifted):
+            await provision(runtime, kind, body)  # removed, released or changed behind our back
             state = await _state(entity, registry)
     except (
         InvalidSpec,

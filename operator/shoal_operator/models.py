@@ -12,6 +12,9 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from shoal_broker.routing.policies import NO_POLICY, EntityPolicy
+from shoal_broker.settings import Overflow
+
 GROUP = 'shoal.dev'
 VERSION = 'v1alpha1'
 API_VERSION = f'{GROUP}/{VERSION}'
@@ -238,6 +241,40 @@ def _cluster_ref(meta: Meta, spec: Mapping[str, Any]) -> ClusterRef:
     return ClusterRef(namespace=str(ref.get('namespace') or meta.namespace), name=str(ref['name']))
 
 
+_OVERFLOW = {'RejectPublish': Overflow.REJECT_PUBLISH, 'DropOldest': Overflow.DROP_OLDEST}
+
+
+def _bounded(section: Mapping[str, Any], field: str, low: int, high: int) -> int | None:
+    value = section.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidSpec(f'{field} must be an integer from {low} to {high}, not {value!r}')
+    return value
+
+
+def _policy(spec: Mapping[str, Any], *, queue: bool) -> EntityPolicy:
+    """``delivery{}`` and ``retention{}`` in the broker's vocabulary (the CRD bounds again)."""
+    delivery = spec.get('delivery') or {}
+    retention = spec.get('retention') or {}
+    dla = delivery.get('deadLetterAddress')
+    if dla is not None and (not str(dla) or any(c.isspace() for c in str(dla))):
+        raise InvalidSpec(f'deadLetterAddress {dla!r} must be non-empty without whitespace')
+    max_messages = _bounded(retention, 'maxMessages', 1, 100_000_000) if queue else None
+    overflow = retention.get('overflow', 'RejectPublish') if queue else 'RejectPublish'
+    if overflow not in _OVERFLOW:
+        raise InvalidSpec(f'overflow must be RejectPublish or DropOldest, not {overflow!r}')
+    if 'overflow' in retention and queue and max_messages is None:
+        raise InvalidSpec('overflow needs maxMessages')
+    return EntityPolicy(
+        max_delivery_attempts=_bounded(delivery, 'maxDeliveryAttempts', 1, 1000),
+        dead_letter_address=str(dla) if dla is not None else None,
+        max_age_seconds=_bounded(retention, 'maxAgeSeconds', 1, 31_536_000),
+        max_messages=max_messages,
+        overflow=_OVERFLOW[overflow],
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Queue:
     meta: Meta
@@ -245,6 +282,8 @@ class Queue:
     address: str
     deletion_policy: DeletionPolicy
     management_policy: ManagementPolicy
+    policy: EntityPolicy = NO_POLICY
+    """``delivery{}`` and ``retention{}`` (empty: the broker-wide settings apply)."""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> 'Queue':
@@ -259,6 +298,7 @@ class Queue:
             address=address,
             deletion_policy=DeletionPolicy(spec.get('deletionPolicy', 'Retain')),
             management_policy=ManagementPolicy(spec.get('managementPolicy', 'Managed')),
+            policy=_policy(spec, queue=True),
         )
 
 
@@ -276,6 +316,8 @@ class SharedSubscription:
     max_consumers: int | None
     deletion_policy: DeletionPolicy
     management_policy: ManagementPolicy
+    policy: EntityPolicy = NO_POLICY
+    """``delivery{}`` and ``retention{maxAgeSeconds}`` (empty: the broker-wide settings apply)."""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> 'SharedSubscription':
@@ -308,6 +350,7 @@ class SharedSubscription:
             max_consumers=int(max_consumers) if max_consumers is not None else None,
             deletion_policy=deletion,
             management_policy=ManagementPolicy(spec.get('managementPolicy', 'Managed')),
+            policy=_policy(spec, queue=False),
         )
 
     @property

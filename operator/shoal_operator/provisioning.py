@@ -46,6 +46,7 @@ def declaration(sub: SharedSubscription) -> SubscriptionDeclaration:
         max_consumers=sub.max_consumers,
         owner=sub.meta.owner,
         generation=sub.meta.generation,
+        policy=sub.policy,
     )
 
 

@@ -156,6 +156,25 @@ def test_max_delivery_attempts_dead_letters(start_broker, address: str) -> None:
     conn.close()
 
 
+def test_a_consumer_already_on_the_dead_letter_queue_gets_the_dead_letter(
+    start_broker, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    dlq = f'{address}-dlq'
+    b = start_broker(env={'SHOAL_DEAD_LETTER_ADDRESS': dlq, 'SHOAL_MAX_DELIVERY_ATTEMPTS': '1'})
+    conn = connect(b.url)
+    dead = receiver(conn, dlq, credit=10)  # attached first, on the same replica
+    sender(conn, address).send(Message(body='flaky'))
+    rcv = receiver(conn, address, credit=1)
+    rcv.receive(timeout=5)
+    settle(rcv, Delivery.MODIFIED, failed=True)
+    moved = dead.receive(timeout=5)
+    assert (moved.body, moved.annotations['x-opt-shoal-reason']) == (
+        'flaky',
+        'max delivery attempts (1)',
+    )
+    conn.close()
+
+
 def test_expired_messages_are_never_delivered(broker: BrokerProcess, address: str) -> None:
     conn = connect(broker.url)
     snd = sender(conn, address)

@@ -52,6 +52,23 @@ def sub(**spec: Any) -> dict[str, Any]:
                      'subscriptionName': 'audit', **spec}}  # fmt: skip
 
 
+def queue(**spec: Any) -> dict[str, Any]:
+    return {'apiVersion': 'shoal.dev/v1alpha1', 'kind': 'Queue', 'metadata': {'name': 'orders'},
+            'spec': {'clusterRef': {'name': 'shoal'}, **spec}}  # fmt: skip
+
+
+@pytest.mark.parametrize('doc', [
+    sub(delivery={'maxDeliveryAttempts': 1, 'deadLetterAddress': 'audit-dlq'},
+        retention={'maxAgeSeconds': 3600}),
+    sub(delivery={'maxDeliveryAttempts': 1000}),
+    queue(delivery={'deadLetterAddress': 'orders-dlq'},
+          retention={'maxMessages': 3, 'overflow': 'DropOldest', 'maxAgeSeconds': 60}),
+    queue(retention={'maxMessages': 3}),
+], ids=['subscription', 'attempts-only', 'queue', 'max-messages-only'])  # fmt: skip
+def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> None:
+    assert validate(doc) == []
+
+
 @pytest.mark.parametrize(('doc', 'message'), [
     (sub(scope='ClientId'), 'clientId is required when scope=ClientId'),
     (sub(clientId='app-1'), 'clientId is required when scope=ClientId'),
@@ -73,6 +90,14 @@ def sub(**spec: Any) -> dict[str, Any]:
      "'required' is not one of"),
     ({'kind': 'Queue', 'metadata': {'name': 'q'}, 'spec': {'clusterRef': {}}},
      "'name' is a required property"),
+    (sub(delivery={'maxDeliveryAttempts': 0}), '0 is less than the minimum of 1'),
+    (sub(delivery={'maxDeliveryAttempts': 1001}), '1001 is greater than the maximum of 1000'),
+    (sub(delivery={'deadLetterAddress': 'dead letters'}), "'dead letters' does not match"),
+    (sub(retention={'maxAgeSeconds': 0}), '0 is less than the minimum of 1'),
+    (queue(retention={'maxMessages': 0}), '0 is less than the minimum of 1'),
+    (queue(retention={'maxMessages': 3, 'overflow': 'DropNewest'}), "'DropNewest' is not one of"),
+    (queue(retention={'overflow': 'DropOldest'}), 'overflow needs maxMessages'),
+    (queue(delivery={'maxDeliveryAttempts': 1001}), '1001 is greater than the maximum of 1000'),
 ])  # fmt: skip
 def test_invalid_resources_are_rejected_with_their_message(doc: dict[str, Any], message: str
                                                            ) -> None:  # fmt: skip

@@ -7,8 +7,9 @@ import pytest
 from processes import RedisServer
 
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey, SubscriptionSpec
+from shoal_broker.routing.policies import NO_POLICY, EntityPolicy
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
-from shoal_broker.settings import AddressKind
+from shoal_broker.settings import AddressKind, Overflow
 from shoal_broker.store import keys
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.registry import (
@@ -40,9 +41,10 @@ def topic() -> str:
 
 
 def declared(topic: str, *, selector: str | None = None, max_consumers: int | None = None,
-             owner: str = 'ns/sub', generation: int = 1) -> SubscriptionDeclaration:  # fmt: skip
+             owner: str = 'ns/sub', generation: int = 1,
+             policy: EntityPolicy = NO_POLICY) -> SubscriptionDeclaration:  # fmt: skip
     key = SubscriptionKey(f'sub-{topic}', Scope.GLOBAL, '', True)
-    return SubscriptionDeclaration(key, topic, selector, max_consumers, owner, generation)
+    return SubscriptionDeclaration(key, topic, selector, max_consumers, owner, generation, policy)
 
 
 def message(body: bytes) -> OutgoingMessage:
@@ -154,3 +156,54 @@ async def test_an_address_of_the_other_kind_is_a_conflict(registry: Registry, to
     await registry.declare_subscription(declared(topic), recreate=False)
     with pytest.raises(ProvisionConflict, match='exists as a topic'):
         await registry.declare_queue(topic, 'ns/q')
+
+
+async def test_a_subscription_policy_is_written_updated_read_by_replicas_and_removed(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    policy = EntityPolicy(max_delivery_attempts=2, dead_letter_address='audit-dla',
+                          max_age_seconds=60)  # fmt: skip
+    first = declared(topic, policy=policy)
+    assert await registry.declare_subscription(first, recreate=False) is Provisioned.CREATED
+    assert (await registry.subscription_state(first.key)).policy == policy
+    entity = keys.provisioned_subscription(first.key.id)
+    assert (await store.policies())[entity] == policy  # what every replica reads
+    assert await registry.declare_subscription(first, recreate=False) is Provisioned.UNCHANGED
+    changed = declared(topic, policy=EntityPolicy(max_delivery_attempts=5), generation=2)
+    assert await registry.declare_subscription(changed, recreate=False) is Provisioned.UPDATED
+    assert (await store.policies())[entity] == EntityPolicy(max_delivery_attempts=5)
+    cleared = declared(topic, generation=3)
+    assert await registry.declare_subscription(cleared, recreate=False) is Provisioned.UPDATED
+    assert entity not in await store.policies()
+    await registry.declare_subscription(changed, recreate=False)
+    assert await registry.remove_subscription(first.key, 'ns/sub', delete=True) is Removal.DELETED
+    assert entity not in await store.policies()
+
+
+async def test_a_queue_policy_is_written_updated_and_released_with_the_queue(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    address = f'q-{topic}'
+    limited = EntityPolicy(max_messages=3, overflow=Overflow.DROP_OLDEST, max_age_seconds=10)
+    assert await registry.declare_queue(address, 'ns/q', limited) is Provisioned.CREATED
+    assert (await registry.queue_state(address)).policy == limited
+    entity = keys.provisioned_queue(address)
+    assert (await store.policies())[entity] == limited
+    assert await registry.declare_queue(address, 'ns/q', limited) is Provisioned.UNCHANGED
+    assert await registry.declare_queue(address, 'ns/q') is Provisioned.UPDATED
+    assert (await registry.queue_state(address)).policy == NO_POLICY
+    await registry.declare_queue(address, 'ns/q', limited)
+    assert await registry.remove_queue(address, 'ns/q', delete=False) is Removal.RELEASED
+    assert entity not in await store.policies()
+
+
+async def test_an_unreadable_policy_is_left_out_rather_than_misapplied(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    address = f'q-{topic}'
+    await registry.declare_queue(address, 'ns/q', EntityPolicy(max_messages=3))
+    entity = keys.provisioned_queue(address)
+    await store.client.hset(keys.POLICIES, entity, '{"max_messages": 3, "overflow": "Sideways"}')
+    assert entity not in await store.policies()
+    assert (await registry.queue_state(address)).policy == NO_POLICY
+    await registry.remove_queue(address, 'ns/q', delete=True)

@@ -46,6 +46,7 @@ from shoal_broker.metrics.registry import Counters
 from shoal_broker.routing import addresses, outcomes
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Action, Disposition, Outcome
+from shoal_broker.routing.policies import NO_POLICY, EntityPolicy, entity_field
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, MessageStore, OutgoingMessage
 from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import AddressKind, BrokerSettings
@@ -86,6 +87,8 @@ class Broker:
         self.by_address: dict[str, list[LocalSubscription]] = {}
         self.browsers: dict[str, set[BrowserLink]] = {}
         self.kinds: dict[str, AddressKind] = {}
+        self.policies: dict[str, EntityPolicy] = {}
+        """Declared queues' and subscriptions' policies by entity (``apply_policies``)."""
         self.accepting = True
         self._loop = asyncio.get_running_loop()
         self.coordinator = transactions.Coordinator(self)
@@ -460,10 +463,23 @@ class Broker:
         sub = self.subscriptions.get((address, group))
         if sub is None:
             sub = LocalSubscription(self, address, group)
+            sub.apply(self.policy(address, group), self.settings.routing)
             self.subscriptions[(address, group)] = sub
             self.by_address.setdefault(address, []).append(sub)
             self.store.watch(address, sub.on_notify)
         return sub
+
+    def policy(self, address: str, group: str) -> EntityPolicy:
+        return self.policies.get(entity_field(address, group)) or NO_POLICY
+
+    def apply_policies(self, policies: dict[str, EntityPolicy]) -> None:
+        """The declared policies as just read from the store: every local subscription whose
+        policy changed takes the new one (for its next deliveries and outcomes)."""
+        if policies == self.policies:
+            return
+        self.policies = policies
+        for (address, group), sub in self.subscriptions.items():
+            sub.apply(self.policy(address, group), self.settings.routing)
 
     def next_serial(self) -> int:
         return next(self._serial)
@@ -764,9 +780,9 @@ class Broker:
     def _apply(
         self, consumer: ConsumerLink, entry: Entry, disposition: Disposition
     ) -> Awaitable[None] | None:
-        decision = outcomes.decide(
-            disposition, entry.delivery_count, self.settings.routing.max_delivery_attempts
-        )
+        sub = consumer.subscription
+        attempts = sub.max_delivery_attempts if sub else self.settings.routing.max_delivery_attempts
+        decision = outcomes.decide(disposition, entry.delivery_count, attempts)
         self.counters.settled(consumer.address, consumer.group, disposition.outcome.value)
         if decision.action is Action.ACK:
             self.counters.latency(consumer.address, consumer.group, _age_seconds(entry))
@@ -800,7 +816,8 @@ class Broker:
 
     def dead_letter(self, address: str, group: str, entry: Entry, reason: str) -> None:
         self.counters.dead_lettered(address, group)
-        target = self.settings.routing.dead_letter_address
+        sub = self.subscriptions.get((address, group))
+        target = sub.dead_letter_address if sub else self.settings.routing.dead_letter_address
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, reason))
         else:
@@ -817,6 +834,10 @@ class Broker:
             header = codec.delivery_header(entry.header, entry.delivery_count)
             moved = OutgoingMessage(entry.band, header, rest, 0)
             await self.store.publish(target, AddressKind.QUEUE, moved)
+            # the publish notifies other replicas only (as in _publish): wake ours, or a consumer
+            # already attached here to the dead-letter or expiry queue would wait for the next one
+            for sub in self.by_address.get(target, ()):
+                sub.kick()
             await self.store.ack(address, group, entry)
         except (BrokerError, codec.DecodeError) as exc:
             logger.warning('could not move %s from %s to %s: %s', entry.id, address, target, exc)

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 
 from shoal_broker.amqp.engine import lib
 from shoal_broker.amqp.links import ConsumerLink, Identifiers
+from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry
+from shoal_broker.settings import RoutingSettings
 
 if TYPE_CHECKING:
     import asyncio
@@ -60,6 +62,20 @@ class LocalSubscription:
         self.filters_consume = group != QUEUE_GROUP
         """On a topic subscription, an entry its consumers' filters refuse is consumed (it is not
         for this subscription); on a queue it stays for other consumers."""
+        self.max_delivery_attempts = 0
+        self.dead_letter_address = ''
+        self.max_age_ms = 0
+        """Entries enqueued longer ago expire at dispatch; 0 = no limit."""
+
+    def apply(self, policy: EntityPolicy, defaults: RoutingSettings) -> None:
+        """Take the declared policy (looked up once here, not per message), falling back to the
+        broker-wide settings for what it leaves unset."""
+        attempts, dla = policy.max_delivery_attempts, policy.dead_letter_address
+        self.max_delivery_attempts = (
+            attempts if attempts is not None else defaults.max_delivery_attempts
+        )
+        self.dead_letter_address = dla if dla is not None else defaults.dead_letter_address
+        self.max_age_ms = (policy.max_age_seconds or 0) * 1000
 
     def add(self, consumer: ConsumerLink) -> None:
         self.consumers.append(consumer)
@@ -119,8 +135,12 @@ class LocalSubscription:
         now_ms = int(time.time() * 1000)
         identifiers = Identifiers()
         filtering = any(c.filtered for c in self.consumers)
+        # retention.maxAge: a stream id starts with its enqueue time in ms
+        enqueued_before = now_ms - self.max_age_ms if self.max_age_ms else 0
         for entry in entries:
-            if entry.expiry_ms and entry.expiry_ms <= now_ms:
+            if (entry.expiry_ms and entry.expiry_ms <= now_ms) or (
+                enqueued_before and int(entry.id.partition('-')[0]) < enqueued_before
+            ):
                 self.broker.expire(self.address, self.group, entry)
                 continue
             wanting = self._wanting(entry, identifiers) if filtering else self.consumers

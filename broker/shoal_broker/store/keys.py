@@ -138,6 +138,12 @@ Kubernetes resource declaring it: the index of what the operator owns (a subscri
 HASH also carries the owner in its ``owner`` field, where the broker's scripts see it)."""
 
 
+POLICIES = f'{PREFIX}:policies'
+"""HASH entity (the same fields as ``PROVISIONED``) -> JSON ``routing.policies.EntityPolicy`` of a
+declared queue or subscription with a delivery or retention policy; replicas read it every few
+seconds (``app.POLICY_REFRESH_SECONDS``)."""
+
+
 def provisioned_queue(address: str) -> str:
     """Field of ``PROVISIONED`` for a declared queue."""
     return f'queue:{address}'

@@ -39,6 +39,7 @@ from shoal_broker.errors import (
 )
 from shoal_broker.metrics.registry import REDIS_ROUND_TRIP
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
+from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notify, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
@@ -154,6 +155,8 @@ class RedisStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_tasks: set[asyncio.Future[None]] = set()
+        self._address_backlogs: dict[str, tuple[int, str]] = {}
+        """Declared queues' own backlog limits (``retention.maxMessages``), over ``_backlog``."""
         self.pipelines = 0
         """Pipelines sent so far (a batching measure for benchmarks and tests)."""
         self.commands = 0
@@ -388,11 +391,12 @@ class RedisStore:
             _, _, band, kind = key
             args = [arg for op in members for arg in op.batch_args]
             # by source, not hash: see _reload_then_retry (Redis caches it by its SHA1)
-            if self._backlog is not None:  # SHOAL_MAX_BACKLOG_PER_ADDRESS
+            backlog = self._address_backlogs.get(key[1], self._backlog)
+            if backlog is not None:  # a declared queue's maxMessages, SHOAL_MAX_BACKLOG_PER_ADDRESS
                 script_keys = (k.streams[band], k.groups, *k.streams)
                 return [
                     ('EVAL', self._source['publish_limited'], len(script_keys), *script_keys,
-                     kind, *self._backlog, *args)
+                     kind, *backlog, *args)
                 ]  # fmt: skip
             return [('EVAL', self._source['publish'], 2, k.streams[band], k.groups, kind, *args)]
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
@@ -431,7 +435,8 @@ class RedisStore:
                 self._kinds.pop(address, None)
                 raise AddressNotFound(f'{address!r} no longer exists')
             if replies[0] == -2:
-                raise StoreFull(f'{address!r} holds its limit of {self._backlog_limit} messages')
+                limit = self._backlog_limit(address)
+                raise StoreFull(f'{address!r} holds its limit of {limit} messages')
             return bool(replies[0])
 
         # _queue written out: this runs once per message
@@ -742,9 +747,26 @@ class RedisStore:
         (``reject-publish``) or the oldest entries are dropped (``drop-oldest``). 0 = no cap."""
         self._backlog = (limit, overflow) if limit > 0 else None
 
-    @property
-    def _backlog_limit(self) -> int:
-        return self._backlog[0] if self._backlog is not None else 0
+    def limit_address_backlogs(self, limits: Mapping[str, tuple[int, str]]) -> None:
+        """Replace the per-address caps (address -> (limit, overflow)) that override
+        ``limit_backlog`` for those addresses: declared queues' ``retention.maxMessages``."""
+        self._address_backlogs = dict(limits)
+
+    def _backlog_limit(self, address: str) -> int:
+        backlog = self._address_backlogs.get(address, self._backlog)
+        return backlog[0] if backlog is not None else 0
+
+    async def policies(self) -> dict[str, EntityPolicy]:
+        """Every declared queue's and subscription's policy by entity (``keys.POLICIES``); one
+        that cannot be parsed is logged and left out (the broker-wide settings apply)."""
+        raw = await self._call(self._client.hgetall(keys.POLICIES))
+        found = {}
+        for entity, text in raw.items():
+            try:
+                found[as_text(entity)] = EntityPolicy.from_json(text)
+            except ValueError as exc:
+                logger.warning('ignoring the policy of %s: %s', as_text(entity), exc)
+        return found
 
     async def memory(self) -> tuple[int, int]:
         """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes."""

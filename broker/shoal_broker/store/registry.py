@@ -24,6 +24,7 @@ import redis.exceptions
 from shoal_broker.errors import BrokerError, StoreUnavailable
 from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary, MetricRecord
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
+from shoal_broker.routing.policies import NO_POLICY, EntityPolicy, entity_field
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
@@ -70,6 +71,8 @@ class SubscriptionDeclaration:
     owner: str
     """``<namespace>/<name>`` of the declaring resource."""
     generation: int
+    policy: EntityPolicy = NO_POLICY
+    """Its ``delivery{}`` and ``retention{}``; the broker-wide settings where unset."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +90,8 @@ class EntityState:
     in_flight: int = 0
     oldest_age_seconds: float | None = None
     """Age of the oldest message not yet consumed; None when there is none."""
+    policy: EntityPolicy = NO_POLICY
+    """The delivery and retention policy Redis holds for it (empty: none)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,6 +145,9 @@ class Registry(Inspector):
         if outcome == Provisioned.RECREATED:
             await self._delete_group(detail, key.id)
         await self._create_group(topic, key.id, from_start=False)
+        changed = await self._write_policy(entity_field(topic, key.id), declaration.policy)
+        if changed and outcome == Provisioned.UNCHANGED:
+            return Provisioned.UPDATED
         return Provisioned(outcome)
 
     async def remove_subscription(
@@ -158,6 +166,8 @@ class Registry(Inspector):
         )
         if outcome == Removal.DELETED:
             await self._delete_group(detail, key.id)
+        if outcome in (Removal.DELETED, Removal.RELEASED, Removal.MISSING):
+            await self._write_policy(entity_field('', key.id), NO_POLICY)
         return Removal(outcome)
 
     async def subscription_state(self, key: SubscriptionKey) -> EntityState:
@@ -178,11 +188,14 @@ class Registry(Inspector):
             ready=backlog.ready,
             in_flight=backlog.in_flight,
             oldest_age_seconds=await self._oldest_age(topic, key.id),
+            policy=await self.policy(entity_field(topic, key.id)),
         )
 
     # -- queues -----------------------------------------------------------------------------------
 
-    async def declare_queue(self, address: str, owner: str) -> Provisioned:
+    async def declare_queue(
+        self, address: str, owner: str, policy: EntityPolicy = NO_POLICY
+    ) -> Provisioned:
         """Make Redis hold the queue (messages sent before any consumer attaches are kept)."""
         created = await self._claim_address(address, AddressKind.QUEUE)
         field = keys.provisioned_queue(address)
@@ -191,9 +204,12 @@ class Registry(Inspector):
             raise ProvisionConflict(f'queue {address!r} is already declared by {previous}')
         await self._call(self._client.hset(keys.PROVISIONED, field, owner))
         await self._create_group(address, QUEUE_GROUP, from_start=True)
+        changed = await self._write_policy(entity_field(address, QUEUE_GROUP), policy)
         if created:
             return Provisioned.CREATED
-        return Provisioned.UNCHANGED if previous == owner else Provisioned.ADOPTED
+        if previous != owner:
+            return Provisioned.ADOPTED
+        return Provisioned.UPDATED if changed else Provisioned.UNCHANGED
 
     async def remove_queue(
         self, address: str, owner: str, *, delete: bool, only_if_empty: bool = False
@@ -206,11 +222,13 @@ class Registry(Inspector):
         kind = await self._call(self._client.hget(keys.ADDRESSES, address))
         if kind != AddressKind.QUEUE:
             await self._call(self._client.hdel(keys.PROVISIONED, field))
+            await self._write_policy(entity_field(address, QUEUE_GROUP), NO_POLICY)
             return Removal.MISSING
         waiting = delete and only_if_empty and await self.backlog(address, QUEUE_GROUP)
         if waiting and waiting.backlog:
             return Removal.IN_USE
         await self._call(self._client.hdel(keys.PROVISIONED, field))
+        await self._write_policy(entity_field(address, QUEUE_GROUP), NO_POLICY)
         if not delete:
             return Removal.RELEASED
         k = keys.AddressKeys.of(address)
@@ -237,7 +255,29 @@ class Registry(Inspector):
             ready=backlog.ready,
             in_flight=backlog.in_flight,
             oldest_age_seconds=await self._oldest_age(address, QUEUE_GROUP),
+            policy=await self.policy(entity_field(address, QUEUE_GROUP)),
         )
+
+    # -- policies ---------------------------------------------------------------------------------
+
+    async def policy(self, entity: str) -> EntityPolicy:
+        """The policy filed under ``entity`` (``routing.policies.entity_field``); empty if none
+        or unreadable."""
+        text = await self._call(self._client.hget(keys.POLICIES, entity))
+        try:
+            return EntityPolicy.from_json(text) if text else EntityPolicy()
+        except ValueError:
+            return EntityPolicy()
+
+    async def _write_policy(self, entity: str, policy: EntityPolicy) -> bool:
+        """File (or, when empty, remove) the policy; True if that changed what Redis held."""
+        if await self.policy(entity) == policy:
+            return False
+        if policy.empty:
+            await self._call(self._client.hdel(keys.POLICIES, entity))
+        else:
+            await self._call(self._client.hset(keys.POLICIES, entity, policy.to_json()))
+        return True
 
     # -- cluster-wide -----------------------------------------------------------------------------
 
