@@ -25,28 +25,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 (($# >= 1)) || { echo "usage: $0 SRC_A [SRC_B ...]" >&2; exit 2; }
 
 WORK=$(mktemp -d /tmp/shoal-cpu.XXXXXX)
-cleanup() {
-  local rc=$?
-  set +e
-  stop_started
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_ports() {  # N distinct free loopback ports
-  "$PY" -c '
-import socket, sys
-ss = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in ss:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in ss))' "$1"
-}
-
-proc_cpu_s() {
-  awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
-}
+stop_on_exit
 
 metric() {  # sum of a Prometheus counter from the broker's /metrics
   curl -sf "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 ~ "^"m { s += $2 } END { print s + 0 }'

@@ -13,22 +13,9 @@ ROOT=$(cd "$HERE/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 COUNT=${COUNT:-5000}; HOLD=${HOLD:-30}
 WORK=$(mktemp -d /tmp/shoal-idle.XXXXXX)
-cleanup() {
-  local rc=$?
-  set +e
-  stop_started
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+stop_on_exit
 
-read -r RPORT APORT HPORT < <("$PY" -c '
-import socket
-ss = [socket.socket() for _ in range(3)]
-for s in ss:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in ss))')
+read -r RPORT APORT HPORT < <(free_ports 3)
 redis-server --bind 127.0.0.1 --port "$RPORT" --save '' --appendonly no --dir "$WORK" \
     --logfile "$WORK/redis.log" --daemonize no > /dev/null 2>&1 &
 STARTED_PIDS+=($!)

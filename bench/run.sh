@@ -65,32 +65,15 @@ J="$OUT/results.jsonl"
 REDIS_PID=""
 BROKER_PID=""
 
-cleanup() {
-  local rc=$?
-  set +e
-  stop_started
-  rm -rf "$WORK"
-  echo "stopped everything started; results in $OUT"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+CLEANUP_MESSAGE="stopped everything started; results in $OUT"
+stop_on_exit
 
-# Three distinct free loopback ports (held open together so they differ).
-read -r RPORT PORT HPORT PORT2 HPORT2 < <("$PY" -c '
-import socket
-ss = [socket.socket() for _ in range(5)]
-for s in ss:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in ss))')
+# Five distinct free loopback ports (held open together so they differ).
+read -r RPORT PORT HPORT PORT2 HPORT2 < <(free_ports 5)
 
 machine() {  # one line of machine facts: when, cores, load, CPU pressure
   echo "$1: $(date -Is) nproc=$(nproc) loadavg=$(cut -d' ' -f1-3 /proc/loadavg)" \
        "cpu-pressure: $(head -1 /proc/pressure/cpu 2>/dev/null || echo n/a)"
-}
-
-proc_cpu_s() {  # utime+stime of a PID in seconds
-  awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
 }
 
 start_redis() {  # extra redis-server options, e.g. --appendonly yes --appendfsync always

@@ -25,25 +25,8 @@ OUT=${1:-/tmp/shoal-bench/scale-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d /tmp/shoal-scale.XXXXXX)
-cleanup() {
-  local rc=$?
-  set +e
-  stop_started
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+stop_on_exit
 
-free_ports() {
-  "$PY" -c '
-import socket, sys
-ss = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in ss:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in ss))' "$1"
-}
-cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"; }
 machine_cpu_s() { awk -v hz="$(getconf CLK_TCK)" 'NR == 1 { print ($2 + $3 + $4 + $7 + $8) / hz }' /proc/stat; }
 
 read -r RPORT < <(free_ports 1)
@@ -74,8 +57,8 @@ for r in $REPLICAS; do
   for ((rep = 0; rep <= REPS; rep++)); do  # rep 0 warms up and is not counted
     n=$N; ((rep == 0)) && n=5000
     declare -a b0=()
-    for ((i = 0; i < r; i++)); do b0[i]=$(cpu_s "${BPID[i]}"); done
-    r0=$(cpu_s "$REDIS_PID"); m0=$(machine_cpu_s); t0=$(date +%s.%N)
+    for ((i = 0; i < r; i++)); do b0[i]=$(proc_cpu_s "${BPID[i]}"); done
+    r0=$(proc_cpu_s "$REDIS_PID"); m0=$(machine_cpu_s); t0=$(date +%s.%N)
     pids=()
     for ((i = 0; i < r; i++)); do
       timeout -k 10 $((RUN_TIMEOUT + 30)) "$PY" "$AMQPLOAD" run --host 127.0.0.1 \
@@ -84,9 +67,9 @@ for r in $REPLICAS; do
       pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid" || { echo "a load run failed" >&2; cat "$WORK"/run-*.txt >&2; exit 1; }; done
-    t1=$(date +%s.%N); m1=$(machine_cpu_s); r1=$(cpu_s "$REDIS_PID")
+    t1=$(date +%s.%N); m1=$(machine_cpu_s); r1=$(proc_cpu_s "$REDIS_PID")
     bsum=0
-    for ((i = 0; i < r; i++)); do bsum=$(echo "$bsum + $(cpu_s "${BPID[i]}") - ${b0[i]}" | bc); done
+    for ((i = 0; i < r; i++)); do bsum=$(echo "$bsum + $(proc_cpu_s "${BPID[i]}") - ${b0[i]}" | bc); done
     ((rep == 0)) && continue
     rates=$(grep -ohE 'MEDIAN.* in=[0-9.]+' "$WORK"/run-*.txt | grep -oE 'in=[0-9.]+' | cut -d= -f2 | paste -sd+ | bc)
     # the load clients' CPU, as amqpload reports it (% of one core over its run)
