@@ -36,6 +36,14 @@ def declare(url: str, name: str, topic: str, *, durable: bool = True, selector: 
     return key
 
 
+def declare_queue(url: str, queue: str, owner: str) -> None:
+    async def run() -> None:
+        async with Registry.from_url(url) as registry:
+            await registry.declare_queue(queue, owner)
+
+    asyncio.run(run())
+
+
 def consumers(url: str, key: SubscriptionKey) -> int:
     async def run() -> int:
         async with Registry.from_url(url) as registry:
@@ -155,11 +163,7 @@ def test_metric_records_of_declared_entities_name_their_resource(
     key = declare(redis_server.url, name, address)
     queue = f'{address}-q'
 
-    async def declare_queue() -> None:
-        async with Registry.from_url(redis_server.url) as registry:
-            await registry.declare_queue(queue, 'team/orders')
-
-    asyncio.run(declare_queue())
+    declare_queue(redis_server.url, queue, 'team/orders')
     conn = jms_connect(b.url)
     sub = subscriber(conn, address, f'{name}|global', JmsSource(*SHARED_GLOBAL, durable=True))
     publish(b.url, address, [1])
@@ -209,11 +213,7 @@ def test_metrics_name_the_resource_declaring_a_queue_or_subscription(
     key = declare(redis_server.url, name, address)
     queue = f'{address}-q'
 
-    async def declare_queue() -> None:
-        async with Registry.from_url(redis_server.url) as registry:
-            await registry.declare_queue(queue, 'team/orders')
-
-    asyncio.run(declare_queue())
+    declare_queue(redis_server.url, queue, 'team/orders')
     wanted = {
         (address, key.id, 'team', name),
         (queue, 'queue', 'team', 'orders'),

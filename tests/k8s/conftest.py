@@ -6,13 +6,14 @@ Kubernetes is the one emulated component.
 import asyncio
 import threading
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
 import kopf
 import pytest
-from kubeemulator import CRDS, GROUP_VERSION, Kube, StampingEmulator, kmock_resource
+import redis
+from kubeemulator import CRDS, GROUP_VERSION, Kube, StampingEmulator, cluster_body, kmock_resource
 from processes import RedisServer
 
 from shoal_operator import cli
@@ -67,3 +68,19 @@ async def operator(kube: Kube, redis_server: RedisServer) -> AsyncIterator[Kube]
     await asyncio.to_thread(thread.join, 30)
     assert not thread.is_alive()
     assert not failures, failures
+
+
+@pytest.fixture
+async def cluster(operator: Kube, redis_server: RedisServer) -> Kube:
+    """An operator with a BrokerCluster ``shoal`` on the session's Redis."""
+    await operator.redis_secret(redis_server.url)
+    await operator.create('brokerclusters', cluster_body())
+    return operator
+
+
+@pytest.fixture
+def rds(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the session's Redis, to see what the operator wrote."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    client.close()

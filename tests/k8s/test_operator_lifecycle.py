@@ -19,23 +19,8 @@ FINALIZER = 'shoal.dev/finalizer'
 
 
 @pytest.fixture
-async def cluster(operator: Kube, redis_server: RedisServer) -> Kube:
-    """An operator with a BrokerCluster ``shoal`` on the session's Redis."""
-    await operator.redis_secret(redis_server.url)
-    await operator.create('brokerclusters', cluster_body())
-    return operator
-
-
-@pytest.fixture
 def name() -> str:
     return f'sub-{uuid.uuid4().hex[:8]}'
-
-
-@pytest.fixture
-def rds(redis_server: RedisServer) -> redis.Redis:
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    yield client
-    client.close()
 
 
 def definition_key(name: str, durable: bool = True) -> str:

@@ -6,28 +6,13 @@ import json
 import uuid
 from typing import Any
 
-import pytest
 import redis
 from amqpclient import connect, send_with_outcome, sender
-from kubeemulator import Kube, cluster_body, condition, subscription_body
-from processes import BrokerProcess, RedisServer
+from kubeemulator import Kube, condition, subscription_body
+from processes import BrokerProcess
 from proton import Delivery, Message
 
 from shoal_broker.store import keys
-
-
-@pytest.fixture
-async def cluster(operator: Kube, redis_server: RedisServer) -> Kube:
-    await operator.redis_secret(redis_server.url)
-    await operator.create('brokerclusters', cluster_body())
-    return operator
-
-
-@pytest.fixture
-def rds(redis_server: RedisServer) -> redis.Redis:
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    yield client
-    client.close()
 
 
 def policy_in(rds: redis.Redis, entity: str) -> dict[str, Any] | None:
