@@ -506,7 +506,7 @@ class Broker:
     def _on_link_flow(self, conn: AmqpConnection, event: Ptr) -> None:
         state = conn.links.get(lib.pn_event_link(event))
         if isinstance(state, ConsumerLink) and state.subscription is not None:
-            state.subscription.kick()
+            state.subscription.credit_added(state)
         elif isinstance(state, BrowserLink):
             self.browse(state)
 

@@ -51,6 +51,8 @@ class AmqpConnection(asyncio.Protocol):
         self._paused = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline = 0.0
+        self._loop = asyncio.get_running_loop()
+        """Kept: Python 3.11's get_running_loop() makes a getpid() system call, per flush."""
         self._processing = False
         self._freed = False
         self.input_ended = False
@@ -147,8 +149,7 @@ class AmqpConnection(asyncio.Protocol):
     def _flush_output(self) -> bool:
         """Tick, then write out what the engine produced. True if that posted new events."""
         t = self.transport
-        loop = asyncio.get_running_loop()
-        now_ms = int(loop.time() * 1000)
+        now_ms = int(self._loop.time() * 1000)
         deadline = lib.pn_transport_tick(t, now_ms)  # before pending: the heartbeat goes out now
         if deadline:
             self._arm_timer(deadline / 1000.0)
@@ -174,7 +175,7 @@ class AmqpConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self._timer_deadline = when
-        self._timer = asyncio.get_running_loop().call_at(when, self._on_timer)
+        self._timer = self._loop.call_at(when, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

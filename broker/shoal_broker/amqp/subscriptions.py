@@ -7,6 +7,12 @@ round-robin among consumers that still have credit (seed 002). Exactly one fetch
 is in flight; anything that could make more entries deliverable (new credit, a notification, a
 returned entry) while it is in flight sets ``again`` instead of starting a second one.
 
+New credit alone does not fetch when the last fetch came back short and nothing has announced
+entries since: every way an entry becomes fetchable (a publish here, another replica's
+notification, a release, a reclaim, a commit) kicks the subscription. Clients top up credit as
+they consume, so at a trickle this saved an empty fetch per message (docs/benchmarks.md,
+sitting J).
+
 Drain (jms-amqp-facts §6.3): when a fetch comes back short, the store had nothing more, so every
 consumer that asked to drain is answered with ``drained`` (credit consumed, flow sent), even when
 nothing was sent.
@@ -54,6 +60,8 @@ class LocalSubscription:
         self._next = 0
         self._fetching = False
         self._again = False
+        self._exhausted = False
+        """The last fetch came back short and nothing announced entries since."""
         self.recovering = False
         """Returning stranded entries after a failed fetch: no fetch may be in flight meanwhile
         (what it claims would look stranded, be returned and then delivered twice)."""
@@ -94,8 +102,20 @@ class LocalSubscription:
     def on_notify(self, address: str) -> None:
         self.kick()
 
+    def credit_added(self, consumer: ConsumerLink) -> None:
+        """A consumer granted credit (or asked to drain)."""
+        if (
+            self._exhausted
+            and not self._fetching
+            and not self._parked
+            and not lib.pn_link_get_drain(consumer.ptr)  # a drain is answered after a fetch
+        ):
+            return
+        self.kick()
+
     def kick(self) -> None:
         """Fetch for the free credit of the local consumers, unless a fetch is in flight."""
+        self._exhausted = False
         if self._fetching or self.recovering:
             self._again = True
             return
@@ -129,6 +149,7 @@ class LocalSubscription:
         if len(entries) >= asked or self._again:
             self.kick()
         else:
+            self._exhausted = True
             self._finish_drains()
 
     def _deal(self, entries: 'Sequence[Entry]') -> None:

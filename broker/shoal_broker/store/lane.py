@@ -8,8 +8,13 @@ broker builds the next pipeline while Redis works on the previous ones (the one-
 measured in docs/benchmarks.md left the broker idle for each round trip).
 
 The connection comes from redis-py's pool (so authentication, TLS and the database in the URL
-apply), but the hot path packs RESP itself and reads the replies in order: redis-py's pipeline
-packing was 10 % of the broker's CPU under load (docs/benchmarks.md, profile G).
+apply), but the hot path packs RESP itself, writes it to the connection's stream and feeds the
+replies to the connection's own hiredis reader: redis-py's pipeline packing was 10 % of the
+broker's CPU under load (docs/benchmarks.md, profile G), and its per-command write (a task and a
+timer for ``wait_for``) and per-reply read (an ``asyncio.timeout``) were a third of the store
+path at 1 000 msg/s, where every message travels in pipelines of its own. This reaches into
+redis-py's connection (``_reader``, ``_writer``, ``_parser``), which is why redis is pinned;
+tests/store/test_lane.py fails first if a release moves them.
 
 A connection that fails is never written to again, because replies still owed on it could
 otherwise be matched with the wrong pipeline: every pipeline sent on it fails, and the next one
@@ -23,8 +28,13 @@ from typing import Any
 
 import redis.asyncio
 import redis.exceptions
+from redis._parsers.hiredis import NOT_ENOUGH_DATA
 
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+READ_SIZE = 256 * 1024
+WRITE_HIGH_WATER = 1024 * 1024
+"""Bytes buffered for Redis past which ``send`` waits for the socket to drain."""
 
 
 def pack(commands: Iterable[Sequence[Any]]) -> bytes:
@@ -58,6 +68,7 @@ class Lane:
         self._pool = pool
         self._max_in_flight = max_in_flight
         self._conn: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._sent: collections.deque[tuple[int, asyncio.Future[list[Any]], Any]] = (
             collections.deque()
         )
@@ -80,16 +91,26 @@ class Lane:
         """Write one pipeline; the future gets its replies (error replies as exception objects)
         or fails with a connection error. Call ``wait_for_room`` first to bound the pipelines
         in flight."""
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         packed = pack(commands)
         if self._conn is None:
             self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         conn = self._conn
         try:
-            await conn.send_packed_command(packed, check_health=False)
+            if not conn.is_connected:
+                await conn.connect()
+            writer = conn._writer
+            if writer.is_closing():
+                raise redis.exceptions.ConnectionError('the Redis connection is closing')
+            writer.write(packed)
+            if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                async with asyncio.timeout(conn.socket_timeout):
+                    await writer.drain()
         except CONNECTION_ERRORS:
             await self._break(conn)
             raise
+        if self._loop is None:  # kept: Python 3.11's get_running_loop() makes a getpid() call
+            self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
         self._sent.append((len(commands), future, conn))
         self._readable.set()
         if self._reader is None:
@@ -105,7 +126,7 @@ class Lane:
             try:
                 if conn in self._broken:
                     raise redis.exceptions.ConnectionError('an earlier pipeline on it failed')
-                replies = [await _reply(conn) for _ in range(count)]
+                replies = await _replies(conn, count)
             except Exception as exc:  # whatever it was, the replies are out of step now
                 self._sent.popleft()
                 if not future.done():
@@ -147,8 +168,22 @@ class Lane:
         self._conn = None
 
 
-async def _reply(conn: Any) -> Any:
-    try:
-        return await conn.read_response()
-    except redis.exceptions.ResponseError as error:  # an error reply belongs to its command
-        return error
+async def _replies(conn: Any, count: int) -> list[Any]:
+    """The next ``count`` replies on ``conn``; an error reply is returned as its exception
+    object (it belongs to its command), a broken or silent connection raises."""
+    parser = conn._parser._reader  # hiredis.Reader, created with the connection's error classes
+    stream = conn._reader
+    replies: list[Any] = []
+    while len(replies) < count:
+        reply = parser.gets()
+        if reply is NOT_ENOUGH_DATA:
+            async with asyncio.timeout(conn.socket_timeout):
+                data = await stream.read(READ_SIZE)
+            if not data:
+                raise redis.exceptions.ConnectionError('Redis closed the connection')
+            parser.feed(data)
+            continue
+        if isinstance(reply, redis.exceptions.ConnectionError):
+            raise reply
+        replies.append(reply)
+    return replies

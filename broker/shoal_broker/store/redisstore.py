@@ -65,6 +65,12 @@ PIPELINES_IN_FLIGHT = 4
 """Per-message pipelines sent but not yet answered. One left the broker idle for every round
 trip (73 % CPU at saturation); more than a few only shrinks the batches (docs/benchmarks.md)."""
 
+ACK_COALESCE_SECONDS = 0.002
+"""How long an ack waits for a pipeline to ride along with. Under load every cycle carries acks
+anyway; at a trickle (1 000 msg/s) each ack otherwise paid a pipeline and two wake-ups of its own
+(docs/benchmarks.md, sitting J), while the next publish comes within a millisecond. An ack still
+queued when the replica dies only means a redelivery, which at-least-once allows."""
+
 
 def _lua(name: str) -> str:
     return resources.files('shoal_broker.store').joinpath('lua', f'{name}.lua').read_text()
@@ -153,6 +159,8 @@ class RedisStore:
         self._watchers: dict[str, list[Notify]] = {}
         self._pubsub: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._lazy_wakeup: asyncio.TimerHandle | None = None
+        """Armed while only acks are queued (ACK_COALESCE_SECONDS)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_tasks: set[asyncio.Future[None]] = set()
         self._address_backlogs: dict[str, tuple[int, str]] = {}
@@ -206,6 +214,8 @@ class RedisStore:
         ]
 
     async def close(self) -> None:
+        if self._lazy_wakeup is not None:
+            self._lazy_wakeup.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -255,11 +265,17 @@ class RedisStore:
         notify_local: bool = False,
         batch: tuple[Any, ...] | None = None,
         batch_args: tuple[Any, ...] = (),
+        lazy: bool = False,
     ) -> asyncio.Future[Any]:
+        """Queue commands for the next cycle; a ``lazy`` op waits up to ACK_COALESCE_SECONDS
+        for another op to start that cycle."""
         loop = self._loop or asyncio.get_running_loop()  # cached: this runs once per message
         future: asyncio.Future[Any] = loop.create_future()
         self._queued.append(_Op(commands, finish, future, notify, notify_local, batch, batch_args))
-        self._wakeup.set()
+        if not lazy:
+            self._wakeup.set()
+        elif self._lazy_wakeup is None:
+            self._lazy_wakeup = loop.call_later(ACK_COALESCE_SECONDS, self._wakeup.set)
         return future
 
     def _script(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
@@ -273,6 +289,9 @@ class RedisStore:
                 continue
             await self._lane.wait_for_room()  # meanwhile the batch grows
             ops, self._queued = self._queued, []
+            if self._lazy_wakeup is not None:  # the acks waiting for a ride go in this one
+                self._lazy_wakeup.cancel()
+                self._lazy_wakeup = None
             self._sending = ops
             try:
                 await self._send_cycle(ops)
@@ -496,6 +515,7 @@ class RedisStore:
             lambda r: None,
             batch=('ack', address, entry.band, group),
             batch_args=(entry.id, counted),
+            lazy=True,
         )
 
     def release(
