@@ -54,8 +54,10 @@ def test_shared_durable_consumers_on_two_replicas_split_the_messages(
     a = jms_connect(broker.url)
     b = jms_connect(second_broker.url)
     source = JmsSource('topic', 'shared', 'global', durable=True)
-    on_a = subscriber(a, address, 'shared-sub|global', source, credit=100)
-    on_b = subscriber(b, address, 'shared-sub|global', source, credit=100)  # same name, other conn
+    # A replica fetches up to its consumers' credit (DESIGN.md §4): with less credit than
+    # messages neither replica can take them all, whichever fetch wins the first race
+    on_a = subscriber(a, address, 'shared-sub|global', source, credit=10)
+    on_b = subscriber(b, address, 'shared-sub|global', source, credit=10)  # same name, other conn
     publish(broker.url, address, range(100))
     got_a, got_b = [], []
     a.wait(lambda: on_a.fetcher.has_message + 0 >= 1, timeout=10)

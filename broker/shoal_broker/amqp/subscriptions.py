@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 
 from shoal_broker.amqp.engine import lib
 from shoal_broker.amqp.links import ConsumerLink, Identifiers
+from shoal_broker.errors import BrokerError
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry
 from shoal_broker.settings import RoutingSettings
 
 if TYPE_CHECKING:
-    import asyncio
     from collections.abc import Sequence
 
     from shoal_broker.amqp.broker import Broker
@@ -128,17 +128,21 @@ class LocalSubscription:
             return
         self._fetching = True
         self._again = False
-        future = self.broker.store.fetch(self.address, self.group, want)
-        future.add_done_callback(lambda f: self._fetched(f, want))  # type: ignore[attr-defined]
+        self.broker.store.fetch_then(
+            self.address,
+            self.group,
+            want,
+            lambda entries, error: self._fetched(entries, error, want),
+        )
 
-    def _fetched(self, future: 'asyncio.Future[Sequence[Entry]]', asked: int) -> None:
+    def _fetched(
+        self, entries: 'Sequence[Entry] | None', error: BrokerError | None, asked: int
+    ) -> None:
         self._fetching = False
-        try:
-            entries = future.result()
-        except Exception as exc:
+        if entries is None:
             # Redis unavailable, or its reply lost: what it may have handed to us is recovered
             # (returned to the subscription) before fetching again, after a growing pause
-            logger.warning('fetch from %s/%s failed: %s', self.address, self.group, exc)
+            logger.warning('fetch from %s/%s failed: %s', self.address, self.group, error)
             self._finish_drains()
             self.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, self.retry_delay * 2))
             self.broker.schedule_recovery(self, self.retry_delay)

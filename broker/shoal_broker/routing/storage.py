@@ -128,6 +128,17 @@ class MessageStore(Protocol):
         then new ones, high band before normal."""
         ...
 
+    def fetch_then(
+        self,
+        address: str,
+        group: str,
+        count: int,
+        callback: Callable[[Sequence[Entry] | None, BrokerError | None], None],
+    ) -> None:
+        """``fetch`` for the per-message path: ``callback(entries, None)`` or ``callback(None,
+        error)`` as the replies are read, not a loop turn later through a future."""
+        ...
+
     def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
         """The entry is consumed: forget it for this subscription."""
         ...

@@ -23,14 +23,22 @@ goes out on a fresh connection.
 
 import asyncio
 import collections
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis.asyncio
 import redis.exceptions
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 
+__all__ = ['CONNECTION_ERRORS', 'NOT_ENOUGH_DATA', 'Lane', 'pack', 'read_into_parser']
+
+logger = logging.getLogger(__name__)
+
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+Answer = Callable[[list[Any] | None, BaseException | None], None]
+"""Called with (replies, None) or (None, error) the moment a pipeline's replies are read."""
 
 READ_SIZE = 256 * 1024
 WRITE_HIGH_WATER = 1024 * 1024
@@ -69,9 +77,7 @@ class Lane:
         self._max_in_flight = max_in_flight
         self._conn: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._sent: collections.deque[tuple[int, asyncio.Future[list[Any]], Any]] = (
-            collections.deque()
-        )
+        self._sent: collections.deque[tuple[int, Answer, Any]] = collections.deque()
         self._broken: set[Any] = set()
         self._readable = asyncio.Event()
         self._room = asyncio.Event()
@@ -91,6 +97,25 @@ class Lane:
         """Write one pipeline; the future gets its replies (error replies as exception objects)
         or fails with a connection error. Call ``wait_for_room`` first to bound the pipelines
         in flight."""
+        if self._loop is None:  # kept: Python 3.11's get_running_loop() makes a getpid() call
+            self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+
+        def answer(replies: list[Any] | None, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(replies or [])
+
+        await self.send_then(commands, answer)
+        return future
+
+    async def send_then(self, commands: Sequence[Sequence[Any]], answer: Answer) -> None:
+        """``send`` for the per-message path: ``answer`` is called as soon as the replies are
+        read, not one event-loop turn later through a future (at a trickle every message waited
+        for those turns). A connection error while writing is raised, not answered."""
         packed = pack(commands)
         if self._conn is None:
             self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
@@ -108,34 +133,28 @@ class Lane:
         except CONNECTION_ERRORS:
             await self._break(conn)
             raise
-        if self._loop is None:  # kept: Python 3.11's get_running_loop() makes a getpid() call
-            self._loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Any]] = self._loop.create_future()
-        self._sent.append((len(commands), future, conn))
+        self._sent.append((len(commands), answer, conn))
         self._readable.set()
         if self._reader is None:
             self._reader = asyncio.create_task(self._read(), name='store-lane-replies')
-        return future
 
     async def _read(self) -> None:
         while True:
             while not self._sent:
                 self._readable.clear()
                 await self._readable.wait()
-            count, future, conn = self._sent[0]
+            count, answer, conn = self._sent[0]
             try:
                 if conn in self._broken:
                     raise redis.exceptions.ConnectionError('an earlier pipeline on it failed')
                 replies = await _replies(conn, count)
             except Exception as exc:  # whatever it was, the replies are out of step now
                 self._sent.popleft()
-                if not future.done():
-                    future.set_exception(exc)
+                _answer(answer, None, exc)
                 await self._break(conn)
             else:
                 self._sent.popleft()
-                if not future.done():
-                    future.set_result(replies)
+                _answer(answer, replies, None)
             self._room.set()
 
     async def _break(self, conn: Any) -> None:
@@ -158,9 +177,8 @@ class Lane:
                 pass
             self._reader = None
         while self._sent:
-            _, future, _ = self._sent.popleft()
-            if not future.done():
-                future.set_exception(redis.exceptions.ConnectionError('store closing'))
+            _, answer, _ = self._sent.popleft()
+            _answer(answer, None, redis.exceptions.ConnectionError('store closing'))
         for conn in [*self._broken, *([self._conn] if self._conn is not None else [])]:
             await conn.disconnect(nowait=True)
             await self._pool.release(conn)
@@ -168,22 +186,34 @@ class Lane:
         self._conn = None
 
 
+def _answer(answer: Answer, replies: list[Any] | None, error: BaseException | None) -> None:
+    try:
+        answer(replies, error)
+    except Exception:  # the reader must go on: its replies are still in step
+        logger.exception('handling a Redis reply failed')
+
+
 async def _replies(conn: Any, count: int) -> list[Any]:
     """The next ``count`` replies on ``conn``; an error reply is returned as its exception
     object (it belongs to its command), a broken or silent connection raises."""
     parser = conn._parser._reader  # hiredis.Reader, created with the connection's error classes
-    stream = conn._reader
     replies: list[Any] = []
     while len(replies) < count:
         reply = parser.gets()
         if reply is NOT_ENOUGH_DATA:
-            async with asyncio.timeout(conn.socket_timeout):
-                data = await stream.read(READ_SIZE)
-            if not data:
-                raise redis.exceptions.ConnectionError('Redis closed the connection')
-            parser.feed(data)
+            await read_into_parser(conn, conn.socket_timeout)
             continue
         if isinstance(reply, redis.exceptions.ConnectionError):
             raise reply
         replies.append(reply)
     return replies
+
+
+async def read_into_parser(conn: Any, silence_seconds: float | None) -> None:
+    """Read what has arrived on redis-py connection ``conn`` into its hiredis reader; raise
+    ``TimeoutError`` after ``silence_seconds`` of silence, ``ConnectionError`` at its end."""
+    async with asyncio.timeout(silence_seconds):
+        data = await conn._reader.read(READ_SIZE)
+    if not data:
+        raise redis.exceptions.ConnectionError('Redis closed the connection')
+    conn._parser._reader.feed(data)

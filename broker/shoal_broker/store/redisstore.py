@@ -44,6 +44,7 @@ from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notif
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 from shoal_broker.store.lane import Lane
+from shoal_broker.store.notifications import NotificationReader
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ SCRIPTS = (
 
 MAX_REDIS_CONNECTIONS = 64
 """Redis connections per replica: the pipeline, the notification channel and cold-path calls."""
+
+NOTIFICATION_IDLE_SECONDS = 30.0
+"""A notification channel quiet this long is pinged; quiet for twice as long, it is dead."""
 
 POOL_WAIT_SECONDS = 20.0
 """How long a Redis call waits for a free connection before it fails."""
@@ -317,38 +321,35 @@ class RedisStore:
         self.pipelines += 1
         self.commands += len(commands)
         started = time.perf_counter()
-        try:
-            replies = await self._lane.send(commands)
-        except _REDIS_DOWN as exc:
-            _unreachable(ops, exc)
-            return
         number = self._cycle_number = self._cycle_number + 1
+
+        def answered(replies: list[Any] | None, error: BaseException | None) -> None:
+            self._in_flight.pop(number, None)
+            self._answered(ops, units, replies, error, waits=waits, started=started)
+
         self._in_flight[number] = ops
-
-        def answered(future: asyncio.Future[list[Any]]) -> None:
-            del self._in_flight[number]
-            self._answered(ops, units, future, waits=waits, started=started)
-
-        replies.add_done_callback(answered)
+        try:
+            await self._lane.send_then(commands, answered)
+        except BaseException as exc:  # not sent: nothing will answer it
+            self._in_flight.pop(number, None)
+            if not isinstance(exc, _REDIS_DOWN):
+                raise
+            _unreachable(ops, exc)
 
     def _answered(
         self,
         ops: list[_Op],
         units: list[_Unit],
-        future: asyncio.Future[list[Any]],
+        replies: list[Any] | None,
+        error: BaseException | None,
         *,
         waits: bool,
         started: float,
     ) -> None:
         """Settle a cycle's ops from its replies (called in the order the cycles were sent)."""
-        if future.cancelled():
-            _unreachable(ops, StoreUnavailable('broker shutting down'))
+        if error is not None or replies is None:
+            _unreachable(ops, error or StoreUnavailable('no replies'))
             return
-        exc = future.exception()
-        if exc is not None:
-            _unreachable(ops, exc)
-            return
-        replies = future.result()
         REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
         if waits and not (isinstance(replies[-1], int) and replies[-1] >= 1):
             _unconfirmed(ops)
@@ -507,6 +508,24 @@ class RedisStore:
             (group, self._replica_id, count),
         )
         return self._queue([command], lambda r: _entries(r[0]))
+
+    def fetch_then(
+        self,
+        address: str,
+        group: str,
+        count: int,
+        callback: Callable[[Sequence[Entry] | None, BrokerError | None], None],
+    ) -> None:
+        k = keys.AddressKeys.of(address)
+        command = self._script(
+            'fetch',
+            (*k.streams, k.returned(group), k.delivery_counts(group)),
+            (group, self._replica_id, count),
+        )
+        self._queued.append(
+            _Op([command], lambda r: _entries(r[0]), None, None, False, None, (), callback)
+        )
+        self._wakeup.set()
 
     def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
         counted = keys.entry_field(entry.band, entry.id) if entry.delivery_count else None
@@ -870,25 +889,27 @@ class RedisStore:
             notify(address)
 
     async def _listen(self) -> None:
-        channel_prefix = f'{keys.PREFIX}:{{a:'
+        channel_prefix = f'{keys.PREFIX}:{{a:'.encode()
+        channel_suffix = b'}:notify'
+        own = self._replica_id.encode()
+        reader = NotificationReader(self._pubsub, NOTIFICATION_IDLE_SECONDS)
         while True:
             try:
-                message = await self._pubsub.get_message(timeout=1.0)
+                messages = await reader.messages()
             except _REDIS_DOWN as exc:
                 logger.warning('notification channel lost: %s; resubscribing', exc)
                 await asyncio.sleep(0.5)
                 await self._resubscribe()
                 continue
-            if message is None or message.get('type') != 'message':
-                continue
-            if message['data'] == self._replica_id.encode():
-                continue  # our own cycle already woke our consumers
-            channel = as_text(message['channel'])
-            if channel.startswith(channel_prefix) and channel.endswith('}:notify'):
-                self._notify_local(channel[len(channel_prefix) : -len('}:notify')])
+            for channel, data in messages:
+                if data == own:
+                    continue  # our own cycle already woke our consumers
+                if channel.startswith(channel_prefix) and channel.endswith(channel_suffix):
+                    self._notify_local(channel[len(channel_prefix) : -len(channel_suffix)].decode())
 
     async def _resubscribe(self) -> None:
         with contextlib.suppress(*_REDIS_DOWN):
+            await self._pubsub.connect()  # reconnecting re-subscribes every channel it had
             channels = [keys.AddressKeys.of(a).notify for a in self._watchers]
             if channels:
                 await self._pubsub.subscribe(*channels)
