@@ -1,6 +1,7 @@
-"""The notification channel read straight off its connection, on a real redis-server: messages
-come through in order with their channel, subscribe confirmations and pongs are skipped, a quiet
-channel is pinged, and a dead one raises so the store re-subscribes."""
+"""Wake-ups between replicas, on a real redis-server: the notification channel read straight off
+its connection (messages in order with their channel, confirmations and pongs skipped, a quiet
+channel pinged, a dead one raising so the store re-subscribes), and a publish notifying only
+when another replica watches the address."""
 
 import asyncio
 import uuid
@@ -12,7 +13,10 @@ import redis.asyncio
 import redis.exceptions
 from processes import RedisServer
 
+from shoal_broker.routing.storage import OutgoingMessage
+from shoal_broker.settings import AddressKind
 from shoal_broker.store.notifications import NotificationReader
+from shoal_broker.store.redisstore import RedisStore
 
 
 @pytest.fixture
@@ -78,3 +82,49 @@ async def _until_it_raises(reader: NotificationReader) -> None:
     async with asyncio.timeout(10):
         while True:
             await reader.messages()
+
+
+async def test_a_publish_wakes_other_watching_replicas_and_only_them(
+    redis_server: RedisServer, client: redis.asyncio.Redis, pubsub: Any
+) -> None:
+    address = f'addr-{uuid.uuid4().hex[:10]}'
+    id_a, id_b = (f'r-{uuid.uuid4().hex[:6]}' for _ in range(2))
+    a, b = (RedisStore.from_url(redis_server.url, replica) for replica in (id_a, id_b))
+    for store in (a, b):
+        await store.start()
+    await a.create_address(address, AddressKind.QUEUE)
+    channel = f'shoal:{{a:{address}}}:notify'
+    await pubsub.subscribe(channel)  # an outside listener sees what is sent on the channel
+    outside = NotificationReader(pubsub, idle_seconds=5)
+    await _messages(outside, 0)
+    woken_a: list[str] = []
+    woken_b: asyncio.Queue[str] = asyncio.Queue()
+
+    a.watch(address, woken_a.append)
+    await _until(lambda: _watchers(client, address), {id_a})
+    await a.publish(address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'only a listens', 0))
+    b.watch(address, woken_b.put_nowait)
+    await _until(lambda: _watchers(client, address), {id_a, id_b})
+    assert await asyncio.wait_for(woken_b.get(), 10) == address  # it looked once on watching
+    await a.publish(address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'b listens too', 0))
+    assert await asyncio.wait_for(woken_b.get(), 10) == address
+    # the first publish sent nothing (a alone watched); the second reached b and the outsider
+    assert await _messages(outside, 1) == [(channel.encode(), id_a.encode())]
+    assert woken_a == [address]  # its own look on watching; its own publishes wake it in-process
+
+    b.unwatch(address, woken_b.put_nowait)
+    await _until(lambda: _watchers(client, address), {id_a})
+    for store in (a, b):
+        await store.close()
+
+
+async def _watchers(client: redis.asyncio.Redis, address: str) -> set[str]:
+    return {k.decode() for k in await client.hkeys(f'shoal:{{a:{address}}}:watchers')}
+
+
+async def _until(probe: Any, expected: Any) -> None:
+    for _ in range(500):  # ~10 s
+        if (got := await probe()) == expected:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f'{got} is still not {expected}')

@@ -95,6 +95,12 @@ class AddressKeys:
         """HASH member -> packed message, for the members of ``scheduled``."""
         return f'{self.tag}:sched:msg'
 
+    @property
+    def watchers(self) -> str:
+        """HASH replica id -> 1: replicas subscribed to ``notify`` (they have consumers of the
+        address). A publish wakes others only when someone other than itself is listed."""
+        return f'{self.tag}:watchers'
+
     def returned(self, group: str) -> str:
         """ZSET (all scores 0, ordered by member) ``<band>|<padded id>`` of returned entries."""
         return f'{self.tag}:ret:{group}'

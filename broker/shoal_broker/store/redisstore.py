@@ -10,7 +10,9 @@ accepted before its pipeline's reply. Multi-key changes that must be atomic are 
 ``lua/`` (one file per operation, KEYS and ARGV documented in its header).
 
 Wake-ups: a cycle that added or returned entries publishes one notification per address; other
-replicas with hungry consumers fetch on it instead of polling.
+replicas with hungry consumers fetch on it instead of polling. A replica with consumers of an
+address lists itself in the address's watchers, after subscribing to its channel and before
+looking once more, so the notification is sent only when another replica is listening.
 
 Only this package imports redis; Redis failures become ``StoreUnavailable``.
 """
@@ -52,7 +54,7 @@ _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, 
 SCRIPTS = (
     'publish', 'create_address', 'create_group', 'delete_group', 'fetch', 'browse', 'trim',
     'join', 'leave', 'unsubscribe', 'release_client', 'release_clients', 'reclaim',
-    'reap_consumers', 'renew_lease', 'schedule', 'release_due', 'publish_limited',
+    'reap_consumers', 'renew_lease', 'schedule', 'release_due', 'publish_limited', 'notify',
 )  # fmt: skip
 
 
@@ -161,6 +163,7 @@ class RedisStore:
         self._wakeup = asyncio.Event()
         self._kinds: dict[str, AddressKind] = {}
         self._watchers: dict[str, list[Notify]] = {}
+        self._watch_lock = asyncio.Lock()
         self._pubsub: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lazy_wakeup: asyncio.TimerHandle | None = None
@@ -311,8 +314,11 @@ class RedisStore:
         units = self._units(ops)
         commands = [command for unit_commands, _ in units for command in unit_commands]
         announced = {op.notify for op in ops if op.notify}
-        for address in announced:
-            commands.append(('PUBLISH', keys.AddressKeys.of(address).notify, self._replica_id))
+        for address in announced:  # by source, like publish: a lost script must not lose it
+            k = keys.AddressKeys.of(address)
+            commands.append(
+                ('EVAL', self._source['notify'], 1, k.watchers, k.notify, self._replica_id)
+            )
         waits = self._durability is Durability.REPLICATED and any(
             op.batch is not None and op.batch[0] == 'publish' for op in ops
         )
@@ -858,7 +864,7 @@ class RedisStore:
         watchers = self._watchers.setdefault(address, [])
         watchers.append(notify)
         if len(watchers) == 1 and self._pubsub is not None:
-            self._background(self._subscribe(address))
+            self._background(self._sync_watch(address))
 
     def unwatch(self, address: str, notify: Notify) -> None:
         watchers = self._watchers.get(address, [])
@@ -867,22 +873,27 @@ class RedisStore:
         if not watchers and address in self._watchers:
             del self._watchers[address]
             if self._pubsub is not None:
-                self._background(self._unsubscribe(address))
+                self._background(self._sync_watch(address))
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._pending_tasks.add(task)
         task.add_done_callback(self._pending_tasks.discard)
 
-    async def _subscribe(self, address: str) -> None:
-        with contextlib.suppress(*_REDIS_DOWN):
-            await self._pubsub.subscribe(keys.AddressKeys.of(address).notify)
-
-    async def _unsubscribe(self, address: str) -> None:
-        if address in self._watchers:
-            return
-        with contextlib.suppress(*_REDIS_DOWN):
-            await self._pubsub.unsubscribe(keys.AddressKeys.of(address).notify)
+    async def _sync_watch(self, address: str) -> None:
+        """Make Redis match whether this replica watches ``address`` now (changes are applied
+        one at a time, each to the latest wish, so a quick unwatch and watch end up watched)."""
+        k = keys.AddressKeys.of(address)
+        async with self._watch_lock:
+            with contextlib.suppress(*_REDIS_DOWN):
+                if address in self._watchers:
+                    await self._pubsub.subscribe(k.notify)
+                    await self._client.hset(k.watchers, self._replica_id, 1)
+                    # anything published before other replicas could see us: look once more
+                    self._notify_local(address)
+                else:
+                    await self._client.hdel(k.watchers, self._replica_id)
+                    await self._pubsub.unsubscribe(k.notify)
 
     def _notify_local(self, address: str) -> None:
         for notify in list(self._watchers.get(address, ())):
@@ -913,6 +924,9 @@ class RedisStore:
             channels = [keys.AddressKeys.of(a).notify for a in self._watchers]
             if channels:
                 await self._pubsub.subscribe(*channels)
+            for address in list(self._watchers):  # a Redis that restarted forgot the watchers
+                watchers = keys.AddressKeys.of(address).watchers
+                await self._client.hset(watchers, self._replica_id, 1)
             # anything published while we were away: let every watcher look once
             for address in list(self._watchers):
                 self._notify_local(address)
