@@ -211,6 +211,10 @@ async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -
             logger.warning('lease not renewed: %s', exc)
             continue
         LEASE_UP.set(1 if state == 'renewed' else 0)
+        try:
+            await liveness.store.assert_watches()
+        except StoreUnavailable as exc:
+            logger.warning('watchers not renewed: %s', exc)
         if state == 'lost':
             logger.error('lease lapsed: closing every connection so clients start afresh')
             broker.close_all(

@@ -114,6 +114,9 @@ async def test_a_publish_wakes_other_watching_replicas_and_only_them(
 
     b.unwatch(address, woken_b.put_nowait)
     await _until(lambda: _watchers(client, address), {id_a})
+    await client.delete(f'shoal:{{a:{address}}}:watchers')  # e.g. a Redis that restarted empty
+    await a.assert_watches()  # what every lease renewal does
+    assert await _watchers(client, address) == {id_a}
     for store in (a, b):
         await store.close()
 

@@ -895,6 +895,19 @@ class RedisStore:
                     await self._client.hdel(k.watchers, self._replica_id)
                     await self._pubsub.unsubscribe(k.notify)
 
+    async def assert_watches(self) -> None:
+        """List this replica again among the watchers of every address it watches: a listing
+        lost to a Redis error, restart or flush would otherwise leave its consumers unwoken by
+        other replicas' publishes. Called with every lease renewal."""
+        async with self._watch_lock:
+            addresses = list(self._watchers)
+            if not addresses:
+                return
+            pipe = self._client.pipeline(transaction=False)
+            for address in addresses:
+                pipe.hset(keys.AddressKeys.of(address).watchers, self._replica_id, 1)
+            await self._call(pipe.execute())
+
     def _notify_local(self, address: str) -> None:
         for notify in list(self._watchers.get(address, ())):
             notify(address)
