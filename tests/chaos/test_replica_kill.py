@@ -5,6 +5,7 @@ import time
 import uuid
 
 import pytest
+import redis as redis_client
 from jmswire import JmsSource
 from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
 
@@ -29,9 +30,13 @@ def test_kill_9_of_a_replica_under_load_loses_no_accepted_message(cluster, recor
         ChaosProducer([survivor.url], topic, range(half)),
         ChaosProducer([doomed.url, survivor.url], topic, range(half, TOTAL)),
     ]
+    admin = redis_client.Redis.from_url(redis.url)
+    watchers_key = f'shoal:{{a:{topic}}}:watchers'
     run = ChaosRun(producers, consumers, timeout=BOUND_SECONDS).start()
     try:
         assert run.wait(lambda r: len(r.accepted) >= TOTAL // 3, timeout=60), run.log
+        watched_at_kill = admin.hkeys(watchers_key)
+        assert b'chaos-doomed' in watched_at_kill, watched_at_kill
         killed_at = cluster.kill_9(doomed.process)
         accepted_at_kill = len(run.accepted)
         finished = run.wait(ChaosRun.delivered_all, timeout=BOUND_SECONDS - 10)
@@ -78,3 +83,5 @@ def test_kill_9_of_a_replica_under_load_loses_no_accepted_message(cluster, recor
     assert recovery is not None, summary
     assert recovery < 10, summary
     assert not run.rejected, run.rejected[:5]
+    # the reaper took the dead replica off the topic's watchers: publishes stop waking it
+    assert b'chaos-doomed' not in admin.hkeys(watchers_key), watched_at_kill

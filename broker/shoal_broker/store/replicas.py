@@ -128,6 +128,7 @@ class Liveness:
     ) -> bool:
         client = self.store.client
         k = keys.AddressKeys.of(address)
+        await self.store.call(client.hdel(k.watchers, dead))  # nobody there to wake any more
         moved_any = False
         private_prefix = f'nd:{dead}:'
         for band, stream in enumerate(k.streams):
