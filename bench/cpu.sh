@@ -10,7 +10,9 @@
 #
 # Environment: N (messages per run, 30000), REPS (3), ROW (extra amqpload options; default
 # 1 -> 1 at-least-once closed loop: "--max-backlog 1000"), ENV (extra broker environment,
-# e.g. "SHOAL_DEFAULT_ADDRESS_KIND=topic"), PY, AMQPLOAD, RUN_TIMEOUT (120).
+# e.g. "SHOAL_DEFAULT_ADDRESS_KIND=topic"), REDIS_ARGS (redis-server persistence options; default
+# "--appendonly no"; the durable row: ENV=SHOAL_DURABILITY=fsync ROW="--max-backlog 1000 --durable"
+# REDIS_ARGS="--appendonly yes --appendfsync always"), PY, AMQPLOAD, RUN_TIMEOUT (120).
 # Loopback only; every process started is stopped by PID on exit.
 set -euo pipefail
 
@@ -21,6 +23,7 @@ ROOT=$(cd "$HERE/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
 N=${N:-30000}; REPS=${REPS:-3}; ROW=${ROW:---max-backlog 1000}; ENV=${ENV:-}
+REDIS_ARGS=${REDIS_ARGS:---appendonly no}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 (($# >= 1)) || { echo "usage: $0 SRC_A [SRC_B ...]" >&2; exit 2; }
 
@@ -37,7 +40,8 @@ for src in "$@"; do
   src=$(cd "$src" && pwd)
   read -r rport aport hport < <(free_ports 3)
   mkdir -p "$WORK/$i"
-  redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --dir "$WORK/$i" \
+  # shellcheck disable=SC2086
+  redis-server --bind 127.0.0.1 --port "$rport" --save '' $REDIS_ARGS --dir "$WORK/$i" \
       --logfile "$WORK/$i/redis.log" --daemonize no > /dev/null 2>&1 &
   RPID[i]=$!; STARTED_PIDS+=("${RPID[i]}")
   for ((t = 0; t < 100; t++)); do

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis as redis_lib
 from amqpclient import (
     Capabilities,
     connect,
@@ -242,6 +243,38 @@ def test_redis_maxmemory_refuses_producers_and_loses_nothing_accepted(
         # consumed and trimmed, the memory is free again: producers are accepted again
         wait_for(lambda: send_with_outcome(conn, snd, Message(body='again'))[0]
                  == Delivery.ACCEPTED, 30, 'publishing after the backlog was consumed')  # fmt: skip
+        conn.close()
+    finally:
+        redis.stop()
+
+
+def test_entries_a_full_redis_would_not_take_back_are_returned_once_it_has_room(
+    start_broker: Start, address: str
+) -> None:
+    """A consumer goes away while Redis refuses writes: giving its unsettled entries back fails,
+    and they stay pending on this replica (nothing else would return them while it lives) until
+    a retry gets through once Redis has room again."""
+    redis = RedisServer(None, '--maxmemory', '4mb', '--maxmemory-policy', 'noeviction')
+    try:
+        b = start_broker(redis_url=redis.url, env={'SHOAL_REDIS_MEMORY_HIGH_WATERMARK': '0'})
+        conn = connect(b.url)
+        send_all(conn, address, [f'held {i}' for i in range(5)])
+        holder = receiver(conn, address, credit=5)
+        held = [holder.receive(timeout=10).body for _ in range(5)]  # out, never settled
+        snd = sender(conn, f'{address}-filler')
+        for i in range(1000):  # fill Redis up to its limit
+            if send_with_outcome(conn, snd, Message(body=f'{i:05d}' + 'x' * 20000))[0] != (
+                Delivery.ACCEPTED
+            ):
+                break
+        holder.close()  # its five entries go back: Redis refuses
+        wait_for(lambda: 'failed' in b.log() and 'again in' in b.log(), 10, 'a refused release')
+        admin = redis_lib.Redis.from_url(redis.url)
+        admin.config_set('maxmemory', 0)  # room again
+        again = receiver(conn, address, credit=5)
+        got = [again.receive(timeout=10) for _ in range(5)]
+        assert sorted(m.body for m in got) == sorted(held)
+        assert all(m.delivery_count >= 1 for m in got)  # handed out before: redelivered
         conn.close()
     finally:
         redis.stop()

@@ -797,9 +797,32 @@ class Broker:
         return None
 
     def release(
-        self, address: str, group: str, entry: Entry, *, delivery_failed: bool
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, retry: float = 0.0
     ) -> Awaitable[None]:
-        return self.store.release(address, group, entry, delivery_failed=delivery_failed)
+        """Give an entry back to its subscription. A release Redis refuses (full, or out of
+        reach) is tried again with a growing pause: the entry is pending on this replica and
+        nothing else would ever return it while the replica lives."""
+        released = asyncio.ensure_future(
+            self.store.release(address, group, entry, delivery_failed=delivery_failed)
+        )
+
+        def check(done: 'asyncio.Future[None]') -> None:
+            if done.cancelled() or done.exception() is None:
+                return
+            if not self.accepting:  # shutting down: leaving returns what this replica holds
+                return
+            pause = min(MAX_RETRY_SECONDS, max(0.25, retry * 2))
+            logger.warning('release of %s to %s/%s failed (%s); again in %.2f s',
+                           entry.id, address, group, done.exception(), pause)  # fmt: skip
+            self._loop.call_later(
+                pause,
+                lambda: self.release(
+                    address, group, entry, delivery_failed=delivery_failed, retry=pause
+                ),
+            )
+
+        released.add_done_callback(check)
+        return released
 
     def filtered(self, address: str, group: str, entry: Entry) -> None:
         """An entry a subscription's selector or no-local filter excludes: consumed unseen."""
