@@ -16,14 +16,8 @@ WORK=$(mktemp -d /tmp/shoal-idle.XXXXXX)
 stop_on_exit
 
 read -r RPORT APORT HPORT < <(free_ports 3)
-redis-server --bind 127.0.0.1 --port "$RPORT" --save '' --appendonly no --dir "$WORK" \
-    --logfile "$WORK/redis.log" --daemonize no > /dev/null 2>&1 &
-STARTED_PIDS+=($!)
-for ((t = 0; t < 100; t++)); do redis-cli -p "$RPORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-SHOAL_LOG_LEVEL=WARNING "$PY" -m shoal_broker --listen "127.0.0.1:$APORT" --http "127.0.0.1:$HPORT" \
-    --redis-url "redis://127.0.0.1:$RPORT/0" --replica-id idle > "$WORK/broker.log" 2>&1 &
-BROKER_PID=$!; STARTED_PIDS+=("$BROKER_PID")
-for ((t = 0; t < 300; t++)); do curl -sf "http://127.0.0.1:$HPORT/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
+start_redis "$RPORT" "$WORK" --appendonly no
+start_broker "$APORT" "$HPORT" "$RPORT" idle "$WORK/broker.log"
 echo "machine: nproc=$(nproc) loadavg=$(cut -d' ' -f1-3 /proc/loadavg); $COUNT connections, held ${HOLD}s"
 rc=0
 timeout -k 10 $((HOLD + 300)) "$PY" "$HERE/idle.py" --port "$APORT" --broker-pid "$BROKER_PID" \

@@ -39,3 +39,25 @@ print(*(s.getsockname()[1] for s in ss))' "$1"
 proc_cpu_s() {  # CPU seconds (user + system) a process has used so far
   awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
 }
+
+start_redis() {  # start_redis PORT DIR [redis-server options]: sets REDIS_PID once it answers PING
+  local port=$1 dir=$2 t
+  shift 2
+  redis-server --bind 127.0.0.1 --port "$port" --save '' "$@" --dir "$dir" \
+      --logfile "$dir/redis.log" --daemonize no > /dev/null 2>&1 &
+  REDIS_PID=$!; STARTED_PIDS+=("$REDIS_PID")
+  for ((t = 0; t < 100; t++)); do
+    redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && return 0; sleep 0.1; done
+  echo "redis-server on port $port did not start" >&2; return 1
+}
+
+start_broker() {  # start_broker AMQP_PORT HTTP_PORT REDIS_PORT REPLICA LOG: sets BROKER_PID once
+  # /readyz answers (needs PY; extra broker environment comes from the caller's exports)
+  local t
+  SHOAL_LOG_LEVEL=${SHOAL_LOG_LEVEL:-WARNING} "$PY" -m shoal_broker --listen "127.0.0.1:$1" \
+      --http "127.0.0.1:$2" --redis-url "redis://127.0.0.1:$3/0" --replica-id "$4" > "$5" 2>&1 &
+  BROKER_PID=$!; STARTED_PIDS+=("$BROKER_PID")
+  for ((t = 0; t < 300; t++)); do
+    curl -sf "http://127.0.0.1:$2/readyz" > /dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "broker on port $1 did not become ready" >&2; return 1
+}
