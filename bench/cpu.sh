@@ -16,12 +16,8 @@
 # Loopback only; every process started is stopped by PID on exit.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench/lib.sh
-. "$HERE/lib.sh"
-ROOT=$(cd "$HERE/.." && pwd)
-PY=${PY:-$ROOT/.venv/bin/python}
-AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
+. "$(dirname "$0")/lib.sh"
 N=${N:-30000}; REPS=${REPS:-3}; ROW=${ROW:---max-backlog 1000}; ENV=${ENV:-}
 REDIS_ARGS=${REDIS_ARGS:---appendonly no}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}

@@ -6,18 +6,10 @@
 # Starts its own redis-server and broker on free loopback ports; stops them by PID on exit.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench/lib.sh
-. "$HERE/lib.sh"
-ROOT=$(cd "$HERE/.." && pwd)
-PY=${PY:-$ROOT/.venv/bin/python}
+. "$(dirname "$0")/lib.sh"
 COUNT=${COUNT:-5000}; HOLD=${HOLD:-30}
-WORK=$(mktemp -d /tmp/shoal-idle.XXXXXX)
-stop_on_exit
-
-read -r RPORT APORT HPORT < <(free_ports 3)
-start_redis "$RPORT" "$WORK" --appendonly no
-start_broker "$APORT" "$HPORT" "$RPORT" idle "$WORK/broker.log"
+start_stack idle
 echo "machine: nproc=$(nproc) loadavg=$(cut -d' ' -f1-3 /proc/loadavg); $COUNT connections, held ${HOLD}s"
 rc=0
 timeout -k 10 $((HOLD + 300)) "$PY" "$HERE/idle.py" --port "$APORT" --broker-pid "$BROKER_PID" \

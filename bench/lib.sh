@@ -1,7 +1,12 @@
 # bench/lib.sh - sourced by the bench scripts: what each of them needs the same way.
 # Every process they start is stopped by its PID: append each PID to STARTED_PIDS. After WORK is
 # set, `stop_on_exit` stops them, removes WORK and prints CLEANUP_MESSAGE (if set) on any exit.
+# It also sets HERE (bench/), ROOT (the checkout), PY and AMQPLOAD (both overridable).
 STARTED_PIDS=()
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+PY=${PY:-$ROOT/.venv/bin/python}
+AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
 
 stop_started() {  # TERM each started process, KILL what is still there after 15 s
   local pid i
@@ -60,4 +65,13 @@ start_broker() {  # start_broker AMQP_PORT HTTP_PORT REDIS_PORT REPLICA LOG: set
   for ((t = 0; t < 300; t++)); do
     curl -sf "http://127.0.0.1:$2/readyz" > /dev/null 2>&1 && return 0; sleep 0.1; done
   echo "broker on port $1 did not become ready" >&2; return 1
+}
+
+start_stack() {  # start_stack NAME: WORK, stop_on_exit, then a redis-server (no persistence) and
+  # one broker (replica id NAME) on free ports: sets RPORT APORT HPORT REDIS_PID BROKER_PID
+  WORK=$(mktemp -d "/tmp/shoal-$1.XXXXXX")
+  stop_on_exit
+  read -r RPORT APORT HPORT < <(free_ports 3)
+  start_redis "$RPORT" "$WORK" --appendonly no
+  start_broker "$APORT" "$HPORT" "$RPORT" "$1" "$WORK/broker.log"
 }

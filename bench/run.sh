@@ -40,12 +40,8 @@
 # process this script starts is stopped by PID on exit.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench/lib.sh
-. "$HERE/lib.sh"
-ROOT=$(cd "$HERE/.." && pwd)
-PY=${PY:-$ROOT/.venv/bin/python}
-AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
+. "$(dirname "$0")/lib.sh"
 N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
 REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}

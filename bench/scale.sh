@@ -13,12 +13,8 @@
 # figures to size from (docs/capacity.md). Loopback only; everything started is stopped by PID.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench/lib.sh
-. "$HERE/lib.sh"
-ROOT=$(cd "$HERE/.." && pwd)
-PY=${PY:-$ROOT/.venv/bin/python}
-AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
+. "$(dirname "$0")/lib.sh"
 REPLICAS=${REPLICAS:-1 2 4}; N=${N:-30000}; REPS=${REPS:-3}; BACKLOG=${BACKLOG:-1000}
 RUN_TIMEOUT=${RUN_TIMEOUT:-180}
 OUT=${1:-/tmp/shoal-bench/scale-$(date +%Y%m%d-%H%M%S)}

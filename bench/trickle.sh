@@ -10,20 +10,11 @@
 # Starts its own redis-server and broker on free loopback ports; stops them by PID on exit.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench/lib.sh
-. "$HERE/lib.sh"
-ROOT=$(cd "$HERE/.." && pwd)
-PY=${PY:-$ROOT/.venv/bin/python}
-AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
+. "$(dirname "$0")/lib.sh"
 RATE=${RATE:-1000}; N=${N:-5000}; REPS=${REPS:-3}; WARMUP=${WARMUP:-3000}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
-WORK=$(mktemp -d /tmp/shoal-trickle.XXXXXX)
-stop_on_exit
-
-read -r RPORT APORT HPORT < <(free_ports 3)
-start_redis "$RPORT" "$WORK" --appendonly no
-start_broker "$APORT" "$HPORT" "$RPORT" trickle "$WORK/broker.log"
+start_stack trickle
 echo "machine: nproc=$(nproc) loadavg=$(cut -d' ' -f1-3 /proc/loadavg); $N messages at $RATE/s, $REPS reps"
 
 counters() {  # utime stime (clock ticks) reads writes voluntary-switches of the broker
