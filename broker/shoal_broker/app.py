@@ -25,6 +25,7 @@ from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.metrics.registry import LEASE_UP, register_gauges, subscription_label
 from shoal_broker.security.tls import ServerTls, redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
+from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import registry
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.inspect import Inspector
@@ -156,11 +157,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         await asyncio.wait_for(store.flush(), settings.shutdown_grace_seconds)
     except TimeoutError:
         logger.warning('in-flight store work did not finish within the grace period')
-    for task in background:
-        task.cancel()
-    for task in background:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait(background)
     try:
         await liveness.leave()
     except StoreUnavailable as exc:

@@ -547,6 +547,8 @@ MALFORMED: list[tuple[str, bytes]] = [
     ('invalid utf-8 str', b'\xa1\x02\xff\xfe'),
     ('invalid utf-8 sym', b'\xa3\x01\x80'),
     ('item past list end', b'\xc0\x02\x01\xa1\x03abc'),
+    ('char past unicode', b'\x73\x00\x11\x00\x00'),
+    ('char surrogate', b'\x73\x00\x00\xdb\xf8'),
 ]
 
 
@@ -572,6 +574,11 @@ def test_unknown_constructors_with_a_plausible_size_raise_decode_error(construct
 def test_a_compound_with_size_zero_raises_decode_error(buf: bytes) -> None:
     with pytest.raises(codec.DecodeError):
         codec.decode(buf, 0)
+
+
+def test_a_section_described_by_a_surrogate_char_is_a_decode_error() -> None:
+    with pytest.raises(codec.DecodeError):  # found by fuzz/ (UnicodeEncodeError escaped)
+        codec.parse(b'\x00\x73\x00\x00\xdb\xf8\x00\x00')
 
 
 def test_deeply_nested_descriptors_raise_decode_error() -> None:

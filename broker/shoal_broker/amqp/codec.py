@@ -125,8 +125,10 @@ def decode(buf: bytes | bytearray, pos: int, depth: int = 0) -> tuple[Any, int]:
         return struct.unpack_from('>d', buf, pos + 1)[0], end
     if code == 0x73:
         point = int.from_bytes(buf[pos + 1 : end], 'big')
-        if point > 0x10FFFF:  # found by fuzz/ (a ValueError from chr escaped the decoder)
-            raise DecodeError(f'char value 0x{point:x} at {pos} is not a Unicode code point')
+        # both found by fuzz/: chr() refuses what is past Unicode, and a surrogate made a str
+        # that failed later when encoded (a section descriptor)
+        if point > 0x10FFFF or 0xD800 <= point <= 0xDFFF:
+            raise DecodeError(f'char value 0x{point:x} at {pos} is not a Unicode character')
         return chr(point), end
     if code == 0x98:
         return uuid.UUID(bytes=bytes(buf[pos + 1 : end])), end

@@ -31,6 +31,8 @@ import redis.asyncio
 import redis.exceptions
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 
+from shoal_broker.stopping import cancel_and_wait
+
 __all__ = ['CONNECTION_ERRORS', 'NOT_ENOUGH_DATA', 'Lane', 'pack', 'read_into_parser']
 
 logger = logging.getLogger(__name__)
@@ -170,11 +172,7 @@ class Lane:
     async def close(self) -> None:
         """Stop reading; pipelines still in flight fail; the connection goes back to the pool."""
         if self._reader is not None:
-            self._reader.cancel()
-            try:
-                await self._reader
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait([self._reader])
             self._reader = None
         while self._sent:
             _, answer, _ = self._sent.popleft()

@@ -44,6 +44,7 @@ from shoal_broker.routing.jms_subscriptions import SubscriptionKey, Subscription
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notify, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
+from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import keys
 from shoal_broker.store.lane import Lane
 from shoal_broker.store.notifications import NotificationReader
@@ -223,11 +224,7 @@ class RedisStore:
     async def close(self) -> None:
         if self._lazy_wakeup is not None:
             self._lazy_wakeup.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self._lane.close()
         for op in (*self._queued, *self._sending, *self._retry, *self._in_flight_ops()):
             if not op.done():
