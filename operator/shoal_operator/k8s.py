@@ -29,6 +29,9 @@ PLURALS = {
     'SharedSubscription': 'sharedsubscriptions',
 }
 MERGE_PATCH = 'application/merge-patch+json'
+WHOLE_DATA = {'ConfigMap', 'Secret'}
+"""Kinds whose ``data`` the operator renders whole: a key it no longer renders is removed (a merge
+patch by itself only adds and changes keys, so a dropped setting would live on)."""
 
 
 class ApiError(Exception):
@@ -91,6 +94,7 @@ class Kube:
             collection = path(manifest['apiVersion'], manifest['kind'], meta['namespace'])
             created = await self._request('POST', collection, body=manifest)
             return created or {}
+        manifest = _removing_stale_data(current, manifest)
         if contains(current, manifest):
             return current
         patched = await self._request('PATCH', url, body=manifest, content_type=MERGE_PATCH)
@@ -155,6 +159,16 @@ class Kube:
                 raise ApiError(response.status, (await response.text())[:500])
             answer: dict[str, Any] = await response.json(content_type=None)
             return answer
+
+
+def _removing_stale_data(current: Mapping[str, Any], manifest: Mapping[str, Any]
+                         ) -> Mapping[str, Any]:  # fmt: skip
+    """``manifest`` with a null (merge-patch removal) for each ``data`` key only ``current`` has."""
+    if manifest['kind'] not in WHOLE_DATA:
+        return manifest
+    desired = manifest.get('data') or {}
+    stale = {key: None for key in current.get('data') or {} if key not in desired}
+    return {**manifest, 'data': {**desired, **stale}} if stale else manifest
 
 
 def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext:

@@ -149,8 +149,13 @@ def cluster_status(
 
     connected = redis is not None
     available = connected and ready_replicas > 0
+    # a Deployment whose controller has not seen its latest template yet (a settings change just
+    # applied) still reports the old rollout's counts: it is progressing all the same
+    behind = int(observed.get('observedGeneration') or 0) < int(
+        ((deployment or {}).get('metadata') or {}).get('generation') or 0
+    )
     progressing = deployment is not None and (
-        updated < cluster.replicas or ready_replicas < cluster.replicas
+        behind or updated < cluster.replicas or ready_replicas < cluster.replicas
     )
     blockers: list[tuple[str, str]] = []
     if not connected:
@@ -162,7 +167,8 @@ def cluster_status(
              '' if connected else redis_error),
         make('Available', available, 'ReplicasReady' if available else 'Unavailable',
              f'{ready_replicas} of {cluster.replicas} replicas ready'),
-        make('Progressing', progressing, 'RollingOut' if progressing else 'Stable'),
+        make('Progressing', progressing, 'RollingOut' if progressing else 'Stable',
+             f'{updated} of {cluster.replicas} replicas run the current pod template'),
         make('ReconcilePaused', cluster.meta.paused,
              'PauseAnnotation' if cluster.meta.paused else 'NotPaused'),
     ]  # fmt: skip

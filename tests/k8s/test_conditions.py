@@ -104,6 +104,13 @@ def test_cluster_status_from_the_deployment_and_redis() -> None:
     conds = by_type(ok['conditions'])
     assert conds['Ready']['status'] == 'True'
     assert conds['Progressing']['status'] == 'False'
+    # a new pod template the Deployment's controller has not seen yet is a rollout too
+    template_changed = {'metadata': {'generation': 4},
+                        'status': {**deployment['status'], 'observedGeneration': 3}}  # fmt: skip
+    rolling = status.cluster_status(cluster(), deployment=template_changed,
+                                    redis=RedisInfo(0.4, '7.0.15'), redis_error='',
+                                    declared_subscriptions=3, previous=[], now=T0)  # fmt: skip
+    assert by_type(rolling['conditions'])['Progressing']['reason'] == 'RollingOut'
     assert ok['redis'] == {'connected': True, 'latencyMs': 0.4, 'serverVersion': '7.0.15'}
     assert (ok['replicas'], ok['readyReplicas'], ok['subscriptions']) == (2, 2, {'declared': 3})
     down = status.cluster_status(cluster(), deployment={'status': {'replicas': 2}}, redis=None,

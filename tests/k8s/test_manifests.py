@@ -1,6 +1,7 @@
 """The pure builders: a BrokerCluster model in, Kubernetes objects out (no API server)."""
 
 import base64
+import re
 from typing import Any
 
 import pytest
@@ -71,7 +72,10 @@ def test_pod_template_overrides_replace_the_defaults() -> None:
     meta = d['spec']['template']['metadata']
     assert meta['labels']['team'] == 'x'
     assert meta['labels']['app.kubernetes.io/instance'] == 'shoal'  # ours cannot be overridden
-    assert meta['annotations'] == {'note': 'y'}
+    assert meta['annotations'] == {
+        'note': 'y',
+        config.CONFIG_CHECKSUM: config.config_checksum(model()),
+    }
 
 
 def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
@@ -95,6 +99,37 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
     assert broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY not in data
     denying = config.configmap(model(subscriptions={'undeclared': 'Deny'}))['data']
     assert denying[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] == 'true'
+
+
+def template_checksum(cluster: BrokerCluster) -> str:
+    checksum: str = workload.deployment(cluster)['spec']['template']['metadata']['annotations'][
+        config.CONFIG_CHECKSUM
+    ]
+    return checksum
+
+
+def test_the_pod_template_changes_with_the_broker_settings_and_only_with_them() -> None:
+    settings = {'logLevel': 'DEBUG', 'maxDeliveryAttempts': 5, 'autoCreateTopics': False}
+    base = template_checksum(model(broker=settings))
+    assert base == template_checksum(model(broker=dict(reversed(settings.items()))))
+    assert re.fullmatch('[0-9a-f]{64}', base)  # a SHA-256 digest
+    # what does not reach the ConfigMap leaves the template's checksum alone
+    assert base == template_checksum(model(broker=settings, replicas=7,
+                                           podTemplate={'annotations': {'note': 'y'}},
+                                           resources={'limits': {'cpu': 1}}))  # fmt: skip
+    assert base == template_checksum(model(broker={**settings, 'unknownField': 1}))
+    # every setting the ConfigMap carries changes it
+    changed = [
+        model(broker={**settings, 'logLevel': 'INFO'}),
+        model(broker={**settings, 'maxDeliveryAttempts': 6}),
+        model(broker={key: v for key, v in settings.items() if key != 'autoCreateTopics'}),
+        model(broker=settings, durability='fsync'),
+        model(broker=settings, subscriptions={'undeclared': 'Deny'}),
+    ]
+    assert len({base, *map(template_checksum, changed)}) == 1 + len(changed)
+    # a pod template annotation cannot stand in for the checksum
+    forged = model(broker=settings, podTemplate={'annotations': {config.CONFIG_CHECKSUM: 'x'}})
+    assert template_checksum(forged) == base
 
 
 def test_the_connection_secret_tells_apps_where_to_connect() -> None:
