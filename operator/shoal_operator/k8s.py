@@ -134,6 +134,13 @@ class Kube:
         }  # fmt: skip
         await self._request('POST', f'/api/v1/namespaces/{meta["namespace"]}/events', body=event)
 
+    async def secret_keys(self, namespace: str, name: str) -> set[str] | None:
+        """The keys a Secret holds; None when there is no such Secret."""
+        secret = await self.get('v1', 'Secret', namespace, name)
+        if secret is None:
+            return None
+        return {*(secret.get('data') or {}), *(secret.get('stringData') or {})}
+
     async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """One key of a Secret, decoded; None when the Secret or key is missing."""
         secret = await self.get('v1', 'Secret', namespace, name)

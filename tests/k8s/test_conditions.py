@@ -123,6 +123,34 @@ def test_cluster_status_from_the_deployment_and_redis() -> None:
     assert conds['Ready']['lastTransitionTime'] == '2026-01-01T12:05:00Z'
 
 
+def test_a_missing_secret_keeps_a_cluster_from_being_ready() -> None:
+    deployment = {'status': {'replicas': 2, 'readyReplicas': 2, 'updatedReplicas': 2}}
+    missing = [
+        ('SecretMissing', 'Secret default/users (spec.auth.usersSecretName) does not exist'),
+        ('SecretKeyMissing', 'Secret default/tls (spec.tls.secretName) has no key tls.key'),
+    ]
+
+    def observe(redis: RedisInfo | None, problems: list[tuple[str, str]]) -> dict[str, Any]:
+        found = status.cluster_status(cluster(), deployment=deployment, redis=redis,
+                                      redis_error='refused', declared_subscriptions=None,
+                                      previous=[], now=T0, secret_problems=problems)  # fmt: skip
+        return by_type(found['conditions'])
+
+    conds = observe(RedisInfo(0.4, '7.0.15'), missing)
+    assert (conds['Ready']['status'], conds['Ready']['reason']) == ('False', 'SecretMissing')
+    assert conds['Ready']['message'] == missing[0][1]
+    assert (conds['SecretsFound']['status'], conds['SecretsFound']['reason']) == (
+        'False', 'SecretMissing'
+    )  # fmt: skip
+    assert conds['SecretsFound']['message'].split('; ') == [message for _, message in missing]
+    # Ready names the first problem; the others stay visible on SecretsFound
+    conds = observe(None, missing[1:])
+    assert conds['Ready']['reason'] == 'RedisUnavailable'
+    assert conds['SecretsFound']['reason'] == 'SecretKeyMissing'
+    conds = observe(RedisInfo(0.4, '7.0.15'), [])
+    assert (conds['SecretsFound']['status'], conds['Ready']['status']) == ('True', 'True')
+
+
 def subscription(**spec: Any) -> SharedSubscription:
     return SharedSubscription.from_body(
         {

@@ -8,7 +8,7 @@ import pytest
 
 from shoal_broker import settings as broker
 from shoal_operator import manifests
-from shoal_operator.manifests import config, naming, network, workload
+from shoal_operator.manifests import config, naming, network, security, workload
 from shoal_operator.models import BrokerCluster, InvalidSpec
 
 
@@ -238,6 +238,27 @@ def test_users_come_from_a_read_only_secret_volume_the_broker_rereads() -> None:
 
 
 TLS = {'secretName': 'shoal-tls', 'clientAuth': 'Required', 'clientCASecretName': 'clients'}
+
+
+def test_the_secrets_the_pods_mount_are_checked_for_existence_and_keys() -> None:
+    cluster = model(auth={'usersSecretName': 'shoal-users'}, tls=TLS)
+    assert [(m.secret, m.keys) for m in security.secret_mounts(cluster)] == [
+        ('shoal-users', ('users.json',)), ('shoal-tls', ('tls.crt', 'tls.key')),
+        ('clients', ('ca.crt',)),
+    ]  # fmt: skip
+    complete = {'shoal-users': {'users.json'}, 'shoal-tls': {'tls.crt', 'tls.key', 'ca.crt'},
+                'clients': {'ca.crt'}}  # fmt: skip
+    assert security.secret_problems(cluster, complete) == []
+    partial = {'shoal-users': None, 'shoal-tls': {'ca.crt'}, 'clients': {'ca.crt'}}
+    assert security.secret_problems(cluster, partial) == [
+        ('SecretMissing', 'Secret msg/shoal-users (spec.auth.usersSecretName) does not exist'),
+        ('SecretKeyMissing',
+         'Secret msg/shoal-tls (spec.tls.secretName) has no key tls.crt, tls.key'),
+    ]  # fmt: skip
+    assert security.secret_problems(cluster, {})[2] == (
+        'SecretMissing', 'Secret msg/clients (spec.tls.clientCASecretName) does not exist'
+    )  # fmt: skip
+    assert security.secret_mounts(model()) == []
 
 
 def test_tls_adds_an_amqps_listener_on_the_mounted_certificates() -> None:

@@ -6,13 +6,10 @@ from typing import Any
 
 from kubeemulator import Kube, cluster_body
 from processes import RedisServer
-from prometheus_client import REGISTRY
 
 from shoal_broker import settings as broker
 from shoal_operator.manifests import config
 from shoal_operator.models import BrokerCluster
-
-LAST_PASS = 'shoal_operator_last_observation_timestamp_seconds'
 
 
 async def deployment(kube: Kube) -> dict[str, Any] | None:
@@ -28,17 +25,6 @@ async def settled(kube: Kube) -> dict[str, Any] | None:
     body = await kube.get('brokerclusters', 'shoal') or {}
     observed = (body.get('status') or {}).get('observedGeneration')
     return body if observed == body['metadata']['generation'] else None
-
-
-async def observer_passes(kube: Kube, count: int) -> None:
-    """Wait for ``count`` whole passes of the observer loop (each re-applies every child)."""
-    for _ in range(count):
-        before = REGISTRY.get_sample_value(LAST_PASS) or 0.0
-
-        async def moved(before: float = before) -> bool:
-            return (REGISTRY.get_sample_value(LAST_PASS) or 0.0) > before
-
-        await kube.eventually(moved, 'an observer pass')
 
 
 async def test_a_settings_change_rolls_the_pods_and_nothing_else_does(
@@ -80,9 +66,9 @@ async def test_a_settings_change_rolls_the_pods_and_nothing_else_does(
 
     # with nothing changed, the reconciles of the drift check leave the Deployment unpatched
     await operator.eventually(lambda: settled(operator), 'the scaling reconciled')
-    await observer_passes(operator, 2)
+    await operator.observer_passes(1)
     steady = await deployment(operator) or {}
-    await observer_passes(operator, 2)
+    await operator.observer_passes(2)
     again = await deployment(operator) or {}
     assert again['metadata']['generation'] == steady['metadata']['generation']
     assert checksum(again) == checksum(changed)
