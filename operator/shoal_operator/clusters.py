@@ -42,12 +42,15 @@ async def apply_cluster(runtime: Runtime, body: Mapping[str, Any]) -> BrokerClus
 
 
 async def observe_cluster(
-    runtime: Runtime, cluster: BrokerCluster, previous: Mapping[str, Any]
+    runtime: Runtime, body: Mapping[str, Any], cluster: BrokerCluster
 ) -> dict[str, Any]:
-    """The cluster's status from its Deployment and a Redis probe."""
+    """The cluster's status from its Deployment, a Redis probe and the Secrets its pods mount;
+    a Warning Event for each such Secret newly found missing or incomplete."""
     kube = runtime.api()
+    previous = body.get('status') or {}
     deployment = await kube.get('apps/v1', 'Deployment', cluster.meta.namespace,
                                 naming.child(cluster))  # fmt: skip
+    secret_problems = await _secret_problems(runtime, body, cluster, previous)
     redis_info, redis_error, declared = None, '', None
     try:
         registry = await runtime.registry(cluster)
@@ -58,6 +61,7 @@ async def observe_cluster(
     new = status.cluster_status(
         cluster, deployment=deployment, redis=redis_info, redis_error=redis_error,
         declared_subscriptions=declared, previous=previous.get('conditions') or [], now=now(),
+        secret_problems=secret_problems,
     )  # fmt: skip
     new.update(
         selector=naming.selector(cluster),
@@ -69,6 +73,33 @@ async def observe_cluster(
         } for scheme, port in security.client_ports(cluster).items()],
     )  # fmt: skip
     return new
+
+
+async def _secret_problems(
+    runtime: Runtime, body: Mapping[str, Any], cluster: BrokerCluster, previous: Mapping[str, Any]
+) -> list[tuple[str, str]]:
+    """What is wrong with the Secrets the pods mount, reported once per new problem.
+
+    The Deployment is applied all the same (``apply_cluster`` does not wait for them): its pods
+    wait in ContainerCreating and start by themselves once the Secret is there, which is how
+    Kubernetes treats a missing Secret volume and what a Secret created a moment after the
+    cluster needs (cert-manager, external-secrets); during a rollout the old pods keep serving
+    (``maxUnavailable: 0``). Every pass of the observer checks again, so the condition clears
+    when the Secret appears."""
+    kube = runtime.api()
+    namespace = cluster.meta.namespace
+    found = {mount.secret: await kube.secret_keys(namespace, mount.secret)
+             for mount in security.secret_mounts(cluster)}  # fmt: skip
+    problems = security.secret_problems(cluster, found)
+    reported = set(runtime.secret_warnings.get(cluster.meta.uid, ()))
+    for condition in previous.get('conditions') or []:  # posted before the operator restarted
+        if condition.get('type') == 'SecretsFound' and condition.get('status') == 'False':
+            reported.update(str(condition.get('message')).split('; '))
+    for reason, message in problems:
+        if message not in reported:
+            await kube.post_event(body, 'Warning', reason, message)
+    runtime.secret_warnings[cluster.meta.uid] = {message for _, message in problems}
+    return problems
 
 
 async def close_the_loop(

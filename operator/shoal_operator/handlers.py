@@ -81,7 +81,7 @@ def _clusters(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
                 _event(body, 'Normal', 'ReconcilePaused', 'children left as they are')
             else:
                 cluster = await clusters.apply_cluster(runtime, body)
-            new = await clusters.observe_cluster(runtime, cluster, body.get('status') or {})
+            new = await clusters.observe_cluster(runtime, body, cluster)
         except InvalidSpec as exc:
             metrics.RECONCILES.labels('BrokerCluster', 'invalid').inc()
             _event(body, 'Warning', 'InvalidSpec', str(exc))

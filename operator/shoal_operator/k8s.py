@@ -29,6 +29,9 @@ PLURALS = {
     'SharedSubscription': 'sharedsubscriptions',
 }
 MERGE_PATCH = 'application/merge-patch+json'
+WHOLE_DATA = {'ConfigMap', 'Secret'}
+"""Kinds whose ``data`` the operator renders whole: a key it no longer renders is removed (a merge
+patch by itself only adds and changes keys, so a dropped setting would live on)."""
 
 
 class ApiError(Exception):
@@ -91,6 +94,7 @@ class Kube:
             collection = path(manifest['apiVersion'], manifest['kind'], meta['namespace'])
             created = await self._request('POST', collection, body=manifest)
             return created or {}
+        manifest = _removing_stale_data(current, manifest)
         if contains(current, manifest):
             return current
         patched = await self._request('PATCH', url, body=manifest, content_type=MERGE_PATCH)
@@ -130,6 +134,13 @@ class Kube:
         }  # fmt: skip
         await self._request('POST', f'/api/v1/namespaces/{meta["namespace"]}/events', body=event)
 
+    async def secret_keys(self, namespace: str, name: str) -> set[str] | None:
+        """The keys a Secret holds; None when there is no such Secret."""
+        secret = await self.get('v1', 'Secret', namespace, name)
+        if secret is None:
+            return None
+        return {*(secret.get('data') or {}), *(secret.get('stringData') or {})}
+
     async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """One key of a Secret, decoded; None when the Secret or key is missing."""
         secret = await self.get('v1', 'Secret', namespace, name)
@@ -155,6 +166,16 @@ class Kube:
                 raise ApiError(response.status, (await response.text())[:500])
             answer: dict[str, Any] = await response.json(content_type=None)
             return answer
+
+
+def _removing_stale_data(current: Mapping[str, Any], manifest: Mapping[str, Any]
+                         ) -> Mapping[str, Any]:  # fmt: skip
+    """``manifest`` with a null (merge-patch removal) for each ``data`` key only ``current`` has."""
+    if manifest['kind'] not in WHOLE_DATA:
+        return manifest
+    desired = manifest.get('data') or {}
+    stale = {key: None for key in current.get('data') or {} if key not in desired}
+    return {**manifest, 'data': {**desired, **stale}} if stale else manifest
 
 
 def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext:

@@ -53,7 +53,7 @@ async def _cluster(runtime: Runtime, body: Mapping[str, Any]) -> None:
         if not cluster.meta.paused:
             await clusters.apply_cluster(runtime, body)
         old = body.get('status') or {}
-        new = await clusters.observe_cluster(runtime, cluster, old)
+        new = await clusters.observe_cluster(runtime, body, cluster)
         await clusters.close_the_loop(runtime, body, cluster, new)
     except (InvalidSpec, k8s.ApiError, StoreUnavailable) as exc:
         logger.warning('cannot observe BrokerCluster %s/%s: %s', meta.get('namespace'),

@@ -68,6 +68,9 @@ class Runtime:
         self.settings = settings
         self.kube: k8s.Kube | None = None
         self.inventory: dict[Key, dict[str, Any]] = {}
+        self.secret_warnings: dict[str, set[str]] = {}
+        """Per BrokerCluster uid, the Secret problems already posted as Events (kopf runs its
+        resume and create handlers on the same body, before either's status is written)."""
         self._registries: dict[str, Registry] = {}
 
     def api(self) -> k8s.Kube:
@@ -80,6 +83,7 @@ class Runtime:
         key = (kind, str(meta.get('namespace')), str(meta.get('name')))
         if deleted:
             self.inventory.pop(key, None)
+            self.secret_warnings.pop(str(meta.get('uid')), None)
         else:
             self.inventory[key] = dict(body)
 

@@ -133,8 +133,10 @@ def cluster_status(
     declared_subscriptions: int | None,
     previous: Sequence[Any],
     now: datetime.datetime,
+    secret_problems: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """A BrokerCluster's status from its Deployment and a Redis probe."""
+    """A BrokerCluster's status from its Deployment, a Redis probe and what is wrong with the
+    Secrets its pods mount (``security.secret_problems``)."""
     observed = (deployment or {}).get('status') or {}
     replicas = int(observed.get('replicas') or 0)
     ready_replicas = int(observed.get('readyReplicas') or 0)
@@ -149,12 +151,18 @@ def cluster_status(
 
     connected = redis is not None
     available = connected and ready_replicas > 0
+    # a Deployment whose controller has not seen its latest template yet (a settings change just
+    # applied) still reports the old rollout's counts: it is progressing all the same
+    behind = int(observed.get('observedGeneration') or 0) < int(
+        ((deployment or {}).get('metadata') or {}).get('generation') or 0
+    )
     progressing = deployment is not None and (
-        updated < cluster.replicas or ready_replicas < cluster.replicas
+        behind or updated < cluster.replicas or ready_replicas < cluster.replicas
     )
     blockers: list[tuple[str, str]] = []
     if not connected:
         blockers.append(('RedisUnavailable', redis_error or 'Redis did not answer'))
+    blockers.extend(secret_problems)
     if cluster.replicas > 0 and ready_replicas == 0:
         blockers.append(('NoReplicaReady', f'0 of {cluster.replicas} broker replicas are ready'))
     updates = [
@@ -162,7 +170,11 @@ def cluster_status(
              '' if connected else redis_error),
         make('Available', available, 'ReplicasReady' if available else 'Unavailable',
              f'{ready_replicas} of {cluster.replicas} replicas ready'),
-        make('Progressing', progressing, 'RollingOut' if progressing else 'Stable'),
+        make('Progressing', progressing, 'RollingOut' if progressing else 'Stable',
+             f'{updated} of {cluster.replicas} replicas run the current pod template'),
+        make('SecretsFound', not secret_problems,
+             secret_problems[0][0] if secret_problems else 'Found',
+             '; '.join(message for _, message in secret_problems)),
         make('ReconcilePaused', cluster.meta.paused,
              'PauseAnnotation' if cluster.meta.paused else 'NotPaused'),
     ]  # fmt: skip

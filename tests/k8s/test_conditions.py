@@ -104,6 +104,13 @@ def test_cluster_status_from_the_deployment_and_redis() -> None:
     conds = by_type(ok['conditions'])
     assert conds['Ready']['status'] == 'True'
     assert conds['Progressing']['status'] == 'False'
+    # a new pod template the Deployment's controller has not seen yet is a rollout too
+    template_changed = {'metadata': {'generation': 4},
+                        'status': {**deployment['status'], 'observedGeneration': 3}}  # fmt: skip
+    rolling = status.cluster_status(cluster(), deployment=template_changed,
+                                    redis=RedisInfo(0.4, '7.0.15'), redis_error='',
+                                    declared_subscriptions=3, previous=[], now=T0)  # fmt: skip
+    assert by_type(rolling['conditions'])['Progressing']['reason'] == 'RollingOut'
     assert ok['redis'] == {'connected': True, 'latencyMs': 0.4, 'serverVersion': '7.0.15'}
     assert (ok['replicas'], ok['readyReplicas'], ok['subscriptions']) == (2, 2, {'declared': 3})
     down = status.cluster_status(cluster(), deployment={'status': {'replicas': 2}}, redis=None,
@@ -114,6 +121,34 @@ def test_cluster_status_from_the_deployment_and_redis() -> None:
     assert conds['RedisConnected']['message'] == 'refused'
     assert conds['Progressing']['status'] == 'True'
     assert conds['Ready']['lastTransitionTime'] == '2026-01-01T12:05:00Z'
+
+
+def test_a_missing_secret_keeps_a_cluster_from_being_ready() -> None:
+    deployment = {'status': {'replicas': 2, 'readyReplicas': 2, 'updatedReplicas': 2}}
+    missing = [
+        ('SecretMissing', 'Secret default/users (spec.auth.usersSecretName) does not exist'),
+        ('SecretKeyMissing', 'Secret default/tls (spec.tls.secretName) has no key tls.key'),
+    ]
+
+    def observe(redis: RedisInfo | None, problems: list[tuple[str, str]]) -> dict[str, Any]:
+        found = status.cluster_status(cluster(), deployment=deployment, redis=redis,
+                                      redis_error='refused', declared_subscriptions=None,
+                                      previous=[], now=T0, secret_problems=problems)  # fmt: skip
+        return by_type(found['conditions'])
+
+    conds = observe(RedisInfo(0.4, '7.0.15'), missing)
+    assert (conds['Ready']['status'], conds['Ready']['reason']) == ('False', 'SecretMissing')
+    assert conds['Ready']['message'] == missing[0][1]
+    assert (conds['SecretsFound']['status'], conds['SecretsFound']['reason']) == (
+        'False', 'SecretMissing'
+    )  # fmt: skip
+    assert conds['SecretsFound']['message'].split('; ') == [message for _, message in missing]
+    # Ready names the first problem; the others stay visible on SecretsFound
+    conds = observe(None, missing[1:])
+    assert conds['Ready']['reason'] == 'RedisUnavailable'
+    assert conds['SecretsFound']['reason'] == 'SecretKeyMissing'
+    conds = observe(RedisInfo(0.4, '7.0.15'), [])
+    assert (conds['SecretsFound']['status'], conds['Ready']['status']) == ('True', 'True')
 
 
 def subscription(**spec: Any) -> SharedSubscription:

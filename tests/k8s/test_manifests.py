@@ -1,13 +1,14 @@
 """The pure builders: a BrokerCluster model in, Kubernetes objects out (no API server)."""
 
 import base64
+import re
 from typing import Any
 
 import pytest
 
 from shoal_broker import settings as broker
 from shoal_operator import manifests
-from shoal_operator.manifests import config, naming, network, workload
+from shoal_operator.manifests import config, naming, network, security, workload
 from shoal_operator.models import BrokerCluster, InvalidSpec
 
 
@@ -71,7 +72,10 @@ def test_pod_template_overrides_replace_the_defaults() -> None:
     meta = d['spec']['template']['metadata']
     assert meta['labels']['team'] == 'x'
     assert meta['labels']['app.kubernetes.io/instance'] == 'shoal'  # ours cannot be overridden
-    assert meta['annotations'] == {'note': 'y'}
+    assert meta['annotations'] == {
+        'note': 'y',
+        config.CONFIG_CHECKSUM: config.config_checksum(model()),
+    }
 
 
 def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
@@ -95,6 +99,37 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
     assert broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY not in data
     denying = config.configmap(model(subscriptions={'undeclared': 'Deny'}))['data']
     assert denying[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] == 'true'
+
+
+def template_checksum(cluster: BrokerCluster) -> str:
+    checksum: str = workload.deployment(cluster)['spec']['template']['metadata']['annotations'][
+        config.CONFIG_CHECKSUM
+    ]
+    return checksum
+
+
+def test_the_pod_template_changes_with_the_broker_settings_and_only_with_them() -> None:
+    settings = {'logLevel': 'DEBUG', 'maxDeliveryAttempts': 5, 'autoCreateTopics': False}
+    base = template_checksum(model(broker=settings))
+    assert base == template_checksum(model(broker=dict(reversed(settings.items()))))
+    assert re.fullmatch('[0-9a-f]{64}', base)  # a SHA-256 digest
+    # what does not reach the ConfigMap leaves the template's checksum alone
+    assert base == template_checksum(model(broker=settings, replicas=7,
+                                           podTemplate={'annotations': {'note': 'y'}},
+                                           resources={'limits': {'cpu': 1}}))  # fmt: skip
+    assert base == template_checksum(model(broker={**settings, 'unknownField': 1}))
+    # every setting the ConfigMap carries changes it
+    changed = [
+        model(broker={**settings, 'logLevel': 'INFO'}),
+        model(broker={**settings, 'maxDeliveryAttempts': 6}),
+        model(broker={key: v for key, v in settings.items() if key != 'autoCreateTopics'}),
+        model(broker=settings, durability='fsync'),
+        model(broker=settings, subscriptions={'undeclared': 'Deny'}),
+    ]
+    assert len({base, *map(template_checksum, changed)}) == 1 + len(changed)
+    # a pod template annotation cannot stand in for the checksum
+    forged = model(broker=settings, podTemplate={'annotations': {config.CONFIG_CHECKSUM: 'x'}})
+    assert template_checksum(forged) == base
 
 
 def test_the_connection_secret_tells_apps_where_to_connect() -> None:
@@ -203,6 +238,27 @@ def test_users_come_from_a_read_only_secret_volume_the_broker_rereads() -> None:
 
 
 TLS = {'secretName': 'shoal-tls', 'clientAuth': 'Required', 'clientCASecretName': 'clients'}
+
+
+def test_the_secrets_the_pods_mount_are_checked_for_existence_and_keys() -> None:
+    cluster = model(auth={'usersSecretName': 'shoal-users'}, tls=TLS)
+    assert [(m.secret, m.keys) for m in security.secret_mounts(cluster)] == [
+        ('shoal-users', ('users.json',)), ('shoal-tls', ('tls.crt', 'tls.key')),
+        ('clients', ('ca.crt',)),
+    ]  # fmt: skip
+    complete = {'shoal-users': {'users.json'}, 'shoal-tls': {'tls.crt', 'tls.key', 'ca.crt'},
+                'clients': {'ca.crt'}}  # fmt: skip
+    assert security.secret_problems(cluster, complete) == []
+    partial = {'shoal-users': None, 'shoal-tls': {'ca.crt'}, 'clients': {'ca.crt'}}
+    assert security.secret_problems(cluster, partial) == [
+        ('SecretMissing', 'Secret msg/shoal-users (spec.auth.usersSecretName) does not exist'),
+        ('SecretKeyMissing',
+         'Secret msg/shoal-tls (spec.tls.secretName) has no key tls.crt, tls.key'),
+    ]  # fmt: skip
+    assert security.secret_problems(cluster, {})[2] == (
+        'SecretMissing', 'Secret msg/clients (spec.tls.clientCASecretName) does not exist'
+    )  # fmt: skip
+    assert security.secret_mounts(model()) == []
 
 
 def test_tls_adds_an_amqps_listener_on_the_mounted_certificates() -> None:

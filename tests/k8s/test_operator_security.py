@@ -111,3 +111,55 @@ async def test_a_cluster_nobody_could_log_into_is_refused_until_it_names_its_use
         lambda: operator.get('deployments', 'shoal', api_version='apps/v1'), 'the Deployment'
     )
     await operator.eventually(lambda: queue_ready('True'), 'the Queue Ready')
+
+
+def secret(name: str, **files: str) -> dict[str, Any]:
+    data = {key: base64.b64encode(text.encode()).decode() for key, text in files.items()}
+    return {'metadata': {'name': name}, 'data': data}
+
+
+async def test_missing_secrets_are_reported_until_they_appear(
+    operator: Kube, redis_server: RedisServer
+) -> None:
+    await operator.redis_secret(redis_server.url)
+    await operator.create('brokerclusters', cluster_body(auth=AUTH, tls=TLS))
+
+    async def secrets_found(status: str, reason: str) -> Any:
+        body = await operator.get('brokerclusters', 'shoal') or {}
+        found = condition(body, 'SecretsFound')
+        return body if (found.get('status'), found.get('reason')) == (status, reason) else None
+
+    body = await operator.eventually(
+        lambda: secrets_found('False', 'SecretMissing'), 'SecretsFound=False/SecretMissing'
+    )
+    missing = [
+        'Secret default/shoal-users (spec.auth.usersSecretName) does not exist',
+        'Secret default/shoal-tls (spec.tls.secretName) does not exist',
+        'Secret default/client-ca (spec.tls.clientCASecretName) does not exist',
+    ]
+    assert condition(body, 'SecretsFound')['message'].split('; ') == missing
+    ready = condition(body, 'Ready')
+    assert (ready['status'], ready['reason'], ready['message']) == (
+        'False', 'SecretMissing', missing[0]
+    )  # fmt: skip
+    # the Deployment is there all the same: its pods wait for the Secrets (Kubernetes semantics)
+    assert await operator.get('deployments', 'shoal', api_version='apps/v1') is not None
+    # one Warning Event per missing Secret, not one per check
+    await operator.observer_passes(2)
+    assert (await operator.event_reasons('shoal')).count('SecretMissing') == 3
+
+    await operator.create('secrets', secret('shoal-users', **{'users.json': '{}'}), 'v1')
+    await operator.create('secrets', secret('shoal-tls', **{'tls.crt': 'cert'}), 'v1')
+    await operator.create('secrets', secret('client-ca', **{'ca.crt': 'ca'}), 'v1')
+    body = await operator.eventually(
+        lambda: secrets_found('False', 'SecretKeyMissing'), 'SecretsFound=False/SecretKeyMissing'
+    )
+    assert condition(body, 'SecretsFound')['message'] == (
+        'Secret default/shoal-tls (spec.tls.secretName) has no key tls.key'
+    )
+    assert 'SecretKeyMissing' in await operator.event_reasons('shoal')
+
+    key = base64.b64encode(b'key').decode()
+    await operator.patch('secrets', 'shoal-tls', {'data': {'tls.key': key}}, api_version='v1')
+    body = await operator.eventually(lambda: secrets_found('True', 'Found'), 'SecretsFound=True')
+    assert condition(body, 'Ready')['reason'] == 'NoReplicaReady'  # kmock runs no pods

@@ -16,8 +16,11 @@ from typing import Any
 
 import aiohttp
 import kmock
+from prometheus_client import REGISTRY
 
 GROUP_VERSION = 'shoal.dev/v1alpha1'
+LAST_PASS = 'shoal_operator_last_observation_timestamp_seconds'
+"""The gauge an in-process operator's observer loop moves at the end of each pass."""
 _versions = itertools.count(1000)
 
 
@@ -123,6 +126,17 @@ class Kube:
             'data': {'url': base64.b64encode(url.encode()).decode()},
         }
         await self.create('secrets', body, api_version='v1')
+
+    async def observer_passes(self, count: int) -> None:
+        """Wait for ``count`` whole passes of the in-process operator's observer loop (each
+        re-applies and re-observes every BrokerCluster), the first one starting after the call."""
+        for _ in range(count + 1):
+            before = REGISTRY.get_sample_value(LAST_PASS) or 0.0
+
+            async def moved(before: float = before) -> bool:
+                return (REGISTRY.get_sample_value(LAST_PASS) or 0.0) > before
+
+            await self.eventually(moved, 'an observer pass')
 
     async def eventually(self, probe: Callable[[], Any], what: str, limit: float = 30) -> Any:
         """Poll an async probe until it returns something truthy (bounded)."""

@@ -1,6 +1,8 @@
 """The broker settings ConfigMap and the connection Secret apps mount."""
 
 import base64
+import hashlib
+import json
 from typing import Any
 
 from shoal_broker import settings as broker
@@ -20,6 +22,8 @@ _SETTINGS = {
     'logLevel': broker.ENV_LOG_LEVEL,
 }
 """BrokerCluster ``spec.broker`` field -> the broker's environment variable."""
+CONFIG_CHECKSUM = 'shoal.dev/config-checksum'
+"""Pod-template annotation: the digest of the settings ConfigMap's data."""
 
 
 def _text(value: Any) -> str:
@@ -49,6 +53,15 @@ def configmap(cluster: BrokerCluster) -> Manifest:
         'metadata': naming.metadata(cluster, naming.child(cluster, 'config')),
         'data': settings_env(cluster),
     }
+
+
+def config_checksum(cluster: BrokerCluster) -> str:
+    """The digest of what the settings ConfigMap holds. Brokers read their settings when they
+    start, so the Deployment carries this in its pod template: a settings change changes the
+    template and rolls the pods (within the rollout strategy and the PDB), and anything else
+    leaves it alone. Keys are sorted, so the digest depends only on the settings."""
+    canonical = json.dumps(settings_env(cluster), sort_keys=True, separators=(',', ':'))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def connection_secret(cluster: BrokerCluster) -> Manifest:

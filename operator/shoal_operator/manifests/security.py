@@ -8,6 +8,8 @@ are container environment variables rather than ConfigMap entries so that turnin
 changes the pod template and rolls the Deployment.
 """
 
+import dataclasses
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from shoal_broker import settings as broker
@@ -28,39 +30,67 @@ _CLIENT_AUTH = {
 }
 
 
-def _secret_volume(volume: str, secret: str, keys: list[str]) -> dict[str, Any]:
-    return {
-        'name': volume,
-        'secret': {
-            'secretName': secret,
-            'items': [{'key': key, 'path': key} for key in keys],
-            'defaultMode': READ_ONLY_FOR_GROUP,
-        },
-    }
+@dataclasses.dataclass(frozen=True, slots=True)
+class SecretMount:
+    """A Secret the broker pods mount: where the spec names it, the keys they read, where."""
+
+    volume: str
+    field: str
+    secret: str
+    keys: tuple[str, ...]
+    path: str
 
 
-def _mounts(cluster: BrokerCluster) -> list[tuple[dict[str, Any], str]]:
-    """(volume, mount path) pairs of the Secrets the cluster's spec names."""
+def secret_mounts(cluster: BrokerCluster) -> list[SecretMount]:
+    """The Secrets the cluster's spec names, which its pods cannot start without."""
+    auth, tls = cluster.auth, cluster.tls
     found = []
-    if cluster.auth.users_secret is not None:
-        found.append(
-            (_secret_volume('users', cluster.auth.users_secret, ['users.json']), USERS_DIR)
-        )
-    if cluster.tls is not None:
-        found.append((_secret_volume('tls', cluster.tls.secret, ['tls.crt', 'tls.key']), TLS_DIR))
-        if cluster.tls.client_ca_secret is not None:
-            ca = _secret_volume('client-ca', cluster.tls.client_ca_secret, ['ca.crt'])
-            found.append((ca, CLIENT_CA_DIR))
+    if auth.users_secret is not None:
+        users = ('users.json',)
+        found.append(SecretMount('users', 'spec.auth.usersSecretName', auth.users_secret, users,
+                                 USERS_DIR))  # fmt: skip
+    if tls is not None:
+        pair = ('tls.crt', 'tls.key')
+        found.append(SecretMount('tls', 'spec.tls.secretName', tls.secret, pair, TLS_DIR))
+        if tls.client_ca_secret is not None:
+            found.append(SecretMount('client-ca', 'spec.tls.clientCASecretName',
+                                     tls.client_ca_secret, ('ca.crt',), CLIENT_CA_DIR))  # fmt: skip
     return found
 
 
 def volumes(cluster: BrokerCluster) -> list[dict[str, Any]]:
-    return [volume for volume, _ in _mounts(cluster)]
+    return [{
+        'name': mount.volume,
+        'secret': {
+            'secretName': mount.secret,
+            'items': [{'key': key, 'path': key} for key in mount.keys],
+            'defaultMode': READ_ONLY_FOR_GROUP,
+        },
+    } for mount in secret_mounts(cluster)]  # fmt: skip
 
 
 def volume_mounts(cluster: BrokerCluster) -> list[dict[str, Any]]:
-    return [{'name': volume['name'], 'mountPath': path, 'readOnly': True}
-            for volume, path in _mounts(cluster)]  # fmt: skip
+    return [{'name': mount.volume, 'mountPath': mount.path, 'readOnly': True}
+            for mount in secret_mounts(cluster)]  # fmt: skip
+
+
+def secret_problems(
+    cluster: BrokerCluster, found: Mapping[str, Collection[str] | None]
+) -> list[tuple[str, str]]:
+    """(reason, message) for each mounted Secret that is missing or lacks a key the pods read;
+    ``found`` maps a Secret's name to its keys, or to None when it does not exist."""
+    problems = []
+    namespace = cluster.meta.namespace
+    for mount in secret_mounts(cluster):
+        keys = found.get(mount.secret)
+        if keys is None:
+            problems.append(('SecretMissing', f'Secret {namespace}/{mount.secret} '
+                             f'({mount.field}) does not exist'))  # fmt: skip
+            continue
+        if missing := [key for key in mount.keys if key not in keys]:
+            problems.append(('SecretKeyMissing', f'Secret {namespace}/{mount.secret} '
+                             f'({mount.field}) has no key {", ".join(missing)}'))  # fmt: skip
+    return problems
 
 
 def env(cluster: BrokerCluster) -> list[dict[str, str]]:

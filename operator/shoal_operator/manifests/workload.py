@@ -3,7 +3,7 @@
 from typing import Any
 
 from shoal_broker import settings as broker
-from shoal_operator.manifests import naming, security
+from shoal_operator.manifests import config, naming, security
 from shoal_operator.manifests.config import Manifest
 from shoal_operator.models import BrokerCluster
 
@@ -108,7 +108,8 @@ def deployment(cluster: BrokerCluster) -> Manifest:
             'template': {
                 'metadata': {
                     'labels': {**dict(template.get('labels') or {}), **naming.all_labels(cluster)},
-                    'annotations': dict(template.get('annotations') or {}),
+                    'annotations': {**dict(template.get('annotations') or {}),
+                                    config.CONFIG_CHECKSUM: config.config_checksum(cluster)},
                 },
                 'spec': pod_spec,
             },

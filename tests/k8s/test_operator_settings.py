@@ -1,0 +1,74 @@
+"""The operator against kmock and a real Redis: a change of a BrokerCluster's ``spec.broker``
+reaches the ConfigMap and rolls the pods (the pod template's config checksum changes); scaling
+and the periodic drift check leave the template alone."""
+
+from typing import Any
+
+from kubeemulator import Kube, cluster_body
+from processes import RedisServer
+
+from shoal_broker import settings as broker
+from shoal_operator.manifests import config
+from shoal_operator.models import BrokerCluster
+
+
+async def deployment(kube: Kube) -> dict[str, Any] | None:
+    return await kube.get('deployments', 'shoal', api_version='apps/v1')
+
+
+def checksum(found: dict[str, Any]) -> str:
+    return str(found['spec']['template']['metadata']['annotations'][config.CONFIG_CHECKSUM])
+
+
+async def settled(kube: Kube) -> dict[str, Any] | None:
+    """The BrokerCluster once the operator's handler is done with its latest generation."""
+    body = await kube.get('brokerclusters', 'shoal') or {}
+    observed = (body.get('status') or {}).get('observedGeneration')
+    return body if observed == body['metadata']['generation'] else None
+
+
+async def test_a_settings_change_rolls_the_pods_and_nothing_else_does(
+    operator: Kube, redis_server: RedisServer
+) -> None:
+    await operator.redis_secret(redis_server.url)
+    await operator.create(
+        'brokerclusters', cluster_body(broker={'logLevel': 'DEBUG', 'maxDeliveryAttempts': 5})
+    )
+    first = await operator.eventually(lambda: deployment(operator), 'the Deployment')
+    before = checksum(first)
+
+    await operator.patch(
+        'brokerclusters', 'shoal',
+        {'spec': {'broker': {'logLevel': 'INFO', 'maxDeliveryAttempts': None}}},
+    )  # fmt: skip
+
+    async def rolled() -> dict[str, Any] | None:
+        found = await deployment(operator)
+        return found if found is not None and checksum(found) != before else None
+
+    changed = await operator.eventually(rolled, 'a new config checksum in the pod template')
+    configmap = await operator.get('configmaps', 'shoal-config', api_version='v1') or {}
+    assert configmap['data'][broker.ENV_LOG_LEVEL] == 'INFO'
+    assert broker.ENV_MAX_DELIVERY_ATTEMPTS not in configmap['data']  # a dropped setting goes
+    body = await operator.eventually(lambda: settled(operator), 'the update reconciled')
+    assert checksum(changed) == config.config_checksum(
+        BrokerCluster.from_body(body, default_image='shoal:test')
+    )
+
+    # scaling changes the Deployment but not its pod template
+    await operator.patch('brokerclusters', 'shoal', {'spec': {'replicas': 3}})
+
+    async def scaled() -> dict[str, Any] | None:
+        found = await deployment(operator)
+        return found if found is not None and found['spec']['replicas'] == 3 else None
+
+    assert checksum(await operator.eventually(scaled, 'three replicas')) == checksum(changed)
+
+    # with nothing changed, the reconciles of the drift check leave the Deployment unpatched
+    await operator.eventually(lambda: settled(operator), 'the scaling reconciled')
+    await operator.observer_passes(1)
+    steady = await deployment(operator) or {}
+    await operator.observer_passes(2)
+    again = await deployment(operator) or {}
+    assert again['metadata']['generation'] == steady['metadata']['generation']
+    assert checksum(again) == checksum(changed)
