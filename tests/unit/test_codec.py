@@ -577,7 +577,7 @@ def test_a_compound_with_size_zero_raises_decode_error(buf: bytes) -> None:
 
 
 def test_a_section_described_by_a_surrogate_char_is_a_decode_error() -> None:
-    with pytest.raises(codec.DecodeError):  # found by fuzz/ (UnicodeEncodeError escaped)
+    with pytest.raises(codec.DecodeError, match='surrogate'):  # fuzz/: UnicodeEncodeError escaped
         codec.parse(b'\x00\x73\x00\x00\xdb\xf8\x00\x00')
 
 

@@ -127,8 +127,10 @@ def decode(buf: bytes | bytearray, pos: int, depth: int = 0) -> tuple[Any, int]:
         point = int.from_bytes(buf[pos + 1 : end], 'big')
         # both found by fuzz/: chr() refuses what is past Unicode, and a surrogate made a str
         # that failed later when encoded (a section descriptor)
-        if point > 0x10FFFF or 0xD800 <= point <= 0xDFFF:
-            raise DecodeError(f'char value 0x{point:x} at {pos} is not a Unicode character')
+        if point > 0x10FFFF:
+            raise DecodeError(f'char value 0x{point:x} at {pos} is not a Unicode code point')
+        if 0xD800 <= point <= 0xDFFF:
+            raise DecodeError(f'char value 0x{point:x} at {pos} is a surrogate, not a character')
         return chr(point), end
     if code == 0x98:
         return uuid.UUID(bytes=bytes(buf[pos + 1 : end])), end
