@@ -1,13 +1,15 @@
 """The broker as a process: embedded Redis, health endpoints, graceful SIGTERM, trimming."""
 
 import json
+import os
+import re
 import signal
 import time
 
 import pytest
 import redis
 from amqpclient import Capabilities, connect, nothing_more, receive_all, receiver, send_all, sender
-from processes import BrokerProcess, RedisServer
+from processes import BrokerProcess, RedisServer, wait_for
 from proton import Delivery, Message
 from proton.utils import SendException
 
@@ -29,6 +31,25 @@ def test_without_a_redis_url_the_broker_runs_its_own_and_keeps_messages_across_r
         conn.close()
     finally:
         assert second.stop() == 0
+
+
+def test_the_embedded_redis_does_not_outlive_a_killed_broker(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    broker = BrokerProcess(None, data_dir=str(tmp_path / 'redis-data'))
+    match = re.search(r'embedded redis-server pid (\d+)', broker.log())
+    assert match, broker.log()
+    redis_pid = int(match.group(1))
+    assert os.path.exists(f'/proc/{redis_pid}')
+    broker.process.kill()  # no chance to stop its Redis itself
+    assert broker.stop() == -signal.SIGKILL
+    wait_for(lambda: not _alive(redis_pid), 10, f'redis-server {redis_pid} to exit')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().split(') ')[1][0] != 'Z'  # a zombie has exited
+    except FileNotFoundError:
+        return False
 
 
 def test_health_endpoints_answer(broker: BrokerProcess) -> None:

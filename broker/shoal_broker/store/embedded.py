@@ -3,17 +3,23 @@ The embedded Redis: a ``redis-server`` child process for a broker started withou
 
 So that one command runs a real broker (DESIGN.md §5). Append-only file on, data in a directory
 the user names, reachable only through a Unix socket in a private temporary directory. Stopped
-(SIGTERM, then SIGKILL after a bound) when the broker exits.
+(SIGTERM, then SIGKILL after a bound) when the broker exits; on Linux the kernel also sends it
+SIGTERM when the broker dies without stopping it (kill -9, OOM kill), so no orphaned Redis keeps
+the data directory and its AOF locked.
 """
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import redis.asyncio
@@ -21,6 +27,7 @@ import redis.asyncio
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_SECONDS = 10.0
+PR_SET_PDEATHSIG = 1
 
 
 class EmbeddedRedis:
@@ -69,7 +76,9 @@ class EmbeddedRedis:
 
     def _spawn(self, command: list[str]) -> None:
         # fork+exec returns at once; only the readiness wait below needs to be asynchronous
-        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, preexec_fn=_terminate_with_parent()
+        )
 
     def stop(self) -> None:
         process, self._process = self._process, None
@@ -84,3 +93,19 @@ class EmbeddedRedis:
             if self.socket.exists():
                 os.unlink(self.socket)
             self._socket_dir.rmdir()
+
+
+def _terminate_with_parent() -> 'Callable[[], None] | None':
+    """A pre-exec hook asking Linux to SIGTERM the child when this process dies. libc is loaded
+    here, before the fork, so the child only makes the one call (the broker starts its Redis
+    before it runs any thread)."""
+    if not sys.platform.startswith('linux'):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)
+    prctl = libc.prctl
+    signum = int(signal.SIGTERM)
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+    return hook
