@@ -20,13 +20,6 @@ from shoal_broker.store.redisstore import RedisStore
 
 
 @pytest.fixture
-async def client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    c = redis.asyncio.Redis.from_url(redis_server.url)
-    yield c
-    await c.aclose()
-
-
-@pytest.fixture
 async def pubsub(client: redis.asyncio.Redis) -> AsyncIterator[Any]:
     p = client.pubsub()
     yield p

@@ -1,7 +1,6 @@
 """The Redis store's contract on a real redis-server: the Lua scripts are the semantics."""
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
@@ -11,14 +10,6 @@ from shoal_broker.errors import AddressNotFound, StoreUnavailable
 from shoal_broker.routing.storage import QUEUE_GROUP, BrowseCursor, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store.redisstore import RedisStore
-
-
-@pytest.fixture
-async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:
-    s = RedisStore.from_url(redis_server.url, f'replica-{uuid.uuid4().hex[:6]}')
-    await s.start()
-    yield s
-    await s.close()
 
 
 @pytest.fixture

@@ -28,14 +28,6 @@ async def registry(redis_server: RedisServer) -> AsyncIterator[Registry]:
 
 
 @pytest.fixture
-async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:
-    s = RedisStore.from_url(redis_server.url, f'replica-{uuid.uuid4().hex[:6]}')
-    await s.start()
-    yield s
-    await s.close()
-
-
-@pytest.fixture
 def topic() -> str:
     return f'topic-{uuid.uuid4().hex[:10]}'
 
