@@ -3,7 +3,7 @@ connection, applied and answered in the order written; a failed connection is ne
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -15,11 +15,18 @@ from shoal_broker.store.lane import Lane, pack
 from shoal_broker.store.redisstore import RedisStore
 
 
-@pytest.fixture
-async def client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    c = redis.asyncio.Redis.from_url(redis_server.url)
-    yield c
-    await c.aclose()
+async def send(lane: Lane, commands: list[tuple[Any, ...]]) -> 'asyncio.Future[list[Any]]':
+    """One pipeline, its replies as a future."""
+    future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+
+    def answer(replies: list[Any] | None, error: BaseException | None) -> None:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(replies or [])
+
+    await lane.send_then(commands, answer)
+    return future
 
 
 def test_commands_are_packed_as_resp_arrays_of_bulk_strings() -> None:
@@ -41,7 +48,7 @@ async def test_pipelines_in_flight_are_applied_and_answered_in_the_order_written
     futures = []
     for i in range(8):  # none awaited before the next is written
         await lane.wait_for_room()
-        futures.append(await lane.send([('RPUSH', key, i), ('LLEN', key)]))
+        futures.append(await send(lane, [('RPUSH', key, i), ('LLEN', key)]))
     assert lane.in_flight > 0 or all(f.done() for f in futures)
     replies = await asyncio.gather(*futures)
     assert replies == [[i + 1, i + 1] for i in range(8)]
@@ -52,7 +59,7 @@ async def test_pipelines_in_flight_are_applied_and_answered_in_the_order_written
 async def test_an_error_reply_belongs_to_its_command_only(client: redis.asyncio.Redis) -> None:
     key = f'lane-{uuid.uuid4().hex}'
     lane = Lane(client.connection_pool, max_in_flight=2)
-    replies = await (await lane.send([('SET', key, 'x'), ('INCR', key), ('GET', key)]))
+    replies = await (await send(lane, [('SET', key, 'x'), ('INCR', key), ('GET', key)]))
     assert replies[0] == b'OK'
     assert isinstance(replies[1], redis.exceptions.ResponseError)
     assert replies[2] == b'x'
@@ -65,9 +72,9 @@ async def test_a_killed_connection_fails_what_is_in_flight_and_the_next_pipeline
     key = f'lane-{uuid.uuid4().hex}'
     lane = Lane(client.connection_pool, max_in_flight=4)
     name = f'lane-{uuid.uuid4().hex[:8]}'
-    await (await lane.send([('CLIENT', 'SETNAME', name)]))
-    blocked = await lane.send([('BLPOP', f'{key}-never', 0)])  # holds the connection's replies
-    behind = await lane.send([('SET', key, 'after')])
+    await (await send(lane, [('CLIENT', 'SETNAME', name)]))
+    blocked = await send(lane, [('BLPOP', f'{key}-never', 0)])  # holds the connection's replies
+    behind = await send(lane, [('SET', key, 'after')])
     await asyncio.sleep(0.2)
     clients = await client.client_list()
     [victim] = [c for c in clients if c['name'] == name]
@@ -76,7 +83,7 @@ async def test_a_killed_connection_fails_what_is_in_flight_and_the_next_pipeline
         with pytest.raises(redis.exceptions.ConnectionError):
             await asyncio.wait_for(future, 10)
     assert await client.get(key) is None  # queued behind BLPOP on the killed connection
-    assert await (await lane.send([('SET', key, 'fresh'), ('GET', key)])) == [b'OK', b'fresh']
+    assert await (await send(lane, [('SET', key, 'fresh'), ('GET', key)])) == [b'OK', b'fresh']
     await lane.close()
 
 

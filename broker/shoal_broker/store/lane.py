@@ -44,7 +44,7 @@ Answer = Callable[[list[Any] | None, BaseException | None], None]
 
 READ_SIZE = 256 * 1024
 WRITE_HIGH_WATER = 1024 * 1024
-"""Bytes buffered for Redis past which ``send`` waits for the socket to drain."""
+"""Bytes buffered for Redis past which ``send_then`` waits for the socket to drain."""
 
 
 def pack(commands: Iterable[Sequence[Any]]) -> bytes:
@@ -95,29 +95,12 @@ class Lane:
             self._room.clear()
             await self._room.wait()
 
-    async def send(self, commands: Sequence[Sequence[Any]]) -> 'asyncio.Future[list[Any]]':
-        """Write one pipeline; the future gets its replies (error replies as exception objects)
-        or fails with a connection error. Call ``wait_for_room`` first to bound the pipelines
-        in flight."""
-        if self._loop is None:  # kept: Python 3.11's get_running_loop() makes a getpid() call
-            self._loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Any]] = self._loop.create_future()
-
-        def answer(replies: list[Any] | None, error: BaseException | None) -> None:
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(replies or [])
-
-        await self.send_then(commands, answer)
-        return future
-
     async def send_then(self, commands: Sequence[Sequence[Any]], answer: Answer) -> None:
-        """``send`` for the per-message path: ``answer`` is called as soon as the replies are
-        read, not one event-loop turn later through a future (at a trickle every message waited
-        for those turns). A connection error while writing is raised, not answered."""
+        """Write one pipeline; ``answer`` gets its replies (error replies as exception objects)
+        or the connection error that lost them, as soon as they are read: not one event-loop
+        turn later through a future (at a trickle every message waited for those turns). A
+        connection error while writing is raised, not answered. Call ``wait_for_room`` first to
+        bound the pipelines in flight."""
         packed = pack(commands)
         if self._conn is None:
             self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]

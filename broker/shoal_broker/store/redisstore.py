@@ -24,7 +24,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from importlib import resources
 from typing import Any
 
 import redis.asyncio
@@ -45,7 +44,7 @@ from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notify, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.stopping import cancel_and_wait
-from shoal_broker.store import keys
+from shoal_broker.store import keys, scripts
 from shoal_broker.store.lane import Lane
 from shoal_broker.store.notifications import NotificationReader
 
@@ -77,10 +76,6 @@ ACK_COALESCE_SECONDS = 0.002
 anyway; at a trickle (1 000 msg/s) each ack otherwise paid a pipeline and two wake-ups of its own
 (docs/benchmarks.md, sitting J), while the next publish comes within a millisecond. An ack still
 queued when the replica dies only means a redelivery, which at-least-once allows."""
-
-
-def _lua(name: str) -> str:
-    return resources.files('shoal_broker.store').joinpath('lua', f'{name}.lua').read_text()
 
 
 @dataclasses.dataclass(slots=True)
@@ -255,7 +250,7 @@ class RedisStore:
 
     async def _load_scripts(self) -> None:
         for name in SCRIPTS:
-            self._source[name] = _lua(name)
+            self._source[name] = scripts.source(name)
             self._sha[name] = as_text(await self._client.script_load(self._source[name]))
 
     # -- the per-message path: queued, batched, a few pipelines in flight on one connection -----
@@ -504,13 +499,7 @@ class RedisStore:
         return moved_total
 
     def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
-        k = keys.AddressKeys.of(address)
-        command = self._script(
-            'fetch',
-            (*k.streams, k.returned(group), k.delivery_counts(group)),
-            (group, self._replica_id, count),
-        )
-        return self._queue([command], lambda r: _entries(r[0]))
+        return self._queue([self._fetch_command(address, group, count)], lambda r: _entries(r[0]))
 
     def fetch_then(
         self,
@@ -519,16 +508,19 @@ class RedisStore:
         count: int,
         callback: Callable[[Sequence[Entry] | None, BrokerError | None], None],
     ) -> None:
-        k = keys.AddressKeys.of(address)
-        command = self._script(
-            'fetch',
-            (*k.streams, k.returned(group), k.delivery_counts(group)),
-            (group, self._replica_id, count),
-        )
+        command = self._fetch_command(address, group, count)
         self._queued.append(
             _Op([command], lambda r: _entries(r[0]), None, None, False, None, (), callback)
         )
         self._wakeup.set()
+
+    def _fetch_command(self, address: str, group: str, count: int) -> tuple[Any, ...]:
+        k = keys.AddressKeys.of(address)
+        return self._script(
+            'fetch',
+            (*k.streams, k.returned(group), k.delivery_counts(group)),
+            (group, self._replica_id, count),
+        )
 
     def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
         counted = keys.entry_field(entry.band, entry.id) if entry.delivery_count else None
@@ -929,14 +921,12 @@ class RedisStore:
                     self._notify_local(channel[len(channel_prefix) : -len(channel_suffix)].decode())
 
     async def _resubscribe(self) -> None:
-        with contextlib.suppress(*_REDIS_DOWN):
+        with contextlib.suppress(*_REDIS_DOWN, StoreUnavailable):
             await self._pubsub.connect()  # reconnecting re-subscribes every channel it had
             channels = [keys.AddressKeys.of(a).notify for a in self._watchers]
             if channels:
                 await self._pubsub.subscribe(*channels)
-            for address in list(self._watchers):  # a Redis that restarted forgot the watchers
-                watchers = keys.AddressKeys.of(address).watchers
-                await self._client.hset(watchers, self._replica_id, 1)
+            await self.assert_watches()  # a Redis that restarted forgot the watchers
             # anything published while we were away: let every watcher look once
             for address in list(self._watchers):
                 self._notify_local(address)

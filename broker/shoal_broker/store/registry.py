@@ -15,7 +15,6 @@ import dataclasses
 import enum
 import time
 from collections.abc import Mapping
-from importlib import resources
 from typing import Any
 
 import redis.asyncio
@@ -27,7 +26,7 @@ from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy, entity_field
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import keys
+from shoal_broker.store import keys, scripts
 from shoal_broker.store.inspect import Inspector
 
 _SCRIPTS = ('provision_subscription', 'deprovision_subscription', 'create_group', 'delete_group')
@@ -106,12 +105,7 @@ class Registry(Inspector):
 
     def __init__(self, client: 'redis.asyncio.Redis') -> None:
         super().__init__(client)
-        self._scripts = {
-            name: client.register_script(
-                resources.files('shoal_broker.store').joinpath('lua', f'{name}.lua').read_text()
-            )
-            for name in _SCRIPTS
-        }
+        self._scripts = {name: client.register_script(scripts.source(name)) for name in _SCRIPTS}
 
     async def info(self) -> RedisInfo:
         started = time.perf_counter()

@@ -12,17 +12,5 @@ if redis.call('SCARD', KEYS[2]) == 0 then
   if ARGV[1] == 'topic' then return 0 end
   return -1
 end
-local ids = {}
-for i = 2, #ARGV, 4 do
-  local fields = {'h', ARGV[i], 'r', ARGV[i + 1]}
-  if ARGV[i + 2] ~= '0' then
-    fields[#fields + 1] = 'x'
-    fields[#fields + 1] = ARGV[i + 2]
-  end
-  if ARGV[i + 3] ~= '' then
-    fields[#fields + 1] = 'c'
-    fields[#fields + 1] = ARGV[i + 3]
-  end
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', unpack(fields))
-end
-return #ids
+--! include append_entries
+return append_entries(2)

@@ -18,19 +18,8 @@ local limit = tonumber(ARGV[2])
 local adding = (#ARGV - 3) / 4
 local held = redis.call('XLEN', KEYS[3]) + redis.call('XLEN', KEYS[4])
 if ARGV[3] == 'reject-publish' and held + adding > limit then return -2 end
-local ids = {}
-for i = 4, #ARGV, 4 do
-  local fields = {'h', ARGV[i], 'r', ARGV[i + 1]}
-  if ARGV[i + 2] ~= '0' then
-    fields[#fields + 1] = 'x'
-    fields[#fields + 1] = ARGV[i + 2]
-  end
-  if ARGV[i + 3] ~= '' then
-    fields[#fields + 1] = 'c'
-    fields[#fields + 1] = ARGV[i + 3]
-  end
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', unpack(fields))
-end
+--! include append_entries
+local added = append_entries(4)
 local excess = held + adding - limit
 for band = 3, 4 do
   if excess <= 0 then break end
@@ -41,4 +30,4 @@ for band = 3, 4 do
     excess = excess - cut
   end
 end
-return #ids
+return added
