@@ -38,6 +38,9 @@ def test_commands_are_packed_as_resp_arrays_of_bulk_strings() -> None:
     assert pack([('SET', 'é', 'ü')]) == b'*3\r\n$3\r\nSET\r\n$2\r\n\xc3\xa9\r\n$2\r\n\xc3\xbc\r\n'
     with pytest.raises(TypeError):
         pack([('SET', 'k', None)])
+    for unpackable in [('SET', 'k', True), ('SET', 'k', bytearray(b'v')), ['SET', 'k', 'v']]:
+        with pytest.raises(TypeError):
+            pack([unpackable])  # type: ignore[list-item]
 
 
 async def test_pipelines_in_flight_are_applied_and_answered_in_the_order_written(

@@ -783,7 +783,7 @@ class Broker:
         sub = consumer.subscription
         attempts = sub.max_delivery_attempts if sub else self.settings.routing.max_delivery_attempts
         decision = outcomes.decide(disposition, entry.delivery_count, attempts)
-        self.counters.settled(consumer.address, consumer.group, disposition.outcome.value)
+        self.counters.settled(consumer.address, consumer.group, disposition.outcome)
         if decision.action is Action.ACK:
             self.counters.latency(consumer.address, consumer.group, _age_seconds(entry))
             return self.store.ack(consumer.address, consumer.group, entry)

