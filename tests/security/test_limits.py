@@ -195,6 +195,63 @@ def test_backlog_limit_drops_the_oldest(start_broker: Start, address: str) -> No
         conn.close()
 
 
+def test_a_drained_backlog_takes_publishes_again_before_the_next_trim(
+    start_broker: Start, address: str
+) -> None:
+    # consumed entries stay in the stream until the periodic trim (an hour here): they must not
+    # count against the limit meanwhile
+    b = start_broker(
+        env={'SHOAL_MAX_BACKLOG_PER_ADDRESS': '3', 'SHOAL_TRIM_INTERVAL_SECONDS': '3600'}
+    )
+    conn = connect(b.url)
+    try:
+        snd = sender(conn, address)
+        assert [send_with_outcome(conn, snd, Message(body=i)) for i in range(3)] == [
+            (Delivery.ACCEPTED, None)
+        ] * 3
+        rcv = receiver(conn, address)
+        assert [m.body for m in receive_all(rcv, 3)] == [0, 1, 2]
+        rcv.close()
+        outcomes = [send_with_outcome(conn, snd, Message(body=i)) for i in range(3, 7)]
+        assert outcomes == [(Delivery.ACCEPTED, None)] * 3 + [(Delivery.REJECTED, LIMIT)]
+        assert [m.body for m in receive_all(receiver(conn, address), 3)] == [3, 4, 5]
+    finally:
+        conn.close()
+
+
+def test_drop_oldest_drops_nothing_for_entries_already_consumed(
+    start_broker: Start, address: str
+) -> None:
+    # three consumed high-priority entries, untrimmed, once made room for new normal-priority
+    # ones by dropping the new ones (the normal band is trimmed first)
+    b = start_broker(
+        env={
+            'SHOAL_MAX_BACKLOG_PER_ADDRESS': '3',
+            'SHOAL_BACKLOG_OVERFLOW': 'drop-oldest',
+            'SHOAL_TRIM_INTERVAL_SECONDS': '3600',
+        }
+    )
+    conn = connect(b.url)
+    try:
+        snd = sender(conn, address)
+        for i in range(3):
+            assert send_with_outcome(conn, snd, Message(body=f'high {i}', priority=9)) == (
+                Delivery.ACCEPTED, None
+            )  # fmt: skip
+        rcv = receiver(conn, address)
+        assert len(receive_all(rcv, 3)) == 3
+        rcv.close()
+        for i in range(3):
+            assert send_with_outcome(conn, snd, Message(body=f'normal {i}')) == (
+                Delivery.ACCEPTED, None
+            )  # fmt: skip
+        rcv = receiver(conn, address)
+        assert [m.body for m in receive_all(rcv, 3)] == ['normal 0', 'normal 1', 'normal 2']
+        assert _all_now(rcv) == []
+    finally:
+        conn.close()
+
+
 def test_memory_ceiling_withholds_producer_credit(
     start_broker: Start, broker: BrokerProcess, address: str
 ) -> None:

@@ -8,8 +8,10 @@
 -- ARGV[3] overflow 'reject-publish' (refuse the whole batch) or 'drop-oldest' (add, then trim
 --                  the oldest entries, normal band first)
 -- ARGV[4..] quadruples as in publish.lua
--- The backlog is what the streams hold: entries every subscription has consumed leave at the
--- next trim, so until then they count. Returns as publish.lua, or -2 when refused as full.
+-- The backlog is what the streams hold less what every subscription has consumed: over the
+-- limit, the consumed entries are trimmed before deciding (left to the periodic trim, a drained
+-- queue refused publishes, or dropped new ones, until it ran).
+-- Returns as publish.lua, or -2 when refused as full.
 if redis.call('SCARD', KEYS[2]) == 0 then
   if ARGV[1] == 'topic' then return 0 end
   return -1
@@ -17,7 +19,13 @@ end
 local limit = tonumber(ARGV[2])
 local adding = (#ARGV - 3) / 4
 local held = redis.call('XLEN', KEYS[3]) + redis.call('XLEN', KEYS[4])
-if ARGV[3] == 'reject-publish' and held + adding > limit then return -2 end
+--! include trim_consumed
+if held + adding > limit then
+  trim_consumed(KEYS[3])
+  trim_consumed(KEYS[4])
+  held = redis.call('XLEN', KEYS[3]) + redis.call('XLEN', KEYS[4])
+  if ARGV[3] == 'reject-publish' and held + adding > limit then return -2 end
+end
 --! include append_entries
 local added = append_entries(4)
 local excess = held + adding - limit

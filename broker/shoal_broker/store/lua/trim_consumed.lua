@@ -1,0 +1,33 @@
+-- Included by trim.lua and publish_limited.lua (store/scripts.py): remove from a STREAM the
+-- entries every consumer group of it has consumed; returns how many were removed.
+-- Redis 7.0 cannot trim by acknowledgement, so this computes, over all consumer groups, the
+-- oldest pending entry or (with nothing pending) the entry after last-delivered-id, and trims
+-- with MINID. A stream without groups (a topic nobody subscribes to) keeps nothing.
+local function trim_consumed(stream)
+  if redis.call('EXISTS', stream) == 0 then return 0 end
+  local groups = redis.call('XINFO', 'GROUPS', stream)
+  if #groups == 0 then
+    return redis.call('XTRIM', stream, 'MAXLEN', 0)
+  end
+  local function parse(id)
+    local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+    return tonumber(ms), tonumber(seq)
+  end
+  local min_ms, min_seq = nil, nil
+  for _, g in ipairs(groups) do
+    local info = {}
+    for j = 1, #g, 2 do info[g[j]] = g[j + 1] end
+    local ms, seq
+    if tonumber(info['pending']) > 0 then
+      local p = redis.call('XPENDING', stream, info['name'], '-', '+', 1)
+      ms, seq = parse(p[1][1])
+    else
+      ms, seq = parse(info['last-delivered-id'])
+      seq = seq + 1
+    end
+    if min_ms == nil or ms < min_ms or (ms == min_ms and seq < min_seq) then
+      min_ms, min_seq = ms, seq
+    end
+  end
+  return redis.call('XTRIM', stream, 'MINID', string.format('%d-%d', min_ms, min_seq))
+end
