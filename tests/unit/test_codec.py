@@ -121,17 +121,16 @@ def test_parse_reads_first_acquirer() -> None:
     assert codec.parse(encode_message(first_acquirer=True)).header.first_acquirer is True
 
 
-def test_parse_reads_to_and_the_property_timestamps_in_milliseconds() -> None:
+def test_parse_reads_to_and_the_expiry_time_in_milliseconds() -> None:
     buf = encode_message(address='orders', expiry_time=1700000000.5, creation_time=1600000000.25)
     view = codec.parse(buf)
     assert view.to == 'orders'
     assert view.absolute_expiry_time == 1700000000500
-    assert view.creation_time == 1600000000250
 
 
 def test_parse_leaves_absent_properties_as_none() -> None:
     view = codec.parse(encode_message())
-    assert (view.to, view.absolute_expiry_time, view.creation_time) == (None, None, None)
+    assert (view.to, view.absolute_expiry_time) == (None, None)
 
 
 def test_parse_keeps_message_annotation_types_and_symbol_keys() -> None:
@@ -209,12 +208,29 @@ def test_parse_reads_a_section_named_by_its_symbolic_descriptor() -> None:
     assert view.rest == body
 
 
+def test_parse_decodes_an_annotations_encoding_once_and_shares_it_read_only() -> None:
+    first = codec.parse(encode_message(annotations={JMS_MSG_TYPE: proton.byte(5)}))
+    again = codec.parse(encode_message(annotations={JMS_MSG_TYPE: proton.byte(5)}, address='q'))
+    other = codec.parse(encode_message(annotations={JMS_MSG_TYPE: proton.byte(3)}))
+    assert first.annotations is again.annotations
+    assert first.annotations == {'x-opt-jms-msg-type': 5}
+    assert other.annotations == {'x-opt-jms-msg-type': 3}
+    with pytest.raises(TypeError):
+        first.annotations['x-opt-jms-msg-type'] = 1  # type: ignore[index]
+
+
+def test_parse_reads_annotations_right_past_the_cache_bound() -> None:
+    # a delivery time differs on every message: the cache starts over rather than fill up
+    for due in range(codec.MAX_CACHED_ANNOTATIONS + 3):
+        annotations = {MA('x-opt-delivery-time'): proton.timestamp(due)}
+        view = codec.parse(encode_message(annotations=annotations))
+        assert view.annotations == {'x-opt-delivery-time': due}
+
+
 def test_parse_reads_a_timestamp_before_1970_as_negative() -> None:
     buf = encode_message(creation_time=-1.0, expiry_time=-2.0)
-    assert decode_message(buf).creation_time == -1.0
-    view = codec.parse(buf)
-    assert view.creation_time == -1000
-    assert view.absolute_expiry_time == -2000
+    assert decode_message(buf).expiry_time == -2.0
+    assert codec.parse(buf).absolute_expiry_time == -2000
 
 
 HEADER_VARIANTS: list[dict[str, Any]] = [
@@ -261,9 +277,8 @@ def test_parse_agrees_with_proton_over_many_messages(fields: dict[str, Any]) -> 
     assert view.header.first_acquirer == oracle.first_acquirer
     assert view.header.delivery_count == oracle.delivery_count
     assert view.to == oracle.address
-    expiry, created = oracle.expiry_time, oracle.creation_time
+    expiry = oracle.expiry_time
     assert view.absolute_expiry_time == (round(expiry * 1000) if expiry else None)
-    assert view.creation_time == (round(created * 1000) if created else None)
     assert view.annotations == dict(oracle.annotations or {})
     assert view.header_bytes == section_bytes(buf, codec.HEADER)
     assert view.rest == tail_from_first(buf, BARE_SECTIONS)
