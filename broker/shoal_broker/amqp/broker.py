@@ -95,6 +95,8 @@ class Broker:
         self.guard = Guard(settings.security, self)
         self.counters = Counters()
         self._dirty: set[AmqpConnection] = set()
+        self._delivering: set[AmqpConnection] = set()
+        """Dirty connections with transfers to write: flushed first (see mark_delivering)."""
         self._flush_scheduled = False
         self._tasks: set[asyncio.Future[Any]] = set()
         self._serial = itertools.count(1)
@@ -123,6 +125,7 @@ class Broker:
         self._sweep(conn, session=None)
         self.connections.discard(conn)
         self._dirty.discard(conn)
+        self._delivering.discard(conn)
         if conn.claimed_client is not None:
             client_id, holder = conn.claimed_client
             conn.claimed_client = None
@@ -146,11 +149,25 @@ class Broker:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_dirty)
 
+    def mark_delivering(self, conn: AmqpConnection) -> None:
+        """``mark_dirty`` for a connection given deliveries: it is written before the others.
+        One store reply often both accepts a producer's message and hands it to a consumer;
+        writing the accept first let the woken producer take the CPU before the consumer's
+        transfer went out (2 vCPUs, measured in docs/benchmarks.md, session 4)."""
+        self._delivering.add(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_dirty)
+
     def _flush_dirty(self) -> None:
         self._flush_scheduled = False
+        delivering, self._delivering = self._delivering, set()
         dirty, self._dirty = self._dirty, set()
-        for conn in dirty:
+        for conn in delivering:
             if conn.alive:
+                conn.process()
+        for conn in dirty:
+            if conn.alive and conn not in delivering:
                 conn.process()
 
     async def settle_down(self, bound_seconds: float) -> None:
@@ -730,7 +747,7 @@ class Broker:
         self.counters.delivered(consumer.address, consumer.group)
         if consumer.presettled:  # at-most-once: consumed the moment it is sent
             self.store.ack(consumer.address, consumer.group, entry)
-        self.mark_dirty(consumer.conn)
+        self.mark_delivering(consumer.conn)
 
     def _disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:
         if not (lib.pn_delivery_updated(delivery) or lib.pn_delivery_settled(delivery)):
