@@ -4,6 +4,7 @@ import pytest
 
 from shoal_broker.metrics import records
 from shoal_broker.metrics.records import AnalyticsSummary, Anomaly, MetricRecord
+from shoal_broker.metrics.registry import Counters
 
 
 def _record(**counts: int) -> MetricRecord:
@@ -59,3 +60,21 @@ def test_analytics_summary_round_trips_and_refuses_other_schemas() -> None:
         AnalyticsSummary.from_fields({**summary.to_fields(), 'v': '0'})
     with pytest.raises(ValueError, match='malformed'):
         AnalyticsSummary.from_fields({'v': '1', 'summary': '{"records": 1}'})
+
+
+LATENCIES = [0.0, 0.0004, 0.0005, 0.0007, 0.001, 0.003, 0.005, 0.02, 0.05, 0.3, 0.5, 2, 5, 29,
+             30, 31, 61, 299, 300, 301, 1e6]  # fmt: skip
+
+
+@pytest.mark.parametrize('seconds', LATENCIES)
+def test_an_accepted_delivery_counts_in_the_record_bucket_its_latency_falls_in(
+    seconds: float,
+) -> None:
+    # Counters.accepted derives the record bucket from the Prometheus one (one bisection)
+    counters = Counters()
+    counters.accepted('records-test', 'queue', seconds)
+    tallies, latencies = counters.take()
+    assert tallies[('records-test', 'queue')]['accepted'] == 1
+    expected = [0] * (len(records.LATENCY_BOUNDS) + 1)
+    expected[records.bucket_index(seconds)] = 1
+    assert latencies[('records-test', 'queue')] == expected

@@ -797,13 +797,13 @@ class Broker:
     def _apply(
         self, consumer: ConsumerLink, entry: Entry, disposition: Disposition
     ) -> Awaitable[None] | None:
+        if disposition.outcome is Outcome.ACCEPTED:  # decide()'s first rule, without the call
+            self.counters.accepted(consumer.address, consumer.group, _age_seconds(entry))
+            return self.store.ack(consumer.address, consumer.group, entry)
         sub = consumer.subscription
         attempts = sub.max_delivery_attempts if sub else self.settings.routing.max_delivery_attempts
         decision = outcomes.decide(disposition, entry.delivery_count, attempts)
         self.counters.settled(consumer.address, consumer.group, disposition.outcome)
-        if decision.action is Action.ACK:
-            self.counters.latency(consumer.address, consumer.group, _age_seconds(entry))
-            return self.store.ack(consumer.address, consumer.group, entry)
         if decision.action is Action.RETURN:
             if decision.exclude_consumer:
                 consumer.excluded.add(entry.key)

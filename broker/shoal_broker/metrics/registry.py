@@ -78,6 +78,16 @@ REDIS_ROUND_TRIP = Histogram(
 LEASE_UP = Gauge('shoal_replica_lease_up', 'Whether this replica holds its liveness lease.')
 
 
+# Every analytics record bound is a Prometheus bucket bound, so one bisection serves both
+# histograms of an accepted delivery: the record bucket follows from the Prometheus one.
+assert set(records.LATENCY_BOUNDS) <= set(LATENCY_BUCKETS)
+_RECORD_BUCKET = (
+    *(bisect.bisect_left(records.LATENCY_BOUNDS, bound) for bound in LATENCY_BUCKETS),
+    len(records.LATENCY_BOUNDS),
+)
+"""Prometheus bucket index (``LATENCY_BUCKETS`` then +Inf) -> ``records.LATENCY_BOUNDS`` index."""
+
+
 def subscription_label(group: str) -> str:
     return 'private' if group.startswith('nd:') else group
 
@@ -159,18 +169,27 @@ class Counters:
         _count(('filtered', address, subscription_label(group)))
         self._tally(address, group, 'filtered')
 
-    def latency(self, address: str, group: str, seconds: float) -> None:
+    def accepted(self, address: str, group: str, seconds: float) -> None:
+        """An accepted delivery ``seconds`` after its enqueue: the settled count and both
+        latency histograms (Prometheus, per address; records, per subscription) in one call and
+        one bisection, since this runs once per message (two calls were ~2.5 µs)."""
+        label = 'private' if group.startswith('nd:') else group  # subscription_label
+        key = ('settled', address, label, 'accepted')
+        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        tally = self.tallies.get((address, label))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally['accepted'] += 1
+        bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
         histogram = _LATENCIES.get(address)
         if histogram is None:
             histogram = _LATENCIES[address] = [0.0] * (len(LATENCY_BUCKETS) + 2)
-        histogram[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        histogram[bucket] += 1
         histogram[-1] += seconds
-        key = (address, 'private' if group.startswith('nd:') else group)  # subscription_label
-        buckets = self.latencies.get(key)
+        buckets = self.latencies.get((address, label))
         if buckets is None:
-            buckets = self.latencies[key] = [0] * (len(records.LATENCY_BOUNDS) + 1)
-        # = records.bucket_index(seconds) (first bound >= seconds), by bisection
-        buckets[bisect.bisect_left(records.LATENCY_BOUNDS, seconds)] += 1
+            buckets = self.latencies[(address, label)] = [0] * (len(records.LATENCY_BOUNDS) + 1)
+        buckets[_RECORD_BUCKET[bucket]] += 1
 
 
 def _count(key: tuple[str, ...]) -> None:
