@@ -9,7 +9,7 @@
 local want = tonumber(ARGV[3])
 local out = {}
 
-local function emit(band, entry)
+local function emit(band, entry, count)
   local fields = entry[2]
   local h, r, x, c = '', '', '0', ''
   for j = 1, #fields, 2 do
@@ -17,7 +17,6 @@ local function emit(band, entry)
     if f == 'h' then h = fields[j + 1] elseif f == 'r' then r = fields[j + 1]
     elseif f == 'x' then x = fields[j + 1] elseif f == 'c' then c = fields[j + 1] end
   end
-  local count = redis.call('HGET', KEYS[4], band .. '|' .. entry[1]) or '0'
   out[#out + 1] = band
   out[#out + 1] = entry[1]
   out[#out + 1] = h
@@ -35,7 +34,10 @@ while want > 0 do
   local id = (string.match(ms, '^0*(%d-%d)$')) .. '-' .. (string.match(seq, '^0*(%d-%d)$'))
   local claimed = redis.call('XCLAIM', KEYS[tonumber(band) + 1], ARGV[1], ARGV[2], 0, id)
   -- an entry trimmed or deleted meanwhile is dropped from the pending list by XCLAIM
-  if #claimed > 0 and claimed[1] then emit(tonumber(band), claimed[1]) end
+  if #claimed > 0 and claimed[1] then
+    local count = redis.call('HGET', KEYS[4], band .. '|' .. claimed[1][1]) or '0'
+    emit(tonumber(band), claimed[1], count)
+  end
 end
 
 for band = 1, 0, -1 do
@@ -43,7 +45,8 @@ for band = 1, 0, -1 do
   local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want,
                          'STREAMS', KEYS[band + 1], '>')
   if res then
-    for _, entry in ipairs(res[1][2]) do emit(band, entry) end
+    -- never delivered to this group before: no failed attempts to count (no HGET)
+    for _, entry in ipairs(res[1][2]) do emit(band, entry, '0') end
   end
 end
 return out
