@@ -2,7 +2,9 @@
 ``shoal-analytics ingest|analyze|report`` (docs/analytics.md).
 
 Spark is imported only by the commands that need it, so ``report`` starts no JVM. Errors a user
-can act on (data loss, nothing ingested yet, bad arguments) end with one line and exit status 2.
+can act on (data loss, nothing ingested yet, bad arguments, a lake that cannot be created, an
+unreachable Redis) end with one line and exit status 2; what can be checked before Spark starts
+is (``preflight.py``).
 """
 
 import argparse
@@ -12,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from shoal_analytics import preflight
 from shoal_analytics.errors import AnalyticsError
 from shoal_analytics.lake import Lake
 from shoal_analytics.params import AnalysisParams
@@ -54,18 +57,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_ingest(args: argparse.Namespace) -> str:
-    from shoal_analytics.ingest import ingest, split_password
+    from shoal_analytics.ingest import ingest
     from shoal_analytics.session import spark_session
     from shoal_analytics.source import DEFAULT_PASSWORD_ENV
 
-    url, password = split_password(args.redis_url)
+    url, password = preflight.split_password(args.redis_url)
+    lake = Lake(args.lake)
+    preflight.reachable_redis(args.redis_url)  # first: a failed run creates no lake
+    preflight.writable_lake(lake)
     if password is not None:
         # Before the JVM starts, so the Python workers inherit it; never in a data source option.
         os.environ[DEFAULT_PASSWORD_ENV] = password
     spark = spark_session(args.master)
     try:
         result = ingest(
-            spark, Lake(args.lake), url, stream=args.stream,
+            spark, lake, url, stream=args.stream,
             max_records_per_batch=args.max_records_per_batch,
         )  # fmt: skip
     finally:
@@ -81,21 +87,19 @@ def _run_analyze(args: argparse.Namespace) -> str:
         window_seconds=args.window_seconds, lookback_minutes=args.lookback_minutes,
         capacity_per_replica=args.capacity_per_replica, current_replicas=args.current_replicas,
     )  # fmt: skip
+    lake = Lake(args.lake)
+    preflight.ingested_lake(lake)
+    if args.redis_url:
+        preflight.reachable_redis(args.redis_url)
     spark = spark_session(args.master)
     try:
-        result = analyze(spark, Lake(args.lake), params)
+        result = analyze(spark, lake, params)
     finally:
         spark.stop()
     if args.redis_url:
-        import redis
+        from shoal_analytics.publish import publish_to
 
-        from shoal_analytics.publish import publish_summary
-
-        client = redis.Redis.from_url(args.redis_url, decode_responses=True)
-        try:
-            publish_summary(client, result.summary)
-        finally:
-            client.close()
+        publish_to(args.redis_url, result.summary)
     summary = result.summary
     flags = json.dumps(sorted({a.flag for a in summary.anomalies}))
     return (

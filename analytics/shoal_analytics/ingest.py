@@ -9,7 +9,6 @@ a batch runs, its commit log after), and Spark's file sink, which records each b
 """
 
 import dataclasses
-from urllib.parse import urlsplit, urlunsplit
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
@@ -18,6 +17,7 @@ from pyspark.sql import functions as F
 from shoal_analytics.errors import IngestError
 from shoal_analytics.lake import Lake
 from shoal_analytics.offsets import DataLossError
+from shoal_analytics.preflight import split_password
 from shoal_analytics.source import DEFAULT_PASSWORD_ENV, NAME
 from shoal_broker.store.keys import METRICS
 
@@ -26,16 +26,6 @@ from shoal_broker.store.keys import METRICS
 class IngestResult:
     batches: int
     rows: int
-
-
-def split_password(redis_url: str) -> tuple[str, str | None]:
-    """The URL without its password (options appear in plans and logs) and the password."""
-    parts = urlsplit(redis_url)
-    if parts.password is None:
-        return redis_url, None
-    host = parts.hostname or ''
-    netloc = f'{host}:{parts.port}' if parts.port else host
-    return urlunsplit(parts._replace(netloc=netloc)), parts.password
 
 
 def ingest(
@@ -85,4 +75,12 @@ def _cause(exc: StreamingQueryException) -> str:
     marker = DataLossError.__name__ + ': '
     if marker in text:
         return 'data loss: ' + text.split(marker, 1)[1].splitlines()[0]
+    traceback = 'Traceback (most recent call last):'
+    if traceback in text:
+        # The data source raised in a Python worker: Spark quotes its traceback, whose last
+        # exception line (the first unindented one after the last header) says what went wrong.
+        quoted = text.rsplit(traceback, 1)[1].splitlines()
+        raised = next((line for line in quoted if line.strip() and not line[0].isspace()), '')
+        if raised:
+            return f'reading the stream failed: {raised}'
     return text.splitlines()[0] if text else type(exc).__name__

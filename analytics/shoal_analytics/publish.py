@@ -7,6 +7,8 @@ merged, so a flag that cleared disappears.
 
 import redis
 
+from shoal_analytics import preflight
+from shoal_analytics.errors import AnalyticsError
 from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
 
 
@@ -16,3 +18,15 @@ def publish_summary(client: redis.Redis, summary: AnalyticsSummary) -> None:
         for field, value in summary.to_fields().items():
             pipe.hset(ANALYTICS_SUMMARY_KEY, field, value)
         pipe.execute()
+
+
+def publish_to(redis_url: str, summary: AnalyticsSummary) -> None:
+    """Publish over a connection of its own; a Redis gone since the analysis started is one line."""
+    client = preflight.client(redis_url, decode_responses=True)
+    try:
+        publish_summary(client, summary)
+    except redis.RedisError as exc:
+        problem = preflight.unreachable(redis_url, exc)
+        raise AnalyticsError(f'the analysis is in the lake, not published: {problem}') from exc
+    finally:
+        client.close()

@@ -4,7 +4,9 @@ The only module doing Kubernetes API I/O (besides kopf patching the object it ha
 Plain REST over aiohttp (kopf's own HTTP client) with the credentials kopf logged in with, so the
 operator needs no second client configuration. Children are applied as "create, else merge-patch
 when they differ": idempotent, and quiet when nothing changed. Server-side apply would be nicer
-but is not available on every API server the operator is tested against.
+but is not available on every API server the operator is tested against; what the merge patch
+must remove is worked out by :mod:`shoal_operator.manifests.applied` (keys the last apply set and
+this one does not) and ``WHOLE_DATA`` below.
 """
 
 import base64
@@ -15,6 +17,8 @@ from typing import Any
 
 import aiohttp
 import kopf
+
+from shoal_operator.manifests import applied
 
 PLURALS = {
     'ConfigMap': 'configmaps',
@@ -86,7 +90,9 @@ class Kube:
         return await self._request('GET', path(api_version, kind, namespace, name))
 
     async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Create the object, or merge-patch it when it lacks part of ``manifest``."""
+        """Create the object, or merge-patch it when it lacks part of ``manifest`` or still has
+        keys an earlier apply set and ``manifest`` dropped."""
+        manifest = applied.recording(manifest)
         meta = manifest['metadata']
         url = path(manifest['apiVersion'], manifest['kind'], meta['namespace'], meta['name'])
         current = await self._request('GET', url)
@@ -94,7 +100,7 @@ class Kube:
             collection = path(manifest['apiVersion'], manifest['kind'], meta['namespace'])
             created = await self._request('POST', collection, body=manifest)
             return created or {}
-        manifest = _removing_stale_data(current, manifest)
+        manifest = applied.removing_dropped(current, _removing_stale_data(current, manifest))
         if contains(current, manifest):
             return current
         patched = await self._request('PATCH', url, body=manifest, content_type=MERGE_PATCH)

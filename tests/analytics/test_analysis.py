@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 import redis
-from processes import RedisServer
+from processes import RedisServer, free_port
 from pyspark.sql import Row, SparkSession
 
 from shoal_analytics.analyze import Analysis, analyze
+from shoal_analytics.errors import AnalyticsError
 from shoal_analytics.lake import Lake
 from shoal_analytics.params import AnalysisParams
-from shoal_analytics.publish import publish_summary
+from shoal_analytics.publish import publish_summary, publish_to
 from shoal_analytics.quantiles import BUCKETS, bucket_column, with_quantiles
 from shoal_analytics.synthetic import PLANTS, Synthetic, write_raw
 from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
@@ -110,3 +111,16 @@ def test_the_summary_reaches_the_operator_hash(
     client.close()
     assert set(fields) == {'v', 'summary'}
     assert AnalyticsSummary.from_fields(fields) == analysis.summary
+
+
+def test_a_summary_that_cannot_be_published_is_one_line_saying_the_analysis_is_kept(
+    planted: tuple[Synthetic, Lake, Analysis],
+) -> None:
+    _, _, analysis = planted
+    url = f'redis://:s3cret@127.0.0.1:{free_port()}/0'  # nobody listens there
+    with pytest.raises(AnalyticsError) as raised:
+        publish_to(url, analysis.summary)
+    message = str(raised.value)
+    assert message.startswith('the analysis is in the lake, not published: cannot reach Redis at ')
+    assert 's3cret' not in message
+    assert '\n' not in message

@@ -160,3 +160,17 @@ def test_entries_trimmed_before_being_read_fail_the_ingest_clearly(
     fresh = Lake(tmp_path / 'fresh')
     assert ingest(spark, fresh, own_redis.url, stream=stream).rows == 5
     client.close()
+
+
+def test_a_failure_inside_the_data_source_is_one_line_naming_its_cause(
+    spark: SparkSession, own_redis: RedisServer, tmp_path: Path
+) -> None:
+    client = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    client.set('test:not-a-stream', 'a string where a stream should be')
+    client.close()
+    with pytest.raises(IngestError) as raised:
+        ingest(spark, Lake(tmp_path / 'lake'), own_redis.url, stream='test:not-a-stream')
+    message = str(raised.value)
+    assert message.startswith('reading the stream failed: redis.exceptions.ResponseError: ')
+    assert 'WRONGTYPE' in message
+    assert '\n' not in message

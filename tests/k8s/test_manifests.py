@@ -8,7 +8,7 @@ import pytest
 
 from shoal_broker import settings as broker
 from shoal_operator import manifests
-from shoal_operator.manifests import config, naming, network, security, workload
+from shoal_operator.manifests import applied, config, naming, network, security, workload
 from shoal_operator.models import BrokerCluster, InvalidSpec
 
 
@@ -130,6 +130,56 @@ def test_the_pod_template_changes_with_the_broker_settings_and_only_with_them() 
     # a pod template annotation cannot stand in for the checksum
     forged = model(broker=settings, podTemplate={'annotations': {config.CONFIG_CHECKSUM: 'x'}})
     assert template_checksum(forged) == base
+
+
+def applied_then(before: BrokerCluster, after: BrokerCluster, build: Any) -> dict[str, Any]:
+    """The merge patch the operator sends when ``after`` replaces ``before`` on a live object
+    that someone else also labelled (the live object is what ``before`` applied, plus that)."""
+    live = applied.recording(build(before))
+    live['metadata']['labels'] = {**live['metadata']['labels'], 'others': 'x'}
+    patch: dict[str, Any] = applied.removing_dropped(live, applied.recording(build(after)))
+    return patch
+
+
+def test_a_key_an_earlier_apply_set_is_removed_when_the_spec_drops_it_and_only_then() -> None:
+    before = model(
+        podTemplate={'labels': {'team': 'a', 'tier': 'b'}, 'annotations': {'note': 'y'},
+                     'nodeSelector': {'disk': 'ssd', 'zone': 'z1'}, 'priorityClassName': 'high',
+                     'affinity': {'nodeAffinity': {'requiredDuringScheduling': {'t': [1]}}}},
+        service={'annotations': {'lb': 'internal'}},
+    )  # fmt: skip
+    after = model(podTemplate={'labels': {'tier': 'b'}, 'nodeSelector': {'zone': 'z1'}})
+    template = applied_then(before, after, workload.deployment)['spec']['template']
+    assert template['metadata']['labels']['team'] is None
+    assert template['metadata']['labels']['tier'] == 'b'
+    assert template['metadata']['annotations']['note'] is None
+    assert template['metadata']['annotations'][config.CONFIG_CHECKSUM] is not None
+    assert template['spec']['nodeSelector'] == {'disk': None, 'zone': 'z1'}
+    assert template['spec']['priorityClassName'] is None
+    # back to the default anti-affinity: the user's node affinity goes
+    assert template['spec']['affinity']['nodeAffinity'] is None
+    assert template['spec']['affinity']['podAntiAffinity']
+    service = applied_then(before, after, network.service)
+    assert service['metadata']['annotations']['lb'] is None
+    # an unchanged spec removes nothing, and a key the operator never set is never touched
+    for build in (workload.deployment, network.service, config.configmap):
+        same = applied_then(before, before, build)
+        assert same == applied.recording(build(before))
+        assert 'others' not in applied_then(before, after, build)['metadata']['labels']
+
+
+def test_a_missing_or_foreign_record_removes_nothing() -> None:
+    desired = applied.recording(workload.deployment(model()))
+    tagged = model(podTemplate={'labels': {'team': 'a'}})
+    live = workload.deployment(tagged)  # made by an operator that kept no record
+    assert applied.removing_dropped(live, desired) == desired
+    for record in ('not json', '[1, 2]', '"labels"'):
+        live['metadata']['annotations'] = {applied.LAST_APPLIED_KEYS: record}
+        assert applied.removing_dropped(live, desired) == desired
+    # the record names keys, never values (a Secret's data is not copied into its metadata)
+    secret = applied.recording(config.connection_secret(model()))
+    record = secret['metadata']['annotations'][applied.LAST_APPLIED_KEYS]
+    assert all(value not in record for value in secret['data'].values())
 
 
 def test_the_connection_secret_tells_apps_where_to_connect() -> None:

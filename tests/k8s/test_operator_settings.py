@@ -1,6 +1,7 @@
 """The operator against kmock and a real Redis: a change of a BrokerCluster's ``spec.broker``
 reaches the ConfigMap and rolls the pods (the pod template's config checksum changes); scaling
-and the periodic drift check leave the template alone."""
+and the periodic drift check leave the template alone. Labels and annotations removed from
+``spec.podTemplate`` leave the Deployment; those others put there stay."""
 
 from typing import Any
 
@@ -72,3 +73,57 @@ async def test_a_settings_change_rolls_the_pods_and_nothing_else_does(
     again = await deployment(operator) or {}
     assert again['metadata']['generation'] == steady['metadata']['generation']
     assert checksum(again) == checksum(changed)
+
+
+def template_metadata(found: dict[str, Any]) -> dict[str, dict[str, str]]:
+    meta = found['spec']['template']['metadata']
+    return {'labels': meta.get('labels') or {}, 'annotations': meta.get('annotations') or {}}
+
+
+async def test_pod_metadata_removed_from_the_spec_leaves_the_deployment_and_others_stays(
+    operator: Kube, redis_server: RedisServer
+) -> None:
+    await operator.redis_secret(redis_server.url)
+    extras = {
+        'labels': {'team': 'billing', 'tier': 'gold'},
+        'annotations': {'example.com/owner': 'ann'},
+    }
+    await operator.create('brokerclusters', cluster_body(podTemplate=extras))
+
+    async def carrying_extras() -> dict[str, Any] | None:
+        found = await deployment(operator)
+        meta = template_metadata(found) if found is not None else None
+        wanted = meta is not None and meta['labels'].get('team') == 'billing'
+        return found if wanted and meta['annotations'].get('example.com/owner') == 'ann' else None
+
+    first = await operator.eventually(carrying_extras, 'the podTemplate label and annotation')
+    before = checksum(first)
+    # someone else (kubectl, another controller) labels and annotates the Deployment's pods
+    others = {
+        'labels': {'example.com/cost-centre': '42'},
+        'annotations': {'kubectl.kubernetes.io/restartedAt': '2026-11-21T09:00:00Z'},
+    }
+    await operator.patch('deployments', 'shoal', {'spec': {'template': {'metadata': others}}},
+                         api_version='apps/v1')  # fmt: skip
+
+    removal = {'labels': {'team': None}, 'annotations': None}
+    await operator.patch('brokerclusters', 'shoal', {'spec': {'podTemplate': removal}})
+
+    async def without_extras() -> dict[str, Any] | None:
+        found = await deployment(operator)
+        meta = template_metadata(found) if found is not None else None
+        gone = meta is not None and 'team' not in meta['labels']
+        return found if gone and 'example.com/owner' not in meta['annotations'] else None
+
+    after = template_metadata(await operator.eventually(without_extras, 'the extras removed'))
+    assert after['labels']['tier'] == 'gold'  # still in the spec
+    assert after['labels']['example.com/cost-centre'] == '42'
+    assert after['annotations']['kubectl.kubernetes.io/restartedAt'] == '2026-11-21T09:00:00Z'
+    assert after['labels']['app.kubernetes.io/instance'] == 'shoal'  # the operator's own stay
+    assert after['annotations'][config.CONFIG_CHECKSUM] == before  # no settings change, same sum
+
+    # a drift pass neither brings the removed keys back nor strips the others' keys
+    await operator.eventually(lambda: settled(operator), 'the removal reconciled')
+    await operator.observer_passes(1)
+    steady = template_metadata(await deployment(operator) or {})
+    assert steady == after
