@@ -72,8 +72,8 @@ def analyze(spark: SparkSession, lake: Lake, params: AnalysisParams) -> Analysis
     )
     rates = cluster.orderBy('window_start_ms').collect()
     current = params.current_replicas
-    if current is None:
-        current = int(rates[-1]['replicas']) if rates else 0
+    if current is None:  # the newest complete window's; without one, all seen in the lookback
+        current = int(rates[-1]['replicas']) if rates else len(shares_rows)
     growing = sum(1 for row in entity_rows if row['backlog_growing'])
     advice = recommend([float(r['transfers_per_s']) for r in rates], current, growing, params)
     summary = AnalyticsSummary(

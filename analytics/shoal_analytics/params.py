@@ -21,7 +21,8 @@ class AnalysisParams:
     target_utilisation: float = 0.7
     """The fraction of capacity the recommendation plans for, leaving headroom for bursts."""
     current_replicas: int | None = None
-    """Replicas running now; by default the replicas seen in the newest complete window."""
+    """Replicas running now; by default the replicas seen in the newest complete window (with
+    no complete window yet, the replicas seen in the lookback)."""
 
     min_deliveries: int = 200
     """Deliveries over the lookback before redelivery, latency and fairness flags may fire."""

@@ -45,6 +45,18 @@ def test_healthy_traffic_flags_nothing(spark: SparkSession, tmp_path: Path) -> N
     assert 'consumer-bound' not in analysis.summary.reason
 
 
+def test_without_a_complete_window_the_replicas_seen_are_kept(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # 30 s of records, 60 s windows: nothing to judge yet; the advice was "0 replica(s)"
+    spec = Synthetic(plants=(), intervals=3, seed=5)
+    lake = Lake(tmp_path)
+    write_raw(spec, lake.raw)
+    summary = analyze(spark, lake, AnalysisParams()).summary
+    assert 'no complete window' in summary.reason
+    assert summary.current_replicas == summary.recommended_replicas == spec.replicas
+
+
 def _by_address(spark: SparkSession, lake: Lake, table: str) -> dict[str, Row]:
     rows = spark.read.parquet(str(lake.analysis / f'{table}.parquet')).collect()
     return {row['address']: row for row in rows}
