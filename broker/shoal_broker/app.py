@@ -195,6 +195,11 @@ async def _listen_tls(
     return [server], [asyncio.create_task(watch())]
 
 
+WATCHES_PER_RENEWAL = 256
+"""Watched addresses a lease renewal lists this replica under again (all of them within
+ceil(n / 256) renewals); see RedisStore.assert_watches."""
+
+
 async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -> None:
     """Renew the lease; if it lapsed, other replicas may have taken over this one's work, so
     drop every connection (clients reconnect and register afresh) rather than act on stale
@@ -209,7 +214,7 @@ async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -
             continue
         LEASE_UP.set(1 if state == 'renewed' else 0)
         try:
-            await liveness.store.assert_watches()
+            await liveness.store.assert_watches(WATCHES_PER_RENEWAL)
         except StoreUnavailable as exc:
             logger.warning('watchers not renewed: %s', exc)
         if state == 'lost':

@@ -114,6 +114,34 @@ async def test_a_publish_wakes_other_watching_replicas_and_only_them(
         await store.close()
 
 
+async def test_a_partial_assert_relists_a_slice_and_the_next_ones_the_rest(
+    redis_server: RedisServer, client: redis.asyncio.Redis
+) -> None:
+    addresses = [f'addr-{uuid.uuid4().hex[:10]}' for _ in range(5)]
+    replica = f'r-{uuid.uuid4().hex[:6]}'
+    store = RedisStore.from_url(redis_server.url, replica)
+    await store.start()
+    try:
+        for address in addresses:
+            await store.create_address(address, AddressKind.QUEUE)
+            store.watch(address, lambda _: None)
+        for address in addresses:
+            await _until(lambda address=address: _watchers(client, address), {replica})
+        await client.delete(*(f'shoal:{{a:{address}}}:watchers' for address in addresses))
+
+        async def listed() -> int:
+            return sum([replica in await _watchers(client, address) for address in addresses])
+
+        await store.assert_watches(2)  # what a lease renewal does, 2 at a time
+        assert await listed() == 2
+        await store.assert_watches(2)
+        assert await listed() == 4
+        await store.assert_watches(2)  # wraps round to the first ones
+        assert await listed() == 5
+    finally:
+        await store.close()
+
+
 async def _watchers(client: redis.asyncio.Redis, address: str) -> set[str]:
     return {k.decode() for k in await client.hkeys(f'shoal:{{a:{address}}}:watchers')}
 

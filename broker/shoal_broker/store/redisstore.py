@@ -163,6 +163,8 @@ class RedisStore:
         self._kinds: dict[str, AddressKind] = {}
         self._watchers: dict[str, list[Notify]] = {}
         self._watch_lock = asyncio.Lock()
+        self._watch_cursor = 0
+        """Where the next partial ``assert_watches`` starts in the watched addresses."""
         self._pubsub: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lazy_wakeup: asyncio.TimerHandle | None = None
@@ -893,14 +895,21 @@ class RedisStore:
                     await self._client.hdel(k.watchers, self._replica_id)
                     await self._pubsub.unsubscribe(k.notify)
 
-    async def assert_watches(self) -> None:
-        """List this replica again among the watchers of every address it watches: a listing
+    async def assert_watches(self, limit: int | None = None) -> None:
+        """List this replica again among the watchers of the addresses it watches: a listing
         lost to a Redis error, restart or flush would otherwise leave its consumers unwoken by
-        other replicas' publishes. Called with every lease renewal."""
+        other replicas' publishes. With ``limit``, only that many, taking up where the last
+        call stopped: each lease renewal re-lists a slice (one HSET per address every ~1.7 s
+        was a Redis write load growing with the addresses a replica watches), and a re-subscribe
+        after a lost connection re-lists them all."""
         async with self._watch_lock:
             addresses = list(self._watchers)
             if not addresses:
                 return
+            if limit is not None and limit < len(addresses):
+                start = self._watch_cursor % len(addresses)
+                addresses = (addresses[start:] + addresses[:start])[:limit]
+                self._watch_cursor = start + limit
             pipe = self._client.pipeline(transaction=False)
             for address in addresses:
                 pipe.hset(keys.AddressKeys.of(address).watchers, self._replica_id, 1)
