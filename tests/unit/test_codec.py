@@ -227,6 +227,21 @@ def test_parse_reads_annotations_right_past_the_cache_bound() -> None:
         assert view.annotations == {'x-opt-delivery-time': due}
 
 
+def test_large_sections_are_decoded_but_never_kept() -> None:
+    # the caches are keyed by section bytes: a peer sending big, ever different sections must
+    # not grow them (1024 entries of up to MAX_CACHED_SECTION_BYTES each)
+    codec._ANNOTATIONS.clear()
+    codec._HEADERS.clear()
+    big = 'x' * codec.MAX_CACHED_SECTION_BYTES
+    for i in range(3):
+        annotations = {MA('x-opt-big'): f'{i}{big}'}
+        view = codec.parse(encode_message(annotations=annotations, ttl=float(i + 1)))
+        assert view.annotations == {'x-opt-big': f'{i}{big}'}
+        assert view.header.ttl == (i + 1) * 1000
+    assert codec._ANNOTATIONS == {}
+    assert len(codec._HEADERS) == 3  # small headers are still kept
+
+
 def test_parse_reads_a_timestamp_before_1970_as_negative() -> None:
     buf = encode_message(creation_time=-1.0, expiry_time=-2.0)
     assert decode_message(buf).expiry_time == -2.0
