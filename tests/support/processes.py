@@ -84,7 +84,10 @@ class BrokerProcess:
         env: Mapping[str, str] | None = None,
         replica_id: str | None = None,
         data_dir: str | None = None,
+        own_session: bool = False,
     ) -> None:
+        """``own_session``: lead a process group of its own, so a test can signal the group
+        the way a terminal's Ctrl-C does."""
         self.port = free_port()
         self.http_port = free_port()
         self.replica_id = replica_id or f'test-{self.port}'
@@ -100,8 +103,9 @@ class BrokerProcess:
         full_env = {**os.environ, 'SHOAL_LOG_LEVEL': 'INFO', **(env or {})}
         self._log = self.log_path.open('wb')
         self.process = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env
-        )
+            args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
+            start_new_session=own_session,
+        )  # fmt: skip
         try:
             wait_for(self.ready, 20, f'broker on port {self.port}')
         except (TimeoutError, AssertionError):

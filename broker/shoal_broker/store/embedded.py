@@ -75,9 +75,16 @@ class EmbeddedRedis:
             await client.aclose()
 
     def _spawn(self, command: list[str]) -> None:
-        # fork+exec returns at once; only the readiness wait below needs to be asynchronous
+        # fork+exec returns at once; only the readiness wait below needs to be asynchronous.
+        # A session of its own: a terminal's Ctrl-C signals the whole foreground process group,
+        # and a Redis stopping with the broker could not take back what the broker returns on
+        # its way out (held messages, its lease); the broker stops it last (and the kernel
+        # signals it if the broker dies first).
         self._process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, preexec_fn=_terminate_with_parent()
+            command,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_terminate_with_parent(),
+            start_new_session=True,
         )
 
     def stop(self) -> None:
