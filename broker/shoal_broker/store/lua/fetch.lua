@@ -42,11 +42,14 @@ end
 
 for band = 1, 0, -1 do
   if want <= 0 then break end
-  local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want,
-                         'STREAMS', KEYS[band + 1], '>')
-  if res then
-    -- never delivered to this group before: no failed attempts to count (no HGET)
-    for _, entry in ipairs(res[1][2]) do emit(band, entry, '0') end
+  -- an empty band (the high one, for most applications) costs an XLEN, not an XREADGROUP
+  if redis.call('XLEN', KEYS[band + 1]) > 0 then
+    local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want,
+                           'STREAMS', KEYS[band + 1], '>')
+    if res then
+      -- never delivered to this group before: no failed attempts to count (no HGET)
+      for _, entry in ipairs(res[1][2]) do emit(band, entry, '0') end
+    end
   end
 end
 return out
