@@ -952,7 +952,7 @@ class RedisStore:
 
 def _settle(op: _Op, replies: list[Any]) -> None:
     """Settle an op whose commands all succeeded: with its result, or its finisher's error."""
-    if op.answered or (op.future is not None and op.future.done()):
+    if op.done():
         return
     try:
         result = op.finish(replies)
