@@ -114,6 +114,29 @@ async def test_a_publish_wakes_other_watching_replicas_and_only_them(
         await store.close()
 
 
+async def test_a_publish_into_a_bounded_backlog_wakes_other_replicas_too(
+    redis_server: RedisServer, client: redis.asyncio.Redis
+) -> None:
+    # publish_limited.lua notifies like publish.lua
+    address = f'addr-{uuid.uuid4().hex[:10]}'
+    id_a, id_b = (f'r-{uuid.uuid4().hex[:6]}' for _ in range(2))
+    a, b = (RedisStore.from_url(redis_server.url, replica) for replica in (id_a, id_b))
+    for store in (a, b):
+        await store.start()
+    try:
+        a.limit_backlog(10, 'reject-publish')
+        await a.create_address(address, AddressKind.QUEUE)
+        woken_b: asyncio.Queue[str] = asyncio.Queue()
+        b.watch(address, woken_b.put_nowait)
+        await _until(lambda: _watchers(client, address), {id_b})
+        assert await asyncio.wait_for(woken_b.get(), 10) == address  # its look on watching
+        assert await a.publish(address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'one', 0))
+        assert await asyncio.wait_for(woken_b.get(), 10) == address
+    finally:
+        for store in (a, b):
+            await store.close()
+
+
 async def test_a_partial_assert_relists_a_slice_and_the_next_ones_the_rest(
     redis_server: RedisServer, client: redis.asyncio.Redis
 ) -> None:

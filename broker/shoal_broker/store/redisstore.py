@@ -310,7 +310,7 @@ class RedisStore:
     async def _send_cycle(self, ops: list[_Op]) -> None:
         units = self._units(ops)
         commands = [command for unit_commands, _ in units for command in unit_commands]
-        announced = {op.notify for op in ops if op.notify}
+        announced = {op.notify for op in ops if op.notify}  # a publish announces in its script
         for address in announced:  # by source, like publish: a lost script must not lose it
             k = keys.AddressKeys.of(address)
             commands.append(
@@ -421,13 +421,17 @@ class RedisStore:
             args = [arg for op in members for arg in op.batch_args]
             # by source, not hash: see _reload_then_retry (Redis caches it by its SHA1)
             backlog = self._address_backlogs.get(key[1], self._backlog)
+            announce = (k.notify, self._replica_id)  # other replicas' consumers, in the script
             if backlog is not None:  # a declared queue's maxMessages, SHOAL_MAX_BACKLOG_PER_ADDRESS
-                script_keys = (k.streams[band], k.groups, *k.streams)
+                script_keys = (k.streams[band], k.groups, *k.streams, k.watchers)
                 return [
                     ('EVAL', self._source['publish_limited'], len(script_keys), *script_keys,
-                     kind, *backlog, *args)
+                     kind, *backlog, *announce, *args)
                 ]  # fmt: skip
-            return [('EVAL', self._source['publish'], 2, k.streams[band], k.groups, kind, *args)]
+            return [
+                ('EVAL', self._source['publish'], 3, k.streams[band], k.groups, k.watchers, kind,
+                 *announce, *args)
+            ]  # fmt: skip
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         commands: list[tuple[Any, ...]] = [
             ('XACK', k.streams[band], group, *(op.batch_args[0] for op in members))
@@ -474,7 +478,7 @@ class RedisStore:
                 [],
                 finish,
                 future,
-                address,  # notify
+                None,  # notify: publish.lua wakes other replicas itself
                 False,  # notify_local
                 ('publish', address, message.band, kind),  # batch; kind: a StrEnum, a str
                 (message.header, message.rest, str(message.expiry_ms), message.origin),
@@ -674,7 +678,8 @@ class RedisStore:
         for address, kind, message in sends:
             k = keys.AddressKeys.of(address)
             pipe.eval(
-                self._source['publish'], 2, k.streams[message.band], k.groups, kind.value,
+                self._source['publish'], 3, k.streams[message.band], k.groups, k.watchers,
+                kind.value, '', self._replica_id,  # announced below, once committed (and WAITed)
                 message.header, message.rest, str(message.expiry_ms), message.origin,
             )  # fmt: skip
         for address, group, entry in acks:

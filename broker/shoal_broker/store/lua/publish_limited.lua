@@ -3,11 +3,13 @@
 -- KEYS[1] stream   STREAM of the band written
 -- KEYS[2] groups   SET subscription names of the address
 -- KEYS[3] band 0 STREAM, KEYS[4] band 1 STREAM (the backlog counts both)
+-- KEYS[5] watchers HASH of the address (notify_watchers.lua)
 -- ARGV[1] kind     'queue' or 'topic'
 -- ARGV[2] limit    entries the address may hold
 -- ARGV[3] overflow 'reject-publish' (refuse the whole batch) or 'drop-oldest' (add, then trim
 --                  the oldest entries, normal band first)
--- ARGV[4..] quadruples as in publish.lua
+-- ARGV[4] channel, ARGV[5] replica: as ARGV[2] and ARGV[3] of publish.lua
+-- ARGV[6..] quadruples as in publish.lua
 -- The backlog is what the streams hold less what every subscription has consumed: over the
 -- limit, the consumed entries are trimmed before deciding (left to the periodic trim, a drained
 -- queue refused publishes, or dropped new ones, until it ran).
@@ -17,7 +19,7 @@ if redis.call('SCARD', KEYS[2]) == 0 then
   return -1
 end
 local limit = tonumber(ARGV[2])
-local adding = (#ARGV - 3) / 4
+local adding = (#ARGV - 5) / 4
 local held = redis.call('XLEN', KEYS[3]) + redis.call('XLEN', KEYS[4])
 --! include trim_consumed
 if held + adding > limit then
@@ -27,7 +29,8 @@ if held + adding > limit then
   if ARGV[3] == 'reject-publish' and held + adding > limit then return -2 end
 end
 --! include append_entries
-local added = append_entries(4)
+--! include notify_watchers
+local added = append_entries(6)
 local excess = held + adding - limit
 for band = 3, 4 do
   if excess <= 0 then break end
@@ -38,4 +41,5 @@ for band = 3, 4 do
     excess = excess - cut
   end
 end
+if ARGV[4] ~= '' then notify_watchers(KEYS[5], ARGV[4], ARGV[5]) end
 return added
