@@ -26,6 +26,21 @@ async def pubsub(client: redis.asyncio.Redis) -> AsyncIterator[Any]:
     await p.aclose()
 
 
+Replica = tuple[str, RedisStore]
+
+
+@pytest.fixture
+async def replicas(redis_server: RedisServer) -> AsyncIterator[tuple[Replica, Replica]]:
+    """Two replicas' stores, started, on one Redis: (replica id, store) each."""
+    ids = [f'r-{uuid.uuid4().hex[:6]}' for _ in range(2)]
+    stores = [RedisStore.from_url(redis_server.url, replica) for replica in ids]
+    for store in stores:
+        await store.start()
+    yield (ids[0], stores[0]), (ids[1], stores[1])
+    for store in stores:
+        await store.close()
+
+
 async def _messages(reader: NotificationReader, count: int) -> list[tuple[bytes, bytes]]:
     found: list[tuple[bytes, bytes]] = []
     async with asyncio.timeout(10):
@@ -78,13 +93,10 @@ async def _until_it_raises(reader: NotificationReader) -> None:
 
 
 async def test_a_publish_wakes_other_watching_replicas_and_only_them(
-    redis_server: RedisServer, client: redis.asyncio.Redis, pubsub: Any
+    replicas: tuple[Replica, Replica], client: redis.asyncio.Redis, pubsub: Any
 ) -> None:
+    (id_a, a), (id_b, b) = replicas
     address = f'addr-{uuid.uuid4().hex[:10]}'
-    id_a, id_b = (f'r-{uuid.uuid4().hex[:6]}' for _ in range(2))
-    a, b = (RedisStore.from_url(redis_server.url, replica) for replica in (id_a, id_b))
-    for store in (a, b):
-        await store.start()
     await a.create_address(address, AddressKind.QUEUE)
     channel = f'shoal:{{a:{address}}}:notify'
     await pubsub.subscribe(channel)  # an outside listener sees what is sent on the channel
@@ -108,61 +120,47 @@ async def test_a_publish_wakes_other_watching_replicas_and_only_them(
     b.unwatch(address, woken_b.put_nowait)
     await _until(lambda: _watchers(client, address), {id_a})
     await client.delete(f'shoal:{{a:{address}}}:watchers')  # e.g. a Redis that restarted empty
-    await a.assert_watches()  # what every lease renewal does
+    await a.assert_watches()  # what a re-subscribe does (a renewal: a slice, tested below)
     assert await _watchers(client, address) == {id_a}
-    for store in (a, b):
-        await store.close()
 
 
 async def test_a_publish_into_a_bounded_backlog_wakes_other_replicas_too(
-    redis_server: RedisServer, client: redis.asyncio.Redis
+    replicas: tuple[Replica, Replica], client: redis.asyncio.Redis
 ) -> None:
     # publish_limited.lua notifies like publish.lua
+    (_, a), (id_b, b) = replicas
     address = f'addr-{uuid.uuid4().hex[:10]}'
-    id_a, id_b = (f'r-{uuid.uuid4().hex[:6]}' for _ in range(2))
-    a, b = (RedisStore.from_url(redis_server.url, replica) for replica in (id_a, id_b))
-    for store in (a, b):
-        await store.start()
-    try:
-        a.limit_backlog(10, 'reject-publish')
-        await a.create_address(address, AddressKind.QUEUE)
-        woken_b: asyncio.Queue[str] = asyncio.Queue()
-        b.watch(address, woken_b.put_nowait)
-        await _until(lambda: _watchers(client, address), {id_b})
-        assert await asyncio.wait_for(woken_b.get(), 10) == address  # its look on watching
-        assert await a.publish(address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'one', 0))
-        assert await asyncio.wait_for(woken_b.get(), 10) == address
-    finally:
-        for store in (a, b):
-            await store.close()
+    a.limit_backlog(10, 'reject-publish')
+    await a.create_address(address, AddressKind.QUEUE)
+    woken_b: asyncio.Queue[str] = asyncio.Queue()
+    b.watch(address, woken_b.put_nowait)
+    await _until(lambda: _watchers(client, address), {id_b})
+    assert await asyncio.wait_for(woken_b.get(), 10) == address  # its look on watching
+    assert await a.publish(address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'one', 0))
+    assert await asyncio.wait_for(woken_b.get(), 10) == address
 
 
 async def test_a_partial_assert_relists_a_slice_and_the_next_ones_the_rest(
-    redis_server: RedisServer, client: redis.asyncio.Redis
+    replicas: tuple[Replica, Replica], client: redis.asyncio.Redis
 ) -> None:
+    (replica, store), _ = replicas
     addresses = [f'addr-{uuid.uuid4().hex[:10]}' for _ in range(5)]
-    replica = f'r-{uuid.uuid4().hex[:6]}'
-    store = RedisStore.from_url(redis_server.url, replica)
-    await store.start()
-    try:
-        for address in addresses:
-            await store.create_address(address, AddressKind.QUEUE)
-            store.watch(address, lambda _: None)
-        for address in addresses:
-            await _until(lambda address=address: _watchers(client, address), {replica})
-        await client.delete(*(f'shoal:{{a:{address}}}:watchers' for address in addresses))
+    for address in addresses:
+        await store.create_address(address, AddressKind.QUEUE)
+        store.watch(address, lambda _: None)
+    for address in addresses:
+        await _until(lambda address=address: _watchers(client, address), {replica})
+    await client.delete(*(f'shoal:{{a:{address}}}:watchers' for address in addresses))
 
-        async def listed() -> int:
-            return sum([replica in await _watchers(client, address) for address in addresses])
+    async def listed() -> int:
+        return sum([replica in await _watchers(client, address) for address in addresses])
 
-        await store.assert_watches(2)  # what a lease renewal does, 2 at a time
-        assert await listed() == 2
-        await store.assert_watches(2)
-        assert await listed() == 4
-        await store.assert_watches(2)  # wraps round to the first ones
-        assert await listed() == 5
-    finally:
-        await store.close()
+    await store.assert_watches(2)  # what a lease renewal does, 2 at a time
+    assert await listed() == 2
+    await store.assert_watches(2)
+    assert await listed() == 4
+    await store.assert_watches(2)  # wraps round to the first ones
+    assert await listed() == 5
 
 
 async def _watchers(client: redis.asyncio.Redis, address: str) -> set[str]:
