@@ -45,6 +45,49 @@ async def test_the_high_band_is_served_first(store: RedisStore, name: str) -> No
     assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'high', b'normal']
 
 
+async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_a_returned_one(
+    store: RedisStore, name: str
+) -> None:
+    """After a big fetch, a subscription's normal band is read by a plain XREADGROUP beside
+    fetch.lua. Every field survives that read. When returned entries turn up, the new entries
+    read with them go back behind them, and the fetches after that are the script's alone."""
+    await store.create_address(name, AddressKind.QUEUE)
+    for i in range(20):
+        await store.publish(name, AddressKind.QUEUE, msg(b'warm-%d' % i))
+    for entry in await store.fetch(name, QUEUE_GROUP, 20):  # big: the next fetch is in bulk
+        await store.ack(name, QUEUE_GROUP, entry)
+    for i in range(20):
+        expiry, origin = (4_102_444_800_000 + i, f'conn-{i}') if i % 2 else (0, '')
+        await store.publish(
+            name, AddressKind.QUEUE, OutgoingMessage(0, b'h%d' % i, b'%d' % i, expiry, origin)
+        )
+
+    sent = store.commands
+    bulk = await store.fetch(name, QUEUE_GROUP, 20)
+    assert store.commands - sent == 2  # the script, then the plain XREADGROUP
+
+    assert [(e.band, e.header, e.rest, e.expiry_ms, e.origin, e.delivery_count) for e in bulk] == [
+        (0, b'h%d' % i, b'%d' % i, 4_102_444_800_000 + i if i % 2 else 0,
+         f'conn-{i}' if i % 2 else '', 0)
+        for i in range(20)
+    ]  # fmt: skip
+    for entry in bulk[3:]:
+        await store.ack(name, QUEUE_GROUP, entry)
+    for entry in bulk[:3]:
+        await store.release(name, QUEUE_GROUP, entry, delivery_failed=True)
+    await store.publish(name, AddressKind.QUEUE, msg(b'high', band=1))
+    for body in (b'new-1', b'new-2'):
+        await store.publish(name, AddressKind.QUEUE, msg(body))
+
+    returned = await store.fetch(name, QUEUE_GROUP, 2)
+    rest = await store.fetch(name, QUEUE_GROUP, 20)
+
+    assert [(e.rest, e.delivery_count) for e in returned] == [(b'0', 1), (b'1', 1)]
+    assert [e.rest for e in rest if e.band == 0] == [b'2', b'new-1', b'new-2']
+    assert [e.rest for e in rest if e.band == 1] == [b'high']
+    assert await store.fetch(name, QUEUE_GROUP, 20) == []
+
+
 async def test_another_replica_can_take_a_returned_entry(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:

@@ -41,7 +41,14 @@ from shoal_broker.errors import (
 from shoal_broker.metrics.registry import REDIS_ROUND_TRIP
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.routing.policies import EntityPolicy
-from shoal_broker.routing.storage import BrowseCursor, Entry, JoinOutcome, Notify, OutgoingMessage
+from shoal_broker.routing.storage import (
+    NORMAL_BAND,
+    BrowseCursor,
+    Entry,
+    JoinOutcome,
+    Notify,
+    OutgoingMessage,
+)
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import keys, scripts
@@ -70,6 +77,19 @@ POOL_WAIT_SECONDS = 20.0
 PIPELINES_IN_FLIGHT = 4
 """Per-message pipelines sent but not yet answered. One left the broker idle for every round
 trip (73 % CPU at saturation); more than a few only shrinks the batches (docs/benchmarks.md)."""
+
+BULK_FETCH_ENTRIES = 16
+"""A fetch this big, with nothing returned or high-band in it, makes the next fetches of its
+subscription read the normal band directly (``_fetch_op``), until one finds returned or
+high-band entries or comes back short and smaller. An empty fetch says nothing (under load it
+finds the stream just drained), nor does a full small one (it was asked for little: credit)."""
+
+GIVE_BACK_MAX_PAUSE = 2.0
+"""Longest pause between attempts to return entries a fetch in bulk must not deliver."""
+
+MAX_BULK_FETCHES = 10_000
+"""Bound on the subscriptions remembered as fetching in bulk (each is dropped by its next small
+fetch; one deleted mid-burst would otherwise stay)."""
 
 ACK_COALESCE_SECONDS = 0.002
 """How long an ack waits for a pipeline to ride along with. Under load every cycle carries acks
@@ -171,6 +191,9 @@ class RedisStore:
         """Armed while only acks are queued (ACK_COALESCE_SECONDS)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_tasks: set[asyncio.Future[None]] = set()
+        self._closed = False
+        self._bulk_fetches: set[tuple[str, str]] = set()
+        """(address, group) whose last fetch was big and found nothing returned or high-band."""
         self._address_backlogs: dict[str, tuple[int, str]] = {}
         """Declared queues' own backlog limits (``retention.maxMessages``), over ``_backlog``."""
         self.pipelines = 0
@@ -222,6 +245,7 @@ class RedisStore:
         ]
 
     async def close(self) -> None:
+        self._closed = True
         if self._lazy_wakeup is not None:
             self._lazy_wakeup.cancel()
         await cancel_and_wait(self._tasks)
@@ -514,7 +538,7 @@ class RedisStore:
         return moved_total
 
     def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
-        return self._queue([self._fetch_command(address, group, count)], lambda r: _entries(r[0]))
+        return self._queue(*self._fetch_op(address, group, count))
 
     def fetch_then(
         self,
@@ -523,19 +547,49 @@ class RedisStore:
         count: int,
         callback: Callable[[Sequence[Entry] | None, BrokerError | None], None],
     ) -> None:
-        command = self._fetch_command(address, group, count)
-        self._queued.append(
-            _Op([command], lambda r: _entries(r[0]), None, None, False, None, (), callback)
-        )
+        commands, finish = self._fetch_op(address, group, count)
+        self._queued.append(_Op(commands, finish, None, None, False, None, (), callback))
         self._wakeup.set()
 
-    def _fetch_command(self, address: str, group: str, count: int) -> tuple[Any, ...]:
+    def _fetch_op(
+        self, address: str, group: str, count: int
+    ) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], list[Entry]]]:
+        """The commands of one fetch and what makes entries of their replies. A subscription
+        fetching in bulk (BULK_FETCH_ENTRIES) has its normal band read by a plain XREADGROUP:
+        handed back through Lua, an entry costs Redis ~3 µs more (docs/benchmarks.md, session
+        5). At a trickle one EVALSHA stays cheaper."""
         k = keys.AddressKeys.of(address)
-        return self._script(
-            'fetch',
-            (*k.streams, k.returned(group), k.delivery_counts(group)),
-            (group, self._replica_id, count),
-        )
+        script_keys = (*k.streams, k.returned(group), k.delivery_counts(group))
+        subscription = (address, group)
+        if subscription in self._bulk_fetches:
+            # fetch.lua takes returned and high-band entries; the normal band is read directly.
+            # The script goes as source: if Redis had forgotten it, a retry would send the
+            # XREADGROUP again, stranding what the first one claimed.
+            commands = [
+                ('EVAL', self._source['fetch'], 4, *script_keys,
+                 group, self._replica_id, count, '0'),
+                ('XREADGROUP', 'GROUP', group, self._replica_id, 'COUNT', count,
+                 'STREAMS', k.streams[NORMAL_BAND], '>'),
+            ]  # fmt: skip
+        else:
+            commands = [self._script('fetch', script_keys, (group, self._replica_id, count, '1'))]
+
+        def finish(replies: list[Any]) -> list[Entry]:
+            head = replies[0]
+            entries = _entries(head, 1)
+            if len(replies) > 1:
+                new = _new_entries(replies[1])
+                if not head[0]:
+                    entries += new
+                elif new:  # more returned entries may wait: the new ones must not overtake them
+                    self._background(self._give_back(address, group, new))
+            if head[0] or 0 < len(entries) < min(count, BULK_FETCH_ENTRIES):
+                self._bulk_fetches.discard(subscription)
+            elif len(entries) >= BULK_FETCH_ENTRIES and len(self._bulk_fetches) < MAX_BULK_FETCHES:
+                self._bulk_fetches.add(subscription)
+            return entries
+
+        return commands, finish
 
     def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
         counted = keys.entry_field(entry.band, entry.id) if entry.delivery_count else None
@@ -546,6 +600,31 @@ class RedisStore:
             batch_args=(entry.id, counted),
             lazy=True,
         )
+
+    async def _give_back(self, address: str, group: str, entries: list[Entry]) -> None:
+        """Return new entries a fetch in bulk read beside returned or high-band ones
+        (``_fetch_op``), newest last, so that they follow whatever is still returned. A refusal
+        is tried again with a growing pause, as ``Broker.release`` does: the entries are pending
+        on this replica, and nothing else would return them while it lives."""
+        k = keys.AddressKeys.of(address)
+        members = [m for e in entries for m in (0, keys.entry_member(e.band, e.id))]
+        pause = 0.0
+        while True:
+            try:
+                await self._queue(
+                    [('ZADD', k.returned(group), *members)],
+                    lambda r: None,
+                    notify=address,
+                    notify_local=True,
+                )
+                return
+            except BrokerError as exc:
+                if self._closed:  # pending on a replica that stops: reclaimed like a crash's
+                    return
+                pause = min(GIVE_BACK_MAX_PAUSE, max(0.25, pause * 2))
+                logger.warning('returning %d entries to %s/%s failed (%s); again in %.2f s',
+                               len(entries), address, group, exc, pause)  # fmt: skip
+                await asyncio.sleep(pause)
 
     def release(
         self, address: str, group: str, entry: Entry, *, delivery_failed: bool
@@ -1010,7 +1089,8 @@ def _is_noscript(reply: Any) -> bool:
     )
 
 
-def _entries(flat: list[Any]) -> list[Entry]:
+def _entries(flat: list[Any], start: int = 0) -> list[Entry]:
+    """Entries from fetch.lua's septuples (from ``start`` in its reply)."""
     # positional (id, band, header, rest, expiry_ms, delivery_count, origin): keyword
     # construction costs ~2 µs per entry
     return [
@@ -1023,8 +1103,29 @@ def _entries(flat: list[Any]) -> list[Entry]:
             int(flat[i + 5]),
             flat[i + 6].decode(),
         )
-        for i in range(0, len(flat), 7)
+        for i in range(start, len(flat), 7)
     ]
+
+
+def _new_entries(reply: list[Any] | None) -> list[Entry]:
+    """Entries from a plain XREADGROUP of the normal band: fields in append_entries.lua's order,
+    header and rest first, then expiry and origin when present. The reply is a map under RESP3
+    (the store's connections) and a list of (stream, entries) pairs under RESP2."""
+    if not reply:
+        return []
+    entries = []
+    read = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+    for raw_id, fields in read:
+        expiry_ms, origin = 0, ''
+        for i in range(4, len(fields), 2):
+            if fields[i] == b'x':
+                expiry_ms = int(fields[i + 1])
+            elif fields[i] == b'c':
+                origin = fields[i + 1].decode()
+        entries.append(
+            Entry(raw_id.decode(), NORMAL_BAND, fields[1], fields[3], expiry_ms, 0, origin)
+        )
+    return entries
 
 
 def as_text(value: Any) -> str:
