@@ -1107,7 +1107,7 @@ def _entries(flat: list[Any], start: int = 0) -> list[Entry]:
     ]
 
 
-def _new_entries(reply: list[Any] | None) -> list[Entry]:
+def _new_entries(reply: Any) -> list[Entry]:
     """Entries from a plain XREADGROUP of the normal band: fields in append_entries.lua's order,
     header and rest first, then expiry and origin when present. The reply is a map under RESP3
     (the store's connections) and a list of (stream, entries) pairs under RESP2."""
