@@ -1,6 +1,7 @@
 """The Redis store's contract on a real redis-server: the Lua scripts are the semantics."""
 
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
@@ -45,12 +46,26 @@ async def test_the_high_band_is_served_first(store: RedisStore, name: str) -> No
     assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'high', b'normal']
 
 
+@pytest.fixture(params=['resp3', 'resp2'])
+async def any_protocol_store(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> AsyncIterator[RedisStore]:
+    """A store speaking redis-py's default protocol (RESP3), or RESP2 (``?protocol=2``): a plain
+    XREADGROUP's reply is a map in one and a list in the other."""
+    query = '?protocol=2' if request.param == 'resp2' else ''
+    s = RedisStore.from_url(redis_server.url + query, f'replica-{uuid.uuid4().hex[:6]}')
+    await s.start()
+    yield s
+    await s.close()
+
+
 async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_a_returned_one(
-    store: RedisStore, name: str
+    any_protocol_store: RedisStore, name: str
 ) -> None:
     """After a big fetch, a subscription's normal band is read by a plain XREADGROUP beside
     fetch.lua. Every field survives that read. When returned entries turn up, the new entries
     read with them go back behind them, and the fetches after that are the script's alone."""
+    store = any_protocol_store
     await store.create_address(name, AddressKind.QUEUE)
     for i in range(20):
         await store.publish(name, AddressKind.QUEUE, msg(b'warm-%d' % i))
