@@ -6,12 +6,20 @@ flushes Redis under a running broker. Tests that need other broker settings star
 with ``start_broker``; everything started is stopped by PID at the end.
 """
 
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from processes import BrokerProcess, RedisServer
+from processes import LOG_DIR, BrokerProcess, RedisServer
+
+
+@pytest.fixture(scope='session', autouse=True)
+def broker_logs() -> Iterator[None]:
+    """The brokers' logs live as long as the test run."""
+    yield
+    shutil.rmtree(LOG_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope='session')

@@ -16,6 +16,10 @@ from pathlib import Path
 
 LOOPBACK = '127.0.0.1'
 
+LOG_DIR = Path(tempfile.mkdtemp(prefix='shoal-test-logs-'))
+"""Every broker's log of this test run, removed when the run ends (tests/conftest.py): one
+file per broker started, a few hundred a run, used to pile up in /tmp."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -91,7 +95,9 @@ class BrokerProcess:
         self.port = free_port()
         self.http_port = free_port()
         self.replica_id = replica_id or f'test-{self.port}'
-        self.log_path = Path(tempfile.mkstemp(prefix='shoal-broker-', suffix='.log')[1])
+        fd, path = tempfile.mkstemp(prefix='shoal-broker-', suffix='.log', dir=LOG_DIR)
+        os.close(fd)
+        self.log_path = Path(path)
         args = [
             sys.executable, '-m', 'shoal_broker', '--listen', f'{LOOPBACK}:{self.port}',
             '--http', f'{LOOPBACK}:{self.http_port}', '--replica-id', self.replica_id,
