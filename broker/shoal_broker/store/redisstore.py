@@ -606,16 +606,11 @@ class RedisStore:
         (``_fetch_op``), newest last, so that they follow whatever is still returned. A refusal
         is tried again with a growing pause, as ``Broker.release`` does: the entries are pending
         on this replica, and nothing else would return them while it lives."""
-        k = keys.AddressKeys.of(address)
-        members = [m for e in entries for m in (0, keys.entry_member(e.band, e.id))]
         pause = 0.0
         while True:
-            try:
-                await self._queue(
-                    [('ZADD', k.returned(group), *members)],
-                    lambda r: None,
-                    notify=address,
-                    notify_local=True,
+            try:  # in one cycle, in order; a release already done is only done again
+                await asyncio.gather(
+                    *(self.release(address, group, e, delivery_failed=False) for e in entries)
                 )
                 return
             except BrokerError as exc:

@@ -5,7 +5,8 @@
 -- ARGV[1] group, ARGV[2] consumer (replica id), ARGV[3] count,
 -- ARGV[4] '1': read the normal band here too; '0': leave it to the plain XREADGROUP the caller
 --         sends right after this script (an entry handed back through Lua costs Redis ~3 µs more
---         than one read directly, docs/benchmarks.md session 5; the caller trims any excess)
+--         than one read directly, docs/benchmarks.md session 5; when this script finds
+--         returned or high-band entries, the caller gives what that read took back behind them)
 -- Returned (released or failed) entries come first, oldest first, claimed from whichever replica
 -- held them; then new entries, high band (1) before normal band (0).
 -- Returns how many returned or high-band entries it found, then a flat array of septuples:
