@@ -19,8 +19,8 @@ test: venv node-deps lint
 	$(PY) -m pytest -p no:cacheprovider
 
 lint: venv
-	$(VENV)/bin/ruff check broker operator analytics tests bench docker charts fuzz
-	$(VENV)/bin/ruff format --check broker operator analytics tests bench docker charts fuzz
+	$(VENV)/bin/ruff check broker operator analytics tests bench docker charts fuzz scripts
+	$(VENV)/bin/ruff format --check broker operator analytics tests bench docker charts fuzz scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
@@ -34,7 +34,9 @@ system-deps: .stamp-system
 	@touch $@
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml .stamp-system
+# Installing also compiles the broker's C hot path (scripts/hatch_build.py), hence its sources.
+$(VENV)/.installed: pyproject.toml .stamp-system broker/shoal_broker/amqp/_wire.c \
+		scripts/build_wire.py scripts/hatch_build.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[broker,operator,analytics,dev]'

@@ -34,6 +34,7 @@ declare -a SRC RPID BPID APORT HPORT
 i=0
 for src in "$@"; do
   src=$(cd "$src" && pwd)
+  build_wire "$src"
   read -r rport aport hport < <(free_ports 3)
   mkdir -p "$WORK/$i"
   # shellcheck disable=SC2086

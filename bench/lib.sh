@@ -45,6 +45,15 @@ proc_cpu_s() {  # CPU seconds (user + system) a process has used so far
   awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
 }
 
+build_wire() {  # build_wire BROKER_SOURCE_ROOT: compile a source tree's C hot path if it has one
+  # and it is missing or older than its source (a tree copied with `git archive` has none)
+  local src=$1 so
+  [[ -f $src/shoal_broker/amqp/_wire.c ]] || return 0
+  so=$(ls "$src"/shoal_broker/amqp/_wire.*.so 2>/dev/null | head -1)
+  [[ -n $so && $so -nt $src/shoal_broker/amqp/_wire.c ]] && return 0
+  "$PY" "$ROOT/scripts/build_wire.py" "$src" > /dev/null
+}
+
 start_redis() {  # start_redis PORT DIR [redis-server options]: sets REDIS_PID once it answers PING
   local port=$1 dir=$2 t
   shift 2

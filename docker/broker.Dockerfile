@@ -17,6 +17,7 @@ RUN python -m venv /opt/shoal
 ENV PATH=/opt/shoal/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY scripts/build_wire.py scripts/hatch_build.py scripts/
 COPY broker broker
 COPY operator operator
 COPY analytics analytics

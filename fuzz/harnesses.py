@@ -15,7 +15,7 @@ from pathlib import Path
 from framesample import client_frames
 
 from shoal_broker import selector as selectors
-from shoal_broker.amqp import codec, sasl
+from shoal_broker.amqp import codec, engine, sasl
 from shoal_broker.amqp.engine import ffi, lib
 from shoal_broker.security.authenticator import Authenticator, AuthPolicy, UsersSource
 from shoal_broker.security.credentials import make_user, write_user
@@ -56,11 +56,21 @@ def sasl_layer(data: bytes) -> None:
 
 def message_sections(data: bytes) -> None:
     """A transfer's payload: the routing walk, then (if it parses) what selectors and the
-    transaction coordinator decode from it. Only ``DecodeError`` is allowed out."""
+    transaction coordinator decode from it. Only ``DecodeError`` is allowed out. Where the
+    broker's C walk (amqp/_wire.c) takes the payload, its view must be the reference's."""
+    offsets = engine.scan(data)
     try:
         view = codec.parse(data)
     except codec.DecodeError:
+        if offsets is not None:
+            try:
+                codec.view(data, offsets)
+            except codec.DecodeError:
+                return
+            raise AssertionError('the C walk accepted a message codec.parse refuses') from None
         return
+    if offsets is not None:
+        assert codec.view(data, offsets) == view, 'the C walk and codec.parse disagree'
     try:
         codec.selection_view(view.header_bytes, view.rest)
         codec.body_value(view.rest)

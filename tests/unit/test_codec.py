@@ -6,13 +6,14 @@ Messages are built with ``proton.Message(...).encode()``; where proton never emi
 """
 
 import itertools
+import random
 import uuid
 from typing import Any
 
 import proton
 import pytest
 
-from shoal_broker.amqp import codec
+from shoal_broker.amqp import codec, engine
 
 MA = proton.symbol
 JMS_MSG_TYPE = MA('x-opt-jms-msg-type')
@@ -298,6 +299,63 @@ def test_parse_agrees_with_proton_over_many_messages(fields: dict[str, Any]) -> 
     assert view.header_bytes == section_bytes(buf, codec.HEADER)
     assert view.rest == tail_from_first(buf, BARE_SECTIONS)
     assert decode_message(view.header_bytes + view.rest).body == oracle.body
+    offsets = engine.scan(buf)  # what the broker does: the walk in C, then codec.view
+    assert offsets is not None, 'the C walk left a message of a real client to Python'
+    assert codec.view(buf, offsets) == view
+
+
+# -- the C walk (amqp/_wire.c) against codec.parse ----------------------------------------------
+
+
+def _outcome(parse: Any) -> Any:
+    try:
+        return parse()
+    except codec.DecodeError as exc:
+        return f'DecodeError: {exc}'
+
+
+def _damaged(buf: bytes, rng: random.Random) -> list[bytes]:
+    """Every truncation of ``buf``, and byte flips: a few at random places, and one at every
+    constructor-or-length position of the first 64 bytes."""
+    out = [buf[:cut] for cut in range(len(buf))]
+    for _ in range(24):
+        at = rng.randrange(len(buf))
+        out.append(buf[:at] + bytes([rng.randrange(256)]) + buf[at + 1 :])
+    for at in range(min(64, len(buf))):
+        for value in (0x00, 0x40, 0x45, 0xA1, 0xB1, 0xC0, 0xD0, 0xFF, buf[at] ^ 0x80):
+            out.append(buf[:at] + bytes([value]) + buf[at + 1 :])
+    return out
+
+
+def test_the_c_walk_agrees_with_parse_on_damaged_messages() -> None:
+    """Whenever the C walk takes a message, ``codec.view`` of its offsets is what ``parse``
+    makes of it, value or error; everything else goes to ``parse`` whole."""
+    rng = random.Random(8)
+    taken = 0
+    for fields in ROUND_TRIPS:
+        for buf in _damaged(encode_message(**fields), rng):
+            offsets = engine.scan(buf)
+            if offsets is None:
+                continue
+            taken += 1
+            assert _outcome(lambda b=buf, o=offsets: codec.view(b, o)) == _outcome(
+                lambda b=buf: codec.parse(b)
+            ), buf.hex()
+    assert taken > 1000  # the walk took most prefixes that end on a section boundary and more
+
+
+def test_the_c_skip_agrees_with_skip() -> None:
+    rng = random.Random(9)
+    samples = [encode_value(v) for v in (None, True, 7, -1, 2**40, 'text', b'raw', [1, 'a'],
+                                          {'k': [1.5, None]}, uuid.UUID(int=3))]  # fmt: skip
+    samples += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 12))) for _ in range(4000)]
+    samples.append(b'\x00' * 70 + b'\x40')  # described values nested past MAX_DEPTH
+    for buf in samples:
+        expected = _outcome(lambda b=buf: codec.skip(b, 0))
+        end = engine.wire.shoal_skip(buf, len(buf), 0)
+        assert (end if end >= 0 else 'error') == (
+            expected if isinstance(expected, int) else 'error'
+        ), buf.hex()
 
 
 # -- delivery_header --------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 
 from shoal_broker.amqp import attach, codec, engine, transactions
 from shoal_broker.amqp.connection import AmqpConnection
-from shoal_broker.amqp.engine import Ptr, ffi, lib
+from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.amqp.guard import Guard
 from shoal_broker.amqp.links import (
     UNSETTLED_ON_DETACH,
@@ -61,19 +61,26 @@ OFFERED_CAPABILITIES = [
 ]
 PRODUCT = 'shoal'
 
-_TERMINAL = {
-    lib.PN_ACCEPTED: Outcome.ACCEPTED,
-    lib.PN_REJECTED: Outcome.REJECTED,
-    lib.PN_RELEASED: Outcome.RELEASED,
-    lib.PN_MODIFIED: Outcome.MODIFIED,
-}
-
 RECOVERY_WAIT_STEP = 0.01
 RECOVERY_WAIT_STEPS = 1000
 """Recovery waits up to 10 s for a fetch in flight to be answered before it returns entries."""
 
-_DISPOSITIONS = {outcome: Disposition(outcome) for outcome in Outcome}
-"""Shared (frozen) dispositions: building one per acknowledgement cost ~2.5 µs."""
+_DISPOSITIONS = {
+    engine.OUTCOME_ACCEPTED: Disposition(Outcome.ACCEPTED),
+    engine.OUTCOME_REJECTED: Disposition(Outcome.REJECTED),
+    engine.OUTCOME_RELEASED: Disposition(Outcome.RELEASED),
+    **{
+        engine.OUTCOME_MODIFIED | failed | undeliverable: Disposition(
+            Outcome.MODIFIED,
+            delivery_failed=bool(failed),
+            undeliverable_here=bool(undeliverable),
+        )
+        for failed in (0, engine.MODIFIED_FAILED)
+        for undeliverable in (0, engine.MODIFIED_UNDELIVERABLE)
+    },
+}
+"""A consumer's outcome by ``wire.shoal_outcome``'s code, shared (frozen): building one per
+acknowledgement cost ~2.5 µs."""
 
 
 class Broker:
@@ -553,29 +560,21 @@ class Broker:
             lib.pn_delivery_settle(delivery)
 
     def _incoming(self, producer: ProducerLink, delivery: Ptr) -> None:
-        link = producer.ptr
-        if lib.pn_delivery_aborted(delivery):
-            lib.pn_delivery_settle(delivery)
-            self.top_up(producer)
-            return
-        pending = lib.pn_delivery_pending(delivery)
-        if pending > self.settings.amqp.max_message_size:
-            self._fail_link(
-                producer,
-                MessageSizeExceeded(
-                    f'message exceeds the maximum size of '
-                    f'{self.settings.amqp.max_message_size} bytes'
-                ),
-            )
-            return
-        if lib.pn_delivery_partial(delivery):
-            return
-        data = bytearray(pending)
-        lib.pn_link_recv(link, ffi.from_buffer(data), pending)
-        lib.pn_link_advance(link)
-        settled = bool(lib.pn_delivery_settled(delivery))
+        size = wire.shoal_pending(delivery, self.settings.amqp.max_message_size)
+        if size < 0:
+            if size == engine.IN_ABORTED:
+                lib.pn_delivery_settle(delivery)
+                self.top_up(producer)
+            elif size == engine.IN_TOO_BIG:
+                limit = self.settings.amqp.max_message_size
+                self._fail_link(producer, MessageSizeExceeded(
+                    f'message exceeds the maximum size of {limit} bytes'))  # fmt: skip
+            return  # IN_PARTIAL: the rest of it is still to come
+        data, offsets, settled = engine.receive(producer.ptr, delivery, size)
         try:
-            view = codec.parse(data)
+            if data is None:
+                raise codec.DecodeError('the transfer held fewer bytes than it announced')
+            view = codec.parse(data[:]) if offsets is None else codec.view(data, offsets)
         except codec.DecodeError as exc:
             self._outcome(producer, delivery, settled, BrokerError(str(exc)), 'amqp:decode-error')
             return
@@ -711,8 +710,7 @@ class Broker:
         if not message.settled:
             # never an accept that is then lost: on a store failure the peer may send it again
             state = lib.PN_ACCEPTED if error is None else lib.PN_RELEASED
-            lib.pn_delivery_update(message.delivery, state)
-            lib.pn_delivery_settle(message.delivery)
+            wire.shoal_settle_with(message.delivery, state)
         self.top_up(producer)
         self.mark_dirty(producer.conn)
 
@@ -750,30 +748,15 @@ class Broker:
         self.mark_delivering(consumer.conn)
 
     def _disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:
-        if not (lib.pn_delivery_updated(delivery) or lib.pn_delivery_settled(delivery)):
+        code = wire.shoal_outcome(delivery)  # settles a terminal outcome
+        if code == engine.OUTCOME_NONE:  # e.g. `received`: not an outcome yet
             return
-        state = lib.pn_delivery_remote_state(delivery)
-        if state == transactions.TRANSACTIONAL_STATE:
+        if code == engine.OUTCOME_TRANSACTIONAL:
             self._transactional_ack(consumer, delivery)
             return
-        outcome = _TERMINAL.get(state)
-        if outcome is None:
-            if not lib.pn_delivery_settled(delivery):
-                return  # e.g. `received`: not an outcome yet
-            outcome = Outcome.ACCEPTED  # settled with no outcome: the peer is done with it
-        entry = consumer.unacked.pop(delivery, None)
-        if outcome is Outcome.MODIFIED:  # its flags matter to no other outcome
-            remote = lib.pn_delivery_remote(delivery)
-            disposition = Disposition(
-                outcome,
-                bool(lib.pn_disposition_is_failed(remote)),  # delivery_failed
-                bool(lib.pn_disposition_is_undeliverable(remote)),  # undeliverable_here
-            )
-        else:
-            disposition = _DISPOSITIONS[outcome]
-        lib.pn_delivery_settle(delivery)
+        entry = consumer.unacked.pop(delivery, None)  # the pointer is only a key by now
         if entry is not None:
-            self._apply(consumer, entry, disposition)
+            self._apply(consumer, entry, _DISPOSITIONS[code])
 
     def _transactional_ack(self, consumer: ConsumerLink, delivery: Ptr) -> None:
         """An outcome inside a transaction: an accept is held until discharge; others apply."""

@@ -15,7 +15,7 @@ import dataclasses
 import struct
 import types
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 # Section descriptors (AMQP 1.0 Part 3 §3.2).
@@ -288,20 +288,12 @@ def parse(buf: bytes | bytearray) -> RoutingView:
             end = skip(buf, vpos)
             if code == HEADER:
                 header_bytes = bytes(buf[pos:end])
-                cached = _HEADERS.get(header_bytes)
-                if cached is None:
-                    cached = _header(decode(buf, vpos)[0])
-                    if (
-                        len(_HEADERS) < MAX_CACHED_HEADERS
-                        and len(header_bytes) <= MAX_CACHED_SECTION_BYTES
-                    ):
-                        _HEADERS[header_bytes] = cached
-                header = cached
+                header = _HEADERS.get(header_bytes) or _new_header(header_bytes, vpos - pos)
             elif code != DELIVERY_ANNOTATIONS:
                 if rest_start is None:
                     rest_start = pos
                 if code == MESSAGE_ANNOTATIONS:
-                    annotations = _annotations(buf, vpos, end)
+                    annotations = _annotations(bytes(buf[vpos:end]))
                 elif code == PROPERTIES:
                     to, expiry = _list_items(buf, vpos, end, (2, 8))  # to, absolute-expiry-time
             pos = end
@@ -317,12 +309,52 @@ def parse(buf: bytes | bytearray) -> RoutingView:
     )
 
 
-def _annotations(buf: bytes | bytearray, pos: int, end: int) -> Mapping[Any, Any]:
-    """The message-annotations map whose value spans ``pos:end``, decoded once per encoding."""
-    section = bytes(buf[pos:end])
+def view(buf: Any, at: Sequence[int]) -> RoutingView:
+    """
+    ``parse``'s result for a message whose sections amqp/_wire.c has walked already.
+
+    ``at`` holds that walk's offsets (header start, end and value; where the rest starts; the
+    annotations' value and end; ``to``'s start and end; absolute-expiry-time's start and end;
+    -1 for what is absent). ``buf`` is anything whose slices are ``bytes``: the engine's receive
+    buffer. Only what routing reads is copied out. tests/unit/test_codec.py holds the two equal.
+    """
+    try:
+        return _view(buf, at)
+    except DecodeError:  # said again by the reference, with positions in the whole message
+        return parse(buf[:])
+
+
+def _view(buf: Any, at: Sequence[int]) -> RoutingView:
+    hs, he, hv, rs, av, ae, ts, te, xs, xe = at
+    header, header_bytes = DEFAULT_HEADER, b''
+    if hs >= 0:
+        header_bytes = buf[hs:he]
+        header = _HEADERS.get(header_bytes) or _new_header(header_bytes, hv - hs)
+    to = decode(buf[ts:te], 0)[0] if ts >= 0 else None
+    expiry = decode(buf[xs:xe], 0)[0] if xs >= 0 else None
+    return RoutingView(
+        header,
+        header_bytes,
+        buf[rs:] if rs >= 0 else b'',  # rest
+        _annotations(buf[av:ae]) if av >= 0 else _NO_ANNOTATIONS,
+        to if isinstance(to, str) else None,  # to
+        expiry if isinstance(expiry, int) else None,  # absolute_expiry_time
+    )
+
+
+def _new_header(section: bytes, value_at: int) -> Header:
+    """Decode a header section seen for the first time, and remember it if there is room."""
+    header = _header(decode(section, value_at)[0])
+    if len(_HEADERS) < MAX_CACHED_HEADERS and len(section) <= MAX_CACHED_SECTION_BYTES:
+        _HEADERS[section] = header
+    return header
+
+
+def _annotations(section: bytes) -> Mapping[Any, Any]:
+    """A message-annotations map (the section's value, encoded), decoded once per encoding."""
     known = _ANNOTATIONS.get(section)
     if known is None:
-        value = decode(buf, pos)[0]
+        value = decode(section, 0)[0]
         known = types.MappingProxyType(value) if isinstance(value, dict) else _NO_ANNOTATIONS
         if len(section) <= MAX_CACHED_SECTION_BYTES:
             if len(_ANNOTATIONS) >= MAX_CACHED_ANNOTATIONS:

@@ -2,9 +2,9 @@
 One TCP connection: bytes between an asyncio transport and a proton engine transport.
 
 asyncio owns the socket; proton owns the AMQP state machine. ``data_received`` pushes bytes into
-proton (in slices: ``pn_transport_push`` takes at most ``capacity()``), ``process`` dispatches the
-engine's events to the broker, and ``flush`` ticks (heartbeats, idle timeout) and then writes out
-everything proton has produced (``pending`` yields one buffer per call, so it loops).
+proton (in slices: ``pn_transport_push`` takes at most ``capacity()``; amqp/_wire.c), ``process``
+dispatches the engine's events to the broker, and ``flush`` ticks (heartbeats, idle timeout) and
+then writes out everything proton has produced (in chunks, so it loops).
 See reference/engine-spike.md §4 for the pitfalls this code is shaped by.
 
 No exception escapes: a handler failure closes this connection with ``amqp:internal-error`` and
@@ -17,7 +17,7 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from shoal_broker.amqp import engine
-from shoal_broker.amqp.engine import ffi, lib
+from shoal_broker.amqp.engine import ffi, lib, wire
 from shoal_broker.amqp.sasl import SaslHandshake
 from shoal_broker.errors import BrokerError
 from shoal_broker.security.authenticator import Identity
@@ -90,17 +90,8 @@ class AmqpConnection(asyncio.Protocol):
             data = self.broker.guard.handshake_input(self, data)
             if not data:
                 return
-        view = memoryview(data)
-        offset, size = 0, len(view)
-        while offset < size:
-            capacity = lib.pn_transport_capacity(self.transport)
-            if capacity <= 0:  # tail closed: the engine wants no more input (error or close)
-                break
-            chunk = min(capacity, size - offset)
-            lib.pn_transport_push(
-                self.transport, ffi.from_buffer(view[offset : offset + chunk]), chunk
-            )
-            offset += chunk
+        # in slices of the engine's capacity; it takes less once its tail closed (error or close)
+        wire.shoal_push(self.transport, data, len(data))
         self.process()
 
     def eof_received(self) -> bool | None:
@@ -155,13 +146,10 @@ class AmqpConnection(asyncio.Protocol):
             self._arm_timer(deadline / 1000.0)
         socket = self._socket
         while socket is not None and not self._paused:
-            pending = lib.pn_transport_pending(t)
-            if pending <= 0:
+            output = engine.take_output(t)
+            if output is None:
                 break
-            buffer = bytearray(pending)
-            lib.pn_transport_peek(t, ffi.from_buffer(buffer), pending)
-            lib.pn_transport_pop(t, pending)
-            socket.write(buffer)
+            socket.write(output)
         if lib.pn_collector_peek(self.collector) != ffi.NULL:
             return True
         pending = lib.pn_transport_pending(t)

@@ -7,6 +7,10 @@ broker CPU per message against ~12 µs for direct calls (reference/engine-spike.
 (attach termini, capabilities, filters) may use proton's ``Data`` wrapper through the helpers
 below.
 
+The per-message work itself (a transfer out, a transfer in, a consumer's outcome, the bytes to
+and from the socket) is one call each into ``_wire`` (amqp/_wire.c), which calls the same C
+functions without a cffi crossing per call; it is handed their addresses here, once.
+
 ``cproton_ffi`` is the binding's internal module, not a public API, so the binding is pinned to
 one minor version and importing this module on another version fails loudly.
 """
@@ -17,6 +21,8 @@ import cproton
 import proton
 from cproton_ffi import ffi, lib
 
+from shoal_broker.amqp import _wire  # type: ignore[attr-defined]
+
 SUPPORTED_PROTON: Final = (0, 40)
 if tuple(proton.VERSION[:2]) != SUPPORTED_PROTON:  # pragma: no cover - guarded by a test
     raise ImportError(
@@ -24,11 +30,89 @@ if tuple(proton.VERSION[:2]) != SUPPORTED_PROTON:  # pragma: no cover - guarded 
         f'{SUPPORTED_PROTON[0]}.{SUPPORTED_PROTON[1]}.x, found {proton.VERSION}'
     )
 
-__all__ = ['ffi', 'lib']
+__all__ = ['ffi', 'lib', 'wire']
 
 NULL: Final = ffi.NULL
 Ptr = Any
 """A cffi pointer to a proton object; hashable and comparable by address."""
+
+WIRE_FUNCTIONS: Final = (  # the order of shoal_bind() in amqp/_wire.c
+    'pn_delivery', 'pn_link_send', 'pn_link_recv', 'pn_link_advance', 'pn_delivery_settle',
+    'pn_delivery_pending', 'pn_delivery_partial', 'pn_delivery_aborted', 'pn_delivery_settled',
+    'pn_delivery_updated', 'pn_delivery_remote_state', 'pn_delivery_remote',
+    'pn_disposition_is_failed', 'pn_disposition_is_undeliverable', 'pn_delivery_update',
+    'pn_transport_capacity', 'pn_transport_push', 'pn_transport_pending', 'pn_transport_peek',
+    'pn_transport_pop',
+)  # fmt: skip
+_addresses = _wire.ffi.new(
+    'void *[]', [_wire.ffi.cast('void *', ffi.addressof(lib, name)) for name in WIRE_FUNCTIONS]
+)
+wire: Any = _wire.lib
+"""The C calls of amqp/_wire.c; proton pointers from ``lib`` pass as they are."""
+if wire.shoal_bind(_addresses, len(WIRE_FUNCTIONS)) != 0:  # pragma: no cover - a build mismatch
+    raise ImportError('shoal_broker.amqp._wire was built for another list of proton functions')
+
+# shoal_pending's answers other than a size
+IN_ABORTED: Final = -1
+IN_TOO_BIG: Final = -2
+IN_PARTIAL: Final = -3
+
+# shoal_outcome's answers: a terminal outcome (settled by then) or why there is none to act on
+OUTCOME_NONE: Final = 0
+OUTCOME_TRANSACTIONAL: Final = 1
+OUTCOME_ACCEPTED: Final = 2
+OUTCOME_REJECTED: Final = 3
+OUTCOME_RELEASED: Final = 4
+OUTCOME_MODIFIED: Final = 5
+MODIFIED_FAILED: Final = 8
+MODIFIED_UNDELIVERABLE: Final = 16
+
+RECEIVE_BUFFER_BYTES: Final = 256 * 1024
+"""Messages up to this size are read into one buffer the loop reuses; a bigger one gets its own
+(uncleared) memory. Either way, what routing keeps is sliced out of it as ``bytes``."""
+_SCAN_IN_PYTHON: Final = 1  # shoal_scan and shoal_receive verdicts
+_RECEIVED_SETTLED: Final = 2
+_RECEIVED_SHORT: Final = 4
+_receive_buffer = _wire.ffi.new('char[]', RECEIVE_BUFFER_BYTES)
+_uncleared = _wire.ffi.new_allocator(should_clear_after_alloc=False)
+_offsets = _wire.ffi.new('int64_t[10]')
+_unpack = _wire.ffi.unpack
+_buffer = _wire.ffi.buffer
+
+
+def receive(link: Ptr, delivery: Ptr, size: int) -> tuple[Any | None, list[int] | None, bool]:
+    """Read a complete message of ``size`` bytes (``wire.shoal_pending``) and advance the link.
+
+    Returns the message as a buffer whose slices are ``bytes`` (valid until the next receive;
+    None if proton gave fewer bytes than it said it held), the
+    section offsets ``codec.view`` takes (None when ``codec.parse`` must walk it instead), and
+    whether the peer sent it settled."""
+    memory = _receive_buffer if size <= RECEIVE_BUFFER_BYTES else _uncleared('char[]', size)
+    verdict = wire.shoal_receive(link, delivery, memory, size, _offsets)
+    if verdict & _RECEIVED_SHORT:  # what follows in memory is not this message's
+        return None, None, bool(verdict & _RECEIVED_SETTLED)
+    offsets = None if verdict & _SCAN_IN_PYTHON else _unpack(_offsets, 10)
+    return _buffer(memory, size), offsets, bool(verdict & _RECEIVED_SETTLED)
+
+
+OUTPUT_CHUNK_BYTES: Final = 256 * 1024
+_output = _wire.ffi.new('char[]', OUTPUT_CHUNK_BYTES)
+_output_view = _wire.ffi.buffer(_output)
+
+
+def take_output(transport: Ptr) -> bytes | None:
+    """The next chunk of what the engine has to write, moved out of it; None when there is none
+    (or its output side has closed: ``pn_transport_pending`` then says which)."""
+    size = wire.shoal_take_output(transport, _output, OUTPUT_CHUNK_BYTES)
+    return _output_view[0:size] if size > 0 else None
+
+
+def scan(message: bytes) -> list[int] | None:
+    """The section offsets ``codec.view`` takes, as ``receive`` finds them, or None where
+    ``codec.parse`` must walk the message itself (the fuzz harness and tests compare the two)."""
+    if wire.shoal_scan(message, len(message), _offsets):
+        return None
+    return _unpack(_offsets, 10)  # type: ignore[no-any-return]
 
 
 def link_name(link: Ptr) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal_broker import selector as selectors
 from shoal_broker.amqp import codec
-from shoal_broker.amqp.engine import Ptr, ffi, lib
+from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Disposition, Outcome
 from shoal_broker.routing.storage import BrowseCursor, Entry
@@ -29,14 +29,11 @@ if TYPE_CHECKING:
 UNSETTLED_ON_DETACH = Disposition(Outcome.MODIFIED, delivery_failed=True)
 
 
-def transfer(link: Ptr, serial: int, entry: Entry) -> Ptr:
-    """Send one stored entry on a sending link; the delivery tag is the link's serial number."""
-    tag = serial.to_bytes(8, 'little')
-    payload = codec.delivery_header(entry.header, entry.delivery_count) + entry.rest
-    delivery = lib.pn_delivery(link, (8, ffi.from_buffer(tag)))
-    lib.pn_link_send(link, ffi.from_buffer(payload), len(payload))
-    lib.pn_link_advance(link)
-    return delivery
+def transfer(link: Ptr, serial: int, entry: Entry, *, settle: bool = False) -> Ptr:
+    """Send one stored entry on a sending link; the delivery tag is the link's serial number.
+    A settled transfer returns NULL: its delivery is proton's to free."""
+    header = codec.delivery_header(entry.header, entry.delivery_count)
+    return wire.shoal_send(link, serial, header, len(header), entry.rest, len(entry.rest), settle)
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -113,11 +110,10 @@ class ConsumerLink(LinkState):
     def send(self, entry: Entry) -> None:
         """Transfer one entry; the header is re-encoded only when the delivery count changed."""
         self._tag += 1
-        delivery = transfer(self.ptr, self._tag, entry)
         if self.presettled:
-            lib.pn_delivery_settle(delivery)
+            transfer(self.ptr, self._tag, entry, settle=True)
         else:
-            self.unacked[delivery] = entry
+            self.unacked[transfer(self.ptr, self._tag, entry)] = entry
 
 
 class Identifiers:
@@ -162,4 +158,4 @@ class BrowserLink(LinkState):
 
     def send(self, entry: Entry) -> None:
         self._tag += 1
-        lib.pn_delivery_settle(transfer(self.ptr, self._tag, entry))  # browsing is settled
+        transfer(self.ptr, self._tag, entry, settle=True)  # browsing is settled

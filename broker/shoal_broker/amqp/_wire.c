@@ -1,0 +1,392 @@
+/*
+ * The per-message engine work in C: a transfer out, a transfer in, a consumer's outcome, the walk
+ * over a received message's sections, and the bytes between the socket and the engine.
+ *
+ * Why: in Python each of these is 5-10 calls through cffi plus the byte-level walk, and together
+ * they were ~20 µs of the broker's ~35-55 µs per message (docs/benchmarks.md, session 6). Here
+ * each is one call. Everything that decides anything (routing, outcomes, caches, errors) stays in
+ * Python; this file only moves bytes and reads flags.
+ *
+ * proton's functions are not linked: python-qpid-proton's cffi module holds them (it exports
+ * every pn_* symbol, but is loaded privately), so amqp/engine.py hands their addresses to
+ * shoal_bind() once, from that module's own cffi library.
+ *
+ * Built by scripts/build_wire.py (cffi, API mode) when the package is installed.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/types.h>
+
+typedef struct { size_t size; const char *start; } shoal_bytes_t; /* proton's pn_bytes_t */
+
+static void *(*pn_delivery)(void *link, shoal_bytes_t tag);
+static ssize_t (*pn_link_send)(void *link, const char *bytes, size_t n);
+static ssize_t (*pn_link_recv)(void *link, char *bytes, size_t n);
+static bool (*pn_link_advance)(void *link);
+static void (*pn_delivery_settle)(void *delivery);
+static size_t (*pn_delivery_pending)(void *delivery);
+static bool (*pn_delivery_partial)(void *delivery);
+static bool (*pn_delivery_aborted)(void *delivery);
+static bool (*pn_delivery_settled)(void *delivery);
+static bool (*pn_delivery_updated)(void *delivery);
+static uint64_t (*pn_delivery_remote_state)(void *delivery);
+static void *(*pn_delivery_remote)(void *delivery);
+static bool (*pn_disposition_is_failed)(void *disposition);
+static bool (*pn_disposition_is_undeliverable)(void *disposition);
+static void (*pn_delivery_update)(void *delivery, uint64_t state);
+static ssize_t (*pn_transport_capacity)(void *transport);
+static ssize_t (*pn_transport_push)(void *transport, const char *bytes, size_t n);
+static ssize_t (*pn_transport_pending)(void *transport);
+static ssize_t (*pn_transport_peek)(void *transport, char *bytes, size_t n);
+static void (*pn_transport_pop)(void *transport, size_t n);
+
+#define FUNCTIONS 20
+
+/* The order of amqp/engine.py's WIRE_FUNCTIONS. */
+int shoal_bind(void *const *f, size_t count)
+{
+    if (count != FUNCTIONS)
+        return -1;
+    pn_delivery = f[0];
+    pn_link_send = f[1];
+    pn_link_recv = f[2];
+    pn_link_advance = f[3];
+    pn_delivery_settle = f[4];
+    pn_delivery_pending = f[5];
+    pn_delivery_partial = f[6];
+    pn_delivery_aborted = f[7];
+    pn_delivery_settled = f[8];
+    pn_delivery_updated = f[9];
+    pn_delivery_remote_state = f[10];
+    pn_delivery_remote = f[11];
+    pn_disposition_is_failed = f[12];
+    pn_disposition_is_undeliverable = f[13];
+    pn_delivery_update = f[14];
+    pn_transport_capacity = f[15];
+    pn_transport_push = f[16];
+    pn_transport_pending = f[17];
+    pn_transport_peek = f[18];
+    pn_transport_pop = f[19];
+    return 0;
+}
+
+/* -- bytes between the socket and the engine ---------------------------------------------- */
+
+/* Peer input into the transport, in the slices its capacity allows (pn_transport_push takes at
+ * most that). How many bytes it took: fewer once it wants no more input (an error or a close). */
+size_t shoal_push(void *transport, const char *data, size_t size)
+{
+    size_t offset = 0;
+    while (offset < size) {
+        ssize_t capacity = pn_transport_capacity(transport);
+        if (capacity <= 0)
+            break;
+        size_t chunk = (size_t)capacity < size - offset ? (size_t)capacity : size - offset;
+        pn_transport_push(transport, data + offset, chunk);
+        offset += chunk;
+    }
+    return offset;
+}
+
+/* Up to ``cap`` bytes of the engine's output moved into ``out``: how many, 0 when it has none,
+ * or pn_transport_pending's negative answer once the output side has closed. */
+ssize_t shoal_take_output(void *transport, char *out, size_t cap)
+{
+    ssize_t pending = pn_transport_pending(transport);
+    if (pending <= 0)
+        return pending;
+    size_t n = (size_t)pending < cap ? (size_t)pending : cap;
+    pn_transport_peek(transport, out, n);
+    pn_transport_pop(transport, n);
+    return (ssize_t)n;
+}
+
+/* -- out ---------------------------------------------------------------------------------- */
+
+/* One transfer: a new delivery tagged with ``tag`` (8 bytes, little-endian, as before), the
+ * header then the rest of the message, and the link advanced. A presettled delivery is settled
+ * at once and NULL returned: nothing may refer to it afterwards. */
+void *shoal_send(void *link, uint64_t tag, const char *header, size_t header_size,
+                 const char *rest, size_t rest_size, int settle)
+{
+    char tag_bytes[8];
+    for (int i = 0; i < 8; i++)
+        tag_bytes[i] = (char)(tag >> (8 * i));
+    shoal_bytes_t t = {8, tag_bytes};
+    void *delivery = pn_delivery(link, t);
+    if (header_size)
+        pn_link_send(link, header, header_size);
+    if (rest_size)
+        pn_link_send(link, rest, rest_size);
+    pn_link_advance(link);
+    if (settle) {
+        pn_delivery_settle(delivery);
+        return NULL;
+    }
+    return delivery;
+}
+
+/* An outcome chosen by the broker for a peer's transfer: set and settled. */
+void shoal_settle_with(void *delivery, uint64_t state)
+{
+    pn_delivery_update(delivery, state);
+    pn_delivery_settle(delivery);
+}
+
+/* -- in ----------------------------------------------------------------------------------- */
+
+#define IN_ABORTED -1
+#define IN_TOO_BIG -2
+#define IN_PARTIAL -3
+
+/* What a delivery event on a receiving link holds: the size of a complete message, or why there
+ * is nothing to read yet (the checks in the order the broker makes them). */
+int64_t shoal_pending(void *delivery, int64_t max_size)
+{
+    if (pn_delivery_aborted(delivery))
+        return IN_ABORTED;
+    size_t pending = pn_delivery_pending(delivery);
+    if ((int64_t)pending > max_size)
+        return IN_TOO_BIG;
+    if (pn_delivery_partial(delivery))
+        return IN_PARTIAL;
+    return (int64_t)pending;
+}
+
+/* -- the section walk (codec.parse's loop; amqp/codec.py is the reference) ----------------- */
+
+#define MAX_DEPTH 64
+#define L_INVALID 0
+#define L_DESCRIBED -1
+#define L_SIZE1 -2
+#define L_SIZE4 -5
+
+static signed char layout[256];
+
+static void init_layout(void)
+{
+    static const unsigned char valid[] = {
+        0x00, 0x40, 0x41, 0x42, 0x43, 0x44, 0x45, 0x50, 0x51, 0x52, 0x53, 0x54, 0x55, 0x56,
+        0x60, 0x61, 0x70, 0x71, 0x72, 0x73, 0x74, 0x80, 0x81, 0x82, 0x83, 0x84, 0x94, 0x98,
+        0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xB3, 0xC0, 0xC1, 0xD0, 0xD1, 0xE0, 0xF0};
+    static const int fixed[16] = {-1, -1, -1, -1, 0, 1, 2, 4, 8, 16, -1, -1, -1, -1, -1, -1};
+    for (size_t i = 0; i < sizeof valid; i++) {
+        unsigned char code = valid[i];
+        int family = code >> 4;
+        if (code == 0x00)
+            layout[code] = L_DESCRIBED;
+        else if (fixed[family] >= 0)
+            layout[code] = (signed char)(1 + fixed[family]);
+        else if (family == 0xA || family == 0xC || family == 0xE)
+            layout[code] = L_SIZE1;
+        else
+            layout[code] = L_SIZE4;
+    }
+}
+
+static int64_t skip(const unsigned char *b, int64_t n, int64_t pos, int depth)
+{
+    if (depth > MAX_DEPTH || pos >= n)
+        return -1;
+    int lay = layout[b[pos]];
+    int64_t end;
+    if (lay > 0) {
+        end = pos + lay;
+    } else if (lay == L_SIZE1) {
+        if (pos + 1 >= n)
+            return -1;
+        end = pos + 2 + b[pos + 1];
+    } else if (lay == L_SIZE4) {
+        if (pos + 5 > n)
+            return -1;
+        end = pos + 5 + (((int64_t)b[pos + 1] << 24) | ((int64_t)b[pos + 2] << 16) |
+                         ((int64_t)b[pos + 3] << 8) | (int64_t)b[pos + 4]);
+    } else if (lay == L_DESCRIBED) {
+        int64_t descriptor_end = skip(b, n, pos + 1, depth + 1);
+        return descriptor_end < 0 ? -1 : skip(b, n, descriptor_end, depth + 1);
+    } else {
+        return -1;
+    }
+    return end > n ? -1 : end;
+}
+
+/* The end of the value at ``pos``, or -1 where codec.skip raises DecodeError. */
+int64_t shoal_skip(const char *data, size_t size, size_t pos)
+{
+    if (!layout[0x40])
+        init_layout();
+    return skip((const unsigned char *)data, (int64_t)size, (int64_t)pos, 0);
+}
+
+enum {
+    OUT_HEADER_START, OUT_HEADER_END, OUT_HEADER_VALUE, OUT_REST_START, OUT_ANNOTATIONS_VALUE,
+    OUT_ANNOTATIONS_END, OUT_TO, OUT_TO_END, OUT_EXPIRY, OUT_EXPIRY_END, OUT_SIZE
+};
+
+#define SCAN_OK 0
+#define SCAN_IN_PYTHON 1 /* well-formed or not, codec.parse decides (and says why) */
+
+/* The properties list's ``to`` (index 2) and absolute-expiry-time (8): where each starts and
+ * ends, or -1 when absent or null. codec._list_items is the reference. */
+static int scan_properties(const unsigned char *b, int64_t pos, int64_t end, int64_t *out)
+{
+    unsigned char code = b[pos];
+    if (code == 0x45)
+        return SCAN_OK;
+    if (code != 0xC0 && code != 0xD0)
+        return SCAN_IN_PYTHON;
+    int64_t p, count;
+    if (code == 0xD0) {
+        if (pos + 9 > end)
+            return SCAN_IN_PYTHON;
+        p = pos + 9;
+        count = ((int64_t)b[pos + 5] << 24) | (b[pos + 6] << 16) | (b[pos + 7] << 8) | b[pos + 8];
+    } else {
+        if (pos + 3 > end)
+            return SCAN_IN_PYTHON;
+        p = pos + 3;
+        count = b[pos + 2];
+    }
+    for (int64_t index = 0; index < count && index <= 8; index++) {
+        if (p >= end)
+            return SCAN_IN_PYTHON;
+        if (b[p] == 0x40) {
+            p += 1;
+            continue;
+        }
+        int64_t start = p;
+        p = skip(b, end, p, 0);
+        if (p < 0)
+            return SCAN_IN_PYTHON;
+        if (index == 2) {
+            out[OUT_TO] = start;
+            out[OUT_TO_END] = p;
+        } else if (index == 8) {
+            out[OUT_EXPIRY] = start;
+            out[OUT_EXPIRY_END] = p;
+        }
+    }
+    return SCAN_OK;
+}
+
+/* Where the parts routing needs lie (``OUT_*``), for a message whose sections all carry the
+ * small-ulong descriptors every client we know writes; anything else goes to codec.parse. */
+int shoal_scan(const char *data, size_t size, int64_t *out)
+{
+    if (!layout[0x40])
+        init_layout();
+    const unsigned char *b = (const unsigned char *)data;
+    int64_t n = (int64_t)size, pos = 0;
+    int seen_properties = 0;
+    for (int i = 0; i < OUT_SIZE; i++)
+        out[i] = -1;
+    while (pos < n) {
+        if (pos + 2 >= n || b[pos] != 0x00 || b[pos + 1] != 0x53 || b[pos + 2] < 0x70 ||
+            b[pos + 2] > 0x78)
+            return SCAN_IN_PYTHON;
+        unsigned char code = b[pos + 2];
+        int64_t value = pos + 3;
+        int64_t end = skip(b, n, value, 0);
+        if (end < 0)
+            return SCAN_IN_PYTHON;
+        /* codec.parse decodes every header, annotations and properties section it meets; a
+         * message repeating one (no client does) is left to it, errors and all */
+        if (code == 0x70) { /* header */
+            if (out[OUT_HEADER_START] >= 0)
+                return SCAN_IN_PYTHON;
+            out[OUT_HEADER_START] = pos;
+            out[OUT_HEADER_END] = end;
+            out[OUT_HEADER_VALUE] = value;
+        } else if (code != 0x71) { /* all but delivery annotations are kept */
+            if (out[OUT_REST_START] < 0)
+                out[OUT_REST_START] = pos;
+            if (code == 0x72) {
+                if (out[OUT_ANNOTATIONS_VALUE] >= 0)
+                    return SCAN_IN_PYTHON;
+                out[OUT_ANNOTATIONS_VALUE] = value;
+                out[OUT_ANNOTATIONS_END] = end;
+            } else if (code == 0x73) {
+                if (seen_properties++)
+                    return SCAN_IN_PYTHON;
+                if (scan_properties(b, value, end, out) != SCAN_OK)
+                    return SCAN_IN_PYTHON;
+            }
+        }
+        pos = end;
+    }
+    return SCAN_OK;
+}
+
+#define RECEIVED_SETTLED 2
+#define RECEIVED_SHORT 4
+
+/* A complete incoming message, ``shoal_pending`` bytes, read into ``data``, the link advanced
+ * and the sections walked into ``out``: shoal_scan's verdict, plus RECEIVED_SETTLED if the peer
+ * sent it settled, and RECEIVED_SHORT if proton gave fewer bytes than it said it held (never
+ * seen; ``data`` may hold an earlier message's bytes past them, so it must not be read). */
+int shoal_receive(void *link, void *delivery, char *data, size_t size, int64_t *out)
+{
+    ssize_t got = pn_link_recv(link, data, size);
+    pn_link_advance(link);
+    int settled = pn_delivery_settled(delivery) ? RECEIVED_SETTLED : 0;
+    if (got != (ssize_t)size)
+        return SCAN_IN_PYTHON | RECEIVED_SHORT | settled;
+    return shoal_scan(data, size, out) | settled;
+}
+
+/* -- a consumer's outcome ------------------------------------------------------------------ */
+
+#define OUTCOME_NONE 0          /* not updated, or not terminal yet (e.g. received) */
+#define OUTCOME_TRANSACTIONAL 1 /* left unsettled: the transaction code reads it */
+#define OUTCOME_ACCEPTED 2
+#define OUTCOME_REJECTED 3
+#define OUTCOME_RELEASED 4
+#define OUTCOME_MODIFIED 5
+#define MODIFIED_FAILED 8
+#define MODIFIED_UNDELIVERABLE 16
+
+#define PN_ACCEPTED 0x24
+#define PN_REJECTED 0x25
+#define PN_RELEASED 0x26
+#define PN_MODIFIED 0x27
+#define TRANSACTIONAL_STATE 0x34
+
+/* The peer's outcome for one of our transfers: settled here unless it is transactional or
+ * not final yet. A settlement with no outcome counts as accepted (the peer is done with it). */
+int shoal_outcome(void *delivery)
+{
+    bool settled = pn_delivery_settled(delivery);
+    if (!pn_delivery_updated(delivery) && !settled)
+        return OUTCOME_NONE;
+    uint64_t state = pn_delivery_remote_state(delivery);
+    int outcome;
+    switch (state) {
+    case TRANSACTIONAL_STATE:
+        return OUTCOME_TRANSACTIONAL;
+    case PN_ACCEPTED:
+        outcome = OUTCOME_ACCEPTED;
+        break;
+    case PN_REJECTED:
+        outcome = OUTCOME_REJECTED;
+        break;
+    case PN_RELEASED:
+        outcome = OUTCOME_RELEASED;
+        break;
+    case PN_MODIFIED: {
+        void *remote = pn_delivery_remote(delivery);
+        outcome = OUTCOME_MODIFIED;
+        if (pn_disposition_is_failed(remote))
+            outcome |= MODIFIED_FAILED;
+        if (pn_disposition_is_undeliverable(remote))
+            outcome |= MODIFIED_UNDELIVERABLE;
+        break;
+    }
+    default:
+        if (!settled)
+            return OUTCOME_NONE;
+        outcome = OUTCOME_ACCEPTED;
+    }
+    pn_delivery_settle(delivery);
+    return outcome;
+}
