@@ -49,8 +49,9 @@ build_wire() {  # build_wire BROKER_SOURCE_ROOT: compile a source tree's C hot p
   # and it is missing or older than its source (a tree copied with `git archive` has none)
   local src=$1 so
   [[ -f $src/shoal_broker/amqp/_wire.c ]] || return 0
-  so=$(ls "$src"/shoal_broker/amqp/_wire.*.so 2>/dev/null | head -1)
-  [[ -n $so && $so -nt $src/shoal_broker/amqp/_wire.c ]] && return 0
+  for so in "$src"/shoal_broker/amqp/_wire.*.so; do
+    [[ -f $so && $so -nt $src/shoal_broker/amqp/_wire.c ]] && return 0
+  done
   "$PY" "$ROOT/scripts/build_wire.py" "$src" > /dev/null
 }
 

@@ -741,10 +741,12 @@ class Broker:
 
     # -- consumer side -------------------------------------------------------------------------
 
-    def sent(self, consumer: ConsumerLink, entry: Entry) -> None:
-        self.counters.delivered(consumer.address, consumer.group)
+    def sent(self, consumer: ConsumerLink, entries: list[Entry]) -> None:
+        """``entries`` went out on ``consumer``'s link (one fetch's worth: counted at once)."""
+        self.counters.delivered(consumer.address, consumer.group, len(entries))
         if consumer.presettled:  # at-most-once: consumed the moment it is sent
-            self.store.ack(consumer.address, consumer.group, entry)
+            for entry in entries:
+                self.store.ack(consumer.address, consumer.group, entry)
         self.mark_delivering(consumer.conn)
 
     def _disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:

@@ -162,6 +162,8 @@ class LocalSubscription:
         filtering = any(c.filtered for c in self.consumers)
         # retention.maxAge: a stream id starts with its enqueue time in ms
         enqueued_before = now_ms - self.max_age_ms if self.max_age_ms else 0
+        credit: dict[ConsumerLink, int] = {}
+        dealt: dict[ConsumerLink, list[Entry]] = {}
         for entry in entries:
             if (entry.expiry_ms and entry.expiry_ms <= now_ms) or (
                 enqueued_before and int(entry.id.partition('-')[0]) < enqueued_before
@@ -172,14 +174,21 @@ class LocalSubscription:
             if not wanting:
                 self._refused(entry)
                 continue
-            consumer = self._pick(entry, wanting)
+            consumer = self._pick(entry, wanting, credit)
             if consumer is not None:
                 consumer.send(entry)
-                self.broker.sent(consumer, entry)
+                credit[consumer] -= 1
+                sent = dealt.get(consumer)
+                if sent is None:
+                    dealt[consumer] = [entry]
+                else:
+                    sent.append(entry)
             elif any(entry.key in c.excluded for c in wanting):
                 self._park(entry)  # undeliverable-here: keep it from the consumer that said so
             else:  # credit shrank or consumers left meanwhile: back to the subscription
                 self.broker.release(self.address, self.group, entry, delivery_failed=False)
+        for consumer, sent in dealt.items():
+            self.broker.sent(consumer, sent)
 
     def _wanting(self, entry: Entry, identifiers: Identifiers) -> list[ConsumerLink]:
         return [c for c in self.consumers if not c.filtered or c.wants(entry, identifiers)]
@@ -197,15 +206,22 @@ class LocalSubscription:
         self._parked.append((time.monotonic() + PARK_SECONDS, entry))
         self.broker.schedule_park_check(self, PARK_SECONDS)
 
-    def _pick(self, entry: Entry, candidates: list[ConsumerLink]) -> ConsumerLink | None:
-        """Round-robin over consumers with credit that may take the entry."""
+    def _pick(
+        self, entry: Entry, candidates: list[ConsumerLink], credit: dict[ConsumerLink, int]
+    ) -> ConsumerLink | None:
+        """Round-robin over consumers with credit that may take the entry. ``credit`` is what
+        each has left in this deal (read from proton once per deal: only our sends change it
+        meanwhile, and the caller counts those)."""
         consumers = self.consumers
         for _ in range(len(consumers)):
             self._next = (self._next + 1) % len(consumers)
             consumer = consumers[self._next]
+            left = credit.get(consumer)
+            if left is None:
+                left = credit[consumer] = consumer.credit()
             if (
-                consumer.credit() > 0
-                and entry.key not in consumer.excluded
+                left > 0
+                and (not consumer.excluded or entry.key not in consumer.excluded)
                 and (candidates is consumers or consumer in candidates)
             ):
                 return consumer
@@ -214,11 +230,13 @@ class LocalSubscription:
     def _deliver_parked(self) -> None:
         parked, self._parked = self._parked, []
         identifiers = Identifiers()
+        credit: dict[ConsumerLink, int] = {}
         for deadline, entry in parked:
-            consumer = self._pick(entry, self._wanting(entry, identifiers))
+            consumer = self._pick(entry, self._wanting(entry, identifiers), credit)
             if consumer is not None:
                 consumer.send(entry)
-                self.broker.sent(consumer, entry)
+                credit[consumer] -= 1
+                self.broker.sent(consumer, [entry])
             else:
                 self._parked.append((deadline, entry))
 

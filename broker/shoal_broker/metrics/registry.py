@@ -139,14 +139,14 @@ class Counters:
     def dropped(self, address: str) -> None:
         _count(('dropped', address))
 
-    def delivered(self, address: str, group: str) -> None:
+    def delivered(self, address: str, group: str, count: int = 1) -> None:
         label = 'private' if group.startswith('nd:') else group  # subscription_label
         key = ('delivered', address, label)
-        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        _COUNTS[key] = _COUNTS.get(key, 0) + count
         tally = self.tallies.get((address, label))
         if tally is None:
             tally = self._new_tally(address, group)
-        tally['delivered'] += 1
+        tally['delivered'] += count
 
     def settled(self, address: str, group: str, outcome: str) -> None:
         label = 'private' if group.startswith('nd:') else group  # subscription_label

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# bench/instructions.sh - A/B the broker's instructions per message under valgrind's callgrind:
+# a count, not a time, so it does not move with the machine's load or the VM's slow periods
+# (bench/cpu.sh's µs per message moved 25 % between runs of the same tree in session 6).
+# For each source tree (a checkout's broker/ directory, put first on PYTHONPATH): a private
+# redis-server, the broker under callgrind, a warm-up run, counters zeroed, then the measured
+# run of N messages; prints instructions per message for the whole broker process (user space:
+# Python, proton, libc, ...) and the interpreter's own share. Callgrind slows the broker ~50x,
+# so N stays small; periodic work (lease, policies, metric records) then weighs a little more
+# per message than at full speed, alike for every tree. REPS runs per tree, interleaved.
+#
+# usage: bench/instructions.sh SRC_A [SRC_B ...]     e.g. bench/instructions.sh /tmp/base/broker broker
+#
+# Environment: N (2000), WARMUP (1000), REPS (2), ROW (amqpload options; default
+# "--max-backlog 200": 1 -> 1 at-least-once), ENV (extra broker environment), PY, AMQPLOAD.
+# Loopback only; every process started is stopped by PID on exit.
+set -euo pipefail
+
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+N=${N:-2000}; WARMUP=${WARMUP:-1000}; REPS=${REPS:-2}; ROW=${ROW:---max-backlog 200}
+ENV=${ENV:-}
+(($# >= 1)) || { echo "usage: $0 SRC_A [SRC_B ...]" >&2; exit 2; }
+command -v valgrind > /dev/null || { echo "valgrind is not installed" >&2; exit 2; }
+
+WORK=$(mktemp -d /tmp/shoal-instr.XXXXXX)
+stop_on_exit
+
+amqpload() {  # amqpload PORT NAME COUNT
+  # shellcheck disable=SC2086
+  timeout -k 10 900 "$PY" "$AMQPLOAD" run --host 127.0.0.1 --port "$1" --timeout 600 -a "$2" \
+      -n "$3" --size 1024 $ROW > "$WORK/load.out" 2>&1 \
+      || { cat "$WORK/load.out" >&2; return 1; }
+}
+
+split_ir() {  # split_ir CALLGRIND_FILE: total instructions, then the interpreter's own
+  "$PY" - "$1" <<'PY'
+import collections, re, sys
+names, cost, ob, skip = {}, collections.Counter(), None, False
+for line in open(sys.argv[1]):
+    named = re.match(r'c?ob=\((\d+)\) (.+)', line.strip())
+    if named:
+        names[named.group(1)] = named.group(2)
+    if line.startswith('ob='):
+        ob = re.match(r'ob=\((\d+)\)', line).group(1)
+    elif line.startswith('calls='):
+        skip = True  # the next cost line is the call's inclusive cost, not the caller's own
+    elif line[:1].isdigit() or line[:1] in '+-*':
+        parts = line.split()
+        if not skip and len(parts) >= 2 and ob is not None:
+            cost[names.get(ob, ob)] += int(parts[1])
+        skip = False
+total = sum(cost.values())
+print(total, sum(c for name, c in cost.items() if 'libpython' in name))
+PY
+}
+
+echo "machine: nproc=$(nproc) N=$N WARMUP=$WARMUP REPS=$REPS ROW=$ROW ENV=$ENV"
+for ((rep = 1; rep <= REPS; rep++)); do
+  i=0
+  for src in "$@"; do
+    src=$(cd "$src" && pwd)
+    build_wire "$src"
+    dir=$WORK/$rep-$i
+    mkdir -p "$dir"
+    read -r rport aport hport < <(free_ports 3)
+    start_redis "$rport" "$dir" --appendonly no
+    # shellcheck disable=SC2086
+    env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING $ENV valgrind --tool=callgrind \
+        --callgrind-out-file="$dir/callgrind.%p" "$PY" -m shoal_broker \
+        --listen "127.0.0.1:$aport" --http "127.0.0.1:$hport" \
+        --redis-url "redis://127.0.0.1:$rport/0" --replica-id "instr$i" > "$dir/broker.log" 2>&1 &
+    bpid=$!; STARTED_PIDS+=("$bpid")
+    for ((t = 0; t < 1200; t++)); do
+      curl -sf "http://127.0.0.1:$hport/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
+    amqpload "$aport" "warm-$rep-$i" "$WARMUP"
+    callgrind_control -z "$bpid" > /dev/null 2>&1
+    amqpload "$aport" "run-$rep-$i" "$N"
+    callgrind_control -d "$bpid" > /dev/null 2>&1
+    kill -TERM "$bpid"; wait "$bpid" || true
+    kill -TERM "$REDIS_PID"; wait "$REDIS_PID" || true
+    # the dump after zeroing holds the measured run; the one written at exit, only the stop
+    read -r ir py_ir < <(split_ir "$(ls "$dir"/callgrind.*.1)")
+    echo "$i $((ir / N)) $((py_ir / N)) $src" | tee -a "$WORK/results"
+    i=$((i + 1))
+  done
+done
+
+echo
+"$PY" - "$WORK/results" <<'PY'
+import collections, statistics, sys
+runs = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    tree, ir, py, src = line.split()
+    runs[(int(tree), src)].append((int(ir), int(py)))
+print('| tree | instructions per message | of which the interpreter | source |')
+print('|---|---|---|---|')
+for (tree, src), values in sorted(runs.items()):
+    ir = statistics.median(v[0] for v in values)
+    py = statistics.median(v[1] for v in values)
+    print(f'| {tree} | {ir:,.0f} | {py:,.0f} ({100 * py / ir:.0f} %) | {src} |')
+PY
