@@ -320,19 +320,24 @@ int shoal_scan(const char *data, size_t size, int64_t *out)
 
 #define RECEIVED_SETTLED 2
 #define RECEIVED_SHORT 4
+#define RECEIVED_TRANSACTIONAL 8
+#define TRANSACTIONAL_STATE 0x34
 
 /* A complete incoming message, ``shoal_pending`` bytes, read into ``data``, the link advanced
  * and the sections walked into ``out``: shoal_scan's verdict, plus RECEIVED_SETTLED if the peer
- * sent it settled, and RECEIVED_SHORT if proton gave fewer bytes than it said it held (never
- * seen; ``data`` may hold an earlier message's bytes past them, so it must not be read). */
+ * sent it settled, RECEIVED_TRANSACTIONAL if it is sent inside a transaction, and
+ * RECEIVED_SHORT if proton gave fewer bytes than it said it held (never seen; ``data`` may hold
+ * an earlier message's bytes past them, so it must not be read). */
 int shoal_receive(void *link, void *delivery, char *data, size_t size, int64_t *out)
 {
     ssize_t got = pn_link_recv(link, data, size);
     pn_link_advance(link);
-    int settled = pn_delivery_settled(delivery) ? RECEIVED_SETTLED : 0;
+    int flags = pn_delivery_settled(delivery) ? RECEIVED_SETTLED : 0;
+    if (pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE)
+        flags |= RECEIVED_TRANSACTIONAL;
     if (got != (ssize_t)size)
-        return SCAN_IN_PYTHON | RECEIVED_SHORT | settled;
-    return shoal_scan(data, size, out) | settled;
+        return SCAN_IN_PYTHON | RECEIVED_SHORT | flags;
+    return shoal_scan(data, size, out) | flags;
 }
 
 /* -- a consumer's outcome ------------------------------------------------------------------ */
@@ -350,7 +355,6 @@ int shoal_receive(void *link, void *delivery, char *data, size_t size, int64_t *
 #define PN_REJECTED 0x25
 #define PN_RELEASED 0x26
 #define PN_MODIFIED 0x27
-#define TRANSACTIONAL_STATE 0x34
 
 /* The peer's outcome for one of our transfers: settled here unless it is transactional or
  * not final yet. A settlement with no outcome counts as accepted (the peer is done with it). */

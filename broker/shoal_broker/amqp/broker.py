@@ -116,7 +116,6 @@ class Broker:
             lib.PN_LINK_REMOTE_CLOSE: self._on_link_remote_detach,
             lib.PN_LINK_REMOTE_DETACH: self._on_link_remote_detach,
             lib.PN_LINK_FLOW: self._on_link_flow,
-            lib.PN_DELIVERY: self._on_delivery,
             lib.PN_TRANSPORT_ERROR: self._on_transport_error,
             lib.PN_TRANSPORT_TAIL_CLOSED: self._on_transport_tail_closed,
             lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
@@ -145,7 +144,11 @@ class Broker:
             logger.warning('ClientID %r not released: %s', client_id, exc)
 
     def dispatch(self, conn: AmqpConnection, event: Ptr) -> None:
-        handler = self._handlers.get(lib.pn_event_type(event))
+        kind = lib.pn_event_type(event)
+        if kind == lib.PN_DELIVERY:  # two of every message's events: no table lookup
+            self._on_delivery(conn, event)
+            return
+        handler = self._handlers.get(kind)
         if handler is not None:
             handler(conn, event)
 
@@ -550,12 +553,13 @@ class Broker:
     def _on_delivery(self, conn: AmqpConnection, event: Ptr) -> None:
         delivery = lib.pn_event_delivery(event)
         state = conn.links.get(lib.pn_delivery_link(delivery))
-        if isinstance(state, transactions.CoordinatorLink):
-            self.coordinator.control(state, delivery)
-        elif isinstance(state, ProducerLink):
-            self._incoming(state, delivery)
-        elif isinstance(state, ConsumerLink):
-            self._disposition(state, delivery)
+        kind = type(state)  # exact types: none of these link classes has a subclass
+        if kind is ProducerLink:
+            self._incoming(state, delivery)  # type: ignore[arg-type]
+        elif kind is ConsumerLink:
+            self._disposition(state, delivery)  # type: ignore[arg-type]
+        elif kind is transactions.CoordinatorLink:
+            self.coordinator.control(state, delivery)  # type: ignore[arg-type]
         elif lib.pn_delivery_settled(delivery) or lib.pn_delivery_updated(delivery):
             lib.pn_delivery_settle(delivery)
 
@@ -570,7 +574,7 @@ class Broker:
                 self._fail_link(producer, MessageSizeExceeded(
                     f'message exceeds the maximum size of {limit} bytes'))  # fmt: skip
             return  # IN_PARTIAL: the rest of it is still to come
-        data, offsets, settled = engine.receive(producer.ptr, delivery, size)
+        data, offsets, settled, transactional = engine.receive(producer.ptr, delivery, size)
         try:
             if data is None:
                 raise codec.DecodeError('the transfer held fewer bytes than it announced')
@@ -579,7 +583,7 @@ class Broker:
             self._outcome(producer, delivery, settled, BrokerError(str(exc)), 'amqp:decode-error')
             return
         message = PendingMessage(delivery, view, settled)
-        if lib.pn_delivery_remote_state(delivery) == transactions.TRANSACTIONAL_STATE:
+        if transactional:
             txn_id, _ = transactions.transaction_of(lib.pn_delivery_remote(delivery))
             message.transaction = self.coordinator.find(txn_id)
             if message.transaction is None:

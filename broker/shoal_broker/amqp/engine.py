@@ -73,6 +73,7 @@ RECEIVE_BUFFER_BYTES: Final = 256 * 1024
 _SCAN_IN_PYTHON: Final = 1  # shoal_scan and shoal_receive verdicts
 _RECEIVED_SETTLED: Final = 2
 _RECEIVED_SHORT: Final = 4
+_TRANSACTIONAL: Final = 8
 _receive_buffer = _wire.ffi.new('char[]', RECEIVE_BUFFER_BYTES)
 _uncleared = _wire.ffi.new_allocator(should_clear_after_alloc=False)
 _offsets = _wire.ffi.new('int64_t[10]')
@@ -80,19 +81,20 @@ _unpack = _wire.ffi.unpack
 _buffer = _wire.ffi.buffer
 
 
-def receive(link: Ptr, delivery: Ptr, size: int) -> tuple[Any | None, list[int] | None, bool]:
+def receive(link: Ptr, delivery: Ptr, size: int) -> tuple[Any | None, list[int] | None, bool, bool]:
     """Read a complete message of ``size`` bytes (``wire.shoal_pending``) and advance the link.
 
     Returns the message as a buffer whose slices are ``bytes`` (valid until the next receive;
     None if proton gave fewer bytes than it said it held), the
-    section offsets ``codec.view`` takes (None when ``codec.parse`` must walk it instead), and
-    whether the peer sent it settled."""
+    section offsets ``codec.view`` takes (None when ``codec.parse`` must walk it instead),
+    whether the peer sent it settled, and whether it is sent inside a transaction."""
     memory = _receive_buffer if size <= RECEIVE_BUFFER_BYTES else _uncleared('char[]', size)
     verdict = wire.shoal_receive(link, delivery, memory, size, _offsets)
+    settled, transactional = bool(verdict & _RECEIVED_SETTLED), bool(verdict & _TRANSACTIONAL)
     if verdict & _RECEIVED_SHORT:  # what follows in memory is not this message's
-        return None, None, bool(verdict & _RECEIVED_SETTLED)
+        return None, None, settled, transactional
     offsets = None if verdict & _SCAN_IN_PYTHON else _unpack(_offsets, 10)
-    return _buffer(memory, size), offsets, bool(verdict & _RECEIVED_SETTLED)
+    return _buffer(memory, size), offsets, settled, transactional
 
 
 OUTPUT_CHUNK_BYTES: Final = 256 * 1024
