@@ -1,13 +1,13 @@
 """The Redis store's contract on a real redis-server: the Lua scripts are the semantics."""
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis.asyncio
 from processes import RedisServer
 
-from shoal_broker.errors import AddressNotFound, StoreUnavailable
+from shoal_broker.errors import AddressNotFound, BrokerError, StoreUnavailable
 from shoal_broker.routing.storage import QUEUE_GROUP, BrowseCursor, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store.redisstore import RedisStore
@@ -147,6 +147,54 @@ async def test_browsing_skips_consumed_entries_and_consumes_nothing(
     assert [e.rest for e in seen] == [b'4']
     assert (await store.browse(name, QUEUE_GROUP, cursor, 10))[0] == []
     assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'3', b'4']
+
+
+async def test_messages_published_in_one_cycle_share_one_script_call_and_keep_their_order(
+    store: RedisStore, name: str
+) -> None:
+    """publish_then joins the cycle's op for its address and band; a publish() between them
+    (awaited by its caller) starts a new one, so nobody's message overtakes another's."""
+    await store.create_address(name, AddressKind.QUEUE)
+    outcomes: list[tuple[str, bool | None]] = []
+
+    def then(label: str) -> Callable[[bool | None, BrokerError | None], None]:
+        return lambda kept, error: outcomes.append((label, kept if error is None else None))
+
+    sent = store.commands
+    for label in ('a', 'b'):
+        store.publish_then(name, AddressKind.QUEUE, msg(label.encode()), then(label))
+    between = store.publish(name, AddressKind.QUEUE, msg(b'c'))
+    for label in ('d', 'e'):
+        store.publish_then(name, AddressKind.QUEUE, msg(label.encode()), then(label))
+    assert await between is True
+    await store.flush()
+    assert outcomes == [('a', True), ('b', True), ('d', True), ('e', True)]
+    assert store.commands - sent == 1  # the three ops of one address and band: one EVAL
+    entries = await store.fetch(name, QUEUE_GROUP, 10)
+    assert [e.rest for e in entries] == [b'a', b'b', b'c', b'd', b'e']
+
+
+async def test_acks_that_nobody_waits_for_go_out_as_one_xack_per_cycle(
+    store: RedisStore, redis_server: RedisServer, name: str
+) -> None:
+    await store.create_address(name, AddressKind.QUEUE)
+    for i in range(5):
+        await store.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
+    entries = await store.fetch(name, QUEUE_GROUP, 5)
+    await store.release(name, QUEUE_GROUP, entries[4], delivery_failed=True)  # counted once
+    entries[4:] = await store.fetch(name, QUEUE_GROUP, 1)
+    assert entries[4].delivery_count == 1
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    assert await client.hlen(f'shoal:{{a:{name}}}:dc:{QUEUE_GROUP}') == 1
+    sent = store.commands
+    for entry in entries:
+        store.ack_nowait(name, QUEUE_GROUP, entry)
+    await store.flush()
+    assert store.commands - sent == 2  # one XACK of five ids, one HDEL of the counted one
+    assert (await client.xpending(f'shoal:{{a:{name}}}:s:0', QUEUE_GROUP))['pending'] == 0
+    assert await client.hlen(f'shoal:{{a:{name}}}:dc:{QUEUE_GROUP}') == 0
+    await client.aclose()
+    assert await store.fetch(name, QUEUE_GROUP, 10) == []
 
 
 async def test_trimming_removes_only_what_every_subscription_is_done_with(

@@ -750,7 +750,7 @@ class Broker:
         self.counters.delivered(consumer.address, consumer.group, len(entries))
         if consumer.presettled:  # at-most-once: consumed the moment it is sent
             for entry in entries:
-                self.store.ack(consumer.address, consumer.group, entry)
+                self.store.ack_nowait(consumer.address, consumer.group, entry)
         self.mark_delivering(consumer.conn)
 
     def _disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:
@@ -788,7 +788,8 @@ class Broker:
     ) -> Awaitable[None] | None:
         if disposition.outcome is Outcome.ACCEPTED:  # decide()'s first rule, without the call
             self.counters.accepted(consumer.address, consumer.group, _age_seconds(entry))
-            return self.store.ack(consumer.address, consumer.group, entry)
+            self.store.ack_nowait(consumer.address, consumer.group, entry)
+            return None
         sub = consumer.subscription
         attempts = sub.max_delivery_attempts if sub else self.settings.routing.max_delivery_attempts
         decision = outcomes.decide(disposition, entry.delivery_count, attempts)
@@ -833,7 +834,7 @@ class Broker:
     def filtered(self, address: str, group: str, entry: Entry) -> None:
         """An entry a subscription's selector or no-local filter excludes: consumed unseen."""
         self.counters.filtered(address, group)
-        self.store.ack(address, group, entry)
+        self.store.ack_nowait(address, group, entry)
 
     def expire(self, address: str, group: str, entry: Entry) -> None:
         self.counters.expired(address, group)
@@ -841,7 +842,7 @@ class Broker:
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, 'expired'))
         else:
-            self.store.ack(address, group, entry)
+            self.store.ack_nowait(address, group, entry)
 
     def dead_letter(self, address: str, group: str, entry: Entry, reason: str) -> None:
         self.counters.dead_lettered(address, group)
@@ -850,7 +851,7 @@ class Broker:
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, reason))
         else:
-            self.store.ack(address, group, entry)
+            self.store.ack_nowait(address, group, entry)
 
     async def _move(self, address: str, group: str, entry: Entry, target: str, why: str) -> None:
         """Copy an entry to another queue (dead letters, expiries), then consume the original."""

@@ -143,6 +143,11 @@ class MessageStore(Protocol):
         """The entry is consumed: forget it for this subscription."""
         ...
 
+    def ack_nowait(self, address: str, group: str, entry: Entry) -> None:
+        """``ack`` for a caller that does not wait for it (the per-message path). A failure is
+        logged; the entry stays pending and is delivered again once reclaimed."""
+        ...
+
     def release(
         self, address: str, group: str, entry: Entry, *, delivery_failed: bool
     ) -> Awaitable[None]:
