@@ -105,6 +105,8 @@ class Broker:
         self._delivering: set[AmqpConnection] = set()
         """Dirty connections with transfers to write: flushed first (see mark_delivering)."""
         self._flush_scheduled = False
+        self._topping_up: set[ProducerLink] = set()
+        """Producers whose stored messages free credit: topped up once per loop turn."""
         self._tasks: set[asyncio.Future[Any]] = set()
         self._serial = itertools.count(1)
         self._handlers: dict[int, Callable[[AmqpConnection, Ptr], None]] = {
@@ -170,6 +172,11 @@ class Broker:
             self._loop.call_soon(self._flush_dirty)
 
     def _flush_dirty(self) -> None:
+        if self._topping_up:  # before the swap below: their connections are dirty already
+            producers, self._topping_up = self._topping_up, set()
+            for producer in producers:
+                if producer.alive:
+                    self.top_up(producer)
         self._flush_scheduled = False
         delivering, self._delivering = self._delivering, set()
         dirty, self._dirty = self._dirty, set()
@@ -715,7 +722,9 @@ class Broker:
             # never an accept that is then lost: on a store failure the peer may send it again
             state = lib.PN_ACCEPTED if error is None else lib.PN_RELEASED
             wire.shoal_settle_with(message.delivery, state)
-        self.top_up(producer)
+        # credit back once per producer and loop turn, however many of its messages one reply
+        # settled (_flush_dirty)
+        self._topping_up.add(producer)
         self.mark_dirty(producer.conn)
 
     def _outcome(
@@ -787,7 +796,9 @@ class Broker:
         self, consumer: ConsumerLink, entry: Entry, disposition: Disposition
     ) -> Awaitable[None] | None:
         if disposition.outcome is Outcome.ACCEPTED:  # decide()'s first rule, without the call
-            self.counters.accepted(consumer.address, consumer.group, _age_seconds(entry))
+            # seconds since the entry was appended: stream ids start with their time in ms
+            age = time.time() - int(entry.id.partition('-')[0] or 0) / 1000
+            self.counters.accepted(consumer.address, consumer.group, age if age > 0 else 0.0)
             self.store.ack_nowait(consumer.address, consumer.group, entry)
             return None
         sub = consumer.subscription
@@ -978,9 +989,3 @@ def _outcome_of(future: 'asyncio.Future[bool]') -> tuple[bool | None, BrokerErro
         return future.result(), None
     except BrokerError as exc:
         return None, exc
-
-
-def _age_seconds(entry: Entry) -> float:
-    """Time since the entry was appended: stream ids start with their creation time in ms."""
-    created_ms = int(entry.id.partition('-')[0] or 0)
-    return max(0.0, time.time() - created_ms / 1000)
