@@ -8,7 +8,7 @@ import redis.asyncio
 from processes import RedisServer
 
 from shoal_broker.errors import AddressNotFound, BrokerError, StoreUnavailable
-from shoal_broker.routing.storage import QUEUE_GROUP, BrowseCursor, OutgoingMessage
+from shoal_broker.routing.storage import QUEUE_GROUP, BrowseCursor, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store.redisstore import RedisStore
 
@@ -20,6 +20,16 @@ def name() -> str:
 
 def msg(body: bytes, band: int = 0, expiry_ms: int = 0) -> OutgoingMessage:
     return OutgoingMessage(band=band, header=b'', rest=body, expiry_ms=expiry_ms)
+
+
+async def queue_then_fetch(
+    store: RedisStore, name: str, *, published: int, fetched: int
+) -> list[Entry]:
+    """A new queue ``name`` holding messages b'0', b'1', ...; the first ``fetched`` taken."""
+    await store.create_address(name, AddressKind.QUEUE)
+    for i in range(published):
+        await store.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
+    return list(await store.fetch(name, QUEUE_GROUP, fetched))
 
 
 async def test_a_queue_hands_out_each_entry_once_returned_ones_first(
@@ -177,10 +187,7 @@ async def test_messages_published_in_one_cycle_share_one_script_call_and_keep_th
 async def test_acks_that_nobody_waits_for_go_out_as_one_xack_per_cycle(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
-    await store.create_address(name, AddressKind.QUEUE)
-    for i in range(5):
-        await store.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
-    entries = await store.fetch(name, QUEUE_GROUP, 5)
+    entries = await queue_then_fetch(store, name, published=5, fetched=5)
     await store.release(name, QUEUE_GROUP, entries[4], delivery_failed=True)  # counted once
     entries[4:] = await store.fetch(name, QUEUE_GROUP, 1)
     assert entries[4].delivery_count == 1
@@ -200,10 +207,7 @@ async def test_acks_that_nobody_waits_for_go_out_as_one_xack_per_cycle(
 async def test_trimming_removes_only_what_every_subscription_is_done_with(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
-    await store.create_address(name, AddressKind.QUEUE)
-    for i in range(5):
-        await store.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
-    entries = await store.fetch(name, QUEUE_GROUP, 3)
+    entries = await queue_then_fetch(store, name, published=5, fetched=3)
     await store.ack(name, QUEUE_GROUP, entries[0])
     await store.ack(name, QUEUE_GROUP, entries[2])  # entry 1 still pending
     await store.trim()
