@@ -1,9 +1,11 @@
 """The broker as a process: embedded Redis, health endpoints, graceful SIGTERM, trimming."""
 
+import glob
 import json
 import os
 import re
 import signal
+import tempfile
 import time
 
 import pytest
@@ -40,8 +42,17 @@ def test_the_embedded_redis_does_not_outlive_a_killed_broker(tmp_path) -> None: 
     redis_pid = int(match.group(1))
     assert os.path.exists(f'/proc/{redis_pid}')
     broker.process.kill()  # no chance to stop its Redis itself
+    killed_pid = broker.process.pid
     assert broker.stop() == -signal.SIGKILL
     wait_for(lambda: not _alive(redis_pid), 10, f'redis-server {redis_pid} to exit')
+    # nor to remove its socket directory: the next broker with an embedded Redis does
+    left = glob.glob(os.path.join(tempfile.gettempdir(), f'shoal-redis-{killed_pid}-*'))
+    assert len(left) == 1, left
+    after = BrokerProcess(None, data_dir=str(tmp_path / 'redis-data'))
+    try:
+        assert not os.path.exists(left[0])
+    finally:
+        assert after.stop() == 0
 
 
 def test_ctrl_c_stops_the_broker_before_its_embedded_redis(tmp_path, address: str) -> None:  # type: ignore[no-untyped-def]

@@ -28,13 +28,17 @@ logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_SECONDS = 10.0
 PR_SET_PDEATHSIG = 1
+SOCKET_DIR_PREFIX = 'shoal-redis-'
+"""Then the broker's pid: a broker killed with SIGKILL cannot remove its socket directory, so
+the next embedded Redis of this user removes those whose broker is gone."""
 
 
 class EmbeddedRedis:
     def __init__(self, data_dir: str, *, appendfsync: str = 'everysec') -> None:
         self.data_dir = Path(data_dir).resolve()
         self.appendfsync = appendfsync
-        self._socket_dir = Path(tempfile.mkdtemp(prefix='shoal-redis-'))
+        _remove_stale_socket_dirs()
+        self._socket_dir = Path(tempfile.mkdtemp(prefix=f'{SOCKET_DIR_PREFIX}{os.getpid()}-'))
         self.socket = self._socket_dir / 'redis.sock'
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -116,3 +120,34 @@ def _terminate_with_parent() -> 'Callable[[], None] | None':
         prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
     return hook
+
+
+def _remove_stale_socket_dirs() -> None:
+    """Remove this user's socket directories whose broker process no longer exists. A directory
+    is only removed when it holds nothing but the socket; a reused pid keeps one (harmless)."""
+    for path in Path(tempfile.gettempdir()).glob(f'{SOCKET_DIR_PREFIX}*-*'):
+        pid_text = path.name[len(SOCKET_DIR_PREFIX) :].partition('-')[0]
+        if not pid_text.isdigit():
+            continue  # named before the pid was part of the name
+        try:
+            if path.stat().st_uid != os.getuid() or _process_exists(int(pid_text)):
+                continue
+            for item in path.iterdir():
+                if item.name != 'redis.sock':
+                    break
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    (path / 'redis.sock').unlink()
+                path.rmdir()
+        except OSError as exc:  # another broker removing it at the same time, or not ours
+            logger.debug('stale socket directory %s left: %s', path, exc)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
