@@ -76,7 +76,9 @@ _RECEIVED_SHORT: Final = 4
 _TRANSACTIONAL: Final = 8
 _receive_buffer = _wire.ffi.new('char[]', RECEIVE_BUFFER_BYTES)
 _uncleared = _wire.ffi.new_allocator(should_clear_after_alloc=False)
-_offsets = _wire.ffi.new('int64_t[10]')
+OFFSETS: Final = 10
+"""The section offsets shoal_scan writes (``OUT_SIZE`` in amqp/_wire.c; ``codec.view``'s ``at``)."""
+_offsets = _wire.ffi.new('int64_t[]', OFFSETS)
 _unpack = _wire.ffi.unpack
 _buffer = _wire.ffi.buffer
 
@@ -85,15 +87,15 @@ def receive(link: Ptr, delivery: Ptr, size: int) -> tuple[Any | None, list[int] 
     """Read a complete message of ``size`` bytes (``wire.shoal_pending``) and advance the link.
 
     Returns the message as a buffer whose slices are ``bytes`` (valid until the next receive;
-    None if proton gave fewer bytes than it said it held), the
-    section offsets ``codec.view`` takes (None when ``codec.parse`` must walk it instead),
-    whether the peer sent it settled, and whether it is sent inside a transaction."""
+    None if proton gave fewer bytes than it said it held), the section offsets ``codec.view``
+    takes (None when ``codec.parse`` must walk it instead), whether the peer sent it settled,
+    and whether it is sent inside a transaction."""
     memory = _receive_buffer if size <= RECEIVE_BUFFER_BYTES else _uncleared('char[]', size)
     verdict = wire.shoal_receive(link, delivery, memory, size, _offsets)
     settled, transactional = bool(verdict & _RECEIVED_SETTLED), bool(verdict & _TRANSACTIONAL)
     if verdict & _RECEIVED_SHORT:  # what follows in memory is not this message's
         return None, None, settled, transactional
-    offsets = None if verdict & _SCAN_IN_PYTHON else _unpack(_offsets, 10)
+    offsets = None if verdict & _SCAN_IN_PYTHON else _unpack(_offsets, OFFSETS)
     return _buffer(memory, size), offsets, settled, transactional
 
 
@@ -114,7 +116,7 @@ def scan(message: bytes) -> list[int] | None:
     ``codec.parse`` must walk the message itself (the fuzz harness and tests compare the two)."""
     if wire.shoal_scan(message, len(message), _offsets):
         return None
-    return _unpack(_offsets, 10)  # type: ignore[no-any-return]
+    return _unpack(_offsets, OFFSETS)  # type: ignore[no-any-return]
 
 
 def link_name(link: Ptr) -> str:

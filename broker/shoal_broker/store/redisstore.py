@@ -323,11 +323,17 @@ class RedisStore:
         loop = self._loop or asyncio.get_running_loop()  # cached: this runs once per message
         future: asyncio.Future[Any] = loop.create_future()
         self._queued.append(_Op(commands, finish, future, notify, notify_local, batch, batch_args))
-        if not lazy:
+        if lazy:
+            self._wake_lazily()
+        else:
             self._wakeup.set()
-        elif self._lazy_wakeup is None:
-            self._lazy_wakeup = loop.call_later(ACK_COALESCE_SECONDS, self._wakeup.set)
         return future
+
+    def _wake_lazily(self) -> None:
+        """Start a cycle within ACK_COALESCE_SECONDS, unless another op starts one first."""
+        if self._lazy_wakeup is None:
+            loop = self._loop or asyncio.get_running_loop()
+            self._lazy_wakeup = loop.call_later(ACK_COALESCE_SECONDS, self._wakeup.set)
 
     def _script(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
         return ('EVALSHA', self._sha[name], len(keys_), *keys_, *args)
@@ -647,9 +653,7 @@ class RedisStore:
             return
         op = self._open_acks[key] = _Op([], _no_result, None, None, False, key, [entry.id, counted])
         self._queued.append(op)
-        if self._lazy_wakeup is None:  # as _queue's lazy ops: ride with the next pipeline
-            loop = self._loop or asyncio.get_running_loop()
-            self._lazy_wakeup = loop.call_later(ACK_COALESCE_SECONDS, self._wakeup.set)
+        self._wake_lazily()  # as _queue's lazy ops: ride with the next pipeline
 
     async def _give_back(self, address: str, group: str, entries: list[Entry]) -> None:
         """Return new entries a fetch in bulk read beside returned or high-band ones
