@@ -1,7 +1,7 @@
 """The Redis store's contract on a real redis-server: the Lua scripts are the semantics."""
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
@@ -165,23 +165,29 @@ async def test_messages_published_in_one_cycle_share_one_script_call_and_keep_th
     """publish_then joins the cycle's op for its address and band; a publish() between them
     (awaited by its caller) starts a new one, so nobody's message overtakes another's."""
     await store.create_address(name, AddressKind.QUEUE)
-    outcomes: list[tuple[str, bool | None]] = []
+    answers: list[tuple[list[str], bool | None]] = []
 
-    def then(label: str) -> Callable[[bool | None, BrokerError | None], None]:
-        return lambda kept, error: outcomes.append((label, kept if error is None else None))
+    def stored(labels: list[str], kept: bool | None, error: BrokerError | None) -> None:
+        answers.append((list(labels), kept if error is None else None))
 
     sent = store.commands
     for label in ('a', 'b'):
-        store.publish_then(name, AddressKind.QUEUE, msg(label.encode()), then(label))
+        store.publish_then(name, AddressKind.QUEUE, msg(label.encode()), stored, label)
     between = store.publish(name, AddressKind.QUEUE, msg(b'c'))
     for label in ('d', 'e'):
-        store.publish_then(name, AddressKind.QUEUE, msg(label.encode()), then(label))
+        store.publish_then(name, AddressKind.QUEUE, msg(label.encode()), stored, label)
+
+    def elsewhere(labels: list[str], kept: bool | None, error: BrokerError | None) -> None:
+        answers.append((['elsewhere', *labels], kept))
+
+    store.publish_then(name, AddressKind.QUEUE, msg(b'f'), elsewhere, 'f')  # not d-e's callback
     assert await between is True
     await store.flush()
-    assert outcomes == [('a', True), ('b', True), ('d', True), ('e', True)]
-    assert store.commands - sent == 1  # the three ops of one address and band: one EVAL
+    # one answer per op, and an op answers one callback
+    assert answers == [(['a', 'b'], True), (['d', 'e'], True), (['elsewhere', 'f'], True)]
+    assert store.commands - sent == 1  # the four ops of one address and band: one EVAL
     entries = await store.fetch(name, QUEUE_GROUP, 10)
-    assert [e.rest for e in entries] == [b'a', b'b', b'c', b'd', b'e']
+    assert [e.rest for e in entries] == [b'a', b'b', b'c', b'd', b'e', b'f']
 
 
 async def test_acks_that_nobody_waits_for_go_out_as_one_xack_per_cycle(

@@ -107,6 +107,7 @@ class Broker:
         self._flush_scheduled = False
         self._topping_up: set[ProducerLink] = set()
         """Producers whose stored messages free credit: topped up once per loop turn."""
+        self._on_stored = self._stored  # one bound method: publish_then batches by callback
         self._tasks: set[asyncio.Future[Any]] = set()
         self._serial = itertools.count(1)
         self._handlers: dict[int, Callable[[AmqpConnection, Ptr], None]] = {
@@ -146,11 +147,8 @@ class Broker:
             logger.warning('ClientID %r not released: %s', client_id, exc)
 
     def dispatch(self, conn: AmqpConnection, event: Ptr) -> None:
-        kind = lib.pn_event_type(event)
-        if kind == lib.PN_DELIVERY:  # two of every message's events: no table lookup
-            self._on_delivery(conn, event)
-            return
-        handler = self._handlers.get(kind)
+        """An engine event other than a delivery's (``on_delivery``)."""
+        handler = self._handlers.get(lib.pn_event_type(event))
         if handler is not None:
             handler(conn, event)
 
@@ -557,8 +555,8 @@ class Broker:
 
     # -- deliveries ------------------------------------------------------------------------------
 
-    def _on_delivery(self, conn: AmqpConnection, event: Ptr) -> None:
-        delivery = lib.pn_event_delivery(event)
+    def on_delivery(self, conn: AmqpConnection, delivery: Ptr) -> None:
+        """A delivery's event: a message in, a consumer's outcome, a transaction's control."""
         state = conn.links.get(lib.pn_delivery_link(delivery))
         kind = type(state)  # exact types: none of these link classes has a subclass
         if kind is ProducerLink:
@@ -678,14 +676,11 @@ class Broker:
         if isinstance(due, int) and due > time.time() * 1000:
             future = self.store.schedule(address, stored, due)  # JMS delivery delay
             future.add_done_callback(  # type: ignore[attr-defined]
-                lambda f: self._stored(producer, message, address, *_outcome_of(f))
+                lambda f: self._stored([(producer, message, address)], *_outcome_of(f))
             )
         else:
             self.store.publish_then(
-                address,
-                kind,
-                stored,
-                lambda kept, error: self._stored(producer, message, address, kept, error),
+                address, kind, stored, self._on_stored, (producer, message, address)
             )
         # Local consumers of this address fetch in the same pipeline, right after the publish:
         # one Redis round trip from producer to consumer instead of two (other replicas hear of
@@ -695,37 +690,43 @@ class Broker:
 
     def _stored(
         self,
-        producer: ProducerLink,
-        message: PendingMessage,
-        address: str,
+        stored: list[tuple[ProducerLink, PendingMessage, str]],
         kept: bool | None,
         error: BrokerError | None,
     ) -> None:
-        producer.in_store -= 1
+        """The store's answer for messages to one address (``publish_then``: one call for a
+        cycle's messages to an address and band)."""
+        address = stored[0][2]
+        refusal: BrokerError | None = None
         if error is None:
             if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone
                 queue = self.kinds.get(address) is AddressKind.QUEUE
-                self.counters.enqueued(address, QUEUE_GROUP if queue else '')
+                self.counters.enqueued(address, QUEUE_GROUP if queue else '', len(stored))
             else:
-                self.counters.dropped(address)
-        if not producer.alive:
-            return  # stored (or not) all the same; the peer will not hear of it
-        if isinstance(error, StoreFull) and not message.settled:
-            self._outcome(producer, message.delivery, False, error)  # refused, not released
-            return
-        if isinstance(error, AddressNotFound):
-            self.kinds.pop(address, None)
-            if not message.settled:
-                self._outcome(producer, message.delivery, False, error)
-                return
-        if not message.settled:
+                self.counters.dropped(address, len(stored))
+            state = lib.PN_ACCEPTED
+        else:
+            if isinstance(error, AddressNotFound):
+                self.kinds.pop(address, None)
+            if isinstance(error, StoreFull | AddressNotFound):  # stays so if sent again
+                refusal = error  # refused, not released
             # never an accept that is then lost: on a store failure the peer may send it again
-            state = lib.PN_ACCEPTED if error is None else lib.PN_RELEASED
-            wire.shoal_settle_with(message.delivery, state)
-        # credit back once per producer and loop turn, however many of its messages one reply
-        # settled (_flush_dirty)
-        self._topping_up.add(producer)
-        self.mark_dirty(producer.conn)
+            state = lib.PN_RELEASED
+        topping_up = self._topping_up
+        for producer, message, _ in stored:
+            producer.in_store -= 1
+            if not producer.alive:
+                continue  # stored (or not) all the same; the peer will not hear of it
+            if not message.settled:
+                if refusal is not None:
+                    self._outcome(producer, message.delivery, False, refusal)
+                    continue
+                wire.shoal_settle_with(message.delivery, state)
+            # credit back once per producer and loop turn, however many of its messages one
+            # reply settled (_flush_dirty)
+            if producer not in topping_up:
+                topping_up.add(producer)
+                self.mark_dirty(producer.conn)
 
     def _outcome(
         self,

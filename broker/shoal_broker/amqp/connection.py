@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
 
+PN_DELIVERY = lib.PN_DELIVERY
+
 
 class AmqpConnection(asyncio.Protocol):
     """The engine-side state of one peer connection."""
@@ -129,9 +131,13 @@ class AmqpConnection(asyncio.Protocol):
 
     def _dispatch_events(self) -> None:
         collector = self.collector
+        broker = self.broker
         while (event := lib.pn_collector_peek(collector)) != ffi.NULL:
             try:
-                self.broker.dispatch(self, event)
+                if lib.pn_event_type(event) == PN_DELIVERY:  # two of every message's events
+                    broker.on_delivery(self, lib.pn_event_delivery(event))
+                else:
+                    broker.dispatch(self, event)
             except Exception:
                 logger.exception('connection %d: handler failed; closing the connection', self.id)
                 self.fail('amqp:internal-error', 'internal error')

@@ -121,13 +121,13 @@ class Counters:
     # The per-message events (enqueued, delivered, settled, latency) are written out inline:
     # two helper calls per event were ~1.5 µs per message.
 
-    def enqueued(self, address: str, group: str = 'queue') -> None:
+    def enqueued(self, address: str, group: str = 'queue', count: int = 1) -> None:
         key = ('enqueued', address)
-        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        _COUNTS[key] = _COUNTS.get(key, 0) + count
         tally = self.tallies.get((address, group))
         if tally is None:
             tally = self._new_tally(address, group)
-        tally['enqueued'] += 1
+        tally['enqueued'] += count
 
     def _new_tally(self, address: str, group: str) -> dict[str, int]:
         tally = self.tallies.get((address, subscription_label(group)))
@@ -136,8 +136,9 @@ class Counters:
             self.tallies[(address, subscription_label(group))] = tally
         return tally
 
-    def dropped(self, address: str) -> None:
-        _count(('dropped', address))
+    def dropped(self, address: str, count: int = 1) -> None:
+        key = ('dropped', address)
+        _COUNTS[key] = _COUNTS.get(key, 0) + count
 
     def delivered(self, address: str, group: str, count: int = 1) -> None:
         label = 'private' if group.startswith('nd:') else group  # subscription_label

@@ -10,7 +10,7 @@ into one Redis round trip per event-loop turn; none of them costs a round trip o
 import dataclasses
 import enum
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from shoal_broker.errors import BrokerError
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
@@ -74,6 +74,13 @@ class JoinOutcome(enum.Enum):
     """The definition changed while nobody was attached: a new subscription replaced the old."""
 
 
+T = TypeVar('T')
+
+PublishCallback = Callable[[list[T], bool | None, BrokerError | None], None]
+"""``publish_then``'s answer: the tokens of the messages it answers, then (kept, None) or
+(None, error)."""
+
+
 class MessageStore(Protocol):
     async def address_kind(self, address: str) -> AddressKind | None:
         """The kind of an existing address, or None when it does not exist."""
@@ -113,10 +120,13 @@ class MessageStore(Protocol):
         address: str,
         kind: AddressKind,
         message: OutgoingMessage,
-        callback: Callable[[bool | None, BrokerError | None], None],
+        callback: PublishCallback[T],
+        token: T,
     ) -> None:
-        """``publish`` for the per-message path: ``callback(kept, None)`` or ``callback(None,
-        error)`` once the store answered, with no future in between."""
+        """``publish`` for the per-message path, with no future in between: once the store
+        answered, ``callback(tokens, kept, None)`` or ``callback(tokens, None, error)``. The
+        messages of one cycle for the same address and band that name the same ``callback`` are
+        stored together and answered in one call, ``tokens`` in the order they were published."""
         ...
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:
