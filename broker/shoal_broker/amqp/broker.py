@@ -951,9 +951,8 @@ class Broker:
             entries, cursor = [], browser.cursor
         browser.cursor = cursor
         identifiers = Identifiers()
-        for entry in entries:
-            if browser.selector is None or browser.selector.matches(identifiers.of(entry)):
-                browser.send(entry)
+        selector = browser.selector
+        browser.send(e for e in entries if selector is None or selector.matches(identifiers.of(e)))
         if len(entries) >= asked or browser.again:
             self.browse(browser)
         elif lib.pn_link_get_drain(browser.ptr):

@@ -318,25 +318,22 @@ def view(buf: Any, at: Sequence[int]) -> RoutingView:
     -1 for what is absent). ``buf`` is anything whose slices are ``bytes``: the engine's receive
     buffer. Only what routing reads is copied out. tests/unit/test_codec.py holds the two equal.
     """
+    hs, he, hv, rs, av, ae, ts, te, xs, xe = at
     try:
-        return _view(buf, at)
+        header, header_bytes = DEFAULT_HEADER, b''
+        if hs >= 0:
+            header_bytes = buf[hs:he]
+            header = _HEADERS.get(header_bytes) or _new_header(header_bytes, hv - hs)
+        to = decode(buf[ts:te], 0)[0] if ts >= 0 else None
+        expiry = decode(buf[xs:xe], 0)[0] if xs >= 0 else None
+        annotations = _annotations(buf[av:ae]) if av >= 0 else _NO_ANNOTATIONS
     except DecodeError:  # said again by the reference, with positions in the whole message
         return parse(buf[:])
-
-
-def _view(buf: Any, at: Sequence[int]) -> RoutingView:
-    hs, he, hv, rs, av, ae, ts, te, xs, xe = at
-    header, header_bytes = DEFAULT_HEADER, b''
-    if hs >= 0:
-        header_bytes = buf[hs:he]
-        header = _HEADERS.get(header_bytes) or _new_header(header_bytes, hv - hs)
-    to = decode(buf[ts:te], 0)[0] if ts >= 0 else None
-    expiry = decode(buf[xs:xe], 0)[0] if xs >= 0 else None
     return RoutingView(
         header,
         header_bytes,
         buf[rs:] if rs >= 0 else b'',  # rest
-        _annotations(buf[av:ae]) if av >= 0 else _NO_ANNOTATIONS,
+        annotations,
         to if isinstance(to, str) else None,  # to
         expiry if isinstance(expiry, int) else None,  # absolute_expiry_time
     )

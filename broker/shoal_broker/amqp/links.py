@@ -8,6 +8,7 @@ touching proton, because by then the pointer may be freed.
 
 import collections
 import dataclasses
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from shoal_broker import selector as selectors
@@ -29,11 +30,26 @@ if TYPE_CHECKING:
 UNSETTLED_ON_DETACH = Disposition(Outcome.MODIFIED, delivery_failed=True)
 
 
-def transfer(link: Ptr, serial: int, entry: Entry, *, settle: bool = False) -> Ptr:
-    """Send one stored entry on a sending link; the delivery tag is the link's serial number.
-    A settled transfer returns NULL: its delivery is proton's to free."""
-    header = codec.delivery_header(entry.header, entry.delivery_count)
-    return wire.shoal_send(link, serial, header, len(header), entry.rest, len(entry.rest), settle)
+def transfer(
+    link: Ptr, serial: int, entries: Iterable[Entry], unacked: dict[Ptr, Entry] | None
+) -> int:
+    """Send stored entries on a sending link, in order, and return the last serial used: the
+    delivery tags are the link's serial numbers after ``serial``. With ``unacked``, each delivery
+    is recorded there against its entry; without, the transfers go settled and their deliveries
+    are proton's to free. One call per fetch's worth of a link's entries: three calls per
+    message were ~0.5 µs."""
+    send = wire.shoal_send
+    settle = unacked is None
+    for entry in entries:
+        serial += 1
+        header = entry.header
+        if entry.delivery_count:  # a first delivery sends the stored bytes unchanged
+            header = codec.delivery_header(header, entry.delivery_count)
+        rest = entry.rest
+        delivery = send(link, serial, header, len(header), rest, len(rest), settle)
+        if unacked is not None:
+            unacked[delivery] = entry
+    return serial
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -107,13 +123,10 @@ class ConsumerLink(LinkState):
     def credit(self) -> int:
         return int(lib.pn_link_credit(self.ptr)) if self.alive and self.opened else 0
 
-    def send(self, entry: Entry) -> None:
-        """Transfer one entry; the header is re-encoded only when the delivery count changed."""
-        self._tag += 1
-        if self.presettled:
-            transfer(self.ptr, self._tag, entry, settle=True)
-        else:
-            self.unacked[transfer(self.ptr, self._tag, entry)] = entry
+    def send(self, entries: Iterable[Entry]) -> None:
+        """Transfer entries; the header is re-encoded only when the delivery count changed."""
+        unacked = None if self.presettled else self.unacked
+        self._tag = transfer(self.ptr, self._tag, entries, unacked)
 
 
 class Identifiers:
@@ -156,6 +169,5 @@ class BrowserLink(LinkState):
     again: bool = False
     _tag: int = 0
 
-    def send(self, entry: Entry) -> None:
-        self._tag += 1
-        transfer(self.ptr, self._tag, entry, settle=True)  # browsing is settled
+    def send(self, entries: Iterable[Entry]) -> None:
+        self._tag = transfer(self.ptr, self._tag, entries, None)  # browsing is settled

@@ -176,7 +176,6 @@ class LocalSubscription:
                 continue
             consumer = self._pick(entry, wanting, credit)
             if consumer is not None:
-                consumer.send(entry)
                 credit[consumer] -= 1
                 sent = dealt.get(consumer)
                 if sent is None:
@@ -187,7 +186,8 @@ class LocalSubscription:
                 self._park(entry)  # undeliverable-here: keep it from the consumer that said so
             else:  # credit shrank or consumers left meanwhile: back to the subscription
                 self.broker.release(self.address, self.group, entry, delivery_failed=False)
-        for consumer, sent in dealt.items():
+        for consumer, sent in dealt.items():  # each consumer's in the order they were fetched
+            consumer.send(sent)
             self.broker.sent(consumer, sent)
 
     def _wanting(self, entry: Entry, identifiers: Identifiers) -> list[ConsumerLink]:
@@ -234,8 +234,8 @@ class LocalSubscription:
         for deadline, entry in parked:
             consumer = self._pick(entry, self._wanting(entry, identifiers), credit)
             if consumer is not None:
-                consumer.send(entry)
                 credit[consumer] -= 1
+                consumer.send((entry,))
                 self.broker.sent(consumer, [entry])
             else:
                 self._parked.append((deadline, entry))
