@@ -1,10 +1,12 @@
 /*
  * The per-message engine work in C: a transfer out, a transfer in, a consumer's outcome, the walk
- * over a received message's sections, and the bytes between the socket and the engine.
+ * over a received message's sections, the next engine event, and the bytes between the socket
+ * and the engine.
  *
  * Why: in Python each of these was 5-10 calls through cffi plus the byte-level walk; here each is
- * one call, and the broker's CPU per message fell by a fifth (docs/benchmarks.md, session 6). Everything that decides anything (routing, outcomes, caches, errors) stays in
- * Python; this file only moves bytes and reads flags.
+ * one call, and the broker's CPU per message fell by a fifth (docs/benchmarks.md, session 6).
+ * Everything that decides anything (routing, outcomes, caches, errors) stays in Python; this file
+ * only moves bytes, reads flags and hands over the next event.
  *
  * proton's functions are not linked: python-qpid-proton's cffi module holds them (it exports
  * every pn_* symbol, but is loaded privately), so amqp/engine.py hands their addresses to
@@ -15,6 +17,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "_wire.h"
 
 typedef struct { size_t size; const char *start; } shoal_bytes_t; /* proton's pn_bytes_t */
 
@@ -38,13 +42,19 @@ static ssize_t (*pn_transport_push)(void *transport, const char *bytes, size_t n
 static ssize_t (*pn_transport_pending)(void *transport);
 static ssize_t (*pn_transport_peek)(void *transport, char *bytes, size_t n);
 static void (*pn_transport_pop)(void *transport, size_t n);
+static void *(*pn_collector_peek)(void *collector);
+static bool (*pn_collector_pop)(void *collector);
+static int (*pn_event_type)(void *event);
+static void *(*pn_event_delivery)(void *event);
+static void *(*pn_delivery_link)(void *delivery);
 
-#define FUNCTIONS 20
+#define FUNCTIONS 25
+static int delivery_event; /* PN_DELIVERY's value in proton's pn_event_type_t */
 
 static void init_layout(void);
 
 /* The order of amqp/engine.py's WIRE_FUNCTIONS. */
-int shoal_bind(void *const *f, size_t count)
+int shoal_bind(void *const *f, size_t count, int delivery)
 {
     if (count != FUNCTIONS)
         return -1;
@@ -68,8 +78,39 @@ int shoal_bind(void *const *f, size_t count)
     pn_transport_pending = f[17];
     pn_transport_peek = f[18];
     pn_transport_pop = f[19];
+    pn_collector_peek = f[20];
+    pn_collector_pop = f[21];
+    pn_event_type = f[22];
+    pn_event_delivery = f[23];
+    pn_delivery_link = f[24];
+    delivery_event = delivery;
     init_layout();
     return 0;
+}
+
+/* -- events ------------------------------------------------------------------------------- */
+
+/* The connection's next engine event, once the one before it is popped (``pop_first``): its type,
+ * 0 (PN_EVENT_NONE) when there is none. out[0] is the event; for a delivery's event (two of every
+ * message's) out[0] is the delivery and out[1] its link instead. One call where the loop made
+ * five. The event stays in the collector, and so holds its delivery, until the next call. */
+int shoal_next_event(void *collector, int pop_first, void **out)
+{
+    if (pop_first)
+        pn_collector_pop(collector);
+    void *event = pn_collector_peek(collector);
+    if (!event)
+        return 0;
+    int type = pn_event_type(event);
+    if (type == delivery_event) {
+        void *delivery = pn_event_delivery(event);
+        out[0] = delivery;
+        out[1] = pn_delivery_link(delivery);
+    } else {
+        out[0] = event;
+        out[1] = NULL;
+    }
+    return type;
 }
 
 /* -- bytes between the socket and the engine ---------------------------------------------- */

@@ -146,9 +146,9 @@ class Broker:
         except BrokerError as exc:  # held until this replica's lease ends and it is reaped
             logger.warning('ClientID %r not released: %s', client_id, exc)
 
-    def dispatch(self, conn: AmqpConnection, event: Ptr) -> None:
-        """An engine event other than a delivery's (``on_delivery``)."""
-        handler = self._handlers.get(lib.pn_event_type(event))
+    def dispatch(self, conn: AmqpConnection, kind: int, event: Ptr) -> None:
+        """An engine event of type ``kind`` other than a delivery's (``on_delivery``)."""
+        handler = self._handlers.get(kind)
         if handler is not None:
             handler(conn, event)
 
@@ -555,9 +555,9 @@ class Broker:
 
     # -- deliveries ------------------------------------------------------------------------------
 
-    def on_delivery(self, conn: AmqpConnection, delivery: Ptr) -> None:
+    def on_delivery(self, conn: AmqpConnection, delivery: Ptr, link: Ptr) -> None:
         """A delivery's event: a message in, a consumer's outcome, a transaction's control."""
-        state = conn.links.get(lib.pn_delivery_link(delivery))
+        state = conn.links.get(link)
         kind = type(state)  # exact types: none of these link classes has a subclass
         if kind is ProducerLink:
             self._incoming(state, delivery)  # type: ignore[arg-type]
@@ -759,8 +759,7 @@ class Broker:
         """``entries`` went out on ``consumer``'s link (one fetch's worth: counted at once)."""
         self.counters.delivered(consumer.address, consumer.group, len(entries))
         if consumer.presettled:  # at-most-once: consumed the moment it is sent
-            for entry in entries:
-                self.store.ack_nowait(consumer.address, consumer.group, entry)
+            self.store.ack_nowait(consumer.address, consumer.group, entries)
         self.mark_delivering(consumer.conn)
 
     def _disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:
@@ -800,7 +799,7 @@ class Broker:
             # seconds since the entry was appended: stream ids start with their time in ms
             age = time.time() - int(entry.id.partition('-')[0] or 0) / 1000
             self.counters.accepted(consumer.address, consumer.group, age if age > 0 else 0.0)
-            self.store.ack_nowait(consumer.address, consumer.group, entry)
+            self.store.ack_nowait(consumer.address, consumer.group, (entry,))
             return None
         sub = consumer.subscription
         attempts = sub.max_delivery_attempts if sub else self.settings.routing.max_delivery_attempts
@@ -846,7 +845,7 @@ class Broker:
     def filtered(self, address: str, group: str, entry: Entry) -> None:
         """An entry a subscription's selector or no-local filter excludes: consumed unseen."""
         self.counters.filtered(address, group)
-        self.store.ack_nowait(address, group, entry)
+        self.store.ack_nowait(address, group, (entry,))
 
     def expire(self, address: str, group: str, entry: Entry) -> None:
         self.counters.expired(address, group)
@@ -854,7 +853,7 @@ class Broker:
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, 'expired'))
         else:
-            self.store.ack_nowait(address, group, entry)
+            self.store.ack_nowait(address, group, (entry,))
 
     def dead_letter(self, address: str, group: str, entry: Entry, reason: str) -> None:
         self.counters.dead_lettered(address, group)
@@ -863,7 +862,7 @@ class Broker:
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, reason))
         else:
-            self.store.ack_nowait(address, group, entry)
+            self.store.ack_nowait(address, group, (entry,))
 
     async def _move(self, address: str, group: str, entry: Entry, target: str, why: str) -> None:
         """Copy an entry to another queue (dead letters, expiries), then consume the original."""

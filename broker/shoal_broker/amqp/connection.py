@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
 PN_DELIVERY = lib.PN_DELIVERY
+_next_event = wire.shoal_next_event
 
 
 class AmqpConnection(asyncio.Protocol):
@@ -130,18 +131,19 @@ class AmqpConnection(asyncio.Protocol):
             self._processing = False
 
     def _dispatch_events(self) -> None:
-        collector = self.collector
-        broker = self.broker
-        while (event := lib.pn_collector_peek(collector)) != ffi.NULL:
+        collector, broker, slots = self.collector, self.broker, engine.EVENT_SLOTS
+        kind = _next_event(collector, 0, slots)
+        while kind:
+            subject, link = slots[0], slots[1]  # read before any handler runs: slots are shared
             try:
-                if lib.pn_event_type(event) == PN_DELIVERY:  # two of every message's events
-                    broker.on_delivery(self, lib.pn_event_delivery(event))
+                if kind == PN_DELIVERY:  # two of every message's events
+                    broker.on_delivery(self, subject, link)
                 else:
-                    broker.dispatch(self, event)
+                    broker.dispatch(self, kind, subject)
             except Exception:
                 logger.exception('connection %d: handler failed; closing the connection', self.id)
                 self.fail('amqp:internal-error', 'internal error')
-            lib.pn_collector_pop(collector)
+            kind = _next_event(collector, 1, slots)  # pops the event handled
 
     def _flush_output(self) -> bool:
         """Tick, then write out what the engine produced. True if that posted new events."""

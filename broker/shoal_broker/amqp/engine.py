@@ -42,14 +42,16 @@ WIRE_FUNCTIONS: Final = (  # the order of shoal_bind() in amqp/_wire.c
     'pn_delivery_updated', 'pn_delivery_remote_state', 'pn_delivery_remote',
     'pn_disposition_is_failed', 'pn_disposition_is_undeliverable', 'pn_delivery_update',
     'pn_transport_capacity', 'pn_transport_push', 'pn_transport_pending', 'pn_transport_peek',
-    'pn_transport_pop',
+    'pn_transport_pop', 'pn_collector_peek', 'pn_collector_pop', 'pn_event_type',
+    'pn_event_delivery', 'pn_delivery_link',
 )  # fmt: skip
 _addresses = _wire.ffi.new(
     'void *[]', [_wire.ffi.cast('void *', ffi.addressof(lib, name)) for name in WIRE_FUNCTIONS]
 )
 wire: Any = _wire.lib
 """The C calls of amqp/_wire.c; proton pointers from ``lib`` pass as they are."""
-if wire.shoal_bind(_addresses, len(WIRE_FUNCTIONS)) != 0:  # pragma: no cover - a build mismatch
+_bound = wire.shoal_bind(_addresses, len(WIRE_FUNCTIONS), lib.PN_DELIVERY)
+if _bound != 0:  # pragma: no cover - a build mismatch
     raise ImportError('shoal_broker.amqp._wire was built for another list of proton functions')
 
 # shoal_pending's answers other than a size
@@ -80,6 +82,9 @@ OFFSETS: Final = 10
 """The section offsets shoal_scan writes (``OUT_SIZE`` in amqp/_wire.c; ``codec.view``'s ``at``)."""
 _offsets = _wire.ffi.new('int64_t[]', OFFSETS)
 _unpack = _wire.ffi.unpack
+EVENT_SLOTS: Final = _wire.ffi.new('void *[]', 2)
+"""Where ``wire.shoal_next_event`` puts an event's pointers. Every connection's loop shares it:
+they are read out before anything else runs."""
 _buffer = _wire.ffi.buffer
 
 

@@ -9,7 +9,7 @@ into one Redis round trip per event-loop turn; none of them costs a round trip o
 
 import dataclasses
 import enum
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 from shoal_broker.errors import BrokerError
@@ -153,9 +153,9 @@ class MessageStore(Protocol):
         """The entry is consumed: forget it for this subscription."""
         ...
 
-    def ack_nowait(self, address: str, group: str, entry: Entry) -> None:
-        """``ack`` for a caller that does not wait for it (the per-message path). A failure is
-        logged; the entry stays pending and is delivered again once reclaimed."""
+    def ack_nowait(self, address: str, group: str, entries: Iterable[Entry]) -> None:
+        """``ack`` of each entry, for a caller that does not wait for it (the per-message path).
+        A failure is logged; the entries stay pending and are delivered again once reclaimed."""
         ...
 
     def release(
