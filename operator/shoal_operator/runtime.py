@@ -131,9 +131,12 @@ class Runtime:
         return self._registries[url]
 
     async def close(self) -> None:
+        """Close every cluster's Redis registry and the Kubernetes session. kopf's cleanup calls
+        this while the observer may still be in its last round, and ``cli.run`` calls it again
+        once everything has stopped: a registry used after the first call connects again, and
+        only the second call closes that connection. So the registries are kept, not forgotten."""
         for registry in self._registries.values():
             await registry.close()
-        self._registries.clear()
         if self.kube is not None:
             await self.kube.close()
             self.kube = None
