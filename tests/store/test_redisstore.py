@@ -1,7 +1,8 @@
 """The Redis store's contract on a real redis-server: the Lua scripts are the semantics."""
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 import redis.asyncio
@@ -111,6 +112,37 @@ async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_
     assert [e.rest for e in rest if e.band == 0] == [b'2', b'new-1', b'new-2']
     assert [e.rest for e in rest if e.band == 1] == [b'high']
     assert await store.fetch(name, QUEUE_GROUP, 20) == []
+
+
+async def test_a_fetch_started_by_a_bulk_fetchs_callback_finds_what_it_gave_back_first(
+    store: RedisStore, name: str
+) -> None:
+    """A subscription fetches again from its fetch's own callback when credit came meanwhile.
+    New entries that a fetch in bulk read beside a returned one go back behind it; that next
+    fetch must find them there, not newer entries first (test_limits once saw entry 123
+    delivered before 100-122)."""
+    await store.create_address(name, AddressKind.QUEUE)
+    for i in range(20):
+        await store.publish(name, AddressKind.QUEUE, msg(b'warm-%d' % i))
+    for entry in await store.fetch(name, QUEUE_GROUP, 20):  # big: the next fetches are in bulk
+        await store.ack(name, QUEUE_GROUP, entry)
+    await store.publish(name, AddressKind.QUEUE, msg(b'returned'))
+    (entry,) = await store.fetch(name, QUEUE_GROUP, 1)
+    await store.release(name, QUEUE_GROUP, entry, delivery_failed=False)
+    for body in (b'd', b'e', b'f', b'g'):
+        await store.publish(name, AddressKind.QUEUE, msg(body))
+
+    second: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
+
+    def fetched_again(entries: Sequence[Entry] | None, error: BrokerError | None) -> None:
+        second.set_result([e.rest for e in entries or ()])
+
+    def fetched(entries: Sequence[Entry] | None, error: BrokerError | None) -> None:
+        assert [e.rest for e in entries or ()] == [b'returned']  # d, e, f went back
+        store.fetch_then(name, QUEUE_GROUP, 10, fetched_again)  # as LocalSubscription.kick
+
+    store.fetch_then(name, QUEUE_GROUP, 3, fetched)
+    assert await second == [b'd', b'e', b'f', b'g']
 
 
 async def test_another_replica_can_take_a_returned_entry(

@@ -636,7 +636,11 @@ class RedisStore:
                 if not head[0]:
                     entries += new
                 elif new:  # more returned entries may wait: the new ones must not overtake them
-                    self._background(self._give_back(address, group, new))
+                    # their releases are queued now, before any fetch the caller's callback
+                    # starts: queued from the background task, they went after it, and that
+                    # fetch handed out newer entries first
+                    releases = [self.release(address, group, e, delivery_failed=False) for e in new]
+                    self._background(self._give_back(address, group, new, releases))
             if head[0] or 0 < len(entries) < min(count, BULK_FETCH_ENTRIES):
                 self._bulk_fetches.discard(subscription)
             elif len(entries) >= BULK_FETCH_ENTRIES and len(self._bulk_fetches) < MAX_BULK_FETCHES:
@@ -669,17 +673,17 @@ class RedisStore:
             self._queued.append(op)
             self._wake_lazily()  # as _queue's lazy ops: ride with the next pipeline
 
-    async def _give_back(self, address: str, group: str, entries: list[Entry]) -> None:
-        """Return new entries a fetch in bulk read beside returned or high-band ones
-        (``_fetch_op``), newest last, so that they follow whatever is still returned. A refusal
-        is tried again with a growing pause, as ``Broker.release`` does: the entries are pending
-        on this replica, and nothing else would return them while it lives."""
+    async def _give_back(
+        self, address: str, group: str, entries: list[Entry], releases: list[Awaitable[None]]
+    ) -> None:
+        """See that the releases ``_fetch_op`` queued for new entries a fetch in bulk read beside
+        returned or high-band ones are done. A refusal is tried again with a growing pause, as
+        ``Broker.release`` does: the entries are pending on this replica, and nothing else would
+        return them while it lives."""
         pause = 0.0
         while True:
             try:  # in one cycle, in order; a release already done is only done again
-                await asyncio.gather(
-                    *(self.release(address, group, e, delivery_failed=False) for e in entries)
-                )
+                await asyncio.gather(*releases)
                 return
             except BrokerError as exc:
                 if self._closed:  # pending on a replica that stops: reclaimed like a crash's
@@ -688,6 +692,7 @@ class RedisStore:
                 logger.warning('returning %d entries to %s/%s failed (%s); again in %.2f s',
                                len(entries), address, group, exc, pause)  # fmt: skip
                 await asyncio.sleep(pause)
+                releases = [self.release(address, group, e, delivery_failed=False) for e in entries]
 
     def release(
         self, address: str, group: str, entry: Entry, *, delivery_failed: bool
