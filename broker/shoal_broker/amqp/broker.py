@@ -717,16 +717,20 @@ class Broker:
             producer.in_store -= 1
             if not producer.alive:
                 continue  # stored (or not) all the same; the peer will not hear of it
-            if not message.settled:
-                if refusal is not None:
-                    self._outcome(producer, message.delivery, False, refusal)
-                    continue
-                wire.shoal_settle_with(message.delivery, state)
-            # credit back once per producer and loop turn, however many of its messages one
-            # reply settled (_flush_dirty)
-            if producer not in topping_up:
-                topping_up.add(producer)
-                self.mark_dirty(producer.conn)
+            try:  # as when each message had its own callback: a failure leaves the others be
+                if not message.settled:
+                    if refusal is not None:
+                        self._outcome(producer, message.delivery, False, refusal)
+                        continue
+                    wire.shoal_settle_with(message.delivery, state)
+                # credit back once per producer and loop turn, however many of its messages one
+                # reply settled (_flush_dirty)
+                if producer not in topping_up:
+                    topping_up.add(producer)
+                    self.mark_dirty(producer.conn)
+            except Exception:
+                logger.exception('answering a stored message on connection %d failed',
+                                 producer.conn.id)  # fmt: skip
 
     def _outcome(
         self,
