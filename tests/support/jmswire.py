@@ -105,14 +105,18 @@ def subscriber(
 
 
 def durable_detach(rcv: BlockingReceiver) -> None:
-    """Qpid JMS closes a durable consumer with detach(closed=false).
+    """Qpid JMS closes a durable consumer with detach(closed=false) and waits for the answering
+    detach: an unsubscribe may follow at once, attaching a link of the same name.
 
-    proton raises no state change for a non-closing detach, so wait for a later round trip
-    instead (the broker handles frames in order): attach and close a throwaway link.
+    proton changes no endpoint state for a non-closing detach, so the answer is caught as the
+    link's remote-detach event, on its handler. (A later round trip on a throwaway link, used
+    before, is not the same: the broker answers this detach only once the consumer has left the
+    subscription, and may answer the throwaway link first.)
     """
+    answered: list[bool] = []
+    setattr(rcv.fetcher, 'on_link_remote_detach', lambda event: answered.append(True))  # noqa: B010
     rcv.link.detach()
-    probe = rcv.connection.create_sender(None, name=f'probe-{uuid.uuid4().hex[:8]}')
-    probe.close()
+    rcv.connection.wait(lambda: bool(answered), msg='the answering detach')
 
 
 # -- additions: naming, refusals, the reply's source, the stored subscription ----------------------
