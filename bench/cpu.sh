@@ -7,6 +7,8 @@
 # msg/s, and Redis pipelines/commands per message from the broker's /metrics.
 #
 # usage: bench/cpu.sh SRC_A [SRC_B ...]        e.g. bench/cpu.sh /tmp/base/broker broker
+# A tree may name the interpreter its broker runs on, SRC@PYTHON (default: $BROKER_PY, see
+# lib.sh), e.g. bench/cpu.sh broker@.venv/bin/python broker@.venv-bench/bin/python.
 #
 # Environment: N (messages per run, 30000), REPS (3), ROW (extra amqpload options; default
 # 1 -> 1 at-least-once closed loop: "--max-backlog 1000"), ENV (extra broker environment,
@@ -32,9 +34,10 @@ metric() {  # sum of a Prometheus counter from the broker's /metrics
 
 declare -a SRC RPID BPID APORT HPORT
 i=0
-for src in "$@"; do
-  src=$(cd "$src" && pwd)
-  build_wire "$src"
+for arg in "$@"; do
+  src=$(cd "${arg%%@*}" && pwd)
+  broker_py=$BROKER_PY; [[ $arg == *@* ]] && broker_py=${arg#*@}
+  build_wire "$src" "$broker_py"
   read -r rport aport hport < <(free_ports 3)
   mkdir -p "$WORK/$i"
   # shellcheck disable=SC2086
@@ -44,14 +47,14 @@ for src in "$@"; do
   for ((t = 0; t < 100; t++)); do
     redis-cli -p "$rport" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
   # shellcheck disable=SC2086
-  env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING $ENV "$PY" -m shoal_broker \
+  env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING $ENV "$broker_py" -m shoal_broker \
       --listen "127.0.0.1:$aport" --http "127.0.0.1:$hport" \
       --redis-url "redis://127.0.0.1:$rport/0" --replica-id "cpu$i" > "$WORK/$i/broker.log" 2>&1 &
   BPID[i]=$!; STARTED_PIDS+=("${BPID[i]}")
   for ((t = 0; t < 300; t++)); do
     curl -sf "http://127.0.0.1:$hport/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
-  SRC[i]=$src; APORT[i]=$aport; HPORT[i]=$hport
-  echo "tree $i: $src (broker pid ${BPID[i]}, redis pid ${RPID[i]})"
+  SRC[i]="$src on $broker_py"; APORT[i]=$aport; HPORT[i]=$hport
+  echo "tree $i: $src on $broker_py (broker pid ${BPID[i]}, redis pid ${RPID[i]})"
   i=$((i + 1))
 done
 echo "machine: nproc=$(nproc) loadavg=$(cut -d' ' -f1-3 /proc/loadavg) N=$N REPS=$REPS ROW=$ROW ENV=$ENV"

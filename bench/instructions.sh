@@ -67,7 +67,7 @@ for ((rep = 1; rep <= REPS; rep++)); do
     start_redis "$rport" "$dir" --appendonly no
     # shellcheck disable=SC2086
     env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING $ENV valgrind --tool=callgrind \
-        --callgrind-out-file="$dir/callgrind.%p" "$PY" -m shoal_broker \
+        --callgrind-out-file="$dir/callgrind.%p" "$BROKER_PY" -m shoal_broker \
         --listen "127.0.0.1:$aport" --http "127.0.0.1:$hport" \
         --redis-url "redis://127.0.0.1:$rport/0" --replica-id "instr$i" > "$dir/broker.log" 2>&1 &
     bpid=$!; STARTED_PIDS+=("$bpid")

@@ -8,6 +8,28 @@ ROOT=$(cd "$HERE/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
 
+# The broker runs on BROKER_PY; the load generator and the other clients stay on PY, alike for
+# every broker measured. By default BROKER_PY is .venv-bench/bin/python, a venv (made here on
+# first use) on BENCH_PYTHON, an interpreter built the way the shipped image's is: the official
+# python image (docker/broker.Dockerfile) and Debian's python3.11 are built with PGO and LTO.
+# This machine's python3, which .venv is made from, is a plain source build (pyenv's default:
+# neither), on which the broker used ~25 % more CPU per message (docs/benchmarks.md, session 8).
+bench_python() {  # prints the broker's interpreter, making .venv-bench when it is missing
+  local base=${BENCH_PYTHON:-/usr/bin/python3.11} venv=$ROOT/.venv-bench
+  if [[ ! -x $base ]]; then
+    echo "note: $base is missing, so the broker runs on $PY (set BENCH_PYTHON)" >&2
+    echo "$PY"; return 0
+  fi
+  if [[ ! -f $venv/.installed || $ROOT/pyproject.toml -nt $venv/.installed ]]; then
+    { "$base" -m venv "$venv" && "$venv/bin/python" -m pip install -q --upgrade pip \
+        && "$venv/bin/python" -m pip install -q -e "$ROOT[broker]" && touch "$venv/.installed"; } \
+        >&2 || { echo "could not make $venv on $base (python3.11-venv and python3.11-dev" \
+                      "are needed)" >&2; return 1; }
+  fi
+  echo "$venv/bin/python"
+}
+BROKER_PY=${BROKER_PY:-$(bench_python)}
+
 stop_started() {  # TERM each started process, KILL what is still there after 15 s
   local pid i
   for pid in "${STARTED_PIDS[@]}"; do
@@ -45,14 +67,14 @@ proc_cpu_s() {  # CPU seconds (user + system) a process has used so far
   awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
 }
 
-build_wire() {  # build_wire BROKER_SOURCE_ROOT: compile a source tree's C hot path if it has one
-  # and it is missing or older than its source (a tree copied with `git archive` has none)
-  local src=$1 so
+build_wire() {  # build_wire BROKER_SOURCE_ROOT [PYTHON]: compile a source tree's C hot path if it
+  # has one and it is missing or older than its source (a tree copied with `git archive` has none)
+  local src=$1 py=${2:-$BROKER_PY} so
   [[ -f $src/shoal_broker/amqp/_wire.c ]] || return 0
   for so in "$src"/shoal_broker/amqp/_wire.*.so; do
     [[ -f $so && $so -nt $src/shoal_broker/amqp/_wire.c ]] && return 0
   done
-  "$PY" "$ROOT/scripts/build_wire.py" "$src" > /dev/null
+  "$py" "$ROOT/scripts/build_wire.py" "$src" > /dev/null
 }
 
 start_redis() {  # start_redis PORT DIR [redis-server options]: sets REDIS_PID once it answers PING
@@ -69,7 +91,7 @@ start_redis() {  # start_redis PORT DIR [redis-server options]: sets REDIS_PID o
 start_broker() {  # start_broker AMQP_PORT HTTP_PORT REDIS_PORT REPLICA LOG: sets BROKER_PID once
   # /readyz answers (needs PY; extra broker environment comes from the caller's exports)
   local t
-  SHOAL_LOG_LEVEL=${SHOAL_LOG_LEVEL:-WARNING} "$PY" -m shoal_broker --listen "127.0.0.1:$1" \
+  SHOAL_LOG_LEVEL=${SHOAL_LOG_LEVEL:-WARNING} "$BROKER_PY" -m shoal_broker --listen "127.0.0.1:$1" \
       --http "127.0.0.1:$2" --redis-url "redis://127.0.0.1:$3/0" --replica-id "$4" > "$5" 2>&1 &
   BROKER_PID=$!; STARTED_PIDS+=("$BROKER_PID")
   for ((t = 0; t < 300; t++)); do

@@ -7,6 +7,7 @@
 # Environment overrides (defaults in brackets):
 #   AMQPLOAD  the load generator (never copied into this repo) [/work/shared/tools/amqpload.py]
 #   PY        python with python-qpid-proton >= 0.39 and Shoal installed [.venv/bin/python]
+#   BROKER_PY the broker's interpreter [.venv-bench/bin/python, see lib.sh]
 #   N         messages per throughput run                          [50000]
 #   NFAN      messages per fan-out run (x 4 deliveries)            [20000]
 #   NLAT      messages per latency run                             [10000]
@@ -51,6 +52,9 @@ OUT=${1:-/tmp/shoal-bench/$(date +%Y%m%d-%H%M%S)}
 [[ -f $AMQPLOAD ]] || { echo "amqpload not found at $AMQPLOAD (set AMQPLOAD=...)" >&2; exit 2; }
 "$PY" -c 'import proton, cproton_ffi, shoal_broker' 2>/dev/null || {
   echo "$PY lacks python-qpid-proton or shoal_broker (run 'make venv')" >&2; exit 2; }
+"$BROKER_PY" -c 'import shoal_broker.amqp._wire' 2>/dev/null || {
+  echo "the broker's interpreter $BROKER_PY cannot import shoal_broker (see lib.sh)" >&2; exit 2; }
+echo "broker on $BROKER_PY ($("$BROKER_PY" -c 'import sys; print(sys.version.split()[0])')), clients on $PY"
 command -v redis-server > /dev/null || { echo "redis-server missing (make system-deps)" >&2; exit 2; }
 command -v curl > /dev/null || { echo "curl missing" >&2; exit 2; }
 
@@ -92,7 +96,7 @@ start_redis() {  # extra redis-server options, e.g. --appendonly yes --appendfsy
 start_broker() {  # $1: log file name; further args: extra environment (NAME=VALUE)
   local log=$1 i
   shift
-  env SHOAL_LOG_LEVEL=WARNING "$@" "$PY" -m shoal_broker --listen "127.0.0.1:$PORT" \
+  env SHOAL_LOG_LEVEL=WARNING "$@" "$BROKER_PY" -m shoal_broker --listen "127.0.0.1:$PORT" \
       --http "127.0.0.1:$HPORT" --redis-url "redis://127.0.0.1:$RPORT/0" --replica-id bench \
       > "$OUT/$log" 2>&1 &
   BROKER_PID=$!
@@ -173,7 +177,7 @@ fi
 if row s; then
   start_broker broker-shared-a.log
   FIRST_PID=$BROKER_PID
-  env SHOAL_LOG_LEVEL=WARNING "$PY" -m shoal_broker --listen "127.0.0.1:$PORT2" \
+  env SHOAL_LOG_LEVEL=WARNING "$BROKER_PY" -m shoal_broker --listen "127.0.0.1:$PORT2" \
       --http "127.0.0.1:$HPORT2" --redis-url "redis://127.0.0.1:$RPORT/0" --replica-id bench2 \
       > "$OUT/broker-shared-b.log" 2>&1 &
   SECOND_PID=$!

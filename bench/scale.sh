@@ -35,7 +35,7 @@ declare -a BPID APORT
 start_replica() {  # index
   local i=$1 aport hport t
   read -r aport hport < <(free_ports 2)
-  SHOAL_LOG_LEVEL=WARNING "$PY" -m shoal_broker --listen "127.0.0.1:$aport" \
+  SHOAL_LOG_LEVEL=WARNING "$BROKER_PY" -m shoal_broker --listen "127.0.0.1:$aport" \
       --http "127.0.0.1:$hport" --redis-url "redis://127.0.0.1:$RPORT/0" --replica-id "scale$i" \
       > "$OUT/broker-$i.log" 2>&1 &
   BPID[i]=$!; APORT[i]=$aport; STARTED_PIDS+=("${BPID[i]}")
