@@ -51,7 +51,10 @@ for line in open(sys.argv[1]):
             cost[names.get(ob, ob)] += int(parts[1])
         skip = False
 total = sum(cost.values())
-print(total, sum(c for name, c in cost.items() if 'libpython' in name))
+# the interpreter: libpython (a shared build such as pyenv's) or the executable itself (Debian's
+# python3.11, like the official image's, has it linked in)
+interpreter = re.compile(r'libpython|/python3[.0-9]*$')
+print(total, sum(c for name, c in cost.items() if interpreter.search(name)))
 PY
 }
 

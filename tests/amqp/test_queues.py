@@ -15,8 +15,9 @@ from amqpclient import (
     sender,
     settle,
 )
+from enginepeer import EnginePeer
 from processes import BrokerProcess
-from proton import Delivery, Message
+from proton import Delivery, Endpoint, Message
 from proton.utils import SendException
 
 
@@ -288,4 +289,46 @@ def test_unknown_address_is_refused_when_auto_create_is_off(start_broker, addres
     with pytest.raises(SendException) as refused:
         anonymous.send(Message(address=address, body='x'))
     assert refused.value.state == Delivery.REJECTED
+    conn.close()
+
+
+@pytest.mark.parametrize(('count', 'released'), [(6, 3), (600, 500)])  # 600: past ACCEPTS_CAP
+def test_accepts_that_arrive_with_the_detach_consume_their_messages(
+    broker: BrokerProcess, address: str, count: int, released: int
+) -> None:
+    """The broker settles a consumer's plain accepts on its way through the engine's events and
+    applies them together: they must still count before the detach that followed them on the
+    wire (which returns what is unsettled), and an outcome among them that is not an accept
+    keeps its own effect."""
+    conn = connect(broker.url)
+    send_all(conn, address, range(count))
+    peer = EnginePeer(broker.port)
+    peer.connection.open()
+    session = peer.connection.session()
+    session.open()
+    link = session.receiver('accept-then-detach')
+    link.source.address = address
+    link.target.address = address
+    link.open()
+    link.flow(count)
+    deliveries = []
+
+    def read() -> bool:
+        while (delivery := link.current) is not None and not delivery.partial:
+            link.recv(delivery.pending)
+            deliveries.append(delivery)
+            link.advance()
+        return len(deliveries) == count
+
+    assert peer.pump(20, until=read)
+    for i, delivery in enumerate(deliveries):  # one write: the accepts, a release, the detach
+        delivery.update(Delivery.RELEASED if i == released else Delivery.ACCEPTED)
+        delivery.settle()
+    link.close()
+    assert peer.pump(10, until=lambda: bool(link.state & Endpoint.REMOTE_CLOSED))
+    second = receiver(conn, address, credit=10)
+    again = receive_all(second, 1)
+    assert [(m.body, m.delivery_count) for m in again] == [(released, 0)]  # count unchanged
+    assert nothing_more(second)
+    peer.close()
     conn.close()

@@ -44,12 +44,21 @@ class EnginePeer:
                 self.eof = True
                 self.transport.close_tail()
             elif data:
-                self.transport.push(data)
+                self._push(data)
             if until is not None and until():
                 return True
             if self.eof:
                 return until() if until is not None else False
         return False
+
+    def _push(self, data: bytes) -> None:
+        """Into the transport in the slices its capacity allows (it takes no more at once)."""
+        while data:
+            capacity = self.transport.capacity()
+            if capacity <= 0:
+                return  # its input side has closed: the rest means nothing to it
+            self.transport.push(data[:capacity])
+            data = data[capacity:]
 
     @property
     def remote_open(self) -> bool:

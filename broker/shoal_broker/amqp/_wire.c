@@ -47,8 +47,9 @@ static bool (*pn_collector_pop)(void *collector);
 static int (*pn_event_type)(void *event);
 static void *(*pn_event_delivery)(void *event);
 static void *(*pn_delivery_link)(void *delivery);
+static bool (*pn_link_is_sender)(void *link);
 
-#define FUNCTIONS 25
+#define FUNCTIONS 26
 static int delivery_event; /* PN_DELIVERY's value in proton's pn_event_type_t */
 
 static void init_layout(void);
@@ -83,6 +84,7 @@ int shoal_bind(void *const *f, size_t count, int delivery)
     pn_event_type = f[22];
     pn_event_delivery = f[23];
     pn_delivery_link = f[24];
+    pn_link_is_sender = f[25];
     delivery_event = delivery;
     init_layout();
     return 0;
@@ -90,27 +92,60 @@ int shoal_bind(void *const *f, size_t count, int delivery)
 
 /* -- events ------------------------------------------------------------------------------- */
 
+#define PN_ACCEPTED 0x24
+#define ACCEPTS_FULL -1
+
 /* The connection's next engine event, once the one before it is popped (``pop_first``): its type,
- * 0 (PN_EVENT_NONE) when there is none. out[0] is the event; for a delivery's event (two of every
- * message's) out[0] is the delivery and out[1] its link instead. One call where the loop made
- * five. The event stays in the collector, and so holds its delivery, until the next call. */
-int shoal_next_event(void *collector, int pop_first, void **out)
+ * 0 (PN_EVENT_NONE) when there is none, or ACCEPTS_FULL when ``accepted`` filled up first (call
+ * again without popping). out[0] is the event; for a delivery's event (two of every message's)
+ * out[0] is the delivery and out[1] its link instead. One call where the loop made five. The
+ * event stays in the collector, and so holds its delivery, until the next call.
+ *
+ * A consumer's plain accept, the most common event of all (one per at-least-once delivery: four
+ * per message fanned out to four subscriptions), does not come back as an event: a delivery on
+ * one of our sending links whose peer's state is accepted is settled here and appended, with its
+ * link, to ``accepted`` (pairs, at most ``cap`` of them; *taken says how many), and the walk goes
+ * on. Python applies them (acks, counts) before the event returned, so they keep their place
+ * among the connection's events. Every other outcome, and anything transactional, comes back
+ * as its event. */
+int shoal_next_event(void *collector, int pop_first, void **out, void **accepted, size_t cap,
+                     size_t *taken)
 {
+    size_t n = 0;
     if (pop_first)
         pn_collector_pop(collector);
-    void *event = pn_collector_peek(collector);
-    if (!event)
-        return 0;
-    int type = pn_event_type(event);
-    if (type == delivery_event) {
+    for (;;) {
+        void *event = pn_collector_peek(collector);
+        if (!event) {
+            *taken = n;
+            return 0;
+        }
+        int type = pn_event_type(event);
+        if (type != delivery_event) {
+            out[0] = event;
+            out[1] = NULL;
+            *taken = n;
+            return type;
+        }
         void *delivery = pn_event_delivery(event);
-        out[0] = delivery;
-        out[1] = pn_delivery_link(delivery);
-    } else {
-        out[0] = event;
-        out[1] = NULL;
+        void *link = pn_delivery_link(delivery);
+        if (!pn_link_is_sender(link) || pn_delivery_remote_state(delivery) != PN_ACCEPTED ||
+            !(pn_delivery_updated(delivery) || pn_delivery_settled(delivery))) {
+            out[0] = delivery;
+            out[1] = link;
+            *taken = n;
+            return type;
+        }
+        pn_delivery_settle(delivery); /* the pointer is only a key from here on */
+        accepted[2 * n] = delivery;
+        accepted[2 * n + 1] = link;
+        n++;
+        pn_collector_pop(collector);
+        if (n == cap) {
+            *taken = n;
+            return ACCEPTS_FULL;
+        }
     }
-    return type;
 }
 
 /* -- bytes between the socket and the engine ---------------------------------------------- */
@@ -389,7 +424,6 @@ int shoal_receive(void *link, void *delivery, char *data, size_t size, int64_t *
 #define MODIFIED_FAILED 8
 #define MODIFIED_UNDELIVERABLE 16
 
-#define PN_ACCEPTED 0x24
 #define PN_REJECTED 0x25
 #define PN_RELEASED 0x26
 #define PN_MODIFIED 0x27

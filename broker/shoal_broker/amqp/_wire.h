@@ -2,7 +2,8 @@
  * cffi's cdef, so it holds declarations only; _wire.c includes it, so the compiler holds the two
  * equal). Kept beside the source so that any source tree builds with its own declarations. */
 int shoal_bind(void *const *functions, size_t count, int delivery_event);
-int shoal_next_event(void *collector, int pop_first, void **out);
+int shoal_next_event(void *collector, int pop_first, void **out, void **accepted, size_t cap,
+                     size_t *taken);
 size_t shoal_push(void *transport, const char *data, size_t size);
 ssize_t shoal_take_output(void *transport, char *out, size_t cap);
 void *shoal_send(void *link, uint64_t tag, const char *header, size_t header_size,

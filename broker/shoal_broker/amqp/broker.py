@@ -766,6 +766,32 @@ class Broker:
             self.store.ack_nowait(consumer.address, consumer.group, entries)
         self.mark_delivering(consumer.conn)
 
+    def on_accepts(self, conn: AmqpConnection, accepts: Ptr, count: int) -> None:
+        """``count`` plain accepts of consumers on ``conn``, settled already by the engine's event
+        walk (``wire.shoal_next_event``): (delivery, link) pairs in ``accepts``. Each consumer's
+        entries are acked and counted together, as ``_apply`` would one by one. A link that is
+        not a consumer's (a browser's) needed nothing more than the settlement."""
+        links = conn.links
+        accepted: dict[ConsumerLink, list[Entry]] = {}
+        for i in range(0, 2 * count, 2):
+            consumer = links.get(accepts[i + 1])
+            if type(consumer) is not ConsumerLink:
+                continue
+            entry = consumer.unacked.pop(accepts[i], None)
+            if entry is None:
+                continue
+            entries = accepted.get(consumer)
+            if entries is None:
+                accepted[consumer] = [entry]
+            else:
+                entries.append(entry)
+        now = time.time()
+        for consumer, entries in accepted.items():
+            # seconds since each entry was appended: stream ids start with their time in ms
+            ages = [now - int(entry.id.partition('-')[0] or 0) / 1000 for entry in entries]
+            self.counters.accepted_all(consumer.address, consumer.group, ages)
+            self.store.ack_nowait(consumer.address, consumer.group, entries)
+
     def _disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:
         code = wire.shoal_outcome(delivery)  # settles a terminal outcome
         if code == engine.OUTCOME_NONE:  # e.g. `received`: not an outcome yet
@@ -802,7 +828,7 @@ class Broker:
         if disposition.outcome is Outcome.ACCEPTED:  # decide()'s first rule, without the call
             # seconds since the entry was appended: stream ids start with their time in ms
             age = time.time() - int(entry.id.partition('-')[0] or 0) / 1000
-            self.counters.accepted(consumer.address, consumer.group, age if age > 0 else 0.0)
+            self.counters.accepted(consumer.address, consumer.group, age)
             self.store.ack_nowait(consumer.address, consumer.group, (entry,))
             return None
         sub = consumer.subscription

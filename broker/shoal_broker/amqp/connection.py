@@ -32,6 +32,7 @@ _ids = itertools.count(1)
 
 PN_DELIVERY = lib.PN_DELIVERY
 _next_event = wire.shoal_next_event
+ACCEPTS_CAP, ACCEPTS_FULL = engine.ACCEPTS_CAP, engine.ACCEPTS_FULL
 
 
 class AmqpConnection(asyncio.Protocol):
@@ -132,18 +133,24 @@ class AmqpConnection(asyncio.Protocol):
 
     def _dispatch_events(self) -> None:
         collector, broker, slots = self.collector, self.broker, engine.EVENT_SLOTS
-        kind = _next_event(collector, 0, slots)
-        while kind:
+        accepts, taken = engine.ACCEPTS, engine.ACCEPTS_TAKEN
+        pop = 0
+        while True:
+            kind = _next_event(collector, pop, slots, accepts, ACCEPTS_CAP, taken)
             subject, link = slots[0], slots[1]  # read before any handler runs: slots are shared
             try:
-                if kind == PN_DELIVERY:  # two of every message's events
+                if taken[0]:  # consumers' accepts settled on the way to this event: theirs first
+                    broker.on_accepts(self, accepts, taken[0])
+                if kind == PN_DELIVERY:  # a message in, or an outcome other than a plain accept
                     broker.on_delivery(self, subject, link)
-                else:
+                elif kind > 0:
                     broker.dispatch(self, kind, subject)
             except Exception:
                 logger.exception('connection %d: handler failed; closing the connection', self.id)
                 self.fail('amqp:internal-error', 'internal error')
-            kind = _next_event(collector, 1, slots)  # pops the event handled
+            if not kind:
+                return
+            pop = 0 if kind == ACCEPTS_FULL else 1  # the event handled is popped by the next call
 
     def _flush_output(self) -> bool:
         """Tick, then write out what the engine produced. True if that posted new events."""

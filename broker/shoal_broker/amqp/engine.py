@@ -43,7 +43,7 @@ WIRE_FUNCTIONS: Final = (  # the order of shoal_bind() in amqp/_wire.c
     'pn_disposition_is_failed', 'pn_disposition_is_undeliverable', 'pn_delivery_update',
     'pn_transport_capacity', 'pn_transport_push', 'pn_transport_pending', 'pn_transport_peek',
     'pn_transport_pop', 'pn_collector_peek', 'pn_collector_pop', 'pn_event_type',
-    'pn_event_delivery', 'pn_delivery_link',
+    'pn_event_delivery', 'pn_delivery_link', 'pn_link_is_sender',
 )  # fmt: skip
 _addresses = _wire.ffi.new(
     'void *[]', [_wire.ffi.cast('void *', ffi.addressof(lib, name)) for name in WIRE_FUNCTIONS]
@@ -85,6 +85,13 @@ _unpack = _wire.ffi.unpack
 EVENT_SLOTS: Final = _wire.ffi.new('void *[]', 2)
 """Where ``wire.shoal_next_event`` puts an event's pointers. Every connection's loop shares it:
 they are read out before anything else runs."""
+ACCEPTS_CAP: Final = 256
+ACCEPTS: Final = _wire.ffi.new('void *[]', 2 * ACCEPTS_CAP)
+"""Where ``wire.shoal_next_event`` puts the consumers' plain accepts it settled on its way to the
+next event: (delivery, link) pairs, ``ACCEPTS_TAKEN[0]`` of them. Shared like ``EVENT_SLOTS``."""
+ACCEPTS_TAKEN: Final = _wire.ffi.new('size_t[1]')
+ACCEPTS_FULL: Final = -1
+"""``wire.shoal_next_event``'s answer when ``ACCEPTS`` filled up before the next event."""
 _buffer = _wire.ffi.buffer
 
 
