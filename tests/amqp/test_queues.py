@@ -20,6 +20,8 @@ from processes import BrokerProcess
 from proton import Delivery, Endpoint, Message
 from proton.utils import SendException
 
+from shoal_broker.amqp.subscriptions import PARK_SECONDS
+
 
 def test_messages_round_trip_in_order(broker: BrokerProcess, address: str) -> None:
     conn = connect(broker.url)
@@ -331,4 +333,24 @@ def test_accepts_that_arrive_with_the_detach_consume_their_messages(
     assert [(m.body, m.delivery_count) for m in again] == [(released, 0)]  # count unchanged
     assert nothing_more(second)
     peer.close()
+    conn.close()
+
+
+def test_undeliverable_here_keeps_a_message_from_that_consumer_only(
+    broker: BrokerProcess, address: str
+) -> None:
+    """modified(undeliverable-here): never offered to that consumer again, not even after it
+    went back to the queue (PARK_SECONDS) and was fetched anew for it alone; another consumer
+    gets it, its delivery count unchanged (the outcome did not say delivery-failed)."""
+    conn = connect(broker.url)
+    sender(conn, address).send(Message(body='x'))
+    first = receiver(conn, address, credit=5)
+    assert first.receive(timeout=5).body == 'x'
+    settle(first, Delivery.MODIFIED, undeliverable=True)
+    assert nothing_more(first, wait=PARK_SECONDS + 2)
+    second = receiver(conn, address, credit=5)
+    again = second.receive(timeout=10)
+    second.accept()
+    assert (again.body, again.delivery_count) == ('x', 0)
+    assert nothing_more(first)
     conn.close()

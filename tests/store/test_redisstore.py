@@ -242,6 +242,26 @@ async def test_acks_that_nobody_waits_for_go_out_as_one_xack_per_cycle(
     assert await store.fetch(name, QUEUE_GROUP, 10) == []
 
 
+async def test_acks_of_both_bands_in_one_call_reach_each_bands_stream(
+    store: RedisStore, redis_server: RedisServer, name: str
+) -> None:
+    await store.create_address(name, AddressKind.QUEUE)
+    for body, band in ((b'n0', 0), (b'h0', 1), (b'n1', 0), (b'h1', 1)):
+        await store.publish(name, AddressKind.QUEUE, msg(body, band=band))
+    entries = list(await store.fetch(name, QUEUE_GROUP, 10))
+    by_body = {e.rest: e for e in entries}
+    sent = store.commands
+    store.ack_nowait(name, QUEUE_GROUP, [by_body[b] for b in (b'n0', b'h0', b'n1', b'h1')])
+    await store.flush()
+    assert store.commands - sent == 2  # one XACK per band's stream
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    for band in (0, 1):
+        stream = f'shoal:{{a:{name}}}:s:{band}'
+        assert (await client.xpending(stream, QUEUE_GROUP))['pending'] == 0
+    await client.aclose()
+    assert await store.fetch(name, QUEUE_GROUP, 10) == []
+
+
 async def test_trimming_removes_only_what_every_subscription_is_done_with(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:

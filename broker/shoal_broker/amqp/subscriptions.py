@@ -158,16 +158,17 @@ class LocalSubscription:
 
     def _deal(self, entries: 'Sequence[Entry]') -> None:
         now_ms = int(time.time() * 1000)
-        identifiers = Identifiers()
-        filtering = any(c.filtered for c in self.consumers)
         # retention.maxAge: a stream id starts with its enqueue time in ms
         enqueued_before = now_ms - self.max_age_ms if self.max_age_ms else 0
+        filtering = any(c.filtered for c in self.consumers)
+        if len(self.consumers) == 1 and not filtering:  # every non-durable topic subscriber
+            self._deal_to_one(self.consumers[0], entries, now_ms, enqueued_before)
+            return
+        identifiers = Identifiers()
         credit: dict[ConsumerLink, int] = {}
         dealt: dict[ConsumerLink, list[Entry]] = {}
         for entry in entries:
-            if (entry.expiry_ms and entry.expiry_ms <= now_ms) or (
-                enqueued_before and int(entry.id.partition('-')[0]) < enqueued_before
-            ):
+            if _expired(entry, now_ms, enqueued_before):
                 self.broker.expire(self.address, self.group, entry)
                 continue
             wanting = self._wanting(entry, identifiers) if filtering else self.consumers
@@ -187,6 +188,28 @@ class LocalSubscription:
             else:  # credit shrank or consumers left meanwhile: back to the subscription
                 self.broker.release(self.address, self.group, entry, delivery_failed=False)
         for consumer, sent in dealt.items():  # each consumer's in the order they were fetched
+            consumer.send(sent)
+            self.broker.sent(consumer, sent)
+
+    def _deal_to_one(
+        self, consumer: ConsumerLink, entries: 'Sequence[Entry]', now_ms: int, enqueued_before: int
+    ) -> None:
+        """``_deal`` for a lone consumer without filters: what ``_pick`` would decide for each
+        entry, without its round robin and credit table."""
+        left = consumer.credit()
+        excluded = consumer.excluded
+        sent: list[Entry] = []
+        for entry in entries:
+            if _expired(entry, now_ms, enqueued_before):
+                self.broker.expire(self.address, self.group, entry)
+            elif excluded and entry.key in excluded:
+                self._park(entry)  # undeliverable-here: keep it from the consumer that said so
+            elif left > 0:
+                left -= 1
+                sent.append(entry)
+            else:  # credit shrank meanwhile: back to the subscription
+                self.broker.release(self.address, self.group, entry, delivery_failed=False)
+        if sent:
             consumer.send(sent)
             self.broker.sent(consumer, sent)
 
@@ -270,3 +293,11 @@ class LocalSubscription:
             if consumer.alive and consumer.opened and lib.pn_link_get_drain(consumer.ptr):
                 lib.pn_link_drained(consumer.ptr)
                 self.broker.mark_dirty(consumer.conn)
+
+
+def _expired(entry: Entry, now_ms: int, enqueued_before: int) -> bool:
+    """Past its expiry, or enqueued before the subscription's retention.maxAge allows (a stream
+    id starts with its enqueue time in ms)."""
+    return bool(entry.expiry_ms and entry.expiry_ms <= now_ms) or bool(
+        enqueued_before and int(entry.id.partition('-')[0]) < enqueued_before
+    )

@@ -661,17 +661,22 @@ class RedisStore:
 
     def ack_nowait(self, address: str, group: str, entries: Iterable[Entry]) -> None:
         open_acks = self._open_acks
+        band: int | None = None
+        args: list[Any] = []
         for entry in entries:
-            band, entry_id = entry.band, entry.id
-            key = ('ack', address, band, group)
-            counted = keys.entry_field(band, entry_id) if entry.delivery_count else None
-            batched = open_acks.get(key)
-            if batched is not None:  # this cycle's op for the key takes the id
-                batched.batch_args.extend((entry_id, counted))  # type: ignore[attr-defined]
-                continue
-            op = open_acks[key] = _Op([], _no_result, None, None, False, key, [entry_id, counted])
-            self._queued.append(op)
-            self._wake_lazily()  # as _queue's lazy ops: ride with the next pipeline
+            if entry.band != band:  # this cycle's op for the address, band and group takes it
+                band = entry.band
+                key = ('ack', address, band, group)
+                batched = open_acks.get(key)
+                if batched is None:
+                    batched = open_acks[key] = _Op([], _no_result, None, None, False, key, [])
+                    self._queued.append(batched)
+                    self._wake_lazily()  # as _queue's lazy ops: ride with the next pipeline
+                args = batched.batch_args  # type: ignore[assignment]
+            if entry.delivery_count:
+                args += (entry.id, keys.entry_field(band, entry.id))
+            else:
+                args += (entry.id, None)
 
     async def _give_back(
         self, address: str, group: str, entries: list[Entry], releases: list[Awaitable[None]]
@@ -1180,18 +1185,20 @@ def _new_entries(reply: Any) -> list[Entry]:
     (the store's connections) and a list of (stream, entries) pairs under RESP2."""
     if not reply:
         return []
-    entries = []
+    entries: list[Entry] = []
     read = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+    append = entries.append
     for raw_id, fields in read:
         expiry_ms, origin = 0, ''
-        for i in range(4, len(fields), 2):
-            if fields[i] == b'x':
-                expiry_ms = int(fields[i + 1])
-            elif fields[i] == b'c':
-                origin = fields[i + 1].decode()
-        entries.append(
-            Entry(raw_id.decode(), NORMAL_BAND, fields[1], fields[3], expiry_ms, 0, origin)
-        )
+        if len(fields) == 6 and fields[4] == b'c':  # the common shape: an origin, no expiry
+            origin = fields[5].decode()
+        else:
+            for i in range(4, len(fields), 2):
+                if fields[i] == b'x':
+                    expiry_ms = int(fields[i + 1])
+                elif fields[i] == b'c':
+                    origin = fields[i + 1].decode()
+        append(Entry(raw_id.decode(), NORMAL_BAND, fields[1], fields[3], expiry_ms, 0, origin))
     return entries
 
 
