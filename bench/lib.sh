@@ -13,7 +13,7 @@ AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
 # first use) on BENCH_PYTHON, an interpreter built the way the shipped image's is: the official
 # python image (docker/broker.Dockerfile) and Debian's python3.11 are built with PGO and LTO.
 # This machine's python3, which .venv is made from, is a plain source build (pyenv's default:
-# neither), on which the broker used ~25 % more CPU per message (docs/benchmarks.md, session 8).
+# neither), on which the broker used 9-32 % more CPU per message (docs/benchmarks.md, session 8).
 bench_python() {  # prints the broker's interpreter, making .venv-bench when it is missing
   local base=${BENCH_PYTHON:-/usr/bin/python3.11} venv=$ROOT/.venv-bench
   if [[ ! -x $base ]]; then
