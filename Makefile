@@ -61,4 +61,4 @@ bench: venv
 	bash bench/run.sh
 
 clean:
-	rm -rf $(VENV) .fuzz .stamp-system tests/rhea/node_modules .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) .venv-bench .fuzz .stamp-system tests/rhea/node_modules .mypy_cache .ruff_cache .import_linter_cache
