@@ -89,7 +89,7 @@ start_redis() {  # start_redis PORT DIR [redis-server options]: sets REDIS_PID o
 }
 
 start_broker() {  # start_broker AMQP_PORT HTTP_PORT REDIS_PORT REPLICA LOG: sets BROKER_PID once
-  # /readyz answers (needs PY; extra broker environment comes from the caller's exports)
+  # /readyz answers (needs BROKER_PY; extra broker environment comes from the caller's exports)
   local t
   SHOAL_LOG_LEVEL=${SHOAL_LOG_LEVEL:-WARNING} "$BROKER_PY" -m shoal_broker --listen "127.0.0.1:$1" \
       --http "127.0.0.1:$2" --redis-url "redis://127.0.0.1:$3/0" --replica-id "$4" > "$5" 2>&1 &

@@ -769,8 +769,8 @@ class Broker:
     def on_accepts(self, conn: AmqpConnection, accepts: Ptr, count: int) -> None:
         """``count`` plain accepts of consumers on ``conn``, settled already by the engine's event
         walk (``wire.shoal_next_event``): (delivery, link) pairs in ``accepts``. Each consumer's
-        entries are acked and counted together, as ``_apply`` would one by one. A link that is
-        not a consumer's (a browser's) needed nothing more than the settlement."""
+        entries are acked and counted together (``_accepted``, which ``_apply`` calls for one).
+        A link that is not a consumer's (a browser's) needed nothing more than the settlement."""
         links = conn.links
         accepted: dict[ConsumerLink, list[Entry]] = {}
         for i in range(0, 2 * count, 2):
@@ -785,12 +785,16 @@ class Broker:
                 accepted[consumer] = [entry]
             else:
                 entries.append(entry)
-        now = time.time()
         for consumer, entries in accepted.items():
-            # seconds since each entry was appended: stream ids start with their time in ms
-            ages = [now - int(entry.id.partition('-')[0] or 0) / 1000 for entry in entries]
-            self.counters.accepted_all(consumer.address, consumer.group, ages)
-            self.store.ack_nowait(consumer.address, consumer.group, entries)
+            self._accepted(consumer, entries)
+
+    def _accepted(self, consumer: ConsumerLink, entries: list[Entry]) -> None:
+        """Entries ``consumer`` accepted: counted with their latencies, acked without waiting."""
+        now = time.time()
+        # seconds since each entry was appended: stream ids start with their time in ms
+        ages = [now - int(entry.id.partition('-')[0] or 0) / 1000 for entry in entries]
+        self.counters.accepted_all(consumer.address, consumer.group, ages)
+        self.store.ack_nowait(consumer.address, consumer.group, entries)
 
     def _disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:
         code = wire.shoal_outcome(delivery)  # settles a terminal outcome
@@ -826,10 +830,7 @@ class Broker:
         self, consumer: ConsumerLink, entry: Entry, disposition: Disposition
     ) -> Awaitable[None] | None:
         if disposition.outcome is Outcome.ACCEPTED:  # decide()'s first rule, without the call
-            # seconds since the entry was appended: stream ids start with their time in ms
-            age = time.time() - int(entry.id.partition('-')[0] or 0) / 1000
-            self.counters.accepted(consumer.address, consumer.group, age)
-            self.store.ack_nowait(consumer.address, consumer.group, (entry,))
+            self._accepted(consumer, [entry])
             return None
         sub = consumer.subscription
         attempts = sub.max_delivery_attempts if sub else self.settings.routing.max_delivery_attempts
