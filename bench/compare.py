@@ -5,7 +5,9 @@ Reads every ``*/results.jsonl`` under the directory given, groups the runs by sy
 first word of the label: ``shoal`` or ``rabbitmq``) and row (the rest), and prints one markdown
 row per benchmark row: median throughput (deliveries/s for fan-out, messages in/s otherwise),
 p50/p99, broker CPU µs per message, the per-round values, and the ratio. Latency rows compare
-p50 and p99 (lower is better); throughput rows compare rates (higher is better).
+p50 and p99 (lower is better); throughput rows compare rates (higher is better). Then each
+system's share of the machine per round (``machine.json``, written by bench/peers.sh): busy and
+steal %, steal being the time the hypervisor gave the vCPUs to someone else.
 
 usage: python bench/compare.py OUTDIR
 """
@@ -43,6 +45,28 @@ def main(root: Path) -> None:
             else:
                 ratio = f'**{shoal[0] / rabbit[0]:.2f}**'
         print(f'| {row} | {cells[0]} | {cells[1]} | {ratio} | {rounds[0]} | {rounds[1]} |')
+    machine = machine_shares(root)
+    if machine:
+        print()
+        for system, shares in machine.items():
+            busy = ' / '.join(f'{b:.0f}' for b, _ in shares)
+            steal = ' / '.join(f'{s:.1f}' for _, s in shares)
+            print(f'{system} rounds: machine busy {busy} %, steal {steal} %')
+
+
+def machine_shares(root: Path) -> dict[str, list[tuple[float, float]]]:
+    """Busy and steal % per round directory (``shoal-1``, ``rabbitmq-1``, ...), in round order."""
+    shares: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for path in root.glob('*-*/machine.json'):
+        system, _, number = path.parent.name.rpartition('-')
+        if not number.isdigit():
+            continue
+        record = json.loads(path.read_text())
+        shares[system].append((int(number), record['busy_pct'], record['steal_pct']))
+    return {
+        system: [(busy, steal) for _, busy, steal in sorted(rounds)]
+        for system, rounds in sorted(shares.items(), key=lambda item: item[0] != 'shoal')
+    }
 
 
 def describe(row: str, done: list[dict[str, float]]) -> tuple[str, str, tuple[float, ...] | None]:

@@ -67,6 +67,18 @@ proc_cpu_s() {  # CPU seconds (user + system) a process has used so far
   awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat"
 }
 
+cpu_ticks() {  # the machine's CPU ticks so far (/proc/stat): busy, steal, total
+  awk '/^cpu / { busy = $2 + $3 + $4 + $7 + $8; print busy, $9, busy + $5 + $6 + $9; exit }' \
+      /proc/stat
+}
+
+machine_share() {  # machine_share BEFORE AFTER (two cpu_ticks outputs): the busy and the steal
+  # percentages of the machine's time in between. Steal is time the hypervisor gave the vCPUs
+  # to someone else: on this VM the latency row's p99 followed it (docs/benchmarks.md, session 9)
+  awk -v a="$1" -v b="$2" 'BEGIN { split(a, x); split(b, y); t = y[3] - x[3]; if (t <= 0) t = 1
+    printf "%.1f %.1f\n", 100 * (y[1] - x[1]) / t, 100 * (y[2] - x[2]) / t }'
+}
+
 build_wire() {  # build_wire BROKER_SOURCE_ROOT [PYTHON]: compile a source tree's C hot path if it
   # has one and it is missing or older than its source (a tree copied with `git archive` has none)
   local src=$1 py=${2:-$BROKER_PY} so

@@ -14,10 +14,13 @@
 # plugin that run-peer-bench.sh enables in its private state directory). It listens on
 # 127.0.0.1:5672, which must be free. Its "i-durable" row (durable queue, persistent messages)
 # pairs with Shoal's (SHOAL_DURABILITY=fsync, Redis appendfsync always).
+#
+# Each round's share of the machine (busy and steal %, from /proc/stat) goes to machine.json
+# beside its results, and compare.py prints it per round: a VM's steal moves the p99 row.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 OUT=${1:-/tmp/shoal-bench/peers-$(date +%Y%m%d-%H%M%S)}
 PEER_BENCH=${PEER_BENCH:-/work/shared/tools/run-peer-bench.sh}
 ROUNDS=${ROUNDS:-3}
@@ -37,14 +40,27 @@ of its own on 0.0.0.0:5672; run-peer-bench.sh starts a private one on 127.0.0.1)
 EOT
 fi
 
+measured() {  # measured DIR COMMAND...: run it, then record the machine's share meanwhile
+  local dir=$1 before busy steal status=0
+  shift
+  before=$(cpu_ticks)
+  "$@" || status=$?
+  read -r busy steal < <(machine_share "$before" "$(cpu_ticks)")
+  mkdir -p "$dir"
+  echo "{\"busy_pct\": $busy, \"steal_pct\": $steal}" > "$dir/machine.json"
+  echo "=== machine meanwhile: busy $busy %, steal $steal %"
+  return "$status"
+}
+
 rc=0
 for ((round = 1; round <= ROUNDS; round++)); do
   echo "=== round $round of $ROUNDS: Shoal ($(cut -d' ' -f1-3 /proc/loadavg))"
-  bash "$HERE/run.sh" "$OUT/shoal-$round" || rc=$?
+  measured "$OUT/shoal-$round" bash "$HERE/run.sh" "$OUT/shoal-$round" || rc=$?
   if ((rabbit)); then
     echo "=== round $round of $ROUNDS: RabbitMQ ($(cut -d' ' -f1-3 /proc/loadavg))"
     # run-peer-bench.sh bounds every run itself and stops RabbitMQ (and its epmd) by PID
-    timeout -k 30 3600 bash "$PEER_BENCH" rabbitmq "$OUT/rabbitmq-$round" || rc=$?
+    measured "$OUT/rabbitmq-$round" \
+        timeout -k 30 3600 bash "$PEER_BENCH" rabbitmq "$OUT/rabbitmq-$round" || rc=$?
   fi
 done
 

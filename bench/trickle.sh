@@ -2,7 +2,8 @@
 # bench/trickle.sh - what one message costs when nothing batches: a 1 -> 1 at-least-once load
 # at a fixed rate (the latency row), with the broker's CPU split into user and system time, its
 # socket reads, writes and sleeps per message (/proc/PID/io, /proc/PID/status), Redis CPU and
-# the Redis commands per message (INFO commandstats), and the load generator's p50/p99.
+# the Redis commands per message (INFO commandstats), the load generator's p50/p99, and the
+# machine's steal meanwhile (the p99 followed it in session 9, docs/benchmarks.md).
 # Sitting J in docs/benchmarks.md was measured this way.
 #
 # usage: bench/trickle.sh      Environment: RATE (1000 msg/s), N (5000 per rep), REPS (3),
@@ -30,13 +31,15 @@ amqpload() {
 
 amqpload -a warmup -n "$WARMUP" --max-backlog 1000 > /dev/null
 echo
-echo "| rep | p50 ms | p99 ms | broker µs/msg (user + sys) | reads/msg | writes/msg | sleeps/msg | Redis µs/msg | Redis calls/msg |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| rep | p50 ms | p99 ms | broker µs/msg (user + sys) | reads/msg | writes/msg | sleeps/msg | Redis µs/msg | Redis calls/msg | steal % |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for ((rep = 1; rep <= REPS; rep++)); do
   redis-cli -p "$RPORT" config resetstat > /dev/null
   read -r u0 s0 r0 w0 v0 < <(counters)
   c0=$(proc_cpu_s "$REDIS_PID")
+  m0=$(cpu_ticks)
   out=$(amqpload -a "trickle-$rep" -n "$N" --rate "$RATE" 2>&1)
+  read -r _ steal < <(machine_share "$m0" "$(cpu_ticks)")
   read -r u1 s1 r1 w1 v1 < <(counters)
   c1=$(proc_cpu_s "$REDIS_PID")
   lat=$(echo "$out" | grep -oE 'p50=[0-9.]+ p99=[0-9.]+' | tail -1)
@@ -44,11 +47,11 @@ for ((rep = 1; rep <= REPS; rep++)); do
           | awk -F'[:=,]' '/^cmdstat_/ { s += $3 } END { print s + 0 }')
   awk -v rep="$rep" -v n="$N" -v hz="$(getconf CLK_TCK)" -v lat="$lat" \
       -v u="$((u1 - u0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v w="$((w1 - w0))" \
-      -v v="$((v1 - v0))" -v c="$(echo "$c1 - $c0" | bc)" -v calls="$calls" 'BEGIN {
+      -v v="$((v1 - v0))" -v c="$(echo "$c1 - $c0" | bc)" -v calls="$calls" -v steal="$steal" 'BEGIN {
         split(lat, l, /[= ]/)
-        printf "| %d | %s | %s | %.0f (%.0f + %.0f) | %.2f | %.2f | %.2f | %.0f | %.2f |\n",
+        printf "| %d | %s | %s | %.0f (%.0f + %.0f) | %.2f | %.2f | %.2f | %.0f | %.2f | %s |\n",
           rep, l[2], l[4], 1e6 * (u + s) / hz / n, 1e6 * u / hz / n, 1e6 * s / hz / n,
-          r / n, w / n, v / n, 1e6 * c / n, calls / n }'
+          r / n, w / n, v / n, 1e6 * c / n, calls / n, steal }'
 done
 echo
 echo "Redis commands in the last rep (calls, µs per call):"
