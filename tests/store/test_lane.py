@@ -90,6 +90,38 @@ async def test_a_killed_connection_fails_what_is_in_flight_and_the_next_pipeline
     await lane.close()
 
 
+async def test_replies_split_over_many_reads_are_put_together_for_their_pipeline(
+    client: redis.asyncio.Redis,
+) -> None:
+    key = f'lane-{uuid.uuid4().hex}'
+    big = bytes(range(256)) * 12_288  # 3 MiB: its reply arrives in many reads
+    await client.set(key, big)
+    lane = Lane(client.connection_pool, max_in_flight=4)
+    first = await send(lane, [('GET', key), ('STRLEN', key), ('GET', key)])
+    second = await send(lane, [('APPEND', key, 'x')])
+    assert await first == [big, len(big), big]
+    assert await second == [len(big) + 1]
+    await lane.close()
+
+
+async def test_a_connection_silent_past_its_socket_timeout_fails_what_it_owes(
+    redis_server: RedisServer,
+) -> None:
+    key = f'lane-{uuid.uuid4().hex}'
+    pool = redis.asyncio.ConnectionPool.from_url(redis_server.url, socket_timeout=0.5)
+    lane = Lane(pool, max_in_flight=4)
+    blocked = await send(lane, [('BLPOP', f'{key}-never', 0)])  # Redis answers it never
+    behind = await send(lane, [('SET', key, 'after')])
+    done, _ = await asyncio.wait({blocked, behind}, timeout=5)
+    assert done == {blocked, behind}
+    for future in done:
+        assert isinstance(future.exception(), TimeoutError | redis.exceptions.TimeoutError)
+    # the next pipeline goes out on a fresh connection, not behind the BLPOP
+    assert await (await send(lane, [('SET', key, 'fresh'), ('GET', key)])) == [b'OK', b'fresh']
+    await lane.close()
+    await pool.disconnect()
+
+
 async def test_an_address_is_created_with_its_queue_group_in_one_step(
     redis_server: RedisServer, client: redis.asyncio.Redis
 ) -> None:

@@ -12,9 +12,11 @@ apply), but the hot path packs RESP with hiredis, writes it to the connection's 
 replies to the connection's own hiredis reader: redis-py's pipeline packing was 10 % of the
 broker's CPU under load (docs/benchmarks.md, profile G), and its per-command write (a task and a
 timer for ``wait_for``) and per-reply read (an ``asyncio.timeout``) were a third of the store
-path at 1 000 msg/s, where every message travels in pipelines of its own. This reaches into
-redis-py's connection (``_reader``, ``_writer``, ``_parser``), which is why redis is pinned;
-tests/store/test_lane.py fails first if a release moves them.
+path at 1 000 msg/s, where every message travels in pipelines of its own. Replies are read by a
+protocol of the lane's own put on the connection's transport (``_Receiver``): a reader task woken
+through redis-py's stream cost each message one more event-loop turn at a trickle. This reaches
+into redis-py's connection (``_writer``, ``_parser``, its stream protocol), which is why redis
+is pinned; tests/store/test_lane.py fails first if a release moves them.
 
 A connection that fails is never written to again, because replies still owed on it could
 otherwise be matched with the wrong pipeline: every pipeline sent on it fails, and the next one
@@ -31,8 +33,6 @@ import hiredis
 import redis.asyncio
 import redis.exceptions
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
-
-from shoal_broker.stopping import cancel_and_wait
 
 __all__ = ['CONNECTION_ERRORS', 'NOT_ENOUGH_DATA', 'Lane', 'pack', 'read_into_parser']
 
@@ -62,12 +62,14 @@ class Lane:
         self._pool = pool
         self._max_in_flight = max_in_flight
         self._conn: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._sent: collections.deque[tuple[int, Answer, Any]] = collections.deque()
-        self._broken: set[Any] = set()
-        self._readable = asyncio.Event()
+        self._partial: list[Any] = []
+        """The replies read so far of the pipeline first in ``_sent``."""
         self._room = asyncio.Event()
-        self._reader: asyncio.Task[None] | None = None
+        self._heard_at = 0.0
+        """When the connection last gave a reply, or was sent a pipeline with none owed."""
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._breaking: set[asyncio.Task[None]] = set()
 
     @property
     def in_flight(self) -> int:
@@ -95,60 +97,127 @@ class Lane:
             writer = conn._writer
             if writer.is_closing():
                 raise redis.exceptions.ConnectionError('the Redis connection is closing')
+            transport = writer.transport
+            if not isinstance(transport.get_protocol(), _Receiver):
+                transport.set_protocol(_Receiver(self, conn, transport.get_protocol()))
             writer.write(packed)
-            if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+            if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 async with asyncio.timeout(conn.socket_timeout):
                     await writer.drain()
-        except CONNECTION_ERRORS:
-            await self._break(conn)
+        except CONNECTION_ERRORS as exc:
+            self._lost(conn, exc)
             raise
+        if not self._sent:
+            self._heard_at = asyncio.get_running_loop().time()
         self._sent.append((len(commands), answer, conn))
-        self._readable.set()
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read(), name='store-lane-replies')
+        if self._watchdog is None and conn.socket_timeout:
+            self._watchdog = asyncio.get_running_loop().call_later(
+                conn.socket_timeout, self._check_silence, conn
+            )
 
-    async def _read(self) -> None:
-        while True:
-            while not self._sent:
-                self._readable.clear()
-                await self._readable.wait()
-            count, answer, conn = self._sent[0]
-            try:
-                if conn in self._broken:
-                    raise redis.exceptions.ConnectionError('an earlier pipeline on it failed')
-                replies = await _replies(conn, count)
-            except Exception as exc:  # whatever it was, the replies are out of step now
-                self._sent.popleft()
-                _answer(answer, None, exc)
-                await self._break(conn)
+    def _received(self, conn: Any, data: bytes) -> None:
+        """Replies arrived on ``conn``: answer every pipeline they complete, in order."""
+        parser = conn._parser._reader  # hiredis.Reader, made with the connection's error classes
+        if conn is not self._conn or parser is None:
+            return  # a connection given up on: what it owed was answered with an error
+        parser.feed(data)
+        sent, answered = self._sent, False
+        while sent:
+            count, answer, _ = sent[0]
+            replies = self._partial
+            while len(replies) < count:
+                reply = parser.gets()
+                if reply is NOT_ENOUGH_DATA:
+                    break
+                if isinstance(reply, redis.exceptions.ConnectionError):
+                    self._lost(conn, reply)
+                    return
+                replies.append(reply)
             else:
-                self._sent.popleft()
+                self._partial = []
+                sent.popleft()
                 _answer(answer, replies, None)
+                answered = True
+                continue
+            break
+        if answered:
+            self._heard_at = asyncio.get_running_loop().time()
             self._room.set()
 
-    async def _break(self, conn: Any) -> None:
-        """Stop using ``conn``; give it back to the pool once no reply is owed on it."""
-        if conn is self._conn:
-            self._conn = None
-            self._broken.add(conn)
+    def _check_silence(self, conn: Any) -> None:
+        """Give up on a connection that owes replies and has said nothing for its socket
+        timeout (what ``asyncio.timeout`` around each read did before)."""
+        self._watchdog = None
+        if not self._sent or conn is not self._conn:
+            return
+        silent = asyncio.get_running_loop().time() - self._heard_at
+        if silent >= conn.socket_timeout:
+            self._lost(conn, redis.exceptions.TimeoutError('Redis did not answer in time'))
+        else:
+            self._watchdog = asyncio.get_running_loop().call_later(
+                conn.socket_timeout - silent, self._check_silence, conn
+            )
+
+    def _lost(self, conn: Any, error: BaseException) -> None:
+        """Stop using ``conn``: every pipeline still owed a reply on it fails with ``error``
+        (replies that came after could be matched with the wrong pipeline), and it goes back to
+        the pool disconnected."""
+        if conn is not self._conn:
+            return
+        self._conn = None
+        self._partial = []
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        owed, self._sent = self._sent, collections.deque()
+        for _, answer, _ in owed:
+            _answer(answer, None, error)
+        self._room.set()
+        task = asyncio.get_running_loop().create_task(self._give_back(conn))
+        self._breaking.add(task)
+        task.add_done_callback(self._breaking.discard)
+
+    async def _give_back(self, conn: Any) -> None:
+        try:
             await conn.disconnect(nowait=True)
-        if conn in self._broken and not any(c is conn for _, _, c in self._sent):
-            self._broken.discard(conn)
+        finally:
             await self._pool.release(conn)
 
     async def close(self) -> None:
-        """Stop reading; pipelines still in flight fail; the connection goes back to the pool."""
-        if self._reader is not None:
-            await cancel_and_wait([self._reader])
-            self._reader = None
-        while self._sent:
-            _, answer, _ = self._sent.popleft()
-            _answer(answer, None, redis.exceptions.ConnectionError('store closing'))
-        for conn in [*self._broken, *([self._conn] if self._conn is not None else [])]:
-            await conn.disconnect(nowait=True)
-            await self._pool.release(conn)
-        self._broken.clear()
-        self._conn = None
+        """Pipelines still in flight fail; the connection goes back to the pool."""
+        if self._conn is not None:
+            self._lost(self._conn, redis.exceptions.ConnectionError('store closing'))
+        if self._breaking:
+            await asyncio.gather(*self._breaking, return_exceptions=True)
+
+
+class _Receiver(asyncio.Protocol):
+    """Takes the place of redis-py's stream protocol on the lane's connection, so that replies
+    are read in the loop turn they arrive in, with no reader task woken a turn later (one turn
+    less per message at a trickle). Connection events still reach redis-py's protocol: its
+    ``disconnect`` and ``drain`` rely on them. Nothing else reads from this connection."""
+
+    def __init__(self, lane: Lane, conn: Any, inner: Any) -> None:
+        self._lane, self._conn, self._inner = lane, conn, inner
+
+    def data_received(self, data: bytes) -> None:
+        self._lane._received(self._conn, data)
+
+    def eof_received(self) -> bool | None:
+        self._lane._lost(
+            self._conn, redis.exceptions.ConnectionError('Redis closed the connection')
+        )
+        return bool(self._inner.eof_received())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lane._lost(self._conn, exc or redis.exceptions.ConnectionError('connection lost'))
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
 
 
 def _answer(answer: Answer, replies: list[Any] | None, error: BaseException | None) -> None:
@@ -156,22 +225,6 @@ def _answer(answer: Answer, replies: list[Any] | None, error: BaseException | No
         answer(replies, error)
     except Exception:  # the reader must go on: its replies are still in step
         logger.exception('handling a Redis reply failed')
-
-
-async def _replies(conn: Any, count: int) -> list[Any]:
-    """The next ``count`` replies on ``conn``; an error reply is returned as its exception
-    object (it belongs to its command), a broken or silent connection raises."""
-    parser = conn._parser._reader  # hiredis.Reader, created with the connection's error classes
-    replies: list[Any] = []
-    while len(replies) < count:
-        reply = parser.gets()
-        if reply is NOT_ENOUGH_DATA:
-            await read_into_parser(conn, conn.socket_timeout)
-            continue
-        if isinstance(reply, redis.exceptions.ConnectionError):
-            raise reply
-        replies.append(reply)
-    return replies
 
 
 async def read_into_parser(conn: Any, silence_seconds: float | None) -> None:
