@@ -5,6 +5,7 @@ import asyncio
 import uuid
 from typing import Any
 
+import hiredis
 import pytest
 import redis.asyncio
 import redis.exceptions
@@ -120,6 +121,47 @@ async def test_a_connection_silent_past_its_socket_timeout_fails_what_it_owes(
     assert await (await send(lane, [('SET', key, 'fresh'), ('GET', key)])) == [b'OK', b'fresh']
     await lane.close()
     await pool.disconnect()
+
+
+async def test_a_malformed_reply_fails_what_the_connection_owes_and_it_is_replaced() -> None:
+    """A server that answers PING with bytes that are no RESP at all (and everything else with
+    +OK): the lane fails the pipelines owed on that connection with the parser's error, as its
+    own decision (not through an error the event loop reports), and the next pipeline goes out
+    on a fresh connection."""
+    connections = 0
+    loop_errors: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: loop_errors.append(context))
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        requests = hiredis.Reader()
+        while data := await reader.read(65536):
+            requests.feed(data)
+            while (command := requests.gets()) is not False:
+                bad = command[0].upper() == b'PING' and connections == 1
+                writer.write(b'@not resp\r\n' if bad else b'+OK\r\n')
+        writer.close()
+
+    server = await asyncio.start_server(serve, '127.0.0.1', 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = redis.asyncio.ConnectionPool.from_url(f'redis://127.0.0.1:{port}/0')
+    lane = Lane(pool, max_in_flight=4)
+    try:
+        broken = await send(lane, [('PING',)])
+        behind = await send(lane, [('SET', 'k', 'v')])
+        done, _ = await asyncio.wait({broken, behind}, timeout=5)
+        assert done == {broken, behind}
+        for future in done:
+            assert isinstance(future.exception(), redis.exceptions.InvalidResponse)
+        assert await (await send(lane, [('SET', 'k', 'v')])) == [b'OK']
+        assert connections == 2
+        assert loop_errors == []
+    finally:
+        await lane.close()
+        await pool.disconnect()
+        server.close()
+        await server.wait_closed()
 
 
 async def test_an_address_is_created_with_its_queue_group_in_one_step(

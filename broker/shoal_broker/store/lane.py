@@ -120,28 +120,31 @@ class Lane:
         parser = conn._parser._reader  # hiredis.Reader, made with the connection's error classes
         if conn is not self._conn or parser is None:
             return  # a connection given up on: what it owed was answered with an error
-        parser.feed(data)
+        self._heard_at = asyncio.get_running_loop().time()  # silence is between reads, as before
         sent, answered = self._sent, False
-        while sent:
-            count, answer, _ = sent[0]
-            replies = self._partial
-            while len(replies) < count:
-                reply = parser.gets()
-                if reply is NOT_ENOUGH_DATA:
-                    break
-                if isinstance(reply, redis.exceptions.ConnectionError):
-                    self._lost(conn, reply)
-                    return
-                replies.append(reply)
-            else:
-                self._partial = []
-                sent.popleft()
-                _answer(answer, replies, None)
-                answered = True
-                continue
-            break
+        try:
+            parser.feed(data)
+            while sent:
+                count, answer, _ = sent[0]
+                replies = self._partial
+                while len(replies) < count:
+                    reply = parser.gets()
+                    if reply is NOT_ENOUGH_DATA:
+                        break
+                    if isinstance(reply, redis.exceptions.ConnectionError):
+                        raise reply
+                    replies.append(reply)
+                else:
+                    self._partial = []
+                    sent.popleft()
+                    _answer(answer, replies, None)
+                    answered = True
+                    continue
+                break
+        except Exception as exc:  # a broken reply or stream: what follows cannot be matched
+            self._lost(conn, exc)
+            return
         if answered:
-            self._heard_at = asyncio.get_running_loop().time()
             self._room.set()
 
     def _check_silence(self, conn: Any) -> None:
