@@ -62,12 +62,14 @@ class Lane:
         self._pool = pool
         self._max_in_flight = max_in_flight
         self._conn: Any = None
-        self._sent: collections.deque[tuple[int, Answer, Any]] = collections.deque()
+        self._sent: collections.deque[tuple[int, Answer]] = collections.deque()
+        """(command count, answer) of each pipeline in flight, all on ``_conn``: a connection
+        given up on fails what it owed at once (``_lost``)."""
         self._partial: list[Any] = []
         """The replies read so far of the pipeline first in ``_sent``."""
         self._room = asyncio.Event()
         self._heard_at = 0.0
-        """When the connection last gave a reply, or was sent a pipeline with none owed."""
+        """When the connection was last read from, or sent a pipeline with none owed."""
         self._watchdog: asyncio.TimerHandle | None = None
         self._breaking: set[asyncio.Task[None]] = set()
 
@@ -109,7 +111,7 @@ class Lane:
             raise
         if not self._sent:
             self._heard_at = asyncio.get_running_loop().time()
-        self._sent.append((len(commands), answer, conn))
+        self._sent.append((len(commands), answer))
         if self._watchdog is None and conn.socket_timeout:
             self._watchdog = asyncio.get_running_loop().call_later(
                 conn.socket_timeout, self._check_silence, conn
@@ -125,7 +127,7 @@ class Lane:
         try:
             parser.feed(data)
             while sent:
-                count, answer, _ = sent[0]
+                count, answer = sent[0]
                 replies = self._partial
                 while len(replies) < count:
                     reply = parser.gets()
@@ -173,7 +175,7 @@ class Lane:
             self._watchdog.cancel()
             self._watchdog = None
         owed, self._sent = self._sent, collections.deque()
-        for _, answer, _ in owed:
+        for _, answer in owed:
             _answer(answer, None, error)
         self._room.set()
         task = asyncio.get_running_loop().create_task(self._give_back(conn))
