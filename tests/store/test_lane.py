@@ -12,7 +12,7 @@ import redis.exceptions
 from processes import RedisServer
 
 from shoal_broker.settings import AddressKind
-from shoal_broker.store.lane import Lane, pack
+from shoal_broker.store.lane import BULK_HEADS, CACHED_BULK_HEADS, CRLF, Encoded, Lane, encode, pack
 from shoal_broker.store.redisstore import RedisStore
 
 
@@ -42,6 +42,28 @@ def test_commands_are_packed_as_resp_arrays_of_bulk_strings() -> None:
     for unpackable in [('SET', 'k', True), ('SET', 'k', bytearray(b'v')), ['SET', 'k', 'v']]:
         with pytest.raises(TypeError):
             pack([unpackable])  # type: ignore[list-item]
+
+
+def test_encoded_arguments_end_a_command_as_if_hiredis_had_packed_them() -> None:
+    values = [b'', b'v\r\n', b'x' * CACHED_BULK_HEADS, 'é'.encode()]  # one head not cached
+    encoded = Encoded([encode(*values[:2]), encode(values[2]), BULK_HEADS[2], values[3], CRLF], 4)
+    assert pack([('RPUSH', 'k', encoded), ('LLEN', 'k')]) == pack(
+        [('RPUSH', 'k', *values), ('LLEN', 'k')]
+    )
+    assert pack([('EVAL', 's', 0, Encoded([], 0))]) == pack([('EVAL', 's', 0)])
+    assert CACHED_BULK_HEADS not in BULK_HEADS  # a length made once, not kept: no unbounded cache
+
+
+async def test_encoded_arguments_reach_redis_as_the_values_they_encode(
+    client: redis.asyncio.Redis,
+) -> None:
+    key = f'lane-{uuid.uuid4().hex}'
+    lane = Lane(client.connection_pool, max_in_flight=2)
+    values = [b'a', b'', b'\r\n*1\r\n', b'z' * (CACHED_BULK_HEADS + 1)]
+    replies = await send(lane, [('RPUSH', key, b'first', Encoded([encode(*values)], 4))])
+    assert await replies == [5]
+    assert await client.lrange(key, 0, -1) == [b'first', *values]
+    await lane.close()
 
 
 async def test_pipelines_in_flight_are_applied_and_answered_in_the_order_written(

@@ -222,6 +222,40 @@ async def test_messages_published_in_one_cycle_share_one_script_call_and_keep_th
     assert [e.rest for e in entries] == [b'a', b'b', b'c', b'd', b'e', b'f']
 
 
+async def test_every_field_of_the_messages_of_one_cycle_is_stored_as_sent(
+    store: RedisStore, name: str
+) -> None:
+    """A cycle's messages go to the publish script as arguments encoded while they arrive: any
+    header, body (empty, or longer than the cached bulk-string heads), expiry and origin comes
+    back from a fetch byte for byte, in order, whichever op of the cycle carried it."""
+    await store.create_address(name, AddressKind.QUEUE)
+    expiry = 4_102_444_800_000  # 2100-01-01: not expired when fetched
+    sent = [
+        OutgoingMessage(0, b'\x00Sp\xc0\x02\x01\x41', b'x' * 1024, 0, 'conn-a'),
+        OutgoingMessage(0, b'', b'', expiry, ''),
+        OutgoingMessage(0, b'h\r\n', b'\r\n$3\r\n' * 10_000, 0, 'conn-\u00e9'),  # RESP-like
+        OutgoingMessage(0, b'\x00Sp\xc0\x02\x01\x41', b'y', expiry + 1, 'conn-a'),
+        OutgoingMessage(0, b'', b'z' * 70_000, 0, 'conn-a'),
+    ]
+    answered: list[tuple[list[int], bool | None, BrokerError | None]] = []
+
+    def stored(indexes: list[int], kept: bool | None, error: BrokerError | None) -> None:
+        answered.append((list(indexes), kept, error))
+
+    for i in (0, 1):
+        store.publish_then(name, AddressKind.QUEUE, sent[i], stored, i)
+    between = store.publish(name, AddressKind.QUEUE, sent[2])  # an op of its own
+    for i in (3, 4):
+        store.publish_then(name, AddressKind.QUEUE, sent[i], stored, i)
+    assert await between is True
+    await store.flush()
+    assert answered == [([0, 1], True, None), ([3, 4], True, None)]
+    entries = await store.fetch(name, QUEUE_GROUP, 10)
+    assert [(e.header, e.rest, e.expiry_ms, e.origin) for e in entries] == [
+        (m.header, m.rest, m.expiry_ms, m.origin) for m in sent
+    ]
+
+
 async def test_acks_that_nobody_waits_for_go_out_as_one_xack_per_cycle(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:

@@ -34,7 +34,10 @@ import redis.asyncio
 import redis.exceptions
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 
-__all__ = ['CONNECTION_ERRORS', 'NOT_ENOUGH_DATA', 'Lane', 'pack', 'read_into_parser']
+__all__ = [
+    'BULK_HEADS', 'CONNECTION_ERRORS', 'CRLF', 'NOT_ENOUGH_DATA', 'Encoded', 'Lane', 'encode',
+    'pack', 'read_into_parser',
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +51,57 @@ WRITE_HIGH_WATER = 1024 * 1024
 """Bytes buffered for Redis past which ``send_then`` waits for the socket to drain."""
 
 
+class Encoded:
+    """The last arguments of a command, already RESP bulk strings: ``count`` of them, whose bytes
+    are ``parts`` joined. A publish's per-message arguments are encoded so as the messages are
+    published (``BULK_HEADS``): hiredis took ~2.4 µs to pack one message's four arguments, its
+    1 KiB body among them, and this ~0.25 µs (docs/benchmarks.md, session 10)."""
+
+    __slots__ = ('count', 'parts')
+
+    def __init__(self, parts: list[bytes], count: int) -> None:
+        self.parts = parts
+        self.count = count
+
+
+class _BulkHeads(dict[int, bytes]):
+    """A bulk string's head (``$``, the length, CRLF) by length; those of lengths under
+    CACHED_BULK_HEADS are kept once made."""
+
+    def __missing__(self, length: int) -> bytes:
+        head = b'$%d\r\n' % length
+        if length < CACHED_BULK_HEADS:
+            self[length] = head
+        return head
+
+
+CACHED_BULK_HEADS = 1 << 16
+BULK_HEADS = _BulkHeads()
+"""A bulk string is ``BULK_HEADS[len(value)]``, the value, then ``CRLF``."""
+CRLF = b'\r\n'
+
+
+def encode(*values: bytes) -> bytes:
+    """``values`` as consecutive RESP bulk strings (for an ``Encoded``)."""
+    return b''.join([BULK_HEADS[len(value)] + value + CRLF for value in values])
+
+
 def pack(commands: Iterable[tuple[Any, ...]]) -> bytes:
-    """RESP arrays of bulk strings for ``commands`` (tuples of str, bytes, int or float; anything
-    else is a TypeError). hiredis packs in C: the Python packer this replaced cost ~13 µs against
-    ~5 µs for the few small commands of a pipeline at a trickle."""
-    return b''.join([hiredis.pack_command(command) for command in commands])
+    """RESP arrays of bulk strings for ``commands`` (tuples of str, bytes, int or float, the last
+    of which may be ``Encoded``; anything else is a TypeError). hiredis packs in C: the Python
+    packer this replaced cost ~13 µs against ~5 µs for the few small commands of a pipeline at a
+    trickle. It is slow only for many large arguments, which is what ``Encoded`` is for."""
+    parts: list[bytes] = []
+    for command in commands:
+        last = command[-1] if command else None
+        if type(last) is Encoded:
+            head = hiredis.pack_command(command[:-1])
+            # the array's length counts the encoded arguments too: *<n> replaced, the rest kept
+            parts.append(b'*%d' % (len(command) - 1 + last.count) + head[head.index(CRLF) :])
+            parts += last.parts
+        else:
+            parts.append(hiredis.pack_command(command))
+    return b''.join(parts)
 
 
 class Lane:

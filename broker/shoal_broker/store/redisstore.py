@@ -54,7 +54,7 @@ from shoal_broker.routing.storage import (
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import keys, scripts
-from shoal_broker.store.lane import Lane
+from shoal_broker.store.lane import BULK_HEADS, CRLF, Encoded, Lane, encode
 from shoal_broker.store.notifications import NotificationReader
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,14 @@ ACK_COALESCE_SECONDS = 0.002
 anyway; at a trickle (1 000 msg/s) each ack otherwise paid a pipeline and two wake-ups of its own
 (docs/benchmarks.md, sitting J), while the next publish comes within a millisecond. An ack still
 queued when the replica dies only means a redelivery, which at-least-once allows."""
+
+PARTS_PER_MESSAGE = 7
+"""A published message's script arguments as encoded parts: the header's bulk-string head,
+the header, CRLF, the same three for the rest, and the expiry and origin, encoded together."""
+
+MAX_CACHED_TAILS = 4096
+"""Encoded (no expiry, origin) pairs kept (``RedisStore._encoded``): one per producing
+connection, so the cache is cleared when it fills rather than grown."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -164,7 +172,8 @@ class _Tokens:
         self.callback = callback
         self.tokens = [token]
         self.args = args
-        """The op's ``batch_args``: four per message."""
+        """The op's ``batch_args``: each message's four script arguments (header, rest, expiry
+        and origin), encoded as PARTS_PER_MESSAGE parts (``RedisStore._encoded``)."""
 
     def __call__(self, value: Any, error: BrokerError | None) -> None:
         self.callback(self.tokens, value, error)
@@ -198,6 +207,8 @@ class RedisStore:
         """The open publish op of each (address, band, kind), which later messages join."""
         self._open_acks: dict[tuple[Any, ...], _Op] = {}
         """The same for ``ack_nowait``: its (address, band, group)'s queued op."""
+        self._tails: dict[str, bytes] = {}
+        """The encoded expiry and origin of messages without an expiry, by origin."""
         self._in_flight: dict[int, list[_Op]] = {}
         """Ops of each pipeline sent and not yet answered, by cycle number."""
         self._cycle_number = 0
@@ -477,7 +488,8 @@ class RedisStore:
         k = keys.AddressKeys.of(key[1])
         if key[0] == 'publish':
             _, _, band, kind = key
-            args = [arg for op in members for arg in op.batch_args]
+            parts = [part for op in members for part in op.batch_args]
+            args = Encoded(parts, len(parts) // PARTS_PER_MESSAGE * 4)  # the script's quadruples
             # by source, not hash: see _reload_then_retry (Redis caches it by its SHA1)
             backlog = self._address_backlogs.get(key[1], self._backlog)
             announce = (k.notify, self._replica_id)  # other replicas' consumers, in the script
@@ -485,11 +497,11 @@ class RedisStore:
                 script_keys = (k.streams[band], k.groups, *k.streams, k.watchers)
                 return [
                     ('EVAL', self._source['publish_limited'], len(script_keys), *script_keys,
-                     kind, *backlog, *announce, *args)
+                     kind, *backlog, *announce, args)
                 ]  # fmt: skip
             return [
                 ('EVAL', self._source['publish'], 3, k.streams[band], k.groups, k.watchers, kind,
-                 *announce, *args)
+                 *announce, args)
             ]  # fmt: skip
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         # batch_args: (id, counted field or None) pairs, one pair per ack or many (ack_nowait)
@@ -506,6 +518,24 @@ class RedisStore:
         self._queue_publish(address, kind, message, future, None)
         return future
 
+    def _encoded(self, message: OutgoingMessage) -> tuple[bytes, ...]:
+        """A message's four script arguments (header, rest, expiry, origin) as the
+        PARTS_PER_MESSAGE parts of an ``Encoded``. The last two are the same for every message
+        of a producing connection that sets no expiry, so those are encoded once."""
+        header, rest, expiry_ms, origin = (
+            message.header, message.rest, message.expiry_ms, message.origin
+        )  # fmt: skip
+        if expiry_ms:
+            tail = encode(b'%d' % expiry_ms, origin.encode())
+        else:
+            known = self._tails.get(origin)
+            if known is None:
+                if len(self._tails) >= MAX_CACHED_TAILS:
+                    self._tails.clear()
+                known = self._tails[origin] = encode(b'0', origin.encode())
+            tail = known
+        return (BULK_HEADS[len(header)], header, CRLF, BULK_HEADS[len(rest)], rest, CRLF, tail)
+
     def publish_then(
         self,
         address: str,
@@ -518,9 +548,7 @@ class RedisStore:
         # this cycle's op for the address and band takes the message, if it answers the same
         # callback (written out here: this runs once per message)
         if batched is not None and batched.callback is callback:
-            batched.args.extend(
-                (message.header, message.rest, str(message.expiry_ms), message.origin)
-            )
+            batched.args += self._encoded(message)
             batched.tokens.append(token)
             return
         self._queue_publish(address, kind, message, None, callback, token)
@@ -536,7 +564,7 @@ class RedisStore:
     ) -> None:
         """A new publish op; one with a ``callback`` stays open for the cycle (``publish_then``)."""
         key = ('publish', address, message.band, kind)  # kind: a StrEnum, a str
-        args = (message.header, message.rest, str(message.expiry_ms), message.origin)
+        args = list(self._encoded(message))
         if callback is None:  # a later message for the same key must not overtake this one
             self._open_publishes.pop(key, None)
 
@@ -551,7 +579,7 @@ class RedisStore:
 
         answer = None
         if callback is not None:  # the op stays open for the cycle: its arguments grow
-            answer = self._open_publishes[key] = _Tokens(callback, token, list(args))
+            answer = self._open_publishes[key] = _Tokens(callback, token, args)
         op = _Op(
             [],
             finish,
@@ -559,7 +587,7 @@ class RedisStore:
             None,  # notify: publish.lua wakes other replicas itself
             False,  # notify_local
             key,  # batch
-            answer.args if answer is not None else args,  # batch_args
+            args,  # batch_args
             answer,  # callback
         )
         self._queued.append(op)
