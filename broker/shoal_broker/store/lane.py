@@ -75,7 +75,9 @@ class _BulkHeads(dict[int, bytes]):
         return head
 
 
-CACHED_BULK_HEADS = 1 << 16
+CACHED_BULK_HEADS = 1 << 13
+"""Heads kept for lengths under this: at most ~1 MiB of cache, however message sizes vary. A
+longer value's head is made each time, ~0.15 µs beside copying 8 KiB or more."""
 BULK_HEADS = _BulkHeads()
 """A bulk string is ``BULK_HEADS[len(value)]``, the value, then ``CRLF``."""
 CRLF = b'\r\n'
