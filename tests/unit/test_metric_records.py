@@ -70,9 +70,9 @@ LATENCIES = [0.0, 0.0004, 0.0005, 0.0007, 0.001, 0.003, 0.005, 0.02, 0.05, 0.3, 
 def test_an_accepted_delivery_counts_in_the_record_bucket_its_latency_falls_in(
     seconds: float,
 ) -> None:
-    # Counters.accepted derives the record bucket from the Prometheus one (one bisection)
+    # Counters.accepted_all derives the record bucket from the Prometheus one (one bisection)
     counters = Counters()
-    counters.accepted('records-test', 'queue', seconds)
+    counters.accepted_all('records-test', 'queue', [seconds])
     tallies, latencies = counters.take()
     assert tallies[('records-test', 'queue')]['accepted'] == 1
     expected = [0] * (len(records.LATENCY_BOUNDS) + 1)

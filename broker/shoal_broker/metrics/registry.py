@@ -170,10 +170,6 @@ class Counters:
         _count(('filtered', address, subscription_label(group)))
         self._tally(address, group, 'filtered')
 
-    def accepted(self, address: str, group: str, seconds: float) -> None:
-        """An accepted delivery ``seconds`` after its enqueue (``accepted_all``)."""
-        self.accepted_all(address, group, (seconds,))
-
     def accepted_all(self, address: str, group: str, ages: Sequence[float]) -> None:
         """Accepted deliveries of one subscription, each the given seconds after its enqueue: the
         settled count and both latency histograms (Prometheus, per address; records, per
