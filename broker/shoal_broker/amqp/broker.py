@@ -33,7 +33,7 @@ from shoal_broker.amqp.links import (
     PendingMessage,
     ProducerLink,
 )
-from shoal_broker.amqp.subscriptions import MAX_FETCH, MAX_RETRY_SECONDS, LocalSubscription
+from shoal_broker.amqp.subscriptions import MAX_FETCH, MAX_RETRY_SECONDS, Held, LocalSubscription
 from shoal_broker.errors import (
     AddressNotFound,
     BrokerError,
@@ -669,10 +669,21 @@ class Broker:
             self.top_up(producer)
             self.mark_dirty(producer.conn)
             return
+        due = view.annotations.get('x-opt-delivery-time')
+        if kind is AddressKind.QUEUE and (sub := self.subscriptions.get((address, QUEUE_GROUP))):
+            if (
+                message.settled
+                and due is None
+                and not stored.expiry_ms
+                and sub.take(producer, message, stored)
+            ):  # handed to a consumer here, or held to be: never stored (subscriptions.py)
+                lib.pn_delivery_settle(message.delivery)
+                self._top_up_later(producer)
+                return
+            sub.spill()  # what it holds was published first
         producer.in_store += 1
         if message.settled:  # pre-settled by the peer: nothing to answer, free it now
             lib.pn_delivery_settle(message.delivery)
-        due = view.annotations.get('x-opt-delivery-time')
         if isinstance(due, int) and due > time.time() * 1000:
             future = self.store.schedule(address, stored, due)  # JMS delivery delay
             future.add_done_callback(  # type: ignore[attr-defined]
@@ -687,6 +698,32 @@ class Broker:
         # it through the notification the publish sends).
         for sub in self.by_address.get(address, ()):
             sub.kick()
+
+    def store_held(self, sub: LocalSubscription, held: list[Held]) -> None:
+        """Messages a subscription held for hand-over go to the store after all, in order."""
+        for producer, message, stored in held:
+            producer.in_store += 1
+            self.store.publish_then(
+                sub.address,
+                AddressKind.QUEUE,
+                stored,
+                self._on_stored,
+                (producer, message, sub.address),
+            )
+        sub.kick()
+
+    def handed(self, consumer: ConsumerLink, count: int) -> None:
+        """``count`` messages went to ``consumer`` without the store: enqueued and delivered."""
+        self.counters.enqueued(consumer.address, QUEUE_GROUP, count)
+        self.counters.delivered(consumer.address, QUEUE_GROUP, count)
+        self.mark_delivering(consumer.conn)
+
+    def _top_up_later(self, producer: ProducerLink) -> None:
+        """Credit back once per producer and loop turn, however many of its messages were
+        answered meanwhile (``_flush_dirty``)."""
+        if producer not in self._topping_up:
+            self._topping_up.add(producer)
+            self.mark_dirty(producer.conn)
 
     def _stored(
         self,
@@ -945,6 +982,9 @@ class Broker:
                            returned, sub.address, sub.group)  # fmt: skip
         if (sub.address, sub.group) in self.subscriptions:
             sub.kick()
+
+    def schedule_spill(self, sub: LocalSubscription, delay: float) -> None:
+        self._loop.call_later(delay, sub.spill_stale)
 
     def schedule_park_check(self, sub: LocalSubscription, delay: float) -> None:
         self._loop.call_later(delay, sub.return_parked)

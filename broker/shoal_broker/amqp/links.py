@@ -16,7 +16,7 @@ from shoal_broker.amqp import codec
 from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Disposition, Outcome
-from shoal_broker.routing.storage import BrowseCursor, Entry
+from shoal_broker.routing.storage import BrowseCursor, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
 
 if TYPE_CHECKING:
@@ -127,6 +127,17 @@ class ConsumerLink(LinkState):
         """Transfer entries; the header is re-encoded only when the delivery count changed."""
         unacked = None if self.presettled else self.unacked
         self._tag = transfer(self.ptr, self._tag, entries, unacked)
+
+    def hand(self, messages: Iterable[OutgoingMessage]) -> None:
+        """Transfer messages that were never stored (``LocalSubscription.take``), settled: only
+        a pre-settled consumer is handed any. A first delivery, so the bytes go as received."""
+        send = wire.shoal_send
+        serial = self._tag
+        for message in messages:
+            serial += 1
+            header, rest = message.header, message.rest
+            send(self.ptr, serial, header, len(header), rest, len(rest), True)
+        self._tag = serial
 
 
 class Identifiers:

@@ -16,6 +16,22 @@ sitting J).
 Drain (jms-amqp-facts §6.3): when a fetch comes back short, the store had nothing more, so every
 consumer that asked to drain is answered with ``drained`` (credit consumed, flow sent), even when
 nothing was sent.
+
+Hand-over (``take``): an at-most-once message (sent pre-settled, no expiry, no delivery delay)
+published on this replica to a queue whose local consumers are all pre-settled and unfiltered
+never needs Redis when the queue has nothing stored for them: it goes straight to a consumer with
+credit. Nobody can settle, release or redeliver it, so Redis would have held it only to hand it
+back (~7 µs of Redis and ~3 µs of broker CPU per message, docs/benchmarks.md, session 11). The
+one rule that keeps this faithful is order: a message is handed over only when nothing this
+replica stored for the queue is still unread, which a short fetch with nothing announced since
+proves (``_exhausted``). While a fetch is in flight such messages wait here behind it, and go
+out after what it returns; with no credit left they wait for credit, HOLD_SECONDS at most
+(``_held``, bounded by MAX_HELD and MAX_HELD_BYTES). Anything that would break the rule (a
+message that must be stored, consumers that change or all leave, a fetch that fails or leaves
+more behind it, the wait running out) sends the held messages to the store first, in order, as
+if they had never been held (``spill``). Under a closed-loop load whose consumer's credit runs
+out now and then, the wait for credit is what keeps the stream of messages on this path: with
+only the wait behind a fetch, 82 % of them ended up stored.
 """
 
 import logging
@@ -23,10 +39,10 @@ import time
 from typing import TYPE_CHECKING
 
 from shoal_broker.amqp.engine import lib
-from shoal_broker.amqp.links import ConsumerLink, Identifiers
+from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
 from shoal_broker.errors import BrokerError
 from shoal_broker.routing.policies import EntityPolicy
-from shoal_broker.routing.storage import QUEUE_GROUP, Entry
+from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
 from shoal_broker.settings import RoutingSettings
 
 if TYPE_CHECKING:
@@ -45,6 +61,19 @@ undeliverable-here) before it stops fetching more."""
 
 MAX_RETRY_SECONDS = 2.0
 """Longest pause between fetches that failed (Redis down or unreachable)."""
+
+MAX_HELD = 1000
+MAX_HELD_BYTES = 1024 * 1024
+"""At-most-once messages (and their bytes) held to be handed over (``take``); past either bound
+they go to the store."""
+
+HOLD_SECONDS = 0.1
+"""Longest an at-most-once message waits here for a local consumer's credit before it goes to the
+store, where any replica's consumers can take it."""
+
+Held = tuple[ProducerLink, PendingMessage, OutgoingMessage]
+"""A message ``take`` holds: its producer and delivery (for the store, should it go there) and
+what would be stored."""
 
 PARK_SECONDS = 5.0
 """How long an entry every local consumer refused (undeliverable-here) stays with this replica
@@ -74,6 +103,11 @@ class LocalSubscription:
         self.dead_letter_address = ''
         self.max_age_ms = 0
         """Entries enqueued longer ago expire at dispatch; 0 = no limit."""
+        self.hands_over = False
+        """A queue whose local consumers are all pre-settled and unfiltered (``take``)."""
+        self._held: list[Held] = []
+        self._held_bytes = 0
+        self._held_since = 0.0
 
     def apply(self, policy: EntityPolicy, defaults: RoutingSettings) -> None:
         """Take the declared policy (looked up once here, not per message), falling back to the
@@ -88,29 +122,120 @@ class LocalSubscription:
     def add(self, consumer: ConsumerLink) -> None:
         self.consumers.append(consumer)
         consumer.subscription = self
+        self._consumers_changed()
         self.kick()
 
     def remove(self, consumer: ConsumerLink) -> None:
         if consumer in self.consumers:
             self.consumers.remove(consumer)
         consumer.subscription = None
+        self._consumers_changed()
+        if not self.consumers:
+            self.spill()  # behind the fetch in flight: what it returns is given back first
         if self._parked and not self.consumers:
             self.return_parked(everything=True)
         elif self._parked:
             self.kick()
+
+    def _consumers_changed(self) -> None:
+        self.hands_over = (
+            self.group == QUEUE_GROUP
+            and bool(self.consumers)
+            and all(c.presettled and not c.filtered for c in self.consumers)
+        )
+
+    def take(
+        self, producer: ProducerLink, message: PendingMessage, stored: OutgoingMessage
+    ) -> bool:
+        """Hand an at-most-once message published here to a local consumer without the store, or
+        hold it until it may go; False when it must be stored (see the module doc)."""
+        if (
+            not self.hands_over
+            or self._parked
+            or len(self._held) >= MAX_HELD
+            or self._held_bytes >= MAX_HELD_BYTES
+        ):
+            return False
+        if self._exhausted:  # nothing stored is unread: it may go first
+            if not self._held:
+                consumer = self._with_credit()
+                if consumer is not None:
+                    consumer.hand((stored,))
+                    self.broker.handed(consumer, 1)
+                    return True
+                self._held_since = time.monotonic()
+                self.broker.schedule_spill(self, HOLD_SECONDS)
+        elif not self._fetching or self.recovering:
+            return False
+        self._held.append((producer, message, stored))  # behind the fetch, or waiting for credit
+        self._held_bytes += len(stored.rest)
+        return True
+
+    def spill(self) -> None:
+        """Send the held messages to the store, in order, ahead of anything published after."""
+        if self._held:
+            held, self._held = self._held, []
+            self._held_bytes = 0
+            self.broker.store_held(self, held)
+
+    def spill_stale(self) -> None:
+        """Held messages that have waited HOLD_SECONDS for credit go where any replica's
+        consumers can take them."""
+        if not self._held:
+            return
+        waited = time.monotonic() - self._held_since
+        if waited >= HOLD_SECONDS:
+            self.spill()
+        else:  # the loop's clock ran ahead of ours, or credit came and ran out again since
+            self.broker.schedule_spill(self, HOLD_SECONDS - waited)
+
+    def _with_credit(self) -> ConsumerLink | None:
+        """The next consumer in the round robin with credit left."""
+        consumers = self.consumers
+        for _ in range(len(consumers)):
+            self._next = (self._next + 1) % len(consumers)
+            consumer = consumers[self._next]
+            if consumer.credit() > 0:
+                return consumer
+        return None
+
+    def _hand_held(self) -> None:
+        """Nothing stored is unread: the held messages go out as credit allows; the rest wait for
+        more (HOLD_SECONDS at most)."""
+        if not self.hands_over or self._parked:
+            self.spill()
+            return
+        held = self._held
+        handed: dict[ConsumerLink, int] = {}
+        sent = 0
+        for _, _, stored in held:
+            consumer = self._with_credit()
+            if consumer is None:
+                break
+            consumer.hand((stored,))
+            handed[consumer] = handed.get(consumer, 0) + 1
+            sent += 1
+        for consumer, count in handed.items():
+            self.broker.handed(consumer, count)
+        if sent == len(held):
+            self._held = []
+            self._held_bytes = 0
+        else:  # the rest wait for credit, from now
+            del held[:sent]
+            self._held_bytes = sum(len(stored.rest) for _, _, stored in held)
+            self._held_since = time.monotonic()
+            self.broker.schedule_spill(self, HOLD_SECONDS)
 
     def on_notify(self, address: str) -> None:
         self.kick()
 
     def credit_added(self, consumer: ConsumerLink) -> None:
         """A consumer granted credit (or asked to drain)."""
-        if (
-            self._exhausted
-            and not self._fetching
-            and not self._parked
-            and not lib.pn_link_get_drain(consumer.ptr)  # a drain is answered after a fetch
-        ):
-            return
+        if self._exhausted and not self._fetching and not self._parked:
+            if self._held:
+                self._hand_held()
+            if not lib.pn_link_get_drain(consumer.ptr):  # a drain is answered after a fetch
+                return
         self.kick()
 
     def kick(self) -> None:
@@ -143,6 +268,7 @@ class LocalSubscription:
             # Redis unavailable, or its reply lost: what it may have handed to us is recovered
             # (returned to the subscription) before fetching again, after a growing pause
             logger.warning('fetch from %s/%s failed: %s', self.address, self.group, error)
+            self.spill()  # the stranded entries come back ahead of them
             self._finish_drains()
             self.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, self.retry_delay * 2))
             self.broker.schedule_recovery(self, self.retry_delay)
@@ -151,9 +277,13 @@ class LocalSubscription:
         if entries:
             self._deal(entries)
         if len(entries) >= asked or self._again:
-            self.kick()
+            self.kick()  # held messages wait behind this next fetch, or go to the store
+            if self._held and not self._fetching:
+                self.spill()
         else:
             self._exhausted = True
+            if self._held:
+                self._hand_held()
             self._finish_drains()
 
     def _deal(self, entries: 'Sequence[Entry]') -> None:
