@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from amqpclient import connect, nothing_more, receive_all, receiver, sender
-from processes import BrokerProcess
+from processes import BrokerProcess, RedisServer
 from proton import Message, symbol
 
 RHEA_DIR = Path(__file__).resolve().parent.parent / 'rhea'
@@ -85,6 +86,23 @@ def test_rhea_round_trips_a_hundred_messages_in_order_with_properties_and_annota
     for i, annotations in enumerate(result['annotations']):
         assert annotations['x-opt-rhea-test'] == 'rhea'
         assert annotations['x-opt-rhea-index'] == i
+
+
+def test_rhea_presettled_both_ways_is_handed_over_in_order_without_redis(
+    broker: BrokerProcess, redis_server: RedisServer, address: str
+) -> None:
+    """rhea's pre-settled sender and receiver on one connection: the messages go from producer
+    to consumer on the broker (subscriptions.py, take), in order and intact."""
+    result = rhea(broker, 'roundtrip', address=address, count=200, presettled=True)
+    assert result['bodies'] == [f'm{i}' for i in range(200)]
+    assert result['properties'] == [{'i': i} for i in range(200)]
+    assert [a['x-opt-rhea-index'] for a in result['annotations']] == list(range(200))
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        stored = int(client.xinfo_stream(f'shoal:{{a:{address}}}:s:0')['entries-added'])
+    finally:
+        client.close()
+    assert stored < 200  # a receiver waiting with credit took them without the store
 
 
 def test_messages_sent_by_rhea_are_received_by_proton(broker: BrokerProcess, address: str) -> None:

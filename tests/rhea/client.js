@@ -23,7 +23,9 @@
  *   temporary  attach a receiver with a dynamic source, send one message to the address the
  *              broker assigned (on a separate sender), receive it; reports address and body.
  *
- * Other options: "host" (default 127.0.0.1), "username" and "password" (SASL PLAIN),
+ * Other options: "presettled" (roundtrip: both links settle on send, snd-settle-mode settled,
+ * and a send counts as done once written: outcome "presettled"), "host" (default 127.0.0.1),
+ * "username" and "password" (SASL PLAIN),
  * "timeout_ms" (default 20000, hard overall bound),
  * "body_prefix" (default "m"), "start" (first index, default 0).
  */
@@ -120,6 +122,7 @@ function sendAll(sender, onOutcome) {
       const delivery = sender.send(message(start + index));
       delivery.index = index;
       sent++;
+      if (opts.presettled) onOutcome(index, { outcome: 'presettled' });
     }
   };
   sender.on('sendable', pump);
@@ -138,7 +141,8 @@ const modes = {
         finish({ outcomes: outcomes, ...received });
       }
     };
-    const receiver = connection.open_receiver({ source: { address: address } });
+    const settleMode = opts.presettled ? { snd_settle_mode: 1 } : {};
+    const receiver = connection.open_receiver({ source: { address: address }, ...settleMode });
     receiver.on('message', (context) => {
       const msg = context.message;
       received.bodies.push(plain(msg.body));
@@ -147,7 +151,7 @@ const modes = {
       received.annotations.push(plain(msg.message_annotations));
       check();
     });
-    const sender = connection.open_sender({ target: { address: address } });
+    const sender = connection.open_sender({ target: { address: address }, ...settleMode });
     sendAll(sender, (index, out) => {
       if (outcomes[index] === null) settled++;
       outcomes[index] = out;
