@@ -31,6 +31,8 @@ ENV_DEAD_LETTER_ADDRESS = 'SHOAL_DEAD_LETTER_ADDRESS'
 ENV_EXPIRY_ADDRESS = 'SHOAL_EXPIRY_ADDRESS'
 ENV_MAX_CONSUMERS = 'SHOAL_MAX_CONSUMERS_PER_SUBSCRIPTION'
 ENV_DECLARED_SUBSCRIPTIONS_ONLY = 'SHOAL_DECLARED_SUBSCRIPTIONS_ONLY'
+ENV_HANDOVER = 'SHOAL_HANDOVER'
+ENV_HANDOVER_HOLD = 'SHOAL_HANDOVER_HOLD_SECONDS'
 ENV_TRIM_INTERVAL = 'SHOAL_TRIM_INTERVAL_SECONDS'
 ENV_LEASE = 'SHOAL_LEASE_SECONDS'
 ENV_DURABILITY = 'SHOAL_DURABILITY'
@@ -142,6 +144,16 @@ class RoutingSettings:
     declared_subscriptions_only: bool = False
     """Refuse (``amqp:not-allowed``) attaches to shared subscriptions that no SharedSubscription
     resource declares, so the resources are the only way to create them."""
+
+    handover: bool = True
+    """Hand an at-most-once message to a waiting at-most-once consumer of the queue on the same
+    replica without Redis (``LocalSubscription.take``). Off, every message goes through Redis and
+    is spread over every replica's consumers."""
+
+    handover_hold_seconds: float = 0.1
+    """How long such a message may wait on its replica for a local consumer's credit before it
+    goes to Redis (where any replica's consumers can take it, and a killed replica cannot lose
+    it)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -318,6 +330,10 @@ class BrokerSettings:
                 ),
                 declared_subscriptions_only=_flag(
                     env, ENV_DECLARED_SUBSCRIPTIONS_ONLY, d.routing.declared_subscriptions_only
+                ),
+                handover=_flag(env, ENV_HANDOVER, d.routing.handover),
+                handover_hold_seconds=float(
+                    env.get(ENV_HANDOVER_HOLD, d.routing.handover_hold_seconds)
                 ),
             ),
             store=StoreSettings(

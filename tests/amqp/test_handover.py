@@ -5,6 +5,7 @@ and that a message waiting for credit goes to Redis rather than being lost.
 """
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,7 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from proton import Described, Message, Timeout, symbol
 from proton.reactor import LinkOption
 
-from shoal_broker.amqp.subscriptions import HOLD_SECONDS, MAX_HELD
+from shoal_broker.amqp.subscriptions import MAX_HELD
+from shoal_broker.settings import RoutingSettings
+
+HOLD_SECONDS = RoutingSettings().handover_hold_seconds
 
 
 def _stored(redis_server: RedisServer, address: str) -> int:
@@ -126,9 +130,7 @@ def test_messages_waiting_for_credit_go_to_redis_and_are_not_lost(
     broker: BrokerProcess, redis_server: RedisServer, address: str
 ) -> None:
     conn = connect(broker.url)
-    rcv = receiver(conn, address, Presettled(), credit=0)  # no prefetch: credit only as granted
-    rcv.link.flow(1)
-    _pump(conn, 0.2)  # the fetch for it found nothing
+    rcv = _wait_for_credit(conn, address)
     _send_presettled(conn, address, range(5))
     conn.wait(lambda: rcv.fetcher.has_message == 1, timeout=5)  # the other four wait for credit
     wait_for(lambda: _stored(redis_server, address) == 4, HOLD_SECONDS + 5, 'the four stored')
@@ -170,4 +172,43 @@ def test_what_an_at_least_once_consumer_a_filter_an_expiry_or_a_topic_needs_is_s
     flush(conn)
     assert [rcv.receive(timeout=5).body for _ in range(3)] == [0, 1, 2]
     assert _stored(redis_server, address) == 3
+    conn.close()
+
+
+def _wait_for_credit(conn: Any, address: str) -> Any:
+    """A pre-settled consumer granted one credit, whose fetch for it found nothing."""
+    rcv = receiver(conn, address, Presettled(), credit=0)  # no prefetch: credit only as granted
+    rcv.link.flow(1)
+    _pump(conn, 0.2)
+    return rcv
+
+
+def test_a_stopped_replica_stores_what_it_held_for_credit(
+    start_broker: Callable[..., BrokerProcess], redis_server: RedisServer, address: str
+) -> None:
+    b = start_broker(env={'SHOAL_HANDOVER_HOLD_SECONDS': '60'})
+    conn = connect(b.url)
+    rcv = _wait_for_credit(conn, address)
+    _send_presettled(conn, address, range(5))
+    conn.wait(lambda: rcv.fetcher.has_message == 1, timeout=5)
+    _pump(conn, 0.5)
+    assert _stored(redis_server, address) == 0  # the other four wait on the replica
+    assert b.stop() == 0  # SIGTERM: a clean stop
+    assert _stored(redis_server, address) == 4
+    after = start_broker()
+    other = connect(after.url)
+    assert [m.body for m in receive_all(receiver(other, address, credit=10), 4)] == [1, 2, 3, 4]
+    other.close()
+
+
+def test_with_the_hand_over_off_every_message_goes_through_redis(
+    start_broker: Callable[..., BrokerProcess], redis_server: RedisServer, address: str
+) -> None:
+    b = start_broker(env={'SHOAL_HANDOVER': 'false'})
+    conn = connect(b.url)
+    rcv = receiver(conn, address, Presettled(), credit=50)
+    assert nothing_more(rcv, wait=0.2)
+    _send_presettled(conn, address, range(20))
+    assert [rcv.receive(timeout=5).body for _ in range(20)] == list(range(20))
+    assert _stored(redis_server, address) == 20
     conn.close()

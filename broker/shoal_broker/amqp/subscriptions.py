@@ -25,13 +25,14 @@ back (~7 µs of Redis and ~3 µs of broker CPU per message, docs/benchmarks.md, 
 one rule that keeps this faithful is order: a message is handed over only when nothing this
 replica stored for the queue is still unread, which a short fetch with nothing announced since
 proves (``_exhausted``). While a fetch is in flight such messages wait here behind it, and go
-out after what it returns; with no credit left they wait for credit, HOLD_SECONDS at most
-(``_held``, bounded by MAX_HELD and MAX_HELD_BYTES). Anything that would break the rule (a
-message that must be stored, consumers that change or all leave, a fetch that fails or leaves
-more behind it, the wait running out) sends the held messages to the store first, in order, as
-if they had never been held (``spill``). Under a closed-loop load whose consumer's credit runs
-out now and then, the wait for credit is what keeps the stream of messages on this path: with
-only the wait behind a fetch, 82 % of them ended up stored.
+out after what it returns; with no credit left they wait for credit, ``hold_seconds`` at most
+(``SHOAL_HANDOVER_HOLD_SECONDS``, 0.1 s; ``_held``, bounded by MAX_HELD and MAX_HELD_BYTES).
+Anything that would break the rule (a message that must be stored, consumers that change or all
+leave, a fetch that fails or leaves more behind it, the wait running out) sends the held messages
+to the store first, in order, as if they had never been held (``spill``). Under a closed-loop
+load whose consumer's credit runs out now and then, the wait for credit is what keeps the stream
+of messages on this path: with only the wait behind a fetch, 82 % of them ended up stored.
+``SHOAL_HANDOVER=false`` turns the hand-over off.
 """
 
 import logging
@@ -67,10 +68,6 @@ MAX_HELD_BYTES = 1024 * 1024
 """At-most-once messages (and their bytes) held to be handed over (``take``); past either bound
 they go to the store."""
 
-HOLD_SECONDS = 0.1
-"""Longest an at-most-once message waits here for a local consumer's credit before it goes to the
-store, where any replica's consumers can take it."""
-
 Held = tuple[ProducerLink, PendingMessage, OutgoingMessage]
 """A message ``take`` holds: its producer and delivery (for the store, should it go there) and
 what would be stored."""
@@ -105,6 +102,8 @@ class LocalSubscription:
         """Entries enqueued longer ago expire at dispatch; 0 = no limit."""
         self.hands_over = False
         """A queue whose local consumers are all pre-settled and unfiltered (``take``)."""
+        self.handover_allowed = False
+        self.hold_seconds = 0.0
         self._held: list[Held] = []
         self._held_bytes = 0
         self._held_since = 0.0
@@ -118,6 +117,9 @@ class LocalSubscription:
         )
         self.dead_letter_address = dla if dla is not None else defaults.dead_letter_address
         self.max_age_ms = (policy.max_age_seconds or 0) * 1000
+        self.handover_allowed = defaults.handover
+        self.hold_seconds = max(0.0, defaults.handover_hold_seconds)
+        self._consumers_changed()
 
     def add(self, consumer: ConsumerLink) -> None:
         self.consumers.append(consumer)
@@ -139,7 +141,8 @@ class LocalSubscription:
 
     def _consumers_changed(self) -> None:
         self.hands_over = (
-            self.group == QUEUE_GROUP
+            self.handover_allowed
+            and self.group == QUEUE_GROUP
             and bool(self.consumers)
             and all(c.presettled and not c.filtered for c in self.consumers)
         )
@@ -163,8 +166,10 @@ class LocalSubscription:
                     consumer.hand((stored,))
                     self.broker.handed(consumer, 1)
                     return True
+                if not self.hold_seconds:
+                    return False
                 self._held_since = time.monotonic()
-                self.broker.schedule_spill(self, HOLD_SECONDS)
+                self.broker.schedule_spill(self, self.hold_seconds)
         elif not self._fetching or self.recovering:
             return False
         self._held.append((producer, message, stored))  # behind the fetch, or waiting for credit
@@ -179,15 +184,15 @@ class LocalSubscription:
             self.broker.store_held(self, held)
 
     def spill_stale(self) -> None:
-        """Held messages that have waited HOLD_SECONDS for credit go where any replica's
+        """Held messages that have waited ``hold_seconds`` for credit go where any replica's
         consumers can take them."""
         if not self._held:
             return
         waited = time.monotonic() - self._held_since
-        if waited >= HOLD_SECONDS:
+        if waited >= self.hold_seconds:
             self.spill()
         else:  # the loop's clock ran ahead of ours, or credit came and ran out again since
-            self.broker.schedule_spill(self, HOLD_SECONDS - waited)
+            self.broker.schedule_spill(self, self.hold_seconds - waited)
 
     def _with_credit(self) -> ConsumerLink | None:
         """The next consumer in the round robin with credit left."""
@@ -201,7 +206,7 @@ class LocalSubscription:
 
     def _hand_held(self) -> None:
         """Nothing stored is unread: the held messages go out as credit allows; the rest wait for
-        more (HOLD_SECONDS at most)."""
+        more (``hold_seconds`` at most)."""
         if not self.hands_over or self._parked:
             self.spill()
             return
@@ -224,7 +229,7 @@ class LocalSubscription:
             del held[:sent]
             self._held_bytes = sum(len(stored.rest) for _, _, stored in held)
             self._held_since = time.monotonic()
-            self.broker.schedule_spill(self, HOLD_SECONDS)
+            self.broker.schedule_spill(self, self.hold_seconds)
 
     def on_notify(self, address: str) -> None:
         self.kick()

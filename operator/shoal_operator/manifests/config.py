@@ -17,6 +17,7 @@ _SETTINGS = {
     'maxDeliveryAttempts': broker.ENV_MAX_DELIVERY_ATTEMPTS,
     'deadLetterAddress': broker.ENV_DEAD_LETTER_ADDRESS,
     'maxConsumersPerSubscription': broker.ENV_MAX_CONSUMERS,
+    'handover': broker.ENV_HANDOVER,
     'idleTimeoutSeconds': broker.ENV_IDLE_TIMEOUT,
     'metricsIntervalSeconds': broker.ENV_METRICS_INTERVAL,
     'logLevel': broker.ENV_LOG_LEVEL,
