@@ -21,7 +21,7 @@ Hand-over (``take``): an at-most-once message (sent pre-settled, no expiry, no d
 published on this replica to a queue whose local consumers are all pre-settled and unfiltered
 never needs Redis when the queue has nothing stored for them: it goes straight to a consumer with
 credit. Nobody can settle, release or redeliver it, so Redis would have held it only to hand it
-back (~7 µs of Redis and ~3 µs of broker CPU per message, docs/benchmarks.md, session 11). The
+back (5.5 µs of Redis and 1.7 µs of broker CPU per message, docs/benchmarks.md, session 11). The
 one rule that keeps this faithful is order: a message is handed over only when nothing this
 replica stored for the queue is still unread, which a short fetch with nothing announced since
 proves (``_exhausted``). While a fetch is in flight such messages wait here behind it, and go
