@@ -58,7 +58,8 @@ MAX_FETCH = 500
 
 MAX_PARKED = 1000
 """Entries a replica holds that none of its consumers can take now (selectors on a queue,
-undeliverable-here) before it stops fetching more."""
+undeliverable-here, credit a consumer took back while a fetch was out) before it stops fetching
+more."""
 
 MAX_RETRY_SECONDS = 2.0
 """Longest pause between fetches that failed (Redis down or unreachable)."""
@@ -73,8 +74,12 @@ Held = tuple[ProducerLink, PendingMessage, OutgoingMessage]
 what would be stored."""
 
 PARK_SECONDS = 5.0
-"""How long an entry every local consumer refused (undeliverable-here) stays with this replica
-before it is returned for other replicas' consumers."""
+"""How long a parked entry (every local consumer refused it, or none had credit left for it)
+stays with this replica before it is returned for other replicas' consumers. An entry fetched
+beyond the credit a consumer then took back (a receiver may lower its credit with a flow) used
+to be released at once: when that release failed (Redis at maxmemory) and waited to be tried
+again, the next fetch handed out newer entries first (tests/security/test_limits.py, 5 of 15
+runs on a busy 2-vCPU VM, session 11). Parked, it goes out first when credit comes back."""
 
 
 class LocalSubscription:
@@ -320,8 +325,8 @@ class LocalSubscription:
                     sent.append(entry)
             elif any(entry.key in c.excluded for c in wanting):
                 self._park(entry)  # undeliverable-here: keep it from the consumer that said so
-            else:  # credit shrank or consumers left meanwhile: back to the subscription
-                self.broker.release(self.address, self.group, entry, delivery_failed=False)
+            else:  # the consumers took credit back meanwhile: first in line for new credit
+                self._park(entry)
         for consumer, sent in dealt.items():  # each consumer's in the order they were fetched
             consumer.send(sent)
             self.broker.sent(consumer, sent)
@@ -342,8 +347,8 @@ class LocalSubscription:
             elif left > 0:
                 left -= 1
                 sent.append(entry)
-            else:  # credit shrank meanwhile: back to the subscription
-                self.broker.release(self.address, self.group, entry, delivery_failed=False)
+            else:  # the consumer took credit back meanwhile: first in line for new credit
+                self._park(entry)
         if sent:
             consumer.send(sent)
             self.broker.sent(consumer, sent)
