@@ -720,7 +720,7 @@ class Broker:
 
     def _top_up_later(self, producer: ProducerLink) -> None:
         """Credit back once per producer and loop turn, however many of its messages were
-        answered meanwhile (``_flush_dirty``)."""
+        answered meanwhile (one store reply often settles many: ``_flush_dirty``)."""
         if producer not in self._topping_up:
             self._topping_up.add(producer)
             self.mark_dirty(producer.conn)
@@ -749,7 +749,6 @@ class Broker:
                 refusal = error  # refused, not released
             # never an accept that is then lost: on a store failure the peer may send it again
             state = lib.PN_RELEASED
-        topping_up = self._topping_up
         for producer, message, _ in stored:
             producer.in_store -= 1
             if not producer.alive:
@@ -760,11 +759,7 @@ class Broker:
                         self._outcome(producer, message.delivery, False, refusal)
                         continue
                     wire.shoal_settle_with(message.delivery, state)
-                # credit back once per producer and loop turn, however many of its messages one
-                # reply settled (_flush_dirty)
-                if producer not in topping_up:
-                    topping_up.add(producer)
-                    self.mark_dirty(producer.conn)
+                self._top_up_later(producer)
             except Exception:
                 logger.exception('answering a stored message on connection %d failed',
                                  producer.conn.id)  # fmt: skip
