@@ -33,6 +33,7 @@ ENV_MAX_CONSUMERS = 'SHOAL_MAX_CONSUMERS_PER_SUBSCRIPTION'
 ENV_DECLARED_SUBSCRIPTIONS_ONLY = 'SHOAL_DECLARED_SUBSCRIPTIONS_ONLY'
 ENV_HANDOVER = 'SHOAL_HANDOVER'
 ENV_HANDOVER_HOLD = 'SHOAL_HANDOVER_HOLD_SECONDS'
+ENV_DELIVER_AHEAD = 'SHOAL_DELIVER_AHEAD'
 ENV_TRIM_INTERVAL = 'SHOAL_TRIM_INTERVAL_SECONDS'
 ENV_LEASE = 'SHOAL_LEASE_SECONDS'
 ENV_DURABILITY = 'SHOAL_DURABILITY'
@@ -154,6 +155,11 @@ class RoutingSettings:
     """How long such a message may wait on its replica for a local consumer's credit before it
     goes to Redis (where any replica's consumers can take it, and a killed replica cannot lose
     it)."""
+
+    deliver_ahead: bool = True
+    """Send an at-least-once message to a waiting consumer of the queue on the same replica while
+    Redis stores it, rather than after (``LocalSubscription.ahead``): Redis leaves the path from
+    producer to consumer. The producer is still answered only once Redis has the message."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -332,6 +338,7 @@ class BrokerSettings:
                     env, ENV_DECLARED_SUBSCRIPTIONS_ONLY, d.routing.declared_subscriptions_only
                 ),
                 handover=_flag(env, ENV_HANDOVER, d.routing.handover),
+                deliver_ahead=_flag(env, ENV_DELIVER_AHEAD, d.routing.deliver_ahead),
                 handover_hold_seconds=float(
                     env.get(ENV_HANDOVER_HOLD, d.routing.handover_hold_seconds)
                 ),

@@ -87,6 +87,7 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
                 'maxDeliveryAttempts': 5,
                 'deadLetterAddress': 'DLQ',
                 'handover': False,
+                'deliverAhead': False,
             },
         )
     )['data']
@@ -98,6 +99,8 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
     assert data[broker.ENV_DEAD_LETTER_ADDRESS] == 'DLQ'
     assert data[broker.ENV_HANDOVER] == 'false'
     assert broker.BrokerSettings.from_env(data).routing.handover is False
+    assert data[broker.ENV_DELIVER_AHEAD] == 'false'
+    assert broker.BrokerSettings.from_env(data).routing.deliver_ahead is False
     assert broker.ENV_AUTO_CREATE_TOPICS not in data
     assert broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY not in data
     denying = config.configmap(model(subscriptions={'undeclared': 'Deny'}))['data']

@@ -43,6 +43,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_DECLARED_SUBSCRIPTIONS_ONLY': ('true', 'routing.declared_subscriptions_only', True),
     'SHOAL_HANDOVER': ('false', 'routing.handover', False),
     'SHOAL_HANDOVER_HOLD_SECONDS': ('2.5', 'routing.handover_hold_seconds', 2.5),
+    'SHOAL_DELIVER_AHEAD': ('false', 'routing.deliver_ahead', False),
     'SHOAL_TRIM_INTERVAL_SECONDS': ('0.5', 'store.trim_interval_seconds', 0.5),
     'SHOAL_LEASE_SECONDS': ('2', 'store.lease_seconds', 2.0),
     'SHOAL_METRICS_INTERVAL_SECONDS': ('1.5', 'store.metrics_interval_seconds', 1.5),

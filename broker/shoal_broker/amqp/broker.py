@@ -25,6 +25,7 @@ from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.amqp.guard import Guard
 from shoal_broker.amqp.links import (
     UNSETTLED_ON_DETACH,
+    Ahead,
     BrowserLink,
     ConsumerLink,
     Identifiers,
@@ -47,7 +48,13 @@ from shoal_broker.routing import addresses, outcomes
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Action, Disposition, Outcome
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy, entity_field
-from shoal_broker.routing.storage import QUEUE_GROUP, Entry, MessageStore, OutgoingMessage
+from shoal_broker.routing.storage import (
+    NORMAL_BAND,
+    QUEUE_GROUP,
+    Entry,
+    MessageStore,
+    OutgoingMessage,
+)
 from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import AddressKind, BrokerSettings
 
@@ -108,6 +115,7 @@ class Broker:
         self._topping_up: set[ProducerLink] = set()
         """Producers whose stored messages free credit: topped up once per loop turn."""
         self._on_stored = self._stored  # one bound method: publish_then batches by callback
+        self._on_claimed = self._claimed  # and so does claim_then
         self._tasks: set[asyncio.Future[Any]] = set()
         self._serial = itertools.count(1)
         self._handlers: dict[int, Callable[[AmqpConnection, Ptr], None]] = {
@@ -451,6 +459,9 @@ class Broker:
         if sub is not None:
             sub.remove(consumer)
         unacked, consumer.unacked = consumer.unacked, {}
+        for ahead in consumer.ahead.values():  # returned once the store names their entries
+            ahead.settle = lambda entry: self._apply(consumer, entry, UNSETTLED_ON_DETACH)
+        consumer.ahead.clear()
         returned = [] if consumer.owned_group else [
             self._apply(consumer, entry, UNSETTLED_ON_DETACH) for entry in unacked.values()
         ]  # fmt: skip
@@ -681,6 +692,16 @@ class Broker:
                 self._top_up_later(producer)
                 return
             sub.spill()  # what it holds was published first
+            if (
+                not message.settled
+                and due is None
+                and not stored.expiry_ms
+                and stored.band == NORMAL_BAND
+                and (consumer := sub.ahead()) is not None
+                and self.store.can_claim(address)
+            ):
+                self._send_ahead(producer, message, address, sub, consumer, stored)
+                return
         producer.in_store += 1
         if message.settled:  # pre-settled by the peer: nothing to answer, free it now
             lib.pn_delivery_settle(message.delivery)
@@ -698,6 +719,74 @@ class Broker:
         # it through the notification the publish sends).
         for sub in self.by_address.get(address, ()):
             sub.kick()
+
+    def _send_ahead(
+        self,
+        producer: ProducerLink,
+        message: PendingMessage,
+        address: str,
+        sub: LocalSubscription,
+        consumer: ConsumerLink,
+        stored: OutgoingMessage,
+    ) -> None:
+        """An at-least-once message goes to a waiting local consumer while Redis stores and claims
+        it for this replica (``LocalSubscription.ahead``); the producer is answered by the store,
+        as ever."""
+        producer.in_store += 1
+        ahead = consumer.send_ahead(stored)
+        sub.claims += 1
+        self.counters.delivered(address, QUEUE_GROUP, 1)
+        self.mark_delivering(consumer.conn)
+        self.store.claim_then(
+            address, QUEUE_GROUP, stored, self._on_claimed, (producer, message, address, sub,
+                                                          consumer, ahead)
+        )  # fmt: skip
+
+    def _claimed(
+        self,
+        claims: list[
+            tuple[ProducerLink, PendingMessage, str, LocalSubscription, ConsumerLink, Ahead]
+        ],
+        result: tuple[list[str], list[Entry]] | None,
+        error: BrokerError | None,
+    ) -> None:
+        """The store's answer for messages sent ahead: the producers are answered as for any
+        publish; each delivery becomes an entry its consumer holds, and what its consumer decided
+        meanwhile is applied. Refused, the messages were never stored: what the consumers do
+        with them no longer matters to Redis, and each producer may send its message again."""
+        self._stored([claim[:3] for claim in claims], True if error is None else None, error)
+        for claim in claims:
+            claim[3].claims -= 1
+        # the subscription now (its consumers may all have left and others come meanwhile)
+        address, latest = claims[0][2], claims[-1][3]
+        sub = self.subscriptions.get((address, QUEUE_GROUP), latest)
+        if result is None:
+            for _, _, _, _, consumer, ahead in claims:
+                consumer.ahead.pop(ahead.delivery, None)
+            if isinstance(error, StoreUnavailable):  # the reply, not the script, may be lost
+                self.schedule_recovery(sub, max(0.25, sub.retry_delay))
+            else:
+                sub.kick()
+            return
+        ids, read_ahead = result
+        for (_, _, _, _, consumer, ahead), entry_id in zip(claims, ids, strict=True):
+            stored = ahead.message
+            entry = Entry(entry_id, stored.band, stored.header, stored.rest, 0, 0, stored.origin)
+            if ahead.settle is not None:  # settled meanwhile, or its link went
+                ahead.settle(entry)
+            elif consumer.ahead.pop(ahead.delivery, None) is not None:
+                consumer.unacked[ahead.delivery] = entry
+            else:  # nothing holds it any more: never leave an entry stranded here
+                self.release(address, QUEUE_GROUP, entry, delivery_failed=True)
+        sub.claimed(read_ahead)
+
+    def _settle_ahead(
+        self, consumer: ConsumerLink, delivery: Ptr, disposition: Disposition
+    ) -> None:
+        """A peer's outcome for a delivery sent ahead: applied once the store names its entry."""
+        ahead = consumer.ahead.pop(delivery, None)
+        if ahead is not None:
+            ahead.settle = lambda entry: self._apply(consumer, entry, disposition)
 
     def store_held(self, sub: LocalSubscription, held: list[Held]) -> None:
         """Messages a subscription held for hand-over go to the store after all, in order."""
@@ -811,6 +900,8 @@ class Broker:
                 continue
             entry = consumer.unacked.pop(accepts[i], None)
             if entry is None:
+                if consumer.ahead:
+                    self._settle_ahead(consumer, accepts[i], _DISPOSITIONS[engine.OUTCOME_ACCEPTED])
                 continue
             entries = accepted.get(consumer)
             if entries is None:
@@ -838,14 +929,22 @@ class Broker:
         entry = consumer.unacked.pop(delivery, None)  # the pointer is only a key by now
         if entry is not None:
             self._apply(consumer, entry, _DISPOSITIONS[code])
+        elif consumer.ahead:
+            self._settle_ahead(consumer, delivery, _DISPOSITIONS[code])
 
     def _transactional_ack(self, consumer: ConsumerLink, delivery: Ptr) -> None:
         """An outcome inside a transaction: an accept is held until discharge; others apply."""
         txn_id, outcome = transactions.transaction_of(lib.pn_delivery_remote(delivery))
         entry = consumer.unacked.pop(delivery, None)
         lib.pn_delivery_settle(delivery)
-        if entry is None:
-            return
+        if entry is not None:
+            self._transactional(consumer, entry, txn_id, outcome)
+        elif (ahead := consumer.ahead.pop(delivery, None)) is not None:
+            ahead.settle = lambda entry: self._transactional(consumer, entry, txn_id, outcome)
+
+    def _transactional(
+        self, consumer: ConsumerLink, entry: Entry, txn_id: Any, outcome: Any
+    ) -> None:
         txn = self.coordinator.find(txn_id)
         code = getattr(outcome, 'descriptor', transactions.ACCEPTED)
         if txn is not None and code == transactions.ACCEPTED:
@@ -1026,6 +1125,12 @@ class Broker:
 
     # -- shutdown ------------------------------------------------------------------------------
 
+    def _returner(self, consumer: ConsumerLink) -> 'Callable[[Entry], object]':
+        """Returns an entry of ``consumer``'s without counting an attempt (a replica stopping)."""
+        return lambda entry: self.release(
+            consumer.address, consumer.group, entry, delivery_failed=False
+        )
+
     def close_all(self, condition: str, description: str, *, stop_accepting: bool = True) -> None:
         """Close every connection (clients fail over elsewhere); by default stop taking more."""
         self.accepting = not stop_accepting
@@ -1036,6 +1141,9 @@ class Broker:
                     for entry in state.unacked.values():
                         self.release(state.address, state.group, entry, delivery_failed=False)
                     state.unacked.clear()
+                    for ahead in state.ahead.values():
+                        ahead.settle = self._returner(state)
+                    state.ahead.clear()
             conn.fail(condition, description)
             conn.process()
 

@@ -8,7 +8,7 @@ touching proton, because by then the pointer may be freed.
 
 import collections
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from shoal_broker import selector as selectors
@@ -89,6 +89,18 @@ class ProducerLink(LinkState):
 
 
 @dataclasses.dataclass(eq=False, slots=True)
+class Ahead:
+    """A delivery sent ahead of the store (``LocalSubscription.ahead``) whose entry id Redis has
+    not named yet. What the peer decides meanwhile waits here (``settle``) and is applied to the
+    entry once it is known; until then the delivery is in its consumer's ``ahead``, not
+    ``unacked``."""
+
+    delivery: Ptr
+    message: OutgoingMessage
+    settle: 'Callable[[Entry], object] | None' = None
+
+
+@dataclasses.dataclass(eq=False, slots=True)
 class ConsumerLink(LinkState):
     """A peer's receiver: messages go out on our sending end."""
 
@@ -97,6 +109,8 @@ class ConsumerLink(LinkState):
     presettled: bool = False
     subscription: 'LocalSubscription | None' = None
     unacked: dict[Ptr, Entry] = dataclasses.field(default_factory=dict)
+    ahead: dict[Ptr, Ahead] = dataclasses.field(default_factory=dict)
+    """Deliveries sent ahead of the store, unsettled, whose entry ids are not known yet."""
     excluded: set[tuple[int, str]] = dataclasses.field(default_factory=set)
     """Entries this consumer settled as undeliverable-here: never offered to it again."""
     owned_group: bool = False
@@ -138,6 +152,15 @@ class ConsumerLink(LinkState):
             header, rest = message.header, message.rest
             send(self.ptr, serial, header, len(header), rest, len(rest), True)
         self._tag = serial
+
+    def send_ahead(self, message: OutgoingMessage) -> Ahead:
+        """Transfer a message, unsettled, before the store has it (``LocalSubscription.ahead``):
+        a first delivery, so the bytes go as received."""
+        self._tag += 1
+        header, rest = message.header, message.rest
+        delivery = wire.shoal_send(self.ptr, self._tag, header, len(header), rest, len(rest), False)
+        ahead = self.ahead[delivery] = Ahead(delivery, message)
+        return ahead
 
 
 class Identifiers:

@@ -108,6 +108,11 @@ class LocalSubscription:
         self.hands_over = False
         """A queue whose local consumers are all pre-settled and unfiltered (``take``)."""
         self.handover_allowed = False
+        self.sends_ahead = False
+        """A queue whose local consumers all settle and are unfiltered (``ahead``)."""
+        self.ahead_allowed = False
+        self.claims = 0
+        """Messages sent ahead of the store whose claims Redis has not answered yet."""
         self.hold_seconds = 0.0
         self._held: list[Held] = []
         self._held_bytes = 0
@@ -123,6 +128,7 @@ class LocalSubscription:
         self.dead_letter_address = dla if dla is not None else defaults.dead_letter_address
         self.max_age_ms = (policy.max_age_seconds or 0) * 1000
         self.handover_allowed = defaults.handover
+        self.ahead_allowed = defaults.deliver_ahead
         self.hold_seconds = max(0.0, defaults.handover_hold_seconds)
         self._consumers_changed()
 
@@ -151,6 +157,37 @@ class LocalSubscription:
             and bool(self.consumers)
             and all(c.presettled and not c.filtered for c in self.consumers)
         )
+        self.sends_ahead = (
+            self.ahead_allowed
+            and self.group == QUEUE_GROUP
+            and bool(self.consumers)
+            and all(not c.presettled and not c.filtered for c in self.consumers)
+        )
+
+    def ahead(self) -> ConsumerLink | None:
+        """The consumer an at-least-once message published here may be sent to before the store
+        has it (``Broker._send_ahead``), or None when it must wait for a fetch (see the module
+        doc)."""
+        if (
+            self.sends_ahead
+            and self._exhausted
+            and not self._fetching
+            and not self._parked
+            and not self.recovering
+        ):
+            return self._with_credit()
+        return None
+
+    def claimed(self, entries: 'Sequence[Entry]') -> None:
+        """Entries a claim read ahead of messages sent ahead: other replicas' messages, dealt
+        after them like a fetch's."""
+        if not entries:
+            return
+        if self.consumers:
+            self._deal(entries)
+        else:  # everyone left meanwhile
+            for entry in entries:
+                self.broker.release(self.address, self.group, entry, delivery_failed=False)
 
     def take(
         self, producer: ProducerLink, message: PendingMessage, stored: OutgoingMessage
@@ -405,7 +442,8 @@ class LocalSubscription:
 
     @property
     def fetching(self) -> bool:
-        return self._fetching
+        """A fetch or a claim is out: what it takes from Redis is not known here yet."""
+        return self._fetching or self.claims > 0
 
     def held(self) -> set[tuple[int, str]]:
         """Entries of this subscription this replica legitimately holds: out at a consumer

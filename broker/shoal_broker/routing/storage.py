@@ -80,6 +80,10 @@ PublishCallback = Callable[[list[T], bool | None, BrokerError | None], None]
 """``publish_then``'s answer: the tokens of the messages it answers, then (kept, None) or
 (None, error)."""
 
+ClaimCallback = Callable[[list[T], tuple[list[str], list[Entry]] | None, BrokerError | None], None]
+"""``claim_then``'s answer: the tokens, then ((ids in token order, entries read ahead), None) or
+(None, error)."""
+
 
 class MessageStore(Protocol):
     async def address_kind(self, address: str) -> AddressKind | None:
@@ -136,6 +140,24 @@ class MessageStore(Protocol):
     def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
         """Hand up to ``count`` entries of a subscription to this replica: returned ones first,
         then new ones, high band before normal."""
+        ...
+
+    def can_claim(self, address: str) -> bool:
+        """Whether ``claim_then`` may take messages to ``address`` (no limit could refuse them)."""
+        ...
+
+    def claim_then(
+        self,
+        address: str,
+        group: str,
+        message: OutgoingMessage,
+        callback: ClaimCallback[T],
+        token: T,
+    ) -> None:
+        """``publish_then`` for a queue message a consumer on this replica already has: stored
+        and claimed for this replica at once, with whatever of ``group`` is unread ahead of it.
+        Answered ``callback(tokens, (ids, entries read ahead), None)``, the ids in token order,
+        or ``callback(tokens, None, error)``."""
         ...
 
     def fetch_then(

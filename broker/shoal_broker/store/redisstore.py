@@ -44,6 +44,7 @@ from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import (
     NORMAL_BAND,
     BrowseCursor,
+    ClaimCallback,
     Entry,
     JoinOutcome,
     Notify,
@@ -64,6 +65,7 @@ SCRIPTS = (
     'publish', 'create_address', 'create_group', 'delete_group', 'fetch', 'browse', 'trim',
     'join', 'leave', 'unsubscribe', 'release_client', 'release_clients', 'reclaim',
     'reap_consumers', 'renew_lease', 'schedule', 'release_due', 'publish_limited', 'notify',
+    'publish_claim',
 )  # fmt: skip
 
 
@@ -168,7 +170,9 @@ class _Tokens:
 
     __slots__ = ('args', 'callback', 'tokens')
 
-    def __init__(self, callback: PublishCallback[Any], token: Any, args: list[Any]) -> None:
+    def __init__(
+        self, callback: PublishCallback[Any] | ClaimCallback[Any], token: Any, args: list[Any]
+    ) -> None:
         self.callback = callback
         self.tokens = [token]
         self.args = args
@@ -387,7 +391,7 @@ class RedisStore:
                 ('EVAL', self._source['notify'], 1, k.watchers, k.notify, self._replica_id)
             )
         waits = self._durability is Durability.REPLICATED and any(
-            op.batch is not None and op.batch[0] == 'publish' for op in ops
+            op.batch is not None and op.batch[0] in ('publish', 'claim') for op in ops
         )
         if waits:  # accepted only once a Redis replica has it
             commands.append(('WAIT', 1, self._replication_timeout_ms))
@@ -503,6 +507,14 @@ class RedisStore:
                 ('EVAL', self._source['publish'], 3, k.streams[band], k.groups, k.watchers, kind,
                  *announce, args)
             ]  # fmt: skip
+        if key[0] == 'claim':  # by source, as publish
+            _, _, band, group, _ = key
+            parts = [part for op in members for part in op.batch_args]
+            args = Encoded(parts, len(parts) // PARTS_PER_MESSAGE * 4)
+            return [
+                ('EVAL', self._source['publish_claim'], 2, k.streams[band], k.groups, group,
+                 self._replica_id, band, args)
+            ]  # fmt: skip
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         # batch_args: (id, counted field or None) pairs, one pair per ack or many (ack_nowait)
         commands: list[tuple[Any, ...]] = [
@@ -591,6 +603,43 @@ class RedisStore:
             answer,  # callback
         )
         self._queued.append(op)
+        self._wakeup.set()
+
+    def can_claim(self, address: str) -> bool:
+        """Whether ``claim_then`` may take a message to ``address``: not when the address has a
+        backlog limit, which could refuse it after a consumer has it."""
+        return self._address_backlogs.get(address, self._backlog) is None
+
+    def claim_then(
+        self,
+        address: str,
+        group: str,
+        message: OutgoingMessage,
+        callback: ClaimCallback[T],
+        token: T,
+    ) -> None:
+        """Publish a message a consumer on this replica already has, and claim it for this replica
+        in the same script (publish_claim.lua), with whatever of the group is unread ahead of it.
+        The callback gets (ids of the messages in token order, entries read ahead of them)."""
+        # the callback in the key: ops never share a script unless one _Tokens answers them all
+        key = ('claim', address, message.band, group, callback)
+        batched = self._open_publishes.get(key)
+        if batched is not None:
+            batched.args += self._encoded(message)
+            batched.tokens.append(token)
+            return
+        args = list(self._encoded(message))
+
+        def finish(replies: list[Any]) -> tuple[list[str], list[Entry]]:
+            head = replies[0]
+            if head == -1:
+                self._kinds.pop(address, None)
+                raise AddressNotFound(f'{address!r} no longer exists')
+            count = int(head[0])
+            return [raw.decode() for raw in head[1 : count + 1]], _entries(head, count + 1)
+
+        answer = self._open_publishes[key] = _Tokens(callback, token, args)
+        self._queued.append(_Op([], finish, None, None, False, key, args, answer))
         self._wakeup.set()
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:
@@ -1168,7 +1217,7 @@ def _unreachable(ops: list[_Op], exc: BaseException) -> None:
 def _unconfirmed(ops: list[_Op]) -> None:
     """Messages written but not confirmed by a Redis replica in time: never accept them."""
     for op in ops:
-        if op.batch is not None and op.batch[0] == 'publish' and not op.done():
+        if op.batch is not None and op.batch[0] in ('publish', 'claim') and not op.done():
             _fail(op, StoreUnavailable('no Redis replica confirmed the write in time'))
 
 

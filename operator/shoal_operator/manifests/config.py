@@ -18,6 +18,7 @@ _SETTINGS = {
     'deadLetterAddress': broker.ENV_DEAD_LETTER_ADDRESS,
     'maxConsumersPerSubscription': broker.ENV_MAX_CONSUMERS,
     'handover': broker.ENV_HANDOVER,
+    'deliverAhead': broker.ENV_DELIVER_AHEAD,
     'idleTimeoutSeconds': broker.ENV_IDLE_TIMEOUT,
     'metricsIntervalSeconds': broker.ENV_METRICS_INTERVAL,
     'logLevel': broker.ENV_LOG_LEVEL,

@@ -1,7 +1,8 @@
--- Included by publish.lua and publish_limited.lua (store/scripts.py): append the quadruples
--- ARGV[first..] (header, rest, expiry ms or '0', origin or '') to the STREAM KEYS[1]; returns
--- how many entries were added.
-local function append_entries(first)
+-- Included by publish.lua, publish_limited.lua and publish_claim.lua (store/scripts.py): append
+-- the quadruples ARGV[first..] (header, rest, expiry ms or '0', origin or '') to the STREAM
+-- KEYS[1]; returns how many entries were added. With a table ``ids``, each new entry's id is
+-- appended to it.
+local function append_entries(first, ids)
   local added = 0
   for i = first, #ARGV, 4 do
     local fields = {'h', ARGV[i], 'r', ARGV[i + 1]}
@@ -13,7 +14,8 @@ local function append_entries(first)
       fields[#fields + 1] = 'c'
       fields[#fields + 1] = ARGV[i + 3]
     end
-    redis.call('XADD', KEYS[1], '*', unpack(fields))
+    local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
+    if ids then ids[#ids + 1] = id end
     added = added + 1
   end
   return added

@@ -14,14 +14,9 @@
 local want = tonumber(ARGV[3])
 local out = {0}
 
+--! include entry_fields
 local function emit(band, entry, count)
-  local fields = entry[2]
-  local h, r, x, c = '', '', '0', ''
-  for j = 1, #fields, 2 do
-    local f = fields[j]
-    if f == 'h' then h = fields[j + 1] elseif f == 'r' then r = fields[j + 1]
-    elseif f == 'x' then x = fields[j + 1] elseif f == 'c' then c = fields[j + 1] end
-  end
+  local h, r, x, c = entry_fields(entry[2])
   out[#out + 1] = band
   out[#out + 1] = entry[1]
   out[#out + 1] = h

@@ -1,0 +1,11 @@
+-- Included by fetch.lua and publish_claim.lua (store/scripts.py): a stream entry's fields as
+-- append_entries.lua wrote them, returned as header, rest, expiry ('0' = never) and origin.
+local function entry_fields(fields)
+  local h, r, x, c = '', '', '0', ''
+  for j = 1, #fields, 2 do
+    local f = fields[j]
+    if f == 'h' then h = fields[j + 1] elseif f == 'r' then r = fields[j + 1]
+    elseif f == 'x' then x = fields[j + 1] elseif f == 'c' then c = fields[j + 1] end
+  end
+  return h, r, x, c
+end
