@@ -33,6 +33,15 @@ to the store first, in order, as if they had never been held (``spill``). Under 
 load whose consumer's credit runs out now and then, the wait for credit is what keeps the stream
 of messages on this path: with only the wait behind a fetch, 82 % of them ended up stored.
 ``SHOAL_HANDOVER=false`` turns the hand-over off.
+
+Sending ahead (``ahead``): an at-least-once message published here to a queue whose local
+consumers all settle and are unfiltered goes to a consumer with credit before Redis has it, under
+the same rule of order (``_exhausted``, no fetch in flight, nothing parked), while the store
+appends it and claims it for this replica in one script (``RedisStore.claim_then``). Redis leaves
+the path from producer to consumer, which is what the latency at a trickle was made of; the
+producer is still answered only once Redis has the message, and what the consumer decides before
+the entry has an id waits on the delivery (``links.Ahead``). ``SHOAL_DELIVER_AHEAD=false`` turns
+it off.
 """
 
 import logging
@@ -167,10 +176,14 @@ class LocalSubscription:
     def ahead(self) -> ConsumerLink | None:
         """The consumer an at-least-once message published here may be sent to before the store
         has it (``Broker._send_ahead``), or None when it must wait for a fetch (see the module
-        doc)."""
+        doc). One claim at a time: under load a fetch batches better, and with claims in flight
+        back to back nothing ever fetched, so nothing batched (1→4 competing fell from ~77k to
+        ~48k msg/s, docs/benchmarks.md session 12); at a trickle the claim is long answered when
+        the next message comes."""
         if (
             self.sends_ahead
             and self._exhausted
+            and not self.claims
             and not self._fetching
             and not self._parked
             and not self.recovering
