@@ -15,7 +15,7 @@ import pytest
 import redis
 from amqpclient import connect, flush, nothing_more, receive_all, receiver, sender, settle
 from processes import BrokerProcess, RedisServer, wait_for
-from proton import Delivery, Message
+from proton import Delivery, Described, Message, ulong
 from txnclient import Controller, accept_in
 
 TIMEOUT = 10.0
@@ -215,6 +215,32 @@ def test_a_transactional_accept_before_redis_answers_waits_for_its_discharge(
         assert (again.body, again.delivery_count) == ('in a transaction', 1)
         rcv.accept()
         flush(conn)
+    conn.close()
+
+
+def test_a_commit_sent_before_redis_answers_the_send_still_takes_the_accept(
+    frozen_redis: RedisServer, ahead_broker: BrokerProcess, address: str
+) -> None:
+    """Receive, accept in a transaction and commit, all before the store has named the entry:
+    the discharge waits for it, so the commit acks it instead of finding the transaction's
+    accept missing and the message coming back."""
+    conn = connect(ahead_broker.url)
+    controller = Controller(conn)
+    txn = controller.declare()
+    rcv = _waiting_consumer(conn, address)
+    snd = sender(conn, address)
+    with Frozen(frozen_redis):
+        _start_send(conn, snd, 'committed early')
+        assert rcv.receive(timeout=5).body == 'committed early'
+        accept_in(rcv, txn)
+        discharge = controller.link.delivery(b'discharge')
+        controller.link.send(Message(body=Described(ulong(0x32), [txn, False])).encode())
+        controller.link.advance()
+        flush(conn)
+    conn.wait(lambda: discharge.settled, timeout=TIMEOUT, msg='the discharge answered')
+    assert discharge.remote_state == Delivery.ACCEPTED
+    wait_for(lambda: _pending(frozen_redis, address) == 0, 5, 'acked by the commit')
+    assert nothing_more(rcv, wait=0.5)  # not given back as if rolled back
     conn.close()
 
 

@@ -737,10 +737,8 @@ class Broker:
         sub.claims += 1
         self.counters.delivered(address, QUEUE_GROUP, 1)
         self.mark_delivering(consumer.conn)
-        self.store.claim_then(
-            address, QUEUE_GROUP, stored, self._on_claimed, (producer, message, address, sub,
-                                                          consumer, ahead)
-        )  # fmt: skip
+        token = (producer, message, address, sub, consumer, ahead)
+        self.store.claim_then(address, QUEUE_GROUP, stored, self._on_claimed, token)
 
     def _claimed(
         self,
@@ -760,6 +758,9 @@ class Broker:
         # the subscription now (its consumers may all have left and others come meanwhile)
         address, latest = claims[0][2], claims[-1][3]
         sub = self.subscriptions.get((address, QUEUE_GROUP), latest)
+        for *_, ahead in claims:  # whatever happens below, a discharge waits no longer
+            if ahead.answered is not None:
+                _answer(ahead.answered)  # its waiter resumes after this call: after the settle
         if result is None:
             for _, _, _, _, consumer, ahead in claims:
                 consumer.ahead.pop(ahead.delivery, None)
@@ -941,6 +942,10 @@ class Broker:
             self._transactional(consumer, entry, txn_id, outcome)
         elif (ahead := consumer.ahead.pop(delivery, None)) is not None:
             ahead.settle = lambda entry: self._transactional(consumer, entry, txn_id, outcome)
+            txn = self.coordinator.find(txn_id)
+            if txn is not None:
+                ahead.answered = self._loop.create_future()
+                txn.naming.append(ahead.answered)
 
     def _transactional(
         self, consumer: ConsumerLink, entry: Entry, txn_id: Any, outcome: Any
@@ -1146,6 +1151,11 @@ class Broker:
                     state.ahead.clear()
             conn.fail(condition, description)
             conn.process()
+
+
+def _answer(future: 'asyncio.Future[None]') -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _durable_key(state: LinkState | None) -> SubscriptionKey | None:

@@ -6,6 +6,7 @@ link, its session or its connection goes away; store replies that arrive later c
 touching proton, because by then the pointer may be freed.
 """
 
+import asyncio
 import collections
 import dataclasses
 from collections.abc import Callable, Iterable
@@ -98,6 +99,8 @@ class Ahead:
     delivery: Ptr
     message: OutgoingMessage
     settle: 'Callable[[Entry], object] | None' = None
+    answered: 'asyncio.Future[None] | None' = None
+    """Resolved once the store answered (``Broker._claimed``), for a transaction to wait on."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)

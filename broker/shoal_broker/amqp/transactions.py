@@ -11,6 +11,7 @@ redelivered by the reaper with delivery-count + 1 — a rollback. Rollback does 
 python-qpid-proton 0.40 has no constants for these dispositions, so they are used by number.
 """
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -56,6 +57,9 @@ class Transaction:
     coordinator: 'CoordinatorLink'
     sends: list[tuple[str, AddressKind, OutgoingMessage]] = dataclasses.field(default_factory=list)
     acks: list[tuple[str, str, Entry]] = dataclasses.field(default_factory=list)
+    naming: list['asyncio.Future[None]'] = dataclasses.field(default_factory=list)
+    """Accepts of deliveries sent ahead whose entries the store has not named yet: a discharge
+    waits for them, or a commit would miss them (``Broker._transactional_ack``)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -137,6 +141,10 @@ class Coordinator:
     async def _discharge(
         self, link: CoordinatorLink, delivery: Ptr, txn_id: bytes, fail: bool
     ) -> None:
+        txn = self.open.get(txn_id)
+        if txn is not None and txn.naming:  # open meanwhile, so that they join its acks
+            naming, txn.naming = txn.naming, []
+            await asyncio.gather(*naming)
         txn = self.open.pop(txn_id, None)
         link.transactions.pop(txn_id, None)
         error: BrokerError | None = None
