@@ -11,7 +11,8 @@ from processes import RedisServer
 from shoal_broker.errors import AddressNotFound, BrokerError, StoreUnavailable
 from shoal_broker.routing.storage import QUEUE_GROUP, BrowseCursor, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
-from shoal_broker.store.redisstore import RedisStore
+from shoal_broker.store import scripts
+from shoal_broker.store.redisstore import TRIM_STEP_ENTRIES, RedisStore
 
 
 @pytest.fixture
@@ -307,6 +308,36 @@ async def test_trimming_removes_only_what_every_subscription_is_done_with(
     assert await client.xlen(f'shoal:{{a:{name}}}:s:0') == 4  # only the oldest went
     await client.aclose()
     assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'3', b'4']
+
+
+async def test_a_big_consumed_backlog_is_trimmed_in_bounded_steps(
+    store: RedisStore, redis_server: RedisServer, name: str
+) -> None:
+    """One trim.lua call removes at most its limit (whole stream nodes); ``trim`` calls again
+    until everything consumed is gone."""
+    count = 2 * TRIM_STEP_ENTRIES + 500
+    await store.create_address(name, AddressKind.QUEUE)
+    for start in range(0, count, 500):
+        await asyncio.gather(
+            *(
+                store.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
+                for i in range(start, start + 500)
+            )
+        )
+    fetched: list[Entry] = []
+    while len(fetched) < count:
+        fetched += await store.fetch(name, QUEUE_GROUP, 500)
+    await asyncio.gather(*(store.ack(name, QUEUE_GROUP, entry) for entry in fetched))
+    stream = f'shoal:{{a:{name}}}:s:0'
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        one_step = int(await client.eval(scripts.source('trim'), 1, stream, TRIM_STEP_ENTRIES))
+        assert 0 < one_step <= TRIM_STEP_ENTRIES
+        assert await client.xlen(stream) == count - one_step
+        assert await store.trim() >= count - one_step  # other tests may leave some too
+        assert await client.xlen(stream) == 0
+    finally:
+        await client.aclose()
 
 
 async def test_scripts_are_reloaded_after_redis_forgets_them(

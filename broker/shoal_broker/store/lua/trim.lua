@@ -1,6 +1,12 @@
--- Trim one band of an address below the oldest entry any subscription still needs.
+-- Trim one band of an address below the oldest entry any subscription still needs, at most
+-- ARGV[1] entries at a time.
 --
 -- KEYS[1] stream of the band
+-- ARGV[1] limit: whole stream nodes are removed while they fit in it (XTRIM ~ LIMIT); only when
+--         no whole node is left to remove is the rest of the consumed part (less than a node)
+--         trimmed exactly. One exact XTRIM of a 100 000-entry backlog held Redis for 25 ms, every
+--         replica's traffic with it (docs/benchmarks.md, session 12); the caller calls again
+--         while something was removed.
 -- Returns the number of entries removed.
 --! include trim_consumed
-return trim_consumed(KEYS[1])
+return trim_consumed(KEYS[1], tonumber(ARGV[1]))

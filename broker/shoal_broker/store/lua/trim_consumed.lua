@@ -1,12 +1,17 @@
 -- Included by trim.lua and publish_limited.lua (store/scripts.py): remove from a STREAM the
--- entries every consumer group of it has consumed; returns how many were removed.
+-- entries every consumer group of it has consumed; returns how many were removed. With a
+-- ``limit``, whole nodes go first, at most ``limit`` entries (trim.lua).
 -- Redis 7.0 cannot trim by acknowledgement, so this computes, over all consumer groups, the
 -- oldest pending entry or (with nothing pending) the entry after last-delivered-id, and trims
 -- with MINID. A stream without groups (a topic nobody subscribes to) keeps nothing.
-local function trim_consumed(stream)
+local function trim_consumed(stream, limit)
   if redis.call('EXISTS', stream) == 0 then return 0 end
   local groups = redis.call('XINFO', 'GROUPS', stream)
   if #groups == 0 then
+    if limit then
+      local removed = redis.call('XTRIM', stream, 'MAXLEN', '~', 0, 'LIMIT', limit)
+      if removed > 0 then return removed end
+    end
     return redis.call('XTRIM', stream, 'MAXLEN', 0)
   end
   local function parse(id)
@@ -29,5 +34,10 @@ local function trim_consumed(stream)
       min_ms, min_seq = ms, seq
     end
   end
-  return redis.call('XTRIM', stream, 'MINID', string.format('%d-%d', min_ms, min_seq))
+  local min_id = string.format('%d-%d', min_ms, min_seq)
+  if limit then
+    local removed = redis.call('XTRIM', stream, 'MINID', '~', min_id, 'LIMIT', limit)
+    if removed > 0 then return removed end
+  end
+  return redis.call('XTRIM', stream, 'MINID', min_id)
 end
