@@ -6,6 +6,7 @@ Redis has named the entry. Redis is frozen (SIGSTOP) to hold a claim open for as
 needs, so these tests run on a Redis and broker of their own.
 """
 
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
@@ -86,6 +87,22 @@ def _start_send(conn: Any, snd: Any, body: Any) -> Delivery:
     return cast(Delivery, delivery)
 
 
+@contextlib.contextmanager
+def _sent_ahead(
+    server: RedisServer, producing: Any, consuming: Any, address: str, body: str
+) -> Iterator[tuple[Any, Delivery, Message]]:
+    """A waiting consumer on ``consuming`` and a message sent to it from ``producing`` while
+    Redis is stopped: (receiver, the producer's delivery, the message received) inside the
+    block, Redis still stopped."""
+    rcv = _waiting_consumer(consuming, address)
+    snd = sender(producing, address)
+    with Frozen(server):
+        delivery = _start_send(producing, snd, body)
+        got = rcv.receive(timeout=5)  # Redis cannot have answered: it is stopped
+        assert got.body == body
+        yield rcv, delivery, got
+
+
 def _waiting_consumer(conn: Any, address: str, credit: int = 10) -> Any:
     """A consumer whose first fetch found the queue empty: the next message may go ahead."""
     rcv = receiver(conn, address, credit=credit)
@@ -97,12 +114,7 @@ def test_the_consumer_has_the_message_before_redis_answers_and_the_producer_afte
     frozen_redis: RedisServer, ahead_broker: BrokerProcess, address: str
 ) -> None:
     conn = connect(ahead_broker.url)
-    rcv = _waiting_consumer(conn, address)
-    snd = sender(conn, address)
-    with Frozen(frozen_redis):
-        delivery = _start_send(conn, snd, 'ahead')
-        got = rcv.receive(timeout=5)  # Redis cannot have answered: it is stopped
-        assert got.body == 'ahead'
+    with _sent_ahead(frozen_redis, conn, conn, address, 'ahead') as (rcv, delivery, got):
         assert not delivery.settled  # the producer waits for the store
         assert got.delivery_count == 0
     conn.wait(lambda: delivery.settled, timeout=TIMEOUT, msg='the producer answered')
@@ -120,11 +132,7 @@ def test_an_accept_before_redis_answers_is_applied_once_it_does(
     frozen_redis: RedisServer, ahead_broker: BrokerProcess, address: str
 ) -> None:
     conn = connect(ahead_broker.url)
-    rcv = _waiting_consumer(conn, address)
-    snd = sender(conn, address)
-    with Frozen(frozen_redis):
-        delivery = _start_send(conn, snd, 'accepted early')
-        assert rcv.receive(timeout=5).body == 'accepted early'
+    with _sent_ahead(frozen_redis, conn, conn, address, 'accepted early') as (rcv, delivery, _):
         rcv.accept()  # before the store has even named the entry
         flush(conn)
     conn.wait(lambda: delivery.settled, timeout=TIMEOUT, msg='the producer answered')
@@ -150,11 +158,7 @@ def test_a_message_given_back_before_redis_answers_comes_again(
     failures: int,
 ) -> None:
     conn = connect(ahead_broker.url)
-    rcv = _waiting_consumer(conn, address)
-    snd = sender(conn, address)
-    with Frozen(frozen_redis):
-        _start_send(conn, snd, 'back')
-        assert rcv.receive(timeout=5).body == 'back'
+    with _sent_ahead(frozen_redis, conn, conn, address, 'back') as (rcv, _, _):
         settle(rcv, state, failed=True)
         flush(conn)
     again = rcv.receive(timeout=TIMEOUT)
@@ -172,11 +176,7 @@ def test_a_consumer_gone_before_redis_answers_leaves_its_message_for_the_next(
 ) -> None:
     producing = connect(ahead_broker.url)
     consuming = connect(ahead_broker.url)
-    rcv = _waiting_consumer(consuming, address)
-    snd = sender(producing, address)
-    with Frozen(frozen_redis):
-        delivery = _start_send(producing, snd, 'orphan')
-        assert rcv.receive(timeout=5).body == 'orphan'
+    with _sent_ahead(frozen_redis, producing, consuming, address, 'orphan') as (rcv, delivery, _):
         rcv.close()  # unsettled: it goes back as modified(delivery-failed)
     producing.wait(lambda: delivery.settled, timeout=TIMEOUT, msg='the producer answered')
     assert delivery.remote_state == Delivery.ACCEPTED
@@ -197,11 +197,7 @@ def test_a_transactional_accept_before_redis_answers_waits_for_its_discharge(
     conn = connect(ahead_broker.url)
     controller = Controller(conn)
     txn = controller.declare()
-    rcv = _waiting_consumer(conn, address)
-    snd = sender(conn, address)
-    with Frozen(frozen_redis):
-        _start_send(conn, snd, 'in a transaction')
-        assert rcv.receive(timeout=5).body == 'in a transaction'
+    with _sent_ahead(frozen_redis, conn, conn, address, 'in a transaction') as (rcv, _, _):
         accept_in(rcv, txn)
         flush(conn)
     wait_for(lambda: _pending(frozen_redis, address) == 1, 5, 'stored and claimed')
@@ -227,11 +223,7 @@ def test_a_commit_sent_before_redis_answers_the_send_still_takes_the_accept(
     conn = connect(ahead_broker.url)
     controller = Controller(conn)
     txn = controller.declare()
-    rcv = _waiting_consumer(conn, address)
-    snd = sender(conn, address)
-    with Frozen(frozen_redis):
-        _start_send(conn, snd, 'committed early')
-        assert rcv.receive(timeout=5).body == 'committed early'
+    with _sent_ahead(frozen_redis, conn, conn, address, 'committed early') as (rcv, _, _):
         accept_in(rcv, txn)
         discharge = controller.link.delivery(b'discharge')
         controller.link.send(Message(body=Described(ulong(0x32), [txn, False])).encode())
