@@ -398,7 +398,7 @@ class RedisStore:
                 ('EVAL', self._source['notify'], 1, k.watchers, k.notify, self._replica_id)
             )
         waits = self._durability is Durability.REPLICATED and any(
-            op.batch is not None and op.batch[0] in ('publish', 'claim') for op in ops
+            op.batch is not None and op.batch[0] in _WRITES for op in ops
         )
         if waits:  # accepted only once a Redis replica has it
             commands.append(('WAIT', 1, self._replication_timeout_ms))
@@ -499,8 +499,7 @@ class RedisStore:
         k = keys.AddressKeys.of(key[1])
         if key[0] == 'publish':
             _, _, band, kind = key
-            parts = [part for op in members for part in op.batch_args]
-            args = Encoded(parts, len(parts) // PARTS_PER_MESSAGE * 4)  # the script's quadruples
+            args = _quadruples(members)
             # by source, not hash: see _reload_then_retry (Redis caches it by its SHA1)
             backlog = self._address_backlogs.get(key[1], self._backlog)
             announce = (k.notify, self._replica_id)  # other replicas' consumers, in the script
@@ -516,8 +515,7 @@ class RedisStore:
             ]  # fmt: skip
         if key[0] == 'claim':  # by source, as publish
             _, _, band, group, _ = key
-            parts = [part for op in members for part in op.batch_args]
-            args = Encoded(parts, len(parts) // PARTS_PER_MESSAGE * 4)
+            args = _quadruples(members)
             return [
                 ('EVAL', self._source['publish_claim'], 2, k.streams[band], k.groups, group,
                  self._replica_id, band, args)
@@ -1228,10 +1226,21 @@ def _unreachable(ops: list[_Op], exc: BaseException) -> None:
             _fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
 
 
+_WRITES = ('publish', 'claim')
+"""Batched ops that append messages: a replicated durability waits for them, and fails them
+unconfirmed."""
+
+
+def _quadruples(members: list[_Op]) -> Encoded:
+    """The merged publish (or claim) ops' messages as the script's quadruples, in order."""
+    parts = [part for op in members for part in op.batch_args]
+    return Encoded(parts, len(parts) // PARTS_PER_MESSAGE * 4)
+
+
 def _unconfirmed(ops: list[_Op]) -> None:
     """Messages written but not confirmed by a Redis replica in time: never accept them."""
     for op in ops:
-        if op.batch is not None and op.batch[0] in ('publish', 'claim') and not op.done():
+        if op.batch is not None and op.batch[0] in _WRITES and not op.done():
             _fail(op, StoreUnavailable('no Redis replica confirmed the write in time'))
 
 

@@ -5,15 +5,17 @@
 -- oldest pending entry or (with nothing pending) the entry after last-delivered-id, and trims
 -- with MINID. A stream without groups (a topic nobody subscribes to) keeps nothing.
 local function trim_consumed(stream, limit)
-  if redis.call('EXISTS', stream) == 0 then return 0 end
-  local groups = redis.call('XINFO', 'GROUPS', stream)
-  if #groups == 0 then
+  -- whole nodes first while there are any (with a limit), then exactly
+  local function xtrim(strategy, threshold)
     if limit then
-      local removed = redis.call('XTRIM', stream, 'MAXLEN', '~', 0, 'LIMIT', limit)
+      local removed = redis.call('XTRIM', stream, strategy, '~', threshold, 'LIMIT', limit)
       if removed > 0 then return removed end
     end
-    return redis.call('XTRIM', stream, 'MAXLEN', 0)
+    return redis.call('XTRIM', stream, strategy, threshold)
   end
+  if redis.call('EXISTS', stream) == 0 then return 0 end
+  local groups = redis.call('XINFO', 'GROUPS', stream)
+  if #groups == 0 then return xtrim('MAXLEN', 0) end
   local function parse(id)
     local ms, seq = string.match(id, '^(%d+)-(%d+)$')
     return tonumber(ms), tonumber(seq)
@@ -34,10 +36,5 @@ local function trim_consumed(stream, limit)
       min_ms, min_seq = ms, seq
     end
   end
-  local min_id = string.format('%d-%d', min_ms, min_seq)
-  if limit then
-    local removed = redis.call('XTRIM', stream, 'MINID', '~', min_id, 'LIMIT', limit)
-    if removed > 0 then return removed end
-  end
-  return redis.call('XTRIM', stream, 'MINID', min_id)
+  return xtrim('MINID', string.format('%d-%d', min_ms, min_seq))
 end
