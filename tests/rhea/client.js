@@ -9,10 +9,11 @@
  * {"ok": false, "error": "..."} on error or timeout, and then exits non-zero.
  *
  * Modes:
- *   roundtrip  sender and receiver on one connection; send `count` messages (body "m<i>",
- *              application_properties {i}, message_annotations), record every settlement
- *              outcome, receive them all (auto accept); reports outcomes, bodies in arrival
- *              order, delivery counts, application properties and annotations seen.
+ *   roundtrip  receiver, then (once it is attached) sender on one connection; send `count`
+ *              messages (body "m<i>", application_properties {i}, message_annotations),
+ *              record every settlement outcome, receive them all (auto accept); reports
+ *              outcomes, bodies in arrival order, delivery counts, application properties and
+ *              annotations seen.
  *   send       send `count` messages; reports each outcome (with error condition if any).
  *   receive    receive `count` messages with a credit window of `credit` (default 10); reports
  *              bodies, delivery counts, properties and annotations. `linger_ms` keeps the link
@@ -151,11 +152,16 @@ const modes = {
       received.annotations.push(plain(msg.message_annotations));
       check();
     });
-    const sender = connection.open_sender({ target: { address: address }, ...settleMode });
-    sendAll(sender, (index, out) => {
-      if (outcomes[index] === null) settled++;
-      outcomes[index] = out;
-      check();
+    // The sender opens once the broker has answered the receiver's attach, as Qpid JMS's
+    // createConsumer waits for it: opened together, the broker resolves both attaches at once
+    // and may grant the sender credit before the receiver is a consumer (1 run in 60).
+    receiver.once('receiver_open', () => {
+      const sender = connection.open_sender({ target: { address: address }, ...settleMode });
+      sendAll(sender, (index, out) => {
+        if (outcomes[index] === null) settled++;
+        outcomes[index] = out;
+        check();
+      });
     });
   },
 
