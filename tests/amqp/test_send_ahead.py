@@ -293,6 +293,40 @@ def test_a_message_redis_refuses_is_refused_to_its_producer_though_sent_ahead(
     conn.close()
 
 
+def test_a_message_published_after_a_failed_fetch_does_not_pass_what_is_stored(
+    frozen_redis: RedisServer, ahead_broker: BrokerProcess, address: str
+) -> None:
+    """A fetch whose connection was cut while Redis held it (CLIENT PAUSE, then CLIENT KILL)
+    leaves the subscription not knowing what is stored. Until a fetch comes back short, a
+    message published here is stored behind what is there, not sent ahead of it
+    (``_exhausted``); the retry then delivers them all in order."""
+    conn = connect(ahead_broker.url)
+    snd = sender(conn, address)
+    for body in range(5):
+        snd.send(Message(body=body))  # nobody consumes yet: stored
+    rcv = receiver(conn, address, credit=0)  # no credit: nothing fetched
+    client = _client(frozen_redis)
+    try:
+        client.client_pause(int(TIMEOUT * 1000), all=False)  # writes wait in Redis, fetches too
+        try:
+            rcv.link.flow(10)
+            flush(conn)
+            time.sleep(0.3)  # the fetch is waiting in Redis
+            client.client_kill_filter(_type='normal', skipme=True)
+        finally:
+            client.client_unpause()
+    finally:
+        client.close()
+    failed = f'fetch from {address}/queue failed'
+    wait_for(lambda: failed in ahead_broker.log(), TIMEOUT, 'the fetch failed')
+    delivery = _start_send(conn, snd, 5)  # before the retry (0.25 s after the failure)
+    assert [m.body for m in receive_all(rcv, 6)] == list(range(6))
+    conn.wait(lambda: delivery.settled, timeout=TIMEOUT, msg='the producer answered')
+    assert delivery.remote_state == Delivery.ACCEPTED
+    assert nothing_more(rcv)
+    conn.close()
+
+
 def test_order_holds_when_a_slow_consumer_mixes_sent_ahead_and_fetched_messages(
     frozen_redis: RedisServer, ahead_broker: BrokerProcess, address: str
 ) -> None:
