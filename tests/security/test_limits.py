@@ -311,17 +311,17 @@ def test_entries_a_full_redis_would_not_take_back_are_returned_once_it_has_room(
     """A consumer goes away while Redis refuses writes: giving its unsettled entries back fails,
     and they stay pending on this replica (nothing else would return them while it lives) until
     a retry gets through once Redis has room again."""
-    redis = RedisServer(None, '--maxmemory', '4mb', '--maxmemory-policy', 'noeviction')
+    redis = RedisServer(None, '--maxmemory-policy', 'noeviction')
+    admin = redis_lib.Redis.from_url(redis.url)
     try:
         b = start_broker(redis_url=redis.url, env={'SHOAL_REDIS_MEMORY_HIGH_WATERMARK': '0'})
         conn = connect(b.url)
         send_all(conn, address, [f'held {i}' for i in range(5)])
         holder = receiver(conn, address, credit=5)
         held = [holder.receive(timeout=10).body for _ in range(5)]  # out, never settled
-        admin = redis_lib.Redis.from_url(redis.url)
-        # Full for good: filled with messages it sat just under the limit once the refused
-        # one's query buffer was freed, and a small write then got through (19 of 20 tries by
-        # hand; the release slipped through in one run of the suite)
+        # A limit of one byte refuses every write. Filled with messages up to a real limit, it
+        # sat just under it once the refused one's buffer was freed, and a small write could
+        # get through (19 of 20 tries by hand).
         admin.config_set('maxmemory', 1)
         holder.close()  # its five entries go back: Redis refuses
         wait_for(lambda: 'failed' in b.log() and 'again in' in b.log(), 10, 'a refused release')
@@ -332,6 +332,7 @@ def test_entries_a_full_redis_would_not_take_back_are_returned_once_it_has_room(
         assert all(m.delivery_count >= 1 for m in got)  # handed out before: redelivered
         conn.close()
     finally:
+        admin.close()
         redis.stop()
 
 
