@@ -105,7 +105,7 @@ def test_the_rule_check_catches_unbounded_undeclared_and_newer_reads() -> None:
     schema = obj({'spec': rules_of(obj({
         'name': {'type': 'string'},
         'bounded': STRING,
-        'tags': {'type': 'array', 'items': rules_of(STRING, "self != 'x'")},
+        'tags': {'type': 'array', 'items': rules_of(STRING, "self != 'x'", 'self == oldSelf')},
     }), "self.name == 'a'", "has(self.name) && self.bounded == 'b'", "self.missing == 1",
         "self.bounded.lowerAscii() == 'b'")})  # fmt: skip
     errors = '\n'.join(rule_errors(schema))
@@ -113,7 +113,11 @@ def test_the_rule_check_catches_unbounded_undeclared_and_newer_reads() -> None:
     assert "self.missing: undefined field 'missing'" in errors
     assert 'calls lowerAscii, not in STANDARD_FUNCTIONS' in errors
     assert 'rule "self != \'x\'": sits below [] (no maxItems)' in errors
+    assert "rule 'self == oldSelf': oldSelf below a list that is not a map list" in errors
     assert 'has(self.name)' not in errors  # has() reads no size, and bounded is bounded
+    two_lines = [{'rule': "self.a == 'x'", 'message': 'one\ntwo'}]
+    assert 'message must be one line' in rule_errors(obj({'a': STRING}, **{
+        'x-kubernetes-validations': two_lines}))[0]  # fmt: skip
 
 
 def test_the_has_check_catches_an_optional_field_read_without_has() -> None:

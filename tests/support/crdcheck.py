@@ -296,7 +296,9 @@ def _selection(tree: Tree[Token]) -> tuple[str, ...] | None:
 def rule_errors(schema: Schema, path: str = 'openAPIV3Schema') -> list[str]:
     """Rules that read undeclared fields (the server's type check refuses them), read strings,
     lists or maps of unbounded size or sit below an unbounded list or map (the server's cost
-    estimate refuses them), or call functions outside STANDARD_FUNCTIONS."""
+    estimate refuses them), use oldSelf below a list whose items cannot be matched with the old
+    ones (only map lists can), carry a message on several lines, or call functions outside
+    STANDARD_FUNCTIONS."""
     errors = []
     for here, node, above in nodes(schema, path):
         for rule in node.get('x-kubernetes-validations') or []:
@@ -304,6 +306,18 @@ def rule_errors(schema: Schema, path: str = 'openAPIV3Schema') -> list[str]:
             for parent in above:
                 if unbounded(parent, shallow=True):
                     errors.append(f'{where}: sits below {unbounded(parent, shallow=True)[0]}')
+                if (
+                    'oldSelf' in rule['rule']
+                    and parent.get('type') == 'array'
+                    and parent.get('x-kubernetes-list-type') != 'map'
+                ):
+                    errors.append(f'{where}: oldSelf below a list that is not a map list')
+            if '\n' in rule.get('message', '') or (
+                '\n' in rule['rule'] and not rule.get('message')
+            ):
+                errors.append(
+                    f'{where}: the message must be one line, and set for a multi-line rule'
+                )
             found, functions = reads(rule['rule'])
             for function in sorted(functions - STANDARD_FUNCTIONS):
                 errors.append(f'{where}: calls {function}, not in STANDARD_FUNCTIONS')
