@@ -31,15 +31,8 @@ from lark import Token, Tree
 ROOT = Path(__file__).resolve().parents[2]
 
 # Keys the apiextensions.k8s.io/v1 API refuses in a schema, and keys logical junctors may not set.
-FORBIDDEN = (
-    '$ref',
-    '$schema',
-    'id',
-    'definitions',
-    'patternProperties',
-    'dependencies',
-    'additionalItems',
-)
+FORBIDDEN = ('$ref', '$schema', 'id', 'definitions', 'patternProperties', 'dependencies',
+             'additionalItems')  # fmt: skip
 JUNCTORS = ('allOf', 'anyOf', 'oneOf', 'not')
 NOT_IN_JUNCTORS = ('description', 'type', 'default', 'additionalProperties', 'nullable')
 SCALARS = ('string', 'integer', 'number', 'boolean')
@@ -49,31 +42,11 @@ SCALARS = ('string', 'integer', 'number', 'boolean')
 # format, sets, ...) and cel-go's string extensions arrived in different versions: look a
 # function up in the Kubernetes "CEL libraries" table, and keep it out while the oldest
 # supported version lacks it, before adding it here.
-STANDARD_FUNCTIONS = frozenset(
-    {
-        'has',
-        'size',
-        'matches',
-        'startsWith',
-        'endsWith',
-        'contains',
-        'all',
-        'exists',
-        'exists_one',
-        'map',
-        'filter',
-        'int',
-        'uint',
-        'double',
-        'string',
-        'bytes',
-        'bool',
-        'type',
-        'dyn',
-        'duration',
-        'timestamp',
-    }
-)
+STANDARD_FUNCTIONS = frozenset({
+    'has', 'size', 'matches', 'startsWith', 'endsWith', 'contains', 'all', 'exists',
+    'exists_one', 'map', 'filter', 'int', 'uint', 'double', 'string', 'bytes', 'bool', 'type',
+    'dyn', 'duration', 'timestamp',
+})  # fmt: skip
 
 
 def load_crds() -> dict[str, dict[str, Any]]:
@@ -378,7 +351,8 @@ def unbounded(node: Schema, prefix: str = '', shallow: bool = False) -> list[str
 
 
 def sample(schema: Schema, every_field: bool) -> Any:
-    """A value of SCHEMA's shape with its required fields (with EVERY_FIELD, all of them)."""
+    """A value of SCHEMA's shape with its required fields (with EVERY_FIELD, all of them, and
+    one item in every list)."""
     kind = schema.get('type')
     if kind == 'object':
         required = set(schema.get('required') or [])
@@ -388,7 +362,7 @@ def sample(schema: Schema, every_field: bool) -> Any:
             if every_field or name in required
         }
     if kind == 'array':
-        return []
+        return [sample(schema['items'], every_field)] if every_field else []
     if 'enum' in schema:
         return schema['enum'][0]
     if kind == 'string':
