@@ -3,10 +3,11 @@ What the API server does with a custom resource before storing it, for tests: ap
 schema defaults (the apiextensions defaulting algorithm), validate the result against the
 OpenAPI schema (jsonschema) and evaluate its CEL rules (x-kubernetes-validations, cel-python).
 
-cel-python evaluates CEL but knows nothing of CRDs, so the walk that binds ``self`` and
-``oldSelf`` to each node, as the API server's CEL validator does, is written here by hand.
-A rule that cannot be evaluated (a field it reads is absent) is an error, as on the server,
-which answers ``no such key: ... evaluating rule: ...``.
+jsonschema validates and cel-python evaluates CEL, but no Python library knows CRDs, so the
+apiextensions defaulting algorithm and the walk that binds ``self`` and ``oldSelf`` to each node,
+as the API server's CEL validator does, are written here by hand. A rule that cannot be evaluated
+(a field it reads is absent) is an error, as on the server, which answers
+``no such key: ... evaluating rule: ...``.
 """
 
 import copy
