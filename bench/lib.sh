@@ -8,6 +8,16 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 
+row_defaults() {  # the suite's sizes (run.sh, rabbitmq.sh): the environment's, else QUICK=1's
+  # small ones (a check that everything works), else the full ones
+  if [[ ${QUICK:-0} == 1 ]]; then
+    N=${N:-3000}; NFAN=${NFAN:-1000}; NLAT=${NLAT:-1000}; REPS=${REPS:-1}; WARMUP=${WARMUP:-500}
+  fi
+  N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
+  REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
+  RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+}
+
 load_field() {  # load_field JSONL KEY: the median KEY of the last row bench/load.py appended
   "$PY" -c 'import json, sys; v = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 print(json.dumps(v["median"][sys.argv[2]]))' "$1" "$2"

@@ -54,11 +54,13 @@ from proton import Message
 
 MARK = b'\x8eSHOALBENCH\x01'
 STAMP = struct.Struct('<QQ')  # sequence, send time in ns
+TAG = struct.Struct('<Q')
 BATCH = 256  # most messages encoded per loop turn
 HIGH_WATER = 1 << 20  # stop encoding while this many bytes wait for the socket
 CREDIT = 1000  # each consumer's link credit
 LINGER_S = 0.3  # a finished consumer stays so the broker sees its last dispositions
 DURABLE_TERMINUS = 2  # terminus durability unsettled-state
+ACCEPTED = lib.PN_ACCEPTED
 
 Fields = dict[str, Any]
 
@@ -267,19 +269,34 @@ class Producer:
         return room
 
     def send(self, room: int) -> None:
-        link, payload, tag = self.link, self.payload, self.tag
-        self.first_ns = self.first_ns or time.monotonic_ns()
+        # the per-message loop: names bound locally, the tag and stamp packed in place
+        link, payload, payload_ptr, size, at = (
+            self.link,
+            self.payload,
+            self.payload_ptr,
+            len(self.payload),
+            self.at,
+        )
+        tag, tag_arg, presettled = self.tag, self.tag_arg, self.opts.presettled
+        new, write, advance, settle = (
+            lib.pn_delivery,
+            lib.pn_link_send,
+            lib.pn_link_advance,
+            lib.pn_delivery_settle,
+        )
+        stamp, pack_tag, clock = STAMP.pack_into, TAG.pack_into, time.monotonic_ns
+        self.first_ns = self.first_ns or clock()
         for seq in range(self.sent, self.sent + room):
-            tag[:] = seq.to_bytes(8, 'little')
-            delivery = lib.pn_delivery(link, self.tag_arg)
-            STAMP.pack_into(payload, self.at, seq, time.monotonic_ns())
-            lib.pn_link_send(link, self.payload_ptr, len(payload))
-            lib.pn_link_advance(link)
-            if self.opts.presettled:
-                lib.pn_delivery_settle(delivery)
+            pack_tag(tag, 0, seq)
+            delivery = new(link, tag_arg)
+            stamp(payload, at, seq, clock())
+            write(link, payload_ptr, size)
+            advance(link)
+            if presettled:
+                settle(delivery)
         self.sent += room
         if self.sent >= self.opts.count:
-            self.last_send_ns = time.monotonic_ns()
+            self.last_send_ns = clock()
 
     def pause(self) -> float:
         """How long to wait for the socket before trying to send again."""
@@ -364,16 +381,17 @@ class Consumer:
         if lib.pn_delivery_partial(delivery):
             return
         now = time.monotonic_ns()
-        where = self.buffer.find(MARK, 0, self.filled)
-        self.filled = 0
+        buffer, filled, self.filled = self.buffer, self.filled, 0
+        where = buffer.find(MARK, 0, filled)
         if where >= 0:
-            seq, sent_ns = STAMP.unpack_from(self.buffer, where + len(MARK))
+            seq, sent_ns = STAMP.unpack_from(buffer, where + len(MARK))
             self.latencies.append(now - sent_ns)
-            if seq < len(self.seen) and self.seen[seq] < 255:
-                self.seen[seq] += 1
+            seen = self.seen
+            if seq < len(seen) and seen[seq] < 255:
+                seen[seq] += 1
         lib.pn_link_advance(link)
         if not lib.pn_delivery_settled(delivery):
-            lib.pn_delivery_update(delivery, lib.PN_ACCEPTED)
+            lib.pn_delivery_update(delivery, ACCEPTED)
         lib.pn_delivery_settle(delivery)
         self.got += 1
         self.first_ns = self.first_ns or now

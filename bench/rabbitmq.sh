@@ -10,7 +10,7 @@
 # directory, it listens on 127.0.0.1 only, on free ports (AMQP, Erlang distribution and a
 # private epmd), and every process it starts (the server script, beam, epmd) is stopped by PID
 # on exit. Environment as for run.sh: N, NFAN, NLAT, RATE, REPS, WARMUP, BACKLOG, SIZE,
-# RUN_TIMEOUT, PY; ROWS picks rows among "i ii iii v iv d" (RabbitMQ has no JMS shared
+# RUN_TIMEOUT, PY, QUICK; ROWS picks rows among "i ii iii v iv d" (RabbitMQ has no JMS shared
 # subscriptions, so no "s"). Addresses follow the plugin's scheme: /queue/NAME (a queue),
 # /topic/KEY (amq.topic, one queue per subscriber); the durable row uses a durable queue and
 # persistent messages.
@@ -18,9 +18,7 @@ set -euo pipefail
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
-N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
-REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
-RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+row_defaults
 ROWS=" ${ROWS:-i ii iii v iv d} "
 OUT=${1:-/tmp/shoal-bench/rabbitmq-$(date +%Y%m%d-%H%M%S)}
 RMQ_SBIN=/usr/lib/rabbitmq/bin

@@ -43,12 +43,7 @@ set -euo pipefail
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
-if [[ ${QUICK:-0} == 1 ]]; then
-  N=${N:-3000}; NFAN=${NFAN:-1000}; NLAT=${NLAT:-1000}; REPS=${REPS:-1}; WARMUP=${WARMUP:-500}
-fi
-N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
-REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
-RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+row_defaults
 ROWS=" ${ROWS:-i ii iii v iv s d} "
 OUT=${1:-/tmp/shoal-bench/$(date +%Y%m%d-%H%M%S)}
 
