@@ -9,7 +9,7 @@ PORT ?= 5672
 HTTP_PORT ?= 8080
 REDIS_URL ?=
 
-.PHONY: run test lint unit system-deps venv node-deps bench clean fuzz
+.PHONY: run test lint unit system-deps venv node-deps bench bench-peers clean fuzz
 
 run: venv
 	$(VENV)/bin/shoal-broker --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP_PORT) \
@@ -57,8 +57,13 @@ fuzz: venv
 			-artifact_prefix=.fuzz/crashes/ -print_final_stats=1 .fuzz/corpus/$$target; \
 	done
 
+# The benchmark suite (docs/performance.md): Shoal alone, or interleaved with RabbitMQ (installed
+# via apt by bench/rabbitmq.sh when missing). QUICK=1 runs small counts, a check that all works.
 bench: venv
 	bash bench/run.sh
+
+bench-peers: venv
+	bash bench/peers.sh
 
 clean:
 	rm -rf $(VENV) .venv-bench .fuzz .stamp-system tests/rhea/node_modules .mypy_cache .ruff_cache .import_linter_cache

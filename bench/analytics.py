@@ -12,7 +12,7 @@ temporary lake, then times:
   ingest ``--ingest-records`` records XADDed to a private redis-server on a free loopback port,
          read by the Redis stream data source into a new lake (warm session).
 Also checks that the analysis found exactly the planted problems, so a fast wrong answer does
-not pass as a result. Results go to docs/benchmarks.md by hand.
+not pass as a result. Results go to docs/performance.md by hand.
 """
 
 import argparse

@@ -1,13 +1,13 @@
 """
 Medians and Shoal/RabbitMQ ratios over interleaved rounds (bench/peers.sh).
 
-Reads every ``*/results.jsonl`` under the directory given, groups the runs by system (the
-first word of the label: ``shoal`` or ``rabbitmq``) and row (the rest), and prints one markdown
-row per benchmark row: median throughput (deliveries/s for fan-out, messages in/s otherwise),
-p50/p99, broker CPU µs per message, the per-round values, and the ratio. Latency rows compare
-p50 and p99 (lower is better); throughput rows compare rates (higher is better). Then each
-system's share of the machine per round (``machine.json``, written by bench/peers.sh): busy and
-steal %, steal being the time the hypervisor gave the vCPUs to someone else.
+Reads every ``*/results.jsonl`` (bench/load.py) under the directory given, groups the runs by
+system (the first word of the label: ``shoal`` or ``rabbitmq``) and row (the rest), and prints
+one markdown row per benchmark row: median throughput (deliveries/s for fan-out, messages/s
+otherwise), p50/p99, broker CPU µs per message, the per-round values, and the ratio. Latency
+rows compare p50 and p99 (lower is better); throughput rows compare rates (higher is better).
+Then each system's share of the machine per round (``machine.json``, written by bench/peers.sh):
+busy and steal %, steal being the time the hypervisor gave the vCPUs to someone else.
 
 usage: python bench/compare.py OUTDIR
 """
@@ -24,8 +24,8 @@ def main(root: Path) -> None:
     for path in sorted(root.glob('*/results.jsonl')):
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            system, _, row = record['summary']['label'].partition(' ')
-            runs[(system, row)] += [r for r in record['runs'] if r.get('complete', True)]
+            system, _, row = record['median']['label'].partition(' ')
+            runs[(system, row)] += [r for r in record['reps'] if r['complete']]
     rows = sorted({row for _, row in runs})
     print('| row | Shoal | RabbitMQ | Shoal / RabbitMQ | Shoal rounds | RabbitMQ rounds |')
     print('|---|---|---|---|---|---|')
@@ -77,17 +77,13 @@ def describe(row: str, done: list[dict[str, float]]) -> tuple[str, str, tuple[fl
         found = [r[key] for r in done if r.get(key) is not None]
         return statistics.median(found) if found else float('nan')
 
-    p50, p99 = median('lat_p50_ms'), median('lat_p99_ms')
-    cpu = [
-        r['broker_cpu_pct'] / 100 * r['elapsed_s'] / r['count'] * 1e6
-        for r in done
-        if r.get('broker_cpu_pct') is not None and r.get('elapsed_s')
-    ]
+    p50, p99 = median('p50_ms'), median('p99_ms')
+    cpu = [r['broker_us_per_msg'] for r in done if r.get('broker_us_per_msg') is not None]
     us = f', {statistics.median(cpu):.0f} µs/msg' if cpu else ''
     if 'latency' in row:
-        per_round = ' / '.join(f'{r["lat_p99_ms"]:.2f}' for r in done if r.get('lat_p99_ms'))
+        per_round = ' / '.join(f'{r["p99_ms"]:.2f}' for r in done if r.get('p99_ms'))
         return f'p50 {p50:.2f} ms, p99 {p99:.2f} ms{us}', f'p99 {per_round}', (p50, p99)
-    key = 'e2e_msgs_per_s' if 'fan-out' in row else 'msgs_in_per_s'
+    key = 'deliveries_per_s' if 'fan-out' in row else 'msgs_per_s'
     rate = median(key)
     per_round = ' / '.join(f'{r[key]:.0f}' for r in done if r.get(key))
     unit = 'deliveries/s' if 'fan-out' in row else 'msg/s'

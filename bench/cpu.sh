@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/cpu.sh - A/B broker CPU per message: the load-insensitive figure for comparing builds on a
 # shared machine. For each source tree given (a checkout's broker/ directory, put first on
-# PYTHONPATH), start one private redis-server and one Shoal broker, then run the same amqpload
+# PYTHONPATH), start one private redis-server and one Shoal broker, then run the same bench/load.py
 # row against each tree in turn (A B A B ...), REPS times, and print per tree the median broker
 # CPU µs per message (utime+stime from /proc/PID/stat over the run), Redis CPU µs per message,
 # msg/s, and Redis pipelines/commands per message from the broker's /metrics.
@@ -10,11 +10,11 @@
 # A tree may name the interpreter its broker runs on, SRC@PYTHON (default: $BROKER_PY, see
 # lib.sh), e.g. bench/cpu.sh broker@.venv/bin/python broker@.venv-bench/bin/python.
 #
-# Environment: N (messages per run, 30000), REPS (3), ROW (extra amqpload options; default
+# Environment: N (messages per run, 30000), REPS (3), ROW (extra bench/load.py options; default
 # 1 -> 1 at-least-once closed loop: "--max-backlog 1000"), ENV (extra broker environment,
 # e.g. "SHOAL_DEFAULT_ADDRESS_KIND=topic"), REDIS_ARGS (redis-server persistence options; default
 # "--appendonly no"; the durable row: ENV=SHOAL_DURABILITY=fsync ROW="--max-backlog 1000 --durable"
-# REDIS_ARGS="--appendonly yes --appendfsync always"), PY, AMQPLOAD, RUN_TIMEOUT (120).
+# REDIS_ARGS="--appendonly yes --appendfsync always"), PY, RUN_TIMEOUT (120).
 # Loopback only; every process started is stopped by PID on exit.
 set -euo pipefail
 
@@ -66,12 +66,13 @@ for ((rep = 0; rep <= REPS; rep++)); do  # rep 0 warms every broker up and is no
     p0=$(metric "${HPORT[j]}" shoal_redis_pipeline_seconds_count)
     n=$N; ((rep == 0)) && n=5000
     # shellcheck disable=SC2086
-    out=$(timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$AMQPLOAD" run --host 127.0.0.1 \
+    out=$(timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$HERE/load.py" run \
           --port "${APORT[j]}" --timeout "$RUN_TIMEOUT" -a "cpu-$rep-$j" -n "$n" --size 1024 \
-          $ROW 2>&1) || { echo "$out" >&2; echo "tree $j rep $rep failed" >&2; exit 1; }
+          --json "$WORK/load.jsonl" $ROW 2>&1) \
+      || { echo "$out" >&2; echo "tree $j rep $rep failed" >&2; exit 1; }
     b1=$(proc_cpu_s "${BPID[j]}"); r1=$(proc_cpu_s "${RPID[j]}")
     p1=$(metric "${HPORT[j]}" shoal_redis_pipeline_seconds_count)
-    rate=$(echo "$out" | grep -oE ' in=[0-9.]+' | tail -1 | cut -d= -f2 || true)
+    rate=$(load_field "$WORK/load.jsonl" msgs_per_s)
     ((rep == 0)) && continue
     awk -v j="$j" -v n="$n" -v b="$(echo "$b1 - $b0" | bc)" -v r="$(echo "$r1 - $r0" | bc)" \
         -v p="$((${p1%.*} - ${p0%.*}))" -v rate="${rate:-0}" \

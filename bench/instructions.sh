@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/instructions.sh - A/B the broker's instructions per message under valgrind's callgrind:
 # a count, not a time, so it does not move with the machine's load or the VM's slow periods
-# (bench/cpu.sh's µs per message moved 25 % between runs of the same tree in session 6).
+# (bench/cpu.sh's µs per message moves up to 25 % between runs of the same tree).
 # For each source tree (a checkout's broker/ directory, put first on PYTHONPATH): a private
 # redis-server, the broker under callgrind, a warm-up run, counters zeroed, then the measured
 # run of N messages; prints instructions per message for the whole broker process (user space:
@@ -11,8 +11,8 @@
 #
 # usage: bench/instructions.sh SRC_A [SRC_B ...]     e.g. bench/instructions.sh /tmp/base/broker broker
 #
-# Environment: N (2000), WARMUP (1000), REPS (2), ROW (amqpload options; default
-# "--max-backlog 200": 1 -> 1 at-least-once), ENV (extra broker environment), PY, AMQPLOAD.
+# Environment: N (2000), WARMUP (1000), REPS (2), ROW (bench/load.py options; default
+# "--max-backlog 200": 1 -> 1 at-least-once), ENV (extra broker environment), PY.
 # Loopback only; every process started is stopped by PID on exit.
 set -euo pipefail
 
@@ -26,9 +26,9 @@ command -v valgrind > /dev/null || { echo "valgrind is not installed" >&2; exit 
 WORK=$(mktemp -d /tmp/shoal-instr.XXXXXX)
 stop_on_exit
 
-amqpload() {  # amqpload PORT NAME COUNT
+load() {  # load PORT NAME COUNT
   # shellcheck disable=SC2086
-  timeout -k 10 900 "$PY" "$AMQPLOAD" run --host 127.0.0.1 --port "$1" --timeout 600 -a "$2" \
+  timeout -k 10 900 "$PY" "$HERE/load.py" run --port "$1" --timeout 600 -a "$2" \
       -n "$3" --size 1024 $ROW > "$WORK/load.out" 2>&1 \
       || { cat "$WORK/load.out" >&2; return 1; }
 }
@@ -76,9 +76,9 @@ for ((rep = 1; rep <= REPS; rep++)); do
     bpid=$!; STARTED_PIDS+=("$bpid")
     for ((t = 0; t < 1200; t++)); do
       curl -sf "http://127.0.0.1:$hport/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
-    amqpload "$aport" "warm-$rep-$i" "$WARMUP"
+    load "$aport" "warm-$rep-$i" "$WARMUP"
     callgrind_control -z "$bpid" > /dev/null 2>&1
-    amqpload "$aport" "run-$rep-$i" "$N"
+    load "$aport" "run-$rep-$i" "$N"
     callgrind_control -d "$bpid" > /dev/null 2>&1
     kill -TERM "$bpid"; wait "$bpid" || true
     kill -TERM "$REDIS_PID"; wait "$REDIS_PID" || true

@@ -1,19 +1,34 @@
 # bench/lib.sh - sourced by the bench scripts: what each of them needs the same way.
 # Every process they start is stopped by its PID: append each PID to STARTED_PIDS. After WORK is
 # set, `stop_on_exit` stops them, removes WORK and prints CLEANUP_MESSAGE (if set) on any exit.
-# It also sets HERE (bench/), ROOT (the checkout), PY and AMQPLOAD (both overridable).
+# It also sets HERE (bench/), ROOT (the checkout) and PY (overridable), and reads the results of
+# bench/load.py (load_field).
 STARTED_PIDS=()
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
-AMQPLOAD=${AMQPLOAD:-/work/shared/tools/amqpload.py}
+
+row_defaults() {  # the suite's sizes (run.sh, rabbitmq.sh): the environment's, else QUICK=1's
+  # small ones (a check that everything works), else the full ones
+  if [[ ${QUICK:-0} == 1 ]]; then
+    N=${N:-3000}; NFAN=${NFAN:-1000}; NLAT=${NLAT:-1000}; REPS=${REPS:-1}; WARMUP=${WARMUP:-500}
+  fi
+  N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
+  REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
+  RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+}
+
+load_field() {  # load_field JSONL KEY: the median KEY of the last row bench/load.py appended
+  "$PY" -c 'import json, sys; v = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+print(json.dumps(v["median"][sys.argv[2]]))' "$1" "$2"
+}
 
 # The broker runs on BROKER_PY; the load generator and the other clients stay on PY, alike for
 # every broker measured. By default BROKER_PY is .venv-bench/bin/python, a venv (made here on
 # first use) on BENCH_PYTHON, an interpreter built the way the shipped image's is: the official
 # python image (docker/broker.Dockerfile) and Debian's python3.11 are built with PGO and LTO.
-# This machine's python3, which .venv is made from, is a plain source build (pyenv's default:
-# neither), on which the broker used 9-32 % more CPU per message (docs/benchmarks.md, session 8).
+# A plain source build of python3 (pyenv's default: neither) costs the broker 9-32 % more CPU
+# per message (docs/performance.md#interpreter).
 bench_python() {  # prints the broker's interpreter, making .venv-bench when it is missing
   local base=${BENCH_PYTHON:-/usr/bin/python3.11} venv=$ROOT/.venv-bench
   if [[ ! -x $base ]]; then
@@ -74,7 +89,7 @@ cpu_ticks() {  # the machine's CPU ticks so far (/proc/stat): busy, steal, total
 
 machine_share() {  # machine_share BEFORE AFTER (two cpu_ticks outputs): the busy and the steal
   # percentages of the machine's time in between. Steal is time the hypervisor gave the vCPUs
-  # to someone else: on this VM the latency row's p99 followed it (docs/benchmarks.md, session 9)
+  # to someone else: on a VM the latency row's p99 follows it (docs/performance.md#steal)
   awk -v a="$1" -v b="$2" 'BEGIN { split(a, x); split(b, y); t = y[3] - x[3]; if (t <= 0) t = 1
     printf "%.1f %.1f\n", 100 * (y[1] - x[1]) / t, 100 * (y[2] - x[2]) / t }'
 }

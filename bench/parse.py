@@ -34,9 +34,9 @@ def main() -> None:
         return bytearray(message.encode())
 
     bare = Message(body=b'x' * 1024)
-    bare.inferred = True  # a data section, as amqpload sends
+    bare.inferred = True  # a data section, as bench/load.py sends
     shapes = {
-        'amqpload 1 KiB data': bytearray(bare.encode()),
+        'bench 1 KiB data': bytearray(bare.encode()),
         'Qpid JMS TextMessage 1 KiB': jms_text(None),
         'Qpid JMS TextMessage 1 KiB, 3 properties': jms_text(
             {'region': 'eu', 'priority': 7, 'retry': False}

@@ -1,55 +1,52 @@
 #!/usr/bin/env bash
-# bench/run.sh - the Shoal benchmark suite: one private redis-server, one Shoal broker, the
-# shared load generator amqpload.py, loopback only. Results go to docs/benchmarks.md by hand.
+# bench/run.sh - the Shoal benchmark suite (make bench): one private redis-server, one Shoal
+# broker, the rows below driven by bench/load.py, loopback only. docs/performance.md describes
+# the rows and holds the current results.
 #
-# usage: bench/run.sh [OUTDIR]          (or: make bench)
+# usage: bench/run.sh [OUTDIR]          (or: make bench; QUICK=1 make bench for a short check)
 #
-# Environment overrides (defaults in brackets):
-#   AMQPLOAD  the load generator (never copied into this repo) [/work/shared/tools/amqpload.py]
-#   PY        python with python-qpid-proton >= 0.39 and Shoal installed [.venv/bin/python]
-#   BROKER_PY the broker's interpreter [.venv-bench/bin/python, see lib.sh]
-#   N         messages per throughput run                          [50000]
-#   NFAN      messages per fan-out run (x 4 deliveries)            [20000]
-#   NLAT      messages per latency run                             [10000]
+# Environment overrides (defaults in brackets; QUICK=1 changes the defaults to the second value):
+#   N         messages per throughput run                          [50000 | 3000]
+#   NFAN      messages per fan-out run (x 4 deliveries)            [20000 | 1000]
+#   NLAT      messages per latency run                             [10000 | 1000]
 #   RATE      latency-run rate, msg/s                              [1000]
-#   REPS      repetitions per test (median reported)               [3]
-#   WARMUP    messages of one discarded warm-up run before row i   [5000]
+#   REPS      repetitions per test (median reported)               [3 | 1]
+#   WARMUP    messages of one discarded warm-up run before row i   [5000 | 500]
 #   BACKLOG   closed loop: max sent-but-not-received               [1000]
 #   SIZE      body bytes                                           [1024]
-#   RUN_TIMEOUT  amqpload --timeout, seconds per process per rep   [120]
+#   RUN_TIMEOUT  seconds per load process per repetition           [120]
+#   ROWS      the rows to run                                      ["i ii iii v iv s d"]
+#   PY        python with python-qpid-proton and Shoal installed   [.venv/bin/python]
+#   BROKER_PY the broker's interpreter                             [.venv-bench/bin/python, lib.sh]
 #
-# The rows mirror /work/shared/tools/run-peer-bench.sh (same labels, same options), so its
-# RabbitMQ table can be put next to this one.
+# bench/rabbitmq.sh runs the same rows (same labels, same options) against RabbitMQ, and
+# bench/peers.sh interleaves the two.
 #
-# Fan-out: amqpload attaches its links with a bare address and no capabilities. Shoal would
-# auto-create such an address as a *queue* (SHOAL_DEFAULT_ADDRESS_KIND=queue), and the four
+# Fan-out: bench/load.py attaches its links with a bare address and no capabilities. Shoal
+# auto-creates such an address as a *queue* (SHOAL_DEFAULT_ADDRESS_KIND=queue), and the four
 # "subscribers" would then compete for one queue instead of each receiving every message. So
 # the fan-out row runs against a second broker started (on the same Redis, after the first one
-# is stopped) with SHOAL_DEFAULT_ADDRESS_KIND=topic: every address amqpload names is created
-# as a topic, each consumer link gets its own non-durable subscription, and the row measures
-# real topic fan-out (amqpload checks that every subscriber got every message).
+# is stopped) with SHOAL_DEFAULT_ADDRESS_KIND=topic: every address the row names is created as
+# a topic, each consumer link gets its own non-durable subscription, and the row measures real
+# topic fan-out (load.py checks that every subscriber got every message).
 #
 # Durable row: a second redis-server with appendonly yes + appendfsync always and a broker with
 # SHOAL_DURABILITY=fsync (an accept means the message is fsynced), producers marking messages
-# durable; it matches run-peer-bench.sh's "i-durable" row (RabbitMQ durable queue, persistent).
+# durable; it matches bench/rabbitmq.sh's "i-durable" row (durable queue, persistent messages).
 # Shared row ("s"): a JMS shared durable subscription with 4 consumers over 2 replicas (a second
-# broker on the same Redis), driven by bench/shared.py because amqpload cannot attach the way
-# Qpid JMS does; RabbitMQ 3.10 has no JMS shared subscriptions, so this row has no peer.
-# ROWS (default "i ii iii v iv s d") picks rows, e.g. ROWS="i d".
+# broker on the same Redis), driven by bench/shared.py, which attaches the way Qpid JMS does;
+# RabbitMQ 3.10 has no JMS shared subscriptions, so this row has no peer.
 #
-# Every amqpload run is bounded by --timeout per process and each step by `timeout`. Every
+# Every load run is bounded by --timeout per process and each step by `timeout`. Every
 # process this script starts is stopped by PID on exit.
 set -euo pipefail
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
-N=${N:-50000}; NFAN=${NFAN:-20000}; NLAT=${NLAT:-10000}; RATE=${RATE:-1000}
-REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}
-RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+row_defaults
 ROWS=" ${ROWS:-i ii iii v iv s d} "
 OUT=${1:-/tmp/shoal-bench/$(date +%Y%m%d-%H%M%S)}
 
-[[ -f $AMQPLOAD ]] || { echo "amqpload not found at $AMQPLOAD (set AMQPLOAD=...)" >&2; exit 2; }
 "$PY" -c 'import proton, cproton_ffi, shoal_broker' 2>/dev/null || {
   echo "$PY lacks python-qpid-proton or shoal_broker (run 'make venv')" >&2; exit 2; }
 "$BROKER_PY" -c 'import shoal_broker.amqp._wire' 2>/dev/null || {
@@ -122,7 +119,7 @@ stop_broker() {  # SIGTERM, bounded wait, then SIGKILL
 }
 
 FAILED=()
-bench() {  # label, messages per rep (for the Redis CPU line), then amqpload run options
+bench() {  # label, messages per rep (for the Redis CPU line), then bench/load.py run options
   local label=$1 per_rep=$2 r0 r1 msgs
   shift 2
   echo "--- $label"
@@ -130,7 +127,7 @@ bench() {  # label, messages per rep (for the Redis CPU line), then amqpload run
   [[ " $* " == *" --warmup "* ]] && msgs=$((msgs + WARMUP))
   r0=$(proc_cpu_s "$REDIS_PID")
   timeout -k 10 $(((REPS + 1) * (RUN_TIMEOUT + 25) + 60)) \
-    "$PY" "$AMQPLOAD" run --host 127.0.0.1 --port "$PORT" --timeout "$RUN_TIMEOUT" \
+    "$PY" "$HERE/load.py" run --port "$PORT" --timeout "$RUN_TIMEOUT" \
       --reps "$REPS" --size "$SIZE" --broker-pid "$BROKER_PID" --label "shoal $label" \
       --json "$J" "$@" 2>&1 | tee -a "$OUT/log.txt" \
     || { echo "($label: incomplete or failed, see $OUT/log.txt)"; FAILED+=("$label"); }
@@ -153,7 +150,7 @@ row() { [[ $ROWS == *" $1 "* ]]; }
 start_redis
 start_broker broker.log
 
-Q='bench-{run}'     # a fresh address per repetition ({run} is replaced by amqpload)
+Q='bench-{run}'     # a fresh address per repetition ({run} is replaced by load.py)
 
 # Closed loop: the producer keeps at most $BACKLOG messages sent but not yet received, so the
 # rows measure steady-state capacity with meaningful latency.
@@ -218,24 +215,7 @@ echo
 echo "## Shoal, medians of $REPS ($(nproc) cores)"
 echo
 touch "$J"  # (empty when only the shared row ran)
-"$PY" "$AMQPLOAD" table "$J" | tee "$OUT/table.md"
-echo
-# Broker CPU per message, which amqpload's table leaves out: CPU seconds over each rep's wall
-# time divided by the messages published in that rep (median over reps).
-"$PY" - "$J" <<'EOF' | tee -a "$OUT/table.md"
-import json, statistics, sys
-print("| label | broker us/msg (median) | missing | duplicates | errors |")
-print("|---|---|---|---|---|")
-for line in open(sys.argv[1]):
-    d = json.loads(line)
-    runs = d["runs"]
-    us = [r["broker_cpu_pct"] / 100 * r["wall_s"] / r["count"] * 1e6
-          for r in runs if r.get("broker_cpu_pct") is not None and r.get("wall_s")]
-    print("| %s | %s | %s | %s | %s |" % (
-        d["summary"]["label"], "%.0f" % statistics.median(us) if us else "-",
-        sum(r.get("missing") or 0 for r in runs), sum(r.get("duplicates") or 0 for r in runs),
-        "; ".join(sorted({e for r in runs for e in r["errors"]})) or "none"))
-EOF
+"$PY" "$HERE/load.py" table "$J" | tee "$OUT/table.md"
 echo
 [[ -f $OUT/shared.txt ]] && cat "$OUT/shared.txt"
 cat "$OUT/redis-cpu.txt"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/scale.sh - replicas on one Redis: 1, 2, 4 ... Shoal brokers share one redis-server; each
-# replica gets its own amqpload run (1 producer -> 1 consumer, at-least-once, closed loop, its own
+# replica gets its own bench/load.py run (1 producer -> 1 consumer, at-least-once, closed loop, its own
 # queue), all runs at once. Prints per replica count: aggregate msg/s, broker CPU µs per message
 # (summed over replicas), Redis CPU µs per message, and where the machine's CPU went (brokers,
 # Redis, load clients, everything else) in % of one core.
@@ -8,7 +8,7 @@
 # usage: bench/scale.sh [OUTDIR]
 #
 # Environment: REPLICAS ("1 2 4"), N (messages per replica per run, 30000), REPS (3, median),
-# BACKLOG (1000), PY, AMQPLOAD, RUN_TIMEOUT (180). On a box with fewer cores than replicas + Redis
+# BACKLOG (1000), PY, RUN_TIMEOUT (180). On a box with fewer cores than replicas + Redis
 # + clients the aggregate cannot grow; the CPU split and the per-message costs are then the
 # figures to size from (docs/capacity.md). Loopback only; everything started is stopped by PID.
 set -euo pipefail
@@ -57,9 +57,10 @@ for r in $REPLICAS; do
     r0=$(proc_cpu_s "$REDIS_PID"); m0=$(machine_cpu_s); t0=$(date +%s.%N)
     pids=()
     for ((i = 0; i < r; i++)); do
-      timeout -k 10 $((RUN_TIMEOUT + 30)) "$PY" "$AMQPLOAD" run --host 127.0.0.1 \
+      rm -f "$WORK/run-$i.jsonl"
+      timeout -k 10 $((RUN_TIMEOUT + 30)) "$PY" "$HERE/load.py" run \
         --port "${APORT[i]}" --timeout "$RUN_TIMEOUT" -a "scale-$r-$rep-$i" -n "$n" --size 1024 \
-        --max-backlog "$BACKLOG" > "$WORK/run-$i.txt" 2>&1 &
+        --max-backlog "$BACKLOG" --json "$WORK/run-$i.jsonl" > "$WORK/run-$i.txt" 2>&1 &
       pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid" || { echo "a load run failed" >&2; cat "$WORK"/run-*.txt >&2; exit 1; }; done
@@ -67,10 +68,11 @@ for r in $REPLICAS; do
     bsum=0
     for ((i = 0; i < r; i++)); do bsum=$(echo "$bsum + $(proc_cpu_s "${BPID[i]}") - ${b0[i]}" | bc); done
     ((rep == 0)) && continue
-    rates=$(grep -ohE 'MEDIAN.* in=[0-9.]+' "$WORK"/run-*.txt | grep -oE 'in=[0-9.]+' | cut -d= -f2 | paste -sd+ | bc)
-    # the load clients' CPU, as amqpload reports it (% of one core over its run)
-    clients=$(grep -ohE 'MEDIAN.*cpu prod=[0-9.]+% cons=[0-9.]+%' "$WORK"/run-*.txt \
-              | grep -oE '(prod|cons)=[0-9.]+' | cut -d= -f2 | paste -sd+ | bc)
+    rates=$(for ((i = 0; i < r; i++)); do load_field "$WORK/run-$i.jsonl" msgs_per_s; done \
+            | paste -sd+ | bc)
+    # the load clients' CPU, as bench/load.py reports it (% of one core over its run)
+    clients=$(for ((i = 0; i < r; i++)); do load_field "$WORK/run-$i.jsonl" client_cpu_pct; done \
+              | paste -sd+ | bc)
     awk -v r="$r" -v n="$((n * r))" -v wall="$(echo "$t1 - $t0" | bc)" -v b="$bsum" \
         -v red="$(echo "$r1 - $r0" | bc)" -v m="$(echo "$m1 - $m0" | bc)" \
         -v clients="${clients:-0}" -v rates="$rates" 'BEGIN {

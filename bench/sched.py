@@ -2,7 +2,7 @@
 Where a run's CPU time went, from ``perf sched timehist`` output: each process's share of one CPU,
 the machine's idle share, and which processes ran in the time bins where CPUs sat idle. A
 closed-loop row on two vCPUs left a CPU idle ~13 % of the time while no process of the chain was
-at its limit (docs/benchmarks.md, session 10): the bins show in which stretches that happens.
+at its limit (docs/performance.md#idle-cpu): the bins show in which stretches that happens.
 
 usage: perf sched timehist -i perf.data | python bench/sched.py --cpus 2 --name PID=broker ...
 """

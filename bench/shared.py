@@ -1,8 +1,8 @@
 """
 A JMS shared durable subscription under load: consumers spread over replicas, one producer.
 
-amqpload (the shared load generator) cannot attach the way Qpid JMS does for a shared durable
-subscription (link name ``NAME|global``, source capabilities ``topic shared global``, durable
+bench/load.py attaches plain links; a JMS shared durable subscription needs the attach Qpid
+JMS makes (link name ``NAME|global``, source capabilities ``topic shared global``, durable
 terminus), so this is a small client of its own in the same style: python-qpid-proton's engine
 through its cffi C API, one process per connection. The consumers attach first (creating the
 subscription on the topic), then the producer sends ``--count`` 1 KiB messages at-least-once,

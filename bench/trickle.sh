@@ -3,11 +3,10 @@
 # at a fixed rate (the latency row), with the broker's CPU split into user and system time, its
 # socket reads, writes and sleeps per message (/proc/PID/io, /proc/PID/status), Redis CPU and
 # the Redis commands per message (INFO commandstats), the load generator's p50/p99, and the
-# machine's steal meanwhile (the p99 followed it in session 9, docs/benchmarks.md).
-# Sitting J in docs/benchmarks.md was measured this way.
+# machine's steal meanwhile (the p99 follows it: docs/performance.md#steal).
 #
 # usage: bench/trickle.sh      Environment: RATE (1000 msg/s), N (5000 per rep), REPS (3),
-#                              WARMUP (3000), PY, AMQPLOAD, RUN_TIMEOUT (120)
+#                              WARMUP (3000), PY, RUN_TIMEOUT (120)
 # Starts its own redis-server and broker on free loopback ports; stops them by PID on exit.
 set -euo pipefail
 
@@ -24,12 +23,12 @@ counters() {  # utime stime (clock ticks) reads writes voluntary-switches of the
   awk '/^voluntary_ctxt_switches/ { print $2 }' "/proc/$BROKER_PID/status"
 }
 
-amqpload() {
-  timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$AMQPLOAD" run --host 127.0.0.1 --port "$APORT" \
+load() {
+  timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$HERE/load.py" run --port "$APORT" \
       --timeout "$RUN_TIMEOUT" --size 1024 "$@"
 }
 
-amqpload -a warmup -n "$WARMUP" --max-backlog 1000 > /dev/null
+load -a warmup -n "$WARMUP" --max-backlog 1000 > /dev/null
 echo
 echo "| rep | p50 ms | p99 ms | broker µs/msg (user + sys) | reads/msg | writes/msg | sleeps/msg | Redis µs/msg | Redis calls/msg | steal % |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
@@ -38,11 +37,11 @@ for ((rep = 1; rep <= REPS; rep++)); do
   read -r u0 s0 r0 w0 v0 < <(counters)
   c0=$(proc_cpu_s "$REDIS_PID")
   m0=$(cpu_ticks)
-  out=$(amqpload -a "trickle-$rep" -n "$N" --rate "$RATE" 2>&1)
+  load -a "trickle-$rep" -n "$N" --rate "$RATE" --json "$WORK/load.jsonl" > /dev/null 2>&1
   read -r _ steal < <(machine_share "$m0" "$(cpu_ticks)")
   read -r u1 s1 r1 w1 v1 < <(counters)
   c1=$(proc_cpu_s "$REDIS_PID")
-  lat=$(echo "$out" | grep -oE 'p50=[0-9.]+ p99=[0-9.]+' | tail -1)
+  lat="p50=$(load_field "$WORK/load.jsonl" p50_ms) p99=$(load_field "$WORK/load.jsonl" p99_ms)"
   calls=$(redis-cli -p "$RPORT" info commandstats \
           | awk -F'[:=,]' '/^cmdstat_/ { s += $3 } END { print s + 0 }')
   awk -v rep="$rep" -v n="$N" -v hz="$(getconf CLK_TCK)" -v lat="$lat" \
