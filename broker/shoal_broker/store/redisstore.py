@@ -54,7 +54,7 @@ from shoal_broker.routing.storage import (
 )
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.stopping import cancel_and_wait
-from shoal_broker.store import keys, scripts
+from shoal_broker.store import connect, keys, scripts
 from shoal_broker.store.lane import BULK_HEADS, CRLF, Encoded, Lane, encode
 from shoal_broker.store.notifications import NotificationReader
 
@@ -259,8 +259,8 @@ class RedisStore:
     ) -> 'RedisStore':
         # Blocking pool: a burst of attaches or closes waits for a connection instead of failing
         # with "Too many connections" (redis-py's default pool refuses past its size).
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            url, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
+        pool = connect.connection_pool(
+            url, blocking=True, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
             health_check_interval=30,
         )  # fmt: skip
         client = redis.asyncio.Redis.from_pool(pool)  # owns the pool: aclose() closes it
@@ -292,6 +292,11 @@ class RedisStore:
             asyncio.create_task(self._run_cycles(), name='store-cycles'),
             asyncio.create_task(self._listen(), name='store-notifications'),
         ]
+        sentinels = connect.sentinel_pool(self._client)
+        if sentinels is not None:  # a failover reconnects the lane and the channel at once
+            self._tasks.append(
+                asyncio.create_task(connect.follow_switches(sentinels), name='store-sentinels')
+            )
 
     async def close(self) -> None:
         self._closed = True
@@ -305,7 +310,7 @@ class RedisStore:
         if self._pubsub is not None:
             with contextlib.suppress(*_REDIS_DOWN):
                 await self._pubsub.aclose()
-        await self._client.aclose()
+        await connect.close(self._client)
 
     async def flush(self) -> None:
         """Wait until everything queued or in flight has been sent and answered."""
