@@ -5,7 +5,9 @@ follow the new primary for the message path, the wake-ups between replicas and `
 import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -66,6 +68,9 @@ def test_after_a_failover_both_replicas_follow_the_new_primary(
         assert old is not None
         _failover(group)
         new, _ = group.wait_promoted(old, timeout=30)
+        # every broker connection (pipelines, notification channel, cold path) leaves the old
+        # primary, which is still up and would keep answering reads and pub/sub
+        assert _eventually(lambda: not _broker_clients(old), timeout=5), _broker_clients(old)
         group.wait_linked(old, timeout=30)  # the old primary now replicates the new one
         # published on a, woken on b by the notification channel on the new primary
         send_all(producer_conn, address, ['after'])
@@ -79,6 +84,28 @@ def test_after_a_failover_both_replicas_follow_the_new_primary(
         consumer_conn.close()
         assert 'switched shoal to' in a.log()
         assert 'switched shoal to' in b.log()
+
+
+def _broker_clients(port: int) -> list[dict[str, Any]]:
+    """Clients of the Redis on ``port`` other than the sentinels and this test."""
+    client = redis.Redis(host=LOOPBACK, port=port)
+    try:
+        own = client.client_id()
+        return [
+            {k: c[k] for k in ('addr', 'age', 'cmd')} for c in client.client_list()
+            if c['id'] != str(own) and not c['name'].startswith('sentinel-')
+        ]  # fmt: skip
+    finally:
+        client.close()
+
+
+def _eventually(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
 
 
 def _failover(group: SentinelGroup) -> None:

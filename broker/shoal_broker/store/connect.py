@@ -19,9 +19,10 @@ sentinels too.
 Written here, because redis-py does not do it: the URL form above, a sentinel pool that blocks
 when it is exhausted like the standalone store's ``BlockingConnectionPool`` (redis-py's sentinel
 pool refuses past its size), and listening for the sentinels' ``+switch-master`` announcement
-(``follow_switches``): redis-py only looks for the new primary when a connection fails or
-answers READONLY, and an old primary that is still up but cut off from the sentinels keeps
-answering the connections already open to it.
+(``follow_switches``, started by a sentinel pool's first connection): redis-py only looks for the
+new primary when a connection fails or answers READONLY, and an old primary that is still up
+(demoted, or cut off from the sentinels) keeps answering reads and pub/sub on the connections
+already open to it.
 """
 
 import asyncio
@@ -30,7 +31,7 @@ import dataclasses
 import logging
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio
 import redis.exceptions
@@ -116,9 +117,35 @@ def _host_port(member: str) -> tuple[str, int]:
         raise ValueError(f'bad sentinel port in {member!r}') from None
 
 
-class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+class _Following:
+    """A sentinel pool that, from its first connection on, follows ``+switch-master`` announcements
+    (``follow_switches``) until ``stop_following``: every long-lived user of a Sentinel URL (the
+    store, the metrics' inspector, the operator's registry) moves at once, idle or not."""
+
+    _follower: 'asyncio.Task[None] | None' = None
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self._follower is None:
+            pool = cast(SentinelConnectionPool, self)
+            self._follower = asyncio.get_running_loop().create_task(
+                follow_switches(pool), name='sentinel-switches'
+            )
+        return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+
+    async def stop_following(self) -> None:
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+
+
+class SentinelPool(_Following, SentinelConnectionPool):
     """redis-py's sentinel pool (connections ask the sentinels for the primary when they
-    connect) with the blocking pool's waiting for a free connection."""
+    connect), following switches."""
+
+
+class BlockingSentinelPool(_Following, SentinelConnectionPool, BlockingConnectionPool):
+    """The same, with the blocking pool's waiting for a free connection."""
 
 
 def connection_pool(url: str, *, blocking: bool = False, **kwargs: Any) -> ConnectionPool:
@@ -132,8 +159,8 @@ def connection_pool(url: str, *, blocking: bool = False, **kwargs: Any) -> Conne
     sentinel_kwargs.update(parsed.sentinel)
     manager = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     pool_kwargs = {**kwargs, **parsed.connection}
-    pool_class = BlockingSentinelPool if blocking else SentinelConnectionPool
-    pool: ConnectionPool = pool_class(parsed.service, manager, **pool_kwargs)  # type: ignore[no-untyped-call]
+    pool_class = BlockingSentinelPool if blocking else SentinelPool
+    pool: ConnectionPool = pool_class(parsed.service, manager, **pool_kwargs)
     return pool
 
 
@@ -146,16 +173,13 @@ def client(url: str, **kwargs: Any) -> 'redis.asyncio.Redis':
 async def close(redis_client: 'redis.asyncio.Redis') -> None:
     """Close the client, its pool and, for a Sentinel pool, the sentinel connections."""
     pool = redis_client.connection_pool
+    if isinstance(pool, _Following):
+        await pool.stop_following()
     try:
         await redis_client.aclose()
     finally:
         if isinstance(pool, SentinelConnectionPool):
             await pool.sentinel_manager.aclose()
-
-
-def sentinel_pool(redis_client: 'redis.asyncio.Redis') -> SentinelConnectionPool | None:
-    pool = redis_client.connection_pool
-    return pool if isinstance(pool, SentinelConnectionPool) else None
 
 
 async def follow_switches(

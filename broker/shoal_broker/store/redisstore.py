@@ -292,11 +292,6 @@ class RedisStore:
             asyncio.create_task(self._run_cycles(), name='store-cycles'),
             asyncio.create_task(self._listen(), name='store-notifications'),
         ]
-        sentinels = connect.sentinel_pool(self._client)
-        if sentinels is not None:  # a failover reconnects the lane and the channel at once
-            self._tasks.append(
-                asyncio.create_task(connect.follow_switches(sentinels), name='store-sentinels')
-            )
 
     async def close(self) -> None:
         self._closed = True
