@@ -40,6 +40,19 @@ def test_a_broker_on_a_sentinel_url_serves_a_queue(group: SentinelGroup, address
         client.close()
 
 
+def test_passwords_for_the_servers_and_for_the_sentinels(address: str) -> None:
+    protected = SentinelGroup(password='s3rv3r', sentinel_password='s3nt1nel')
+    try:
+        with broker(protected.url) as b:
+            conn = connect(b.url)
+            send_all(conn, address, range(5))
+            rcv = receiver(conn, address, credit=10)
+            assert [m.body for m in receive_all(rcv, 5)] == list(range(5))
+            conn.close()
+    finally:
+        protected.stop()
+
+
 def test_shoal_reads_the_cluster_through_the_sentinels(group: SentinelGroup, address: str) -> None:
     with _broker(group) as b:
         conn = connect(b.url)

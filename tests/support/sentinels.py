@@ -19,9 +19,18 @@ SERVICE = 'shoal'
 
 class SentinelGroup:
     def __init__(
-        self, *extra: str, down_after_ms: int = 1000, failover_timeout_ms: int = 3000
+        self,
+        *extra: str,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 3000,
+        password: str = '',
+        sentinel_password: str = '',
     ) -> None:
-        self.extra = extra
+        """``password``: the Redis servers require it (and the replica and the sentinels use
+        it); ``sentinel_password``: the sentinels require it."""
+        self.password, self.sentinel_password = password, sentinel_password
+        auth = ('--requirepass', password, '--masterauth', password) if password else ()
+        self.extra = (*auth, *extra)
         self.servers: list[RedisServer] = []
         self.sentinels: list[tuple[int, subprocess.Popen[bytes]]] = []
         self.dir = Path(tempfile.mkdtemp(prefix='shoal-test-sentinel-'))
@@ -39,7 +48,18 @@ class SentinelGroup:
     @property
     def url(self) -> str:
         hosts = ','.join(f'{LOOPBACK}:{port}' for port, _ in self.sentinels)
-        return f'redis+sentinel://{hosts}/{SERVICE}/0'
+        credentials = f':{self.password}@' if self.password else ''
+        query = f'?sentinel_password={self.sentinel_password}' if self.sentinel_password else ''
+        return f'redis+sentinel://{credentials}{hosts}/{SERVICE}/0{query}'
+
+    def client(self, port: int) -> redis.Redis:
+        """A client of the Redis server on ``port``."""
+        return redis.Redis(host=LOOPBACK, port=port, password=self.password or None)
+
+    def _sentinel_client(self, port: int) -> redis.Redis:
+        return redis.Redis(
+            host=LOOPBACK, port=port, socket_timeout=1, password=self.sentinel_password or None
+        )
 
     def server(self, *args: str, port: int | None = None) -> RedisServer:
         """Start a redis-server (kept for ``stop``)."""
@@ -52,7 +72,7 @@ class SentinelGroup:
         for port, process in self.sentinels:
             if process.poll() is not None:
                 continue
-            client = redis.Redis(host=LOOPBACK, port=port, socket_timeout=1)
+            client = self._sentinel_client(port)
             try:
                 address = client.sentinel_get_master_addr_by_name(SERVICE)
                 return int(address[1]) if address else None
@@ -74,6 +94,8 @@ class SentinelGroup:
             f'sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n'
             f'sentinel failover-timeout {SERVICE} {failover_ms}\n'
             f'sentinel parallel-syncs {SERVICE} 1\n'
+            + (f'sentinel auth-pass {SERVICE} {self.password}\n' if self.password else '')
+            + (f'requirepass {self.sentinel_password}\n' if self.sentinel_password else '')
         )
         binary = shutil.which('redis-server')
         assert binary, 'redis-server is not installed'
@@ -84,7 +106,7 @@ class SentinelGroup:
 
     def _settled(self) -> bool:
         for port, _ in self.sentinels:
-            client = redis.Redis(host=LOOPBACK, port=port, socket_timeout=1)
+            client = self._sentinel_client(port)
             try:
                 state = client.sentinel_master(SERVICE)
             except redis.exceptions.RedisError:
@@ -95,9 +117,10 @@ class SentinelGroup:
                 return False
         return True
 
-    @staticmethod
-    def _linked(port: int) -> bool:
-        client = redis.Redis(host=LOOPBACK, port=port, socket_timeout=1)
+    def _linked(self, port: int) -> bool:
+        client = redis.Redis(
+            host=LOOPBACK, port=port, socket_timeout=1, password=self.password or None
+        )
         try:
             return client.info('replication').get('master_link_status') == 'up'
         except redis.exceptions.RedisError:
