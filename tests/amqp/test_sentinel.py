@@ -80,10 +80,14 @@ def test_after_a_failover_both_replicas_follow_the_new_primary(
         old = group.primary_port()
         assert old is not None
         _failover(group)
-        new, _ = group.wait_promoted(old, timeout=30)
+        new, promoted_at = group.wait_promoted(old, timeout=30)
         # every broker connection (pipelines, notification channel, cold path) leaves the old
         # primary, which is still up and would keep answering reads and pub/sub
         assert _eventually(lambda: not _broker_clients(old), timeout=5), _broker_clients(old)
+        left = time.monotonic() - promoted_at
+        sys.stderr.write(
+            f'[sentinel] broker connections left the old primary {left:.2f} s after the promotion\n'
+        )
         group.wait_linked(old, timeout=30)  # the old primary now replicates the new one
         # published on a, woken on b by the notification channel on the new primary
         send_all(producer_conn, address, ['after'])

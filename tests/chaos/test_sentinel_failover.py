@@ -79,7 +79,8 @@ def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_f
         f'more than once ({len(rolled_back)} accepted ones neither released nor counted as '
         f'redelivered), {redelivered} redeliveries; promoted {promoted_at - killed_at:.2f} s '
         f'after the kill, brokers ready {[r and round(r, 2) for r in ready]} s after it, '
-        f'a new accept {first_accept:.2f} s after the new primary had a replica again'
+        f'a new accept {first_accept:.2f} s after the new primary had a replica again; '
+        f'connections lost: {[f"{t - killed_at:.2f} s {w}" for t, w in run.log if "lost" in w]}'
     )
     cluster.report(summary)
     record_property('follow_seconds', max(r or 99.0 for r in ready))
