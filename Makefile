@@ -17,9 +17,10 @@ run: venv
 
 test: venv node-deps lint
 	$(PY) -m pytest -p no:cacheprovider
+	$(MAKE) --no-print-directory test-sentinel
 
 # The core functional modules again, with the brokers on a primary, a replica and three sentinels
-# (tests/conftest.py, docs/redis-modes.md).
+# (tests/conftest.py, docs/redis-modes.md); part of `make test` (about 2 minutes).
 SENTINEL_CORE := tests/amqp/test_queues.py tests/amqp/test_topics.py tests/amqp/test_delayed.py \
 	tests/amqp/test_failover.py tests/jms/test_subscriptions.py tests/jms/test_transactions.py
 test-sentinel: venv node-deps
