@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import logging
 import urllib.parse
-from collections.abc import Callable
 from typing import Any, cast
 
 import redis.asyncio
@@ -49,6 +48,15 @@ SWITCH_CHANNEL = '+switch-master'
 
 RESUBSCRIBE_SECONDS = 1.0
 """Pause before listening to a sentinel again after losing it."""
+
+SENTINEL_TIMEOUT_SECONDS = 2.0
+"""Connect and reply timeout towards a sentinel, unless the URL sets ``socket_timeout`` or
+``socket_connect_timeout``: a sentinel cut off without a reset must not hold up finding the
+primary (redis-py asks the next one only after an error)."""
+
+QUIET_SECONDS = 5.0
+"""A sentinel's ``+switch-master`` channel silent this long is pinged; silent twice as long, it is
+given up on and subscribed to again."""
 
 _SENTINEL_OPTIONS = ('sentinel_username', 'sentinel_password')
 _SHARED_PREFIXES = ('socket_', 'ssl')
@@ -155,7 +163,11 @@ def connection_pool(url: str, *, blocking: bool = False, **kwargs: Any) -> Conne
         cls = BlockingConnectionPool if blocking else ConnectionPool
         return cls.from_url(url, **kwargs)
     parsed = parse_sentinel_url(url)
-    sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith('socket_')}
+    sentinel_kwargs: dict[str, Any] = {
+        'socket_connect_timeout': SENTINEL_TIMEOUT_SECONDS,
+        'socket_timeout': SENTINEL_TIMEOUT_SECONDS,
+    }
+    sentinel_kwargs.update((k, v) for k, v in kwargs.items() if k.startswith('socket_'))
     sentinel_kwargs.update(parsed.sentinel)
     manager = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     pool_kwargs = {**kwargs, **parsed.connection}
@@ -182,13 +194,11 @@ async def close(redis_client: 'redis.asyncio.Redis') -> None:
             await pool.sentinel_manager.aclose()
 
 
-async def follow_switches(
-    pool: SentinelConnectionPool, on_switch: Callable[[tuple[str, int]], None] | None = None
-) -> None:
+async def follow_switches(pool: SentinelConnectionPool) -> None:
     """Listen to every sentinel for ``+switch-master`` of the pool's service; on the first
     announcement of a new primary, drop every connection of the pool (in use or idle), so each
     connects again to the primary the sentinels now name. Runs until cancelled."""
-    state = _SwitchState(pool, on_switch)
+    state = _SwitchState(pool)
     listeners = [
         asyncio.create_task(_listen(sentinel, state), name='sentinel-switch')
         for sentinel in pool.sentinel_manager.sentinels
@@ -202,11 +212,8 @@ async def follow_switches(
 
 
 class _SwitchState:
-    def __init__(
-        self, pool: SentinelConnectionPool, on_switch: Callable[[tuple[str, int]], None] | None
-    ) -> None:
+    def __init__(self, pool: SentinelConnectionPool) -> None:
         self.pool = pool
-        self.on_switch = on_switch
         self.followed: tuple[str, int] | None = None
         """The last primary switched to: every sentinel announces the same switch."""
 
@@ -224,21 +231,27 @@ class _SwitchState:
         )
         with contextlib.suppress(*_DOWN):
             await self.pool.disconnect(inuse_connections=True)
-        if self.on_switch is not None:
-            self.on_switch(new)
 
 
 _DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 async def _listen(sentinel: 'redis.asyncio.Redis', state: _SwitchState) -> None:
+    loop = asyncio.get_running_loop()
     while True:
-        pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
+        pubsub = sentinel.pubsub()
         try:
             await pubsub.subscribe(SWITCH_CHANNEL)
+            heard = loop.time()
             while True:
-                message = await pubsub.get_message(timeout=None)
-                if message is not None and message.get('type') == 'message':
+                message = await pubsub.get_message(timeout=QUIET_SECONDS)
+                if message is None:  # quiet: ping, and give up once even that went unanswered
+                    if loop.time() - heard >= 2 * QUIET_SECONDS:
+                        raise TimeoutError('the sentinel went silent')
+                    await pubsub.ping()
+                    continue
+                heard = loop.time()  # a confirmation, a pong or an announcement
+                if message.get('type') == 'message':
                     await state.announced(message['data'])
         except _DOWN as exc:
             logger.debug('sentinel channel lost: %s', exc)
