@@ -9,7 +9,7 @@ PORT ?= 5672
 HTTP_PORT ?= 8080
 REDIS_URL ?=
 
-.PHONY: run test lint unit system-deps venv node-deps bench bench-peers clean fuzz
+.PHONY: run test test-sentinel lint unit system-deps venv node-deps bench bench-peers clean fuzz
 
 run: venv
 	$(VENV)/bin/shoal-broker --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP_PORT) \
@@ -17,6 +17,14 @@ run: venv
 
 test: venv node-deps lint
 	$(PY) -m pytest -p no:cacheprovider
+	$(MAKE) --no-print-directory test-sentinel
+
+# The core functional modules again, with the brokers on a primary, a replica and three sentinels
+# (tests/conftest.py, docs/redis-modes.md); part of `make test` (about 2 minutes).
+SENTINEL_CORE := tests/amqp/test_queues.py tests/amqp/test_topics.py tests/amqp/test_delayed.py \
+	tests/amqp/test_failover.py tests/jms/test_subscriptions.py tests/jms/test_transactions.py
+test-sentinel: venv node-deps
+	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
 
 lint: venv
 	$(VENV)/bin/ruff check broker operator analytics tests bench docker charts fuzz scripts

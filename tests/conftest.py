@@ -4,8 +4,13 @@ Session-wide real components: one redis-server on a free loopback port and broke
 Tests share brokers and isolate themselves by address names (``address`` fixture), so no test
 flushes Redis under a running broker. Tests that need other broker settings start their own
 with ``start_broker``; everything started is stopped by PID at the end.
+
+``SHOAL_TEST_STORE=sentinel`` runs the same tests with the brokers on a Sentinel URL (a primary,
+its replica and three sentinels; ``redis_server`` is then the primary, for tests that read Redis
+directly): ``make test-sentinel`` runs the core functional modules that way.
 """
 
+import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,6 +18,9 @@ from typing import Any
 
 import pytest
 from processes import LOG_DIR, BrokerProcess, RedisServer
+from sentinels import SentinelGroup
+
+STORE_MODE = os.environ.get('SHOAL_TEST_STORE', 'standalone')
 
 
 @pytest.fixture(scope='session', autouse=True)
@@ -23,33 +31,49 @@ def broker_logs() -> Iterator[None]:
 
 
 @pytest.fixture(scope='session')
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    yield server
-    server.stop()
+def store_backend() -> Iterator[tuple[RedisServer, str]]:
+    """The session's Redis (the primary, in sentinel mode) and the URL brokers are given."""
+    if STORE_MODE == 'sentinel':
+        group = SentinelGroup()
+        yield group.servers[0], group.url
+        group.stop()
+    else:
+        server = RedisServer()
+        yield server, server.url
+        server.stop()
 
 
 @pytest.fixture(scope='session')
-def broker(redis_server: RedisServer) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(redis_server.url, replica_id='replica-a')
+def redis_server(store_backend: tuple[RedisServer, str]) -> RedisServer:
+    return store_backend[0]
+
+
+@pytest.fixture(scope='session')
+def store_url(store_backend: tuple[RedisServer, str]) -> str:
+    return store_backend[1]
+
+
+@pytest.fixture(scope='session')
+def broker(store_url: str) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(store_url, replica_id='replica-a')
     yield b
     b.stop()
 
 
 @pytest.fixture(scope='session')
-def second_broker(redis_server: RedisServer, broker: BrokerProcess) -> Iterator[BrokerProcess]:
+def second_broker(store_url: str, broker: BrokerProcess) -> Iterator[BrokerProcess]:
     """Another replica on the same Redis as ``broker``."""
-    b = BrokerProcess(redis_server.url, replica_id='replica-b')
+    b = BrokerProcess(store_url, replica_id='replica-b')
     yield b
     b.stop()
 
 
 @pytest.fixture
-def start_broker(redis_server: RedisServer) -> Iterator[Callable[..., BrokerProcess]]:
+def start_broker(store_url: str) -> Iterator[Callable[..., BrokerProcess]]:
     started: list[BrokerProcess] = []
 
     def start(**kwargs: Any) -> BrokerProcess:
-        kwargs.setdefault('redis_url', redis_server.url)
+        kwargs.setdefault('redis_url', store_url)
         b = BrokerProcess(kwargs.pop('redis_url'), **kwargs)
         started.append(b)
         return b

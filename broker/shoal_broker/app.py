@@ -195,6 +195,9 @@ async def _listen_tls(
     return [server], [asyncio.create_task(watch())]
 
 
+LEASE_RETRY_SECONDS = 0.25
+"""Pause before renewing again after a renewal failed for want of Redis."""
+
 WATCHES_PER_RENEWAL = 256
 """Watched addresses a lease renewal lists this replica under again (all of them within
 ceil(n / 256) renewals); see RedisStore.assert_watches."""
@@ -205,13 +208,17 @@ async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -
     drop every connection (clients reconnect and register afresh) rather than act on stale
     registrations."""
     interval = liveness.lease_ms / 3000
+    delay = interval
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(delay)
         try:
             state = await liveness.renew()
         except StoreUnavailable as exc:
             logger.warning('lease not renewed: %s', exc)
+            # Redis back within the lease (a Sentinel failover takes seconds): renew at once
+            delay = min(interval, LEASE_RETRY_SECONDS)
             continue
+        delay = interval
         LEASE_UP.set(1 if state == 'renewed' else 0)
         try:
             await liveness.store.assert_watches(WATCHES_PER_RENEWAL)

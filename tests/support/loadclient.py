@@ -371,6 +371,9 @@ class ChaosRun(MessagingHandler):  # type: ignore[misc]
         self.in_doubt: set[Any] = set()
         self.rejected: list[tuple[Any, str]] = []
         self.released = 0
+        self.released_bodies: set[Any] = set()
+        """Bodies released at least once (sent again): a store that wrote one but could not
+        confirm it in time (``replicated``) may deliver both copies."""
         self.sent = 0
         self.receipts: list[Receipt] = []
         self.received: set[Any] = set()
@@ -544,6 +547,7 @@ class ChaosRun(MessagingHandler):  # type: ignore[misc]
         if slot is None or body is None:
             return
         self.released += 1
+        self.released_bodies.add(body)
         if self.producers[slot.index].resend_released:
             slot.resend.append((time.monotonic() + self.resend_delay, body))
 

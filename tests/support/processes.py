@@ -69,7 +69,7 @@ class RedisServer:
         try:
             with socket.create_connection((LOOPBACK, self.port), timeout=0.5) as s:
                 s.sendall(b'PING\r\n')
-                return s.recv(16).startswith(b'+PONG')
+                return s.recv(16).startswith((b'+PONG', b'-NOAUTH'))  # up, with a password
         except OSError:
             return False
 

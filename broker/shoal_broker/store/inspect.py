@@ -26,7 +26,7 @@ import redis.exceptions
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.jms_subscriptions import Scope
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import keys
+from shoal_broker.store import connect, keys
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _PAGE = 1000
@@ -120,7 +120,7 @@ class Inspector:
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 5.0) -> Self:
         """Raises ValueError for a URL redis-py cannot use."""
-        client = redis.asyncio.Redis.from_url(
+        client = connect.client(
             url, decode_responses=True, socket_connect_timeout=timeout, socket_timeout=timeout
         )
         return cls(client)
@@ -138,7 +138,7 @@ class Inspector:
 
     async def close(self) -> None:
         try:
-            await self._client.aclose()
+            await connect.close(self._client)
         except _REDIS_DOWN:
             pass
 

@@ -187,6 +187,11 @@ class Lane:
                         break
                     if isinstance(reply, redis.exceptions.ConnectionError):
                         raise reply
+                    if isinstance(reply, redis.exceptions.ReadOnlyError):
+                        # a primary demoted to a replica (Sentinel failover): what this
+                        # connection carries can no longer be written; connect again, which
+                        # through Sentinel finds the new primary
+                        raise redis.exceptions.ConnectionError('the Redis primary is now a replica')
                     replies.append(reply)
                 else:
                     self._partial = []

@@ -54,7 +54,7 @@ from shoal_broker.routing.storage import (
 )
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.stopping import cancel_and_wait
-from shoal_broker.store import keys, scripts
+from shoal_broker.store import connect, keys, scripts
 from shoal_broker.store.lane import BULK_HEADS, CRLF, Encoded, Lane, encode
 from shoal_broker.store.notifications import NotificationReader
 
@@ -107,6 +107,9 @@ ACK_COALESCE_SECONDS = 0.002
 anyway; at a trickle (1 000 msg/s) each ack otherwise paid a pipeline and two wake-ups of its own
 (docs/benchmarks.md, sitting J), while the next publish comes within a millisecond. An ack still
 queued when the replica dies only means a redelivery, which at-least-once allows."""
+
+UNCONFIRMED_WARNING_SECONDS = 10.0
+"""At most one warning this often while no Redis replica confirms writes (``replicated``)."""
 
 PARTS_PER_MESSAGE = 7
 """A published message's script arguments as encoded parts: the header's bulk-string head,
@@ -245,6 +248,7 @@ class RedisStore:
         """(address, group) whose last fetch was big and found nothing returned or high-band."""
         self._address_backlogs: dict[str, tuple[int, str]] = {}
         """Declared queues' own backlog limits (``retention.maxMessages``), over ``_backlog``."""
+        self._unconfirmed_warned_at = -UNCONFIRMED_WARNING_SECONDS
         self.pipelines = 0
         """Pipelines sent so far (a batching measure for benchmarks and tests)."""
         self.commands = 0
@@ -259,8 +263,8 @@ class RedisStore:
     ) -> 'RedisStore':
         # Blocking pool: a burst of attaches or closes waits for a connection instead of failing
         # with "Too many connections" (redis-py's default pool refuses past its size).
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            url, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
+        pool = connect.connection_pool(
+            url, blocking=True, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
             health_check_interval=30,
         )  # fmt: skip
         client = redis.asyncio.Redis.from_pool(pool)  # owns the pool: aclose() closes it
@@ -305,7 +309,7 @@ class RedisStore:
         if self._pubsub is not None:
             with contextlib.suppress(*_REDIS_DOWN):
                 await self._pubsub.aclose()
-        await self._client.aclose()
+        await connect.close(self._client)
 
     async def flush(self) -> None:
         """Wait until everything queued or in flight has been sent and answered."""
@@ -436,10 +440,23 @@ class RedisStore:
             return
         REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
         if waits and not (isinstance(replies[-1], int) and replies[-1] >= 1):
+            self._warn_unconfirmed()
             _unconfirmed(ops)
         self._settle_units(units, replies)
         for address in {op.notify for op in ops if op.notify and op.notify_local}:
             self._notify_local(address)
+
+    def _warn_unconfirmed(self) -> None:
+        """Say why every message is released while the primary has no replica (after a
+        Sentinel failover, until one joins), once per UNCONFIRMED_WARNING_SECONDS."""
+        now = time.monotonic()
+        if now - self._unconfirmed_warned_at >= UNCONFIRMED_WARNING_SECONDS:
+            self._unconfirmed_warned_at = now
+            logger.warning(
+                'no Redis replica confirmed writes within %d ms: messages are released, not '
+                'accepted (SHOAL_DURABILITY=replicated needs a replica of the Redis primary)',
+                self._replication_timeout_ms,
+            )
 
     def _settle_units(self, units: list[_Unit], replies: list[Any]) -> None:
         retry: list[_Op] = []

@@ -1,0 +1,261 @@
+"""
+Redis connections from a URL: one standalone Redis, or the primary that Redis Sentinel names.
+
+redis-py parses ``redis://``, ``rediss://`` and ``unix://`` URLs and finds and follows a
+Sentinel-managed primary (``redis.asyncio.sentinel``), but it has no URL form for Sentinel.
+Shoal takes the ``redis+sentinel`` form other Redis clients use (redis-sentinel-url, redisvl,
+prefect-redis)::
+
+    redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db][?option=value...]
+    rediss+sentinel://...    TLS to the Redis servers and to the sentinels alike
+
+The hosts are the sentinels (port 26379 unless given), ``service`` is the name they monitor the
+primary under. The user and password are the Redis servers' (as in a ``redis://`` URL); the
+``sentinel_username`` and ``sentinel_password`` options authenticate to the sentinels, which
+otherwise get no credentials. Every other option is a redis-py URL option (``ssl_ca_certs``,
+``socket_timeout``, ...), parsed by redis-py, for the servers; the socket and TLS ones apply to the
+sentinels too.
+
+Written here, because redis-py does not do it: the URL form above, a sentinel pool that blocks
+when it is exhausted like the standalone store's ``BlockingConnectionPool`` (redis-py's sentinel
+pool refuses past its size), and listening for the sentinels' ``+switch-master`` announcement
+(``follow_switches``, started by a sentinel pool's first connection): redis-py only looks for the
+new primary when a connection fails or answers READONLY, and an old primary that is still up
+(demoted, or cut off from the sentinels) keeps answering reads and pub/sub on the connections
+already open to it.
+"""
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import urllib.parse
+from typing import Any, cast
+
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool, parse_url
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+logger = logging.getLogger(__name__)
+
+SENTINEL_SCHEMES = {'redis+sentinel': False, 'rediss+sentinel': True}
+"""Sentinel URL scheme -> whether its connections use TLS."""
+
+SENTINEL_PORT = 26379
+
+SWITCH_CHANNEL = '+switch-master'
+
+RESUBSCRIBE_SECONDS = 1.0
+"""Pause before listening to a sentinel again after losing it."""
+
+SENTINEL_TIMEOUT_SECONDS = 2.0
+"""Connect and reply timeout towards a sentinel, unless the URL sets ``socket_timeout`` or
+``socket_connect_timeout``: a sentinel cut off without a reset must not hold up finding the
+primary (redis-py asks the next one only after an error)."""
+
+QUIET_SECONDS = 5.0
+"""A sentinel's ``+switch-master`` channel silent this long is pinged; silent twice as long, it is
+given up on and subscribed to again."""
+
+_SENTINEL_OPTIONS = ('sentinel_username', 'sentinel_password')
+_SHARED_PREFIXES = ('socket_', 'ssl')
+"""Options of the URL that apply to the sentinel connections too."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SentinelUrl:
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    tls: bool
+    connection: dict[str, Any]
+    """redis-py connection arguments for the Redis servers (db, credentials, options)."""
+    sentinel: dict[str, Any]
+    """redis-py connection arguments for the sentinels."""
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.partition('://')[0].lower() in SENTINEL_SCHEMES
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """Raises ValueError for a URL that is not a usable Sentinel URL."""
+    scheme, sep, rest = url.partition('://')
+    if not sep or scheme.lower() not in SENTINEL_SCHEMES:
+        raise ValueError(f'not a Sentinel URL (schemes: {", ".join(SENTINEL_SCHEMES)})')
+    tls = SENTINEL_SCHEMES[scheme.lower()]
+    rest, _, query = rest.partition('?')
+    netloc, _, path = rest.partition('/')
+    userinfo, at, hosts = netloc.rpartition('@')
+    sentinels = tuple(_host_port(h) for h in hosts.split(',') if h)
+    if not sentinels:
+        raise ValueError('a Sentinel URL needs at least one sentinel host')
+    names = [urllib.parse.unquote(p) for p in path.split('/') if p]
+    if not names or len(names) > 2:
+        raise ValueError('a Sentinel URL names the primary: .../<service>[/<db>]')
+    options = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    own = {k: v for k, v in options if k in _SENTINEL_OPTIONS}
+    rest_query = urllib.parse.urlencode([(k, v) for k, v in options if k not in _SENTINEL_OPTIONS])
+    # redis-py parses the credentials, the db and every option, as for a standalone URL
+    standalone = f'{"rediss" if tls else "redis"}://{userinfo}{at}sentinel/{"/".join(names[1:])}'
+    connection: dict[str, Any] = dict(parse_url(f'{standalone}?{rest_query}'))
+    for key in ('host', 'port', 'connection_class'):
+        connection.pop(key, None)
+    if tls:
+        connection['ssl'] = True  # the sentinel pool picks its TLS connection class by this
+    sentinel = {k: v for k, v in connection.items() if k.startswith(_SHARED_PREFIXES)}
+    if 'sentinel_username' in own:
+        sentinel['username'] = own['sentinel_username']
+    if 'sentinel_password' in own:
+        sentinel['password'] = own['sentinel_password']
+    return SentinelUrl(sentinels, names[0], tls, connection, sentinel)
+
+
+def _host_port(member: str) -> tuple[str, int]:
+    if member.startswith('['):  # [IPv6]:port
+        host, _, port = member[1:].partition(']')
+        port = port.removeprefix(':')
+    else:
+        host, _, port = member.partition(':')
+    if not host:
+        raise ValueError(f'bad sentinel address {member!r}')
+    try:
+        return host, int(port) if port else SENTINEL_PORT
+    except ValueError:
+        raise ValueError(f'bad sentinel port in {member!r}') from None
+
+
+class _Following:
+    """A sentinel pool that, from its first connection on, follows ``+switch-master`` announcements
+    (``follow_switches``) until ``stop_following``: every long-lived user of a Sentinel URL (the
+    store, the metrics' inspector, the operator's registry) moves at once, idle or not."""
+
+    _follower: 'asyncio.Task[None] | None' = None
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self._follower is None:
+            pool = cast(SentinelConnectionPool, self)
+            self._follower = asyncio.get_running_loop().create_task(
+                follow_switches(pool), name='sentinel-switches'
+            )
+        return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+
+    async def stop_following(self) -> None:
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+
+
+class SentinelPool(_Following, SentinelConnectionPool):
+    """redis-py's sentinel pool (connections ask the sentinels for the primary when they
+    connect), following switches."""
+
+
+class BlockingSentinelPool(_Following, SentinelConnectionPool, BlockingConnectionPool):
+    """The same, with the blocking pool's waiting for a free connection."""
+
+
+def connection_pool(url: str, *, blocking: bool = False, **kwargs: Any) -> ConnectionPool:
+    """A pool for ``url``; ``kwargs`` are pool and connection arguments (the URL's options win,
+    as with redis-py's ``from_url``). Raises ValueError for a URL redis-py cannot use."""
+    if not is_sentinel_url(url):
+        cls = BlockingConnectionPool if blocking else ConnectionPool
+        return cls.from_url(url, **kwargs)
+    parsed = parse_sentinel_url(url)
+    sentinel_kwargs: dict[str, Any] = {
+        'socket_connect_timeout': SENTINEL_TIMEOUT_SECONDS,
+        'socket_timeout': SENTINEL_TIMEOUT_SECONDS,
+    }
+    sentinel_kwargs.update((k, v) for k, v in kwargs.items() if k.startswith('socket_'))
+    sentinel_kwargs.update(parsed.sentinel)
+    manager = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    pool_kwargs = {**kwargs, **parsed.connection}
+    pool_class = BlockingSentinelPool if blocking else SentinelPool
+    pool: ConnectionPool = pool_class(parsed.service, manager, **pool_kwargs)
+    return pool
+
+
+def client(url: str, **kwargs: Any) -> 'redis.asyncio.Redis':
+    """A client owning a (non-blocking) pool for ``url``: ``aclose`` closes it (use ``close``
+    to close a Sentinel URL's sentinel connections too)."""
+    return redis.asyncio.Redis.from_pool(connection_pool(url, **kwargs))
+
+
+async def close(redis_client: 'redis.asyncio.Redis') -> None:
+    """Close the client, its pool and, for a Sentinel pool, the sentinel connections."""
+    pool = redis_client.connection_pool
+    if isinstance(pool, _Following):
+        await pool.stop_following()
+    try:
+        await redis_client.aclose()
+    finally:
+        if isinstance(pool, SentinelConnectionPool):
+            await pool.sentinel_manager.aclose()
+
+
+async def follow_switches(pool: SentinelConnectionPool) -> None:
+    """Listen to every sentinel for ``+switch-master`` of the pool's service; on the first
+    announcement of a new primary, drop every connection of the pool (in use or idle), so each
+    connects again to the primary the sentinels now name. Runs until cancelled."""
+    state = _SwitchState(pool)
+    listeners = [
+        asyncio.create_task(_listen(sentinel, state), name='sentinel-switch')
+        for sentinel in pool.sentinel_manager.sentinels
+    ]
+    try:
+        await asyncio.gather(*listeners)
+    finally:
+        for task in listeners:
+            task.cancel()
+        await asyncio.gather(*listeners, return_exceptions=True)
+
+
+class _SwitchState:
+    def __init__(self, pool: SentinelConnectionPool) -> None:
+        self.pool = pool
+        self.followed: tuple[str, int] | None = None
+        """The last primary switched to: every sentinel announces the same switch."""
+
+    async def announced(self, data: Any) -> None:
+        text = data.decode() if isinstance(data, bytes) else str(data)
+        parts = text.split()  # <service> <old ip> <old port> <new ip> <new port>
+        if len(parts) != 5 or parts[0] != self.pool.service_name:
+            return
+        new = (parts[3], int(parts[4]))
+        if new == self.followed:
+            return
+        self.followed = new
+        logger.warning(
+            'Redis Sentinel switched %s to %s:%d; reconnecting', parts[0], new[0], new[1]
+        )
+        with contextlib.suppress(*_DOWN):
+            await self.pool.disconnect(inuse_connections=True)
+
+
+_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+async def _listen(sentinel: 'redis.asyncio.Redis', state: _SwitchState) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        pubsub = sentinel.pubsub()
+        try:
+            await pubsub.subscribe(SWITCH_CHANNEL)
+            heard = loop.time()
+            while True:
+                message = await pubsub.get_message(timeout=QUIET_SECONDS)
+                if message is None:  # quiet: ping, and give up once even that went unanswered
+                    if loop.time() - heard >= 2 * QUIET_SECONDS:
+                        raise TimeoutError('the sentinel went silent')
+                    await pubsub.ping()
+                    continue
+                heard = loop.time()  # a confirmation, a pong or an announcement
+                if message.get('type') == 'message':
+                    await state.announced(message['data'])
+        except _DOWN as exc:
+            logger.debug('sentinel channel lost: %s', exc)
+        finally:
+            with contextlib.suppress(*_DOWN):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await asyncio.sleep(RESUBSCRIBE_SECONDS)

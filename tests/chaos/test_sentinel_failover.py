@@ -1,0 +1,112 @@
+"""kill -9 of the Redis primary under load, with Sentinel: the replica is promoted, both broker
+replicas follow it, and in ``replicated`` mode nothing accepted is lost."""
+
+import collections
+import time
+import uuid
+
+import pytest
+from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
+from sentinels import SentinelGroup
+
+LOAD = 6_000
+ROLLBACK_WINDOW = 1.0
+"""Seconds before the kill within which a delivery may be undone by the failover."""
+FOLLOW_BOUND_SECONDS = 30.0
+"""How long a broker may take to answer /readyz after the promotion before the test fails: far
+above the measured time, so a busy machine does not fail it."""
+REPLICATED = {'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '500'}
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_follow(
+    cluster, record_property
+) -> None:  # type: ignore[no-untyped-def]
+    group = SentinelGroup()
+    try:
+        a = cluster.broker(group.url, replica_id='sentinel-a', env=REPLICATED)
+        b = cluster.broker(group.url, replica_id='sentinel-b', env=REPLICATED)
+        queue = f'chaos-{uuid.uuid4().hex[:8]}'
+        run = ChaosRun(
+            [ChaosProducer([a.url, b.url], queue, range(0, LOAD, 2)),
+             ChaosProducer([b.url, a.url], queue, range(1, LOAD, 2))],
+            [ChaosConsumer([a.url, b.url], queue, 'c0', credit=50),
+             ChaosConsumer([b.url, a.url], queue, 'c1', credit=50)],
+            timeout=100,
+        ).start()  # fmt: skip
+        try:
+            assert run.wait(lambda r: len(r.accepted) >= LOAD // 3, timeout=40), run.log
+            old = group.primary_port()
+            assert old is not None
+            killed_at = cluster.kill_9(group.running(old).process)
+            accepted_at_kill = len(run.accepted)
+            new, promoted_at = group.wait_promoted(old, timeout=30)
+            ready = [_ready_after(x, promoted_at) for x in (a, b)]
+            # until the new primary has a replica, WAIT 1 confirms nothing: every write is
+            # released, none accepted; the old primary comes back as the new one's replica
+            group.server('--replicaof', '127.0.0.1', str(new), port=old)
+            group.wait_linked(old, timeout=15)
+            linked_at = time.monotonic()
+            accepted_at_link = len(run.accepted)
+            assert run.wait(lambda r: len(r.accepted) > accepted_at_link, timeout=20), run.log[-8:]
+            first_accept = time.monotonic() - linked_at
+            finished = run.wait(ChaosRun.delivered_all, timeout=60)
+            time.sleep(0.5)  # late duplicates
+        finally:
+            run.stop()
+    finally:
+        group.stop()
+    lost = run.accepted - run.received
+    by_body = collections.Counter(r.body for r in run.receipts)
+    duplicates = {body for body, n in by_body.items() if n > 1}
+    redelivered_bodies = {r.body for r in run.receipts if r.delivery_count > 0}
+    first_at: dict[int, float] = {}
+    for r in run.receipts:
+        first_at.setdefault(r.body, r.at)
+    # An accepted body comes twice as a counted redelivery, because it was released (written,
+    # not confirmed by a replica in time) and sent again, or because its first delivery was
+    # among the last fetches and acks the replica had not received when the primary died (not
+    # WAITed for: the promoted replica delivers it again, delivery count and all, as new).
+    unexplained = {
+        body
+        for body in (duplicates & run.accepted) - redelivered_bodies - run.released_bodies
+        if first_at[body] < killed_at - ROLLBACK_WINDOW
+    }
+    rolled_back = (duplicates & run.accepted) - redelivered_bodies - run.released_bodies
+    redelivered = sum(1 for r in run.receipts if r.delivery_count > 0)
+    summary = (
+        f'sentinel failover (replicated): accepted {len(run.accepted)} of {LOAD} '
+        f'({accepted_at_kill} before the kill, {accepted_at_link} once the new primary had a '
+        f'replica), {run.released} released and sent again, {len(run.in_doubt)} in doubt, '
+        f'{len(run.received)} received, {len(lost)} lost, {len(duplicates)} bodies delivered '
+        f'more than once ({len(rolled_back)} accepted ones neither released nor counted as '
+        f'redelivered), {redelivered} redeliveries; promoted {promoted_at - killed_at:.2f} s '
+        f'after the kill, brokers ready {[r and round(r, 2) for r in ready]} s after it, '
+        f'a new accept {first_accept:.2f} s after the new primary had a replica again; '
+        f'connections lost: {[f"{t - killed_at:.2f} s {w}" for t, w in run.log if "lost" in w]}'
+        f'; leases lapsed: {(a.log() + b.log()).count("lease lapsed")}'
+    )
+    cluster.report(summary)
+    record_property('follow_seconds', max(r or 99.0 for r in ready))
+    assert not lost, f'{summary}; lost e.g. {sorted(lost)[:10]}'
+    assert finished, summary
+    assert not unexplained, f'{summary}; e.g. {sorted(unexplained)[:10]}'
+    # followed, within a generous bound (no timed assertion: the time is reported above and in
+    # docs/redis-modes.md, ≤ 0.3 s on an idle machine)
+    assert all(r is not None for r in ready), f'{summary}\n{a.log()[-6000:]}'
+    assert all(x.process.poll() is None for x in (a, b))  # never restarted
+    logs = a.log() + b.log()
+    assert 'switched shoal to' in logs  # +switch-master was heard
+    assert 'no Redis replica confirmed writes' in logs  # why messages were released meanwhile
+
+
+def _ready_after(broker, since: float) -> float | None:  # type: ignore[no-untyped-def]
+    """Seconds from ``since`` until the broker's /readyz answers 200 (it pings the primary)."""
+    while time.monotonic() - since < FOLLOW_BOUND_SECONDS:
+        try:
+            if broker.http_get('/readyz')[0] == 200:
+                return time.monotonic() - since
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return None
