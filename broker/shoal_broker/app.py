@@ -22,7 +22,12 @@ from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.health import HealthServer
 from shoal_broker.metrics.records import MetricRecord
-from shoal_broker.metrics.registry import LEASE_UP, register_gauges, subscription_label
+from shoal_broker.metrics.registry import (
+    LEASE_UP,
+    REDIS_UP,
+    register_gauges,
+    subscription_label,
+)
 from shoal_broker.security.tls import ServerTls, redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.stopping import cancel_and_wait
@@ -124,6 +129,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     backlog = BacklogSnapshot(url)
     register_gauges(lambda: broker_gauges(broker, backlog))
     LEASE_UP.set(1)
+    REDIS_UP.set(1)
     tune_garbage_collector()
     stop = asyncio.Event()
     background = [
@@ -211,7 +217,9 @@ async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -
             state = await liveness.renew()
         except StoreUnavailable as exc:
             logger.warning('lease not renewed: %s', exc)
+            REDIS_UP.set(0)
             continue
+        REDIS_UP.set(1)
         LEASE_UP.set(1 if state == 'renewed' else 0)
         try:
             await liveness.store.assert_watches(WATCHES_PER_RENEWAL)

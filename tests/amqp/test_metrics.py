@@ -1,9 +1,11 @@
 """Prometheus metrics on the broker's HTTP endpoint, after real traffic."""
 
 import time
+from collections.abc import Iterator
 
+import pytest
 from amqpclient import connect, receive_all, receiver, send_all, settle
-from processes import BrokerProcess
+from processes import BrokerProcess, RedisServer
 from prometheus_client.parser import text_string_to_metric_families
 from proton import Delivery
 
@@ -62,6 +64,35 @@ def test_backlog_gauges_count_unconsumed_messages(start_broker, address: str) ->
         time.sleep(0.5)
     assert _value(_samples(b), 'shoal_backlog_messages', **labels) == 3
     conn.close()
+
+
+def _until(broker: BrokerProcess, name: str, value: float, seconds: float) -> float:
+    """The gauge's value once it reads VALUE, or its last value after SECONDS."""
+    deadline = time.monotonic() + seconds
+    while (seen := _value(_samples(broker), name)) != value and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return seen
+
+
+@pytest.fixture
+def own_redis() -> Iterator[list[RedisServer]]:
+    """A Redis of the test's own (a list, so the test may replace it), stopped after the
+    brokers the test started (request it before ``start_broker``)."""
+    servers = [RedisServer()]
+    yield servers
+    servers[-1].stop()
+
+
+def test_redis_up_gauge_drops_while_redis_is_gone_and_comes_back_with_it(
+    own_redis: list[RedisServer], start_broker
+) -> None:  # type: ignore[no-untyped-def]
+    """The series the ShoalRedisUnreachable alert watches (charts/shoal/files/prometheus-rules)."""
+    b = start_broker(redis_url=own_redis[0].url, env={'SHOAL_LEASE_SECONDS': '1.5'})
+    assert _value(_samples(b), 'shoal_redis_up') == 1
+    own_redis[0].stop()
+    assert _until(b, 'shoal_redis_up', 0, 15) == 0
+    own_redis.append(RedisServer(own_redis[0].port))
+    assert _until(b, 'shoal_redis_up', 1, 15) == 1
 
 
 def test_each_replica_appends_interval_records_to_the_metrics_stream(

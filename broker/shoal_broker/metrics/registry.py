@@ -76,6 +76,10 @@ REDIS_ROUND_TRIP = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 LEASE_UP = Gauge('shoal_replica_lease_up', 'Whether this replica holds its liveness lease.')
+REDIS_UP = Gauge(
+    'shoal_redis_up',
+    'Whether this replica reached Redis at its last lease renewal (every third of the lease).',
+)
 
 
 # Every analytics record bound is a Prometheus bucket bound, so one bisection serves both
