@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import resource
 import signal
 import time
@@ -143,7 +144,9 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         asyncio.create_task(broker.guard.watch_store_memory(store)),
     ]
     if settings.store.metrics_interval_seconds > 0:
-        background.append(asyncio.create_task(_record_metrics(settings, store, broker, backlog)))
+        background.append(
+            asyncio.create_task(_record_metrics(settings, store, broker, backlog, liveness))
+        )
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logger.info(
@@ -260,25 +263,45 @@ class BacklogSnapshot:
         self._inspector = Inspector.from_url(url)
         self.samples: list[tuple[list[str], float]] = []
         self.declared: list[tuple[list[str], float]] = []
+        self._refreshed_at = -math.inf
+
+    async def refresh(self) -> bool:
+        """Read every queue's and subscription's backlog now; False when Redis did not answer."""
+        try:
+            queues = await self._inspector.queues()
+            subscriptions = await self._inspector.subscriptions()
+            owners = await self._inspector.declared_owners()
+        except StoreUnavailable as exc:
+            logger.debug('backlog not refreshed: %s', exc)
+            return False
+        self.samples = [([q.name, 'queue'], float(q.backlog)) for q in queues] + [
+            ([s.topic, s.id], float(s.backlog)) for s in subscriptions
+        ]
+        self.declared = [
+            ([address, subscription, *owner], 1.0)
+            for (address, subscription), _ in self.samples
+            if (owner := registry.owner_of(address, subscription, owners)) is not None
+        ]
+        self._refreshed_at = time.monotonic()
+        return True
 
     async def refresh_forever(self, interval: float) -> None:
+        """Refresh whenever the last refresh (here or by the metric records) is INTERVAL old."""
         while True:
-            try:
-                queues = await self._inspector.queues()
-                subscriptions = await self._inspector.subscriptions()
-                owners = await self._inspector.declared_owners()
-            except StoreUnavailable as exc:
-                logger.debug('backlog not refreshed: %s', exc)
-            else:
-                self.samples = [([q.name, 'queue'], float(q.backlog)) for q in queues] + [
-                    ([s.topic, s.id], float(s.backlog)) for s in subscriptions
-                ]
-                self.declared = [
-                    ([address, subscription, *owner], 1.0)
-                    for (address, subscription), _ in self.samples
-                    if (owner := registry.owner_of(address, subscription, owners)) is not None
-                ]
-            await asyncio.sleep(interval)
+            due = self._refreshed_at + interval - time.monotonic()
+            if due > 0:
+                await asyncio.sleep(due)
+            elif not await self.refresh():
+                await asyncio.sleep(interval)
+
+    def by_label(self) -> dict[tuple[str, str], int]:
+        """(address, subscription label) -> backlog: plain topic subscribers' private
+        subscriptions summed under ``private``, as the records and counters name them."""
+        backlogs: dict[tuple[str, str], int] = {}
+        for (address, subscription), value in self.samples:
+            key = (address, subscription_label(subscription))
+            backlogs[key] = backlogs.get(key, 0) + int(value)
+        return backlogs
 
     async def close(self) -> None:
         await self._inspector.close()
@@ -315,13 +338,29 @@ def broker_gauges(
 
 
 async def _record_metrics(
-    settings: BrokerSettings, store: RedisStore, broker: Broker, backlog: 'BacklogSnapshot'
+    settings: BrokerSettings,
+    store: RedisStore,
+    broker: Broker,
+    backlog: 'BacklogSnapshot',
+    liveness: Liveness,
 ) -> None:
-    """Append one metric record per queue and subscription every interval (deltas + gauges)."""
+    """Append one metric record per queue and subscription every interval (deltas + gauges).
+
+    Each replica writes the records of the entities it saw activity on or has consumers of; the
+    live replica with the smallest id also writes one for every other queue and subscription
+    in Redis, idle or not (a dead-letter queue nobody reads, a backlog nobody consumes), so each
+    appears every interval and only once for its idle part."""
     interval = settings.store.metrics_interval_seconds
     while True:
         await asyncio.sleep(interval)
-        batch = metric_records(broker, backlog, settings.replica_id, int(interval * 1000))
+        await backlog.refresh()  # the backlog at the end of the interval
+        try:
+            idle_too = await liveness.is_first_live()
+        except StoreUnavailable:
+            idle_too = False
+        batch = metric_records(
+            broker, backlog, settings.replica_id, int(interval * 1000), idle_too=idle_too
+        )
         try:
             owners = await registry.declared_owners(store.client)  # resources declaring them
             batch = [registry.labelled(record, owners) for record in batch]
@@ -333,16 +372,25 @@ async def _record_metrics(
 
 
 def metric_records(
-    broker: Broker, backlog: 'BacklogSnapshot', replica: str, interval_ms: int
+    broker: Broker,
+    backlog: 'BacklogSnapshot',
+    replica: str,
+    interval_ms: int,
+    *,
+    idle_too: bool = False,
 ) -> list[MetricRecord]:
+    """This replica's records for the interval: every entity with activity or consumers here,
+    and with IDLE_TOO every other queue and subscription the backlog snapshot knows."""
     tallies, latencies = broker.counters.take()
     consumers = {
         (sub.address, subscription_label(sub.group)): len(sub.consumers)
         for sub in broker.subscriptions.values()
     }
-    backlogs = {(labels[0], labels[1]): int(value) for labels, value in backlog.samples}
+    backlogs = backlog.by_label()
     now_ms = int(time.time() * 1000)
     entities = set(tallies) | set(consumers) | set(latencies)
+    if idle_too:
+        entities |= set(backlogs)
     return [
         MetricRecord.of(
             ts_ms=now_ms,

@@ -4,10 +4,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 from amqpclient import connect, receive_all, receiver, send_all, settle
 from processes import BrokerProcess, RedisServer
 from prometheus_client.parser import text_string_to_metric_families
 from proton import Delivery
+
+from shoal_broker.metrics.records import MetricRecord
 
 
 def _samples(broker: BrokerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -98,10 +101,6 @@ def test_redis_up_gauge_drops_while_redis_is_gone_and_comes_back_with_it(
 def test_each_replica_appends_interval_records_to_the_metrics_stream(
     start_broker, redis_server, address: str
 ) -> None:  # type: ignore[no-untyped-def]
-    import redis
-
-    from shoal_broker.metrics.records import MetricRecord
-
     b = start_broker(env={'SHOAL_METRICS_INTERVAL_SECONDS': '0.5'}, replica_id='recorder')
     conn = connect(b.url)
     send_all(conn, address, range(5))
@@ -121,3 +120,55 @@ def test_each_replica_appends_interval_records_to_the_metrics_stream(
     assert sum(sum(r.latency_buckets) for r in mine) == 5
     assert {r.subscription for r in mine} == {'queue'}
     conn.close()
+
+
+def _records(redis_url: str, address_prefix: str) -> list[MetricRecord]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        found = [MetricRecord.from_fields(f) for _, f in client.xrange('shoal:metrics')]
+    finally:
+        client.close()
+    return [r for r in found if r.address.startswith(address_prefix)]
+
+
+def test_idle_queues_and_the_dead_letter_queue_get_a_record_every_interval_from_one_replica(
+    own_redis: list[RedisServer], start_broker, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A DLQ nobody reads and a backlog nobody consumes appear in every interval, written once
+    (by the live replica with the smallest id), not only when a replica sees activity."""
+    url = own_redis[0].url
+    dlq, idle = f'{address}-dlq', f'{address}-idle'
+    env = {'SHOAL_METRICS_INTERVAL_SECONDS': '0.5', 'SHOAL_DEAD_LETTER_ADDRESS': dlq}
+    first = start_broker(redis_url=url, env=env, replica_id='aa-first')
+    second = start_broker(redis_url=url, env=env, replica_id='zz-second')
+    conn = connect(second.url)
+    send_all(conn, idle, range(2))
+    send_all(conn, address, range(1))
+    rcv = receiver(conn, address, credit=1)
+    rcv.receive(timeout=5)
+    settle(rcv, Delivery.REJECTED)  # to the DLQ, which has no consumer
+    conn.close()
+    quiet_from = time.time() * 1000 + 1000  # once the last active interval has passed
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        later = [r for r in _records(url, address) if r.ts_ms > quiet_from]
+        if {r.address for r in later if r.ts_ms > quiet_from + 1500} >= {dlq, idle}:
+            break
+        time.sleep(0.5)
+    for entity, held in ((dlq, 1), (idle, 2), (address, 0)):
+        mine = [r for r in later if r.address == entity]
+        assert len(mine) >= 3, (entity, mine)
+        assert {r.replica for r in mine} == {'aa-first'}
+        assert {r.backlog for r in mine} == {held}
+        assert {r.subscription for r in mine} == {'queue'}
+    # the first replica gone, the next one writes them
+    first.stop()
+    handed_over = time.time() * 1000
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        after = [r for r in _records(url, dlq) if r.ts_ms > handed_over]
+        if len(after) >= 2:
+            break
+        time.sleep(0.5)
+    assert {r.replica for r in after} == {'zz-second'}
+    assert {r.backlog for r in after} == {1}
