@@ -127,7 +127,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
 
         health = HealthServer(readiness)
         await health.start(*split_host_port(settings.http))
-    backlog = BacklogSnapshot(url)
+    backlog = BacklogSnapshot(url, settings.store.backlog_refresh_seconds)
     register_gauges(lambda: broker_gauges(broker, backlog))
     LEASE_UP.set(1)
     REDIS_UP.set(1)
@@ -139,7 +139,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         asyncio.create_task(_watch_others(liveness)),
         asyncio.create_task(_release_scheduled(store)),
         asyncio.create_task(_refresh_policies_forever(store, broker)),
-        asyncio.create_task(backlog.refresh_forever(BACKLOG_REFRESH_SECONDS)),
+        asyncio.create_task(backlog.refresh_forever()),
         *tls_tasks,
         asyncio.create_task(broker.guard.watch_store_memory(store)),
     ]
@@ -251,17 +251,18 @@ async def _watch_others(liveness: Liveness) -> None:
             logger.warning('reaping skipped: %s', exc)
 
 
-BACKLOG_REFRESH_SECONDS = 10.0
-"""How often the backlog gauges are read from Redis (they cost a scan of the addresses)."""
-
-
 class BacklogSnapshot:
-    """Backlog per queue and subscription, read from Redis in the background for the gauges,
-    with the custom resources declaring them (for the ``shoal_declared_info`` join metric)."""
+    """Backlog and in-flight count per queue and subscription, read from Redis in the background
+    for the gauges, with the custom resources declaring them (for the ``shoal_declared_info``
+    join metric). Labelled as the counters are (``subscription_label``). In flight is what Redis
+    counts as handed to a replica and not settled: at a consumer, or in the replica's send-ahead
+    buffer for one."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, interval: float) -> None:
         self._inspector = Inspector.from_url(url)
+        self.interval = interval
         self.samples: list[tuple[list[str], float]] = []
+        self.in_flight: list[tuple[list[str], float]] = []
         self.declared: list[tuple[list[str], float]] = []
         self._refreshed_at = -math.inf
 
@@ -274,34 +275,36 @@ class BacklogSnapshot:
         except StoreUnavailable as exc:
             logger.debug('backlog not refreshed: %s', exc)
             return False
-        self.samples = [([q.name, 'queue'], float(q.backlog)) for q in queues] + [
-            ([s.topic, s.id], float(s.backlog)) for s in subscriptions
+        rows = [(q.name, 'queue', q.backlog, q.in_flight) for q in queues] + [
+            (s.topic, subscription_label(s.id), s.backlog, s.in_flight) for s in subscriptions
         ]
+        backlogs: dict[tuple[str, str], float] = {}
+        in_flight: dict[tuple[str, str], float] = {}
+        for address, label, waiting, out in rows:
+            backlogs[address, label] = backlogs.get((address, label), 0.0) + waiting
+            in_flight[address, label] = in_flight.get((address, label), 0.0) + out
+        self.samples = [([a, s], value) for (a, s), value in backlogs.items()]
+        self.in_flight = [([a, s], value) for (a, s), value in in_flight.items()]
         self.declared = [
             ([address, subscription, *owner], 1.0)
-            for (address, subscription), _ in self.samples
+            for address, subscription in backlogs
             if (owner := registry.owner_of(address, subscription, owners)) is not None
         ]
         self._refreshed_at = time.monotonic()
         return True
 
-    async def refresh_forever(self, interval: float) -> None:
-        """Refresh whenever the last refresh (here or by the metric records) is INTERVAL old."""
+    async def refresh_forever(self) -> None:
+        """Refresh whenever the last refresh (here or by the metric records) is an interval old."""
         while True:
-            due = self._refreshed_at + interval - time.monotonic()
+            due = self._refreshed_at + self.interval - time.monotonic()
             if due > 0:
                 await asyncio.sleep(due)
             elif not await self.refresh():
-                await asyncio.sleep(interval)
+                await asyncio.sleep(self.interval)
 
     def by_label(self) -> dict[tuple[str, str], int]:
-        """(address, subscription label) -> backlog: plain topic subscribers' private
-        subscriptions summed under ``private``, as the records and counters name them."""
-        backlogs: dict[tuple[str, str], int] = {}
-        for (address, subscription), value in self.samples:
-            key = (address, subscription_label(subscription))
-            backlogs[key] = backlogs.get(key, 0) + int(value)
-        return backlogs
+        """(address, subscription label) -> backlog."""
+        return {(labels[0], labels[1]): int(value) for labels, value in self.samples}
 
     async def close(self) -> None:
         await self._inspector.close()
@@ -328,7 +331,10 @@ def broker_gauges(
         ('shoal_consumers', 'Consumers attached to this replica.', ['address', 'subscription'],
          consumers),
         ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (refreshed every '
-         f'{BACKLOG_REFRESH_SECONDS:g} s).', ['address', 'subscription'], backlog.samples),
+         f'{backlog.interval:g} s).', ['address', 'subscription'], backlog.samples),
+        ('shoal_in_flight_messages', 'Messages handed to consumers and not yet settled, '
+         f'cluster-wide (refreshed every {backlog.interval:g} s).', ['address', 'subscription'],
+         backlog.in_flight),
         # An info metric, as kube-state-metrics does: join any series on (address, subscription)
         # to add the resource's labels, without widening every hot counter's label set.
         ('shoal_declared_info', 'The Queue or SharedSubscription resource declaring a queue or '

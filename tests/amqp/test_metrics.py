@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from amqpclient import connect, receive_all, receiver, send_all, settle
+from amqpclient import connect, flush, receive_all, receiver, send_all, settle
 from processes import BrokerProcess, RedisServer
 from prometheus_client.parser import text_string_to_metric_families
 from proton import Delivery
@@ -66,6 +66,43 @@ def test_backlog_gauges_count_unconsumed_messages(start_broker, address: str) ->
             break
         time.sleep(0.5)
     assert _value(_samples(b), 'shoal_backlog_messages', **labels) == 3
+    conn.close()
+
+
+def test_in_flight_gauge_counts_deliveries_awaiting_their_outcome(
+    start_broker, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Unsettled deliveries are in flight (and still backlog) until settled; an hour's wait has
+    a latency bucket of its own."""
+    b = start_broker(env={'SHOAL_BACKLOG_REFRESH_SECONDS': '0.2'})
+    conn = connect(b.url)
+    send_all(conn, address, range(2))
+    rcv = receiver(conn, address, credit=2)
+    rcv.receive(timeout=5)
+    rcv.receive(timeout=5)  # both left unsettled
+    queue = {'address': address, 'subscription': 'queue'}
+
+    def gauges() -> tuple[float, float]:
+        samples = _samples(b)
+        in_flight = _value(samples, 'shoal_in_flight_messages', **queue)
+        return in_flight, _value(samples, 'shoal_backlog_messages', **queue)
+
+    deadline = time.monotonic() + 15
+    while (seen := gauges()) != (2, 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert seen == (2, 2)
+    settle(rcv, Delivery.ACCEPTED)
+    flush(conn)
+    deadline = time.monotonic() + 15
+    while (seen := gauges()) != (1, 1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert seen == (1, 1)
+    buckets = {
+        dict(labels).get('le')
+        for name, labels in _samples(b)
+        if name == 'shoal_delivery_latency_seconds_bucket' and ('address', address) in labels
+    }
+    assert {'300.0', '3600.0', '+Inf'} <= buckets
     conn.close()
 
 

@@ -23,7 +23,9 @@ from prometheus_client.utils import floatToGoString
 from shoal_broker.metrics import records
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-                   10, 30, 60, 300)  # fmt: skip
+                   10, 30, 60, 300, 900, 3600)  # fmt: skip
+"""Seconds: sub-millisecond deliveries up to an hour's wait (a backlog nobody drains), so the
+top finite bucket does not hide real waits."""
 
 _HOT_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     'enqueued': ('shoal_messages_enqueued', 'Messages stored for an address.', ('address',)),
