@@ -263,6 +263,7 @@ class BacklogSnapshot:
         self.interval = interval
         self.samples: list[tuple[list[str], float]] = []
         self.in_flight: list[tuple[list[str], float]] = []
+        self.oldest_ms: dict[tuple[str, str], int | None] = {}
         self.declared: list[tuple[list[str], float]] = []
         self._refreshed_at = -math.inf
 
@@ -275,14 +276,20 @@ class BacklogSnapshot:
         except StoreUnavailable as exc:
             logger.debug('backlog not refreshed: %s', exc)
             return False
-        rows = [(q.name, 'queue', q.backlog, q.in_flight) for q in queues] + [
-            (s.topic, subscription_label(s.id), s.backlog, s.in_flight) for s in subscriptions
+        rows = [(q.name, 'queue', q.backlog, q.in_flight, q.oldest_ms) for q in queues] + [
+            (s.topic, subscription_label(s.id), s.backlog, s.in_flight, s.oldest_ms)
+            for s in subscriptions
         ]
         backlogs: dict[tuple[str, str], float] = {}
         in_flight: dict[tuple[str, str], float] = {}
-        for address, label, waiting, out in rows:
-            backlogs[address, label] = backlogs.get((address, label), 0.0) + waiting
-            in_flight[address, label] = in_flight.get((address, label), 0.0) + out
+        oldest: dict[tuple[str, str], int | None] = {}
+        for address, label, waiting, out, since in rows:
+            key = (address, label)
+            backlogs[key] = backlogs.get(key, 0.0) + waiting
+            in_flight[key] = in_flight.get(key, 0.0) + out
+            known = [ms for ms in (oldest.get(key), since) if ms is not None]
+            oldest[key] = min(known) if known else None
+        self.oldest_ms = oldest
         self.samples = [([a, s], value) for (a, s), value in backlogs.items()]
         self.in_flight = [([a, s], value) for (a, s), value in in_flight.items()]
         self.declared = [
@@ -301,6 +308,15 @@ class BacklogSnapshot:
                 await asyncio.sleep(due)
             elif not await self.refresh():
                 await asyncio.sleep(self.interval)
+
+    def ages(self) -> list[tuple[list[str], float]]:
+        """Seconds since the oldest unconsumed message of each entity was enqueued (0: none),
+        as of now: the age keeps growing between refreshes, as the message keeps waiting."""
+        now_ms = time.time() * 1000
+        return [
+            ([address, label], 0.0 if ms is None else max(0.0, (now_ms - ms) / 1000))
+            for (address, label), ms in self.oldest_ms.items()
+        ]
 
     def by_label(self) -> dict[tuple[str, str], int]:
         """(address, subscription label) -> backlog."""
@@ -335,6 +351,8 @@ def broker_gauges(
         ('shoal_in_flight_messages', 'Messages handed to consumers and not yet settled, '
          f'cluster-wide (refreshed every {backlog.interval:g} s).', ['address', 'subscription'],
          backlog.in_flight),
+        ('shoal_oldest_message_age_seconds', 'Age of the oldest message not yet consumed '
+         '(0 when none waits).', ['address', 'subscription'], backlog.ages()),
         # An info metric, as kube-state-metrics does: join any series on (address, subscription)
         # to add the resource's labels, without widening every hot counter's label set.
         ('shoal_declared_info', 'The Queue or SharedSubscription resource declaring a queue or '

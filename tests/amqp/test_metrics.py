@@ -69,11 +69,11 @@ def test_backlog_gauges_count_unconsumed_messages(start_broker, address: str) ->
     conn.close()
 
 
-def test_in_flight_gauge_counts_deliveries_awaiting_their_outcome(
+def test_in_flight_and_oldest_age_gauges_follow_deliveries_awaiting_their_outcome(
     start_broker, address: str
 ) -> None:  # type: ignore[no-untyped-def]
-    """Unsettled deliveries are in flight (and still backlog) until settled; an hour's wait has
-    a latency bucket of its own."""
+    """Unsettled deliveries are in flight (and still backlog) until settled, the oldest one's
+    age grows while it waits; an hour's wait has a latency bucket of its own."""
     b = start_broker(env={'SHOAL_BACKLOG_REFRESH_SECONDS': '0.2'})
     conn = connect(b.url)
     send_all(conn, address, range(2))
@@ -97,6 +97,18 @@ def test_in_flight_gauge_counts_deliveries_awaiting_their_outcome(
     while (seen := gauges()) != (1, 1) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert seen == (1, 1)
+    # the unsettled one waits: its age grows from its enqueue, not from the last refresh
+    age = _value(_samples(b), 'shoal_oldest_message_age_seconds', **queue)
+    time.sleep(1.0)
+    later = _value(_samples(b), 'shoal_oldest_message_age_seconds', **queue)
+    assert 0 < age < later < 60
+    settle(rcv, Delivery.ACCEPTED)
+    flush(conn)
+    deadline = time.monotonic() + 15
+    while (seen := gauges()) != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _value(_samples(b), 'shoal_oldest_message_age_seconds', **queue) == 0
+    assert ('shoal_oldest_message_age_seconds', tuple(sorted(queue.items()))) in _samples(b)
     buckets = {
         dict(labels).get('le')
         for name, labels in _samples(b)

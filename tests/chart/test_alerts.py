@@ -63,7 +63,8 @@ def test_the_chart_ships_the_rule_file_promtool_tests() -> None:
     shipped = shipped_groups({'prometheusRule': {'enabled': True}})
     assert shipped == yaml.safe_load(RULES.read_text())['groups']
     assert set(alerts(shipped)) == {
-        'ShoalBacklogGrowing', 'ShoalConsumerStarved', 'ShoalDeadLetterQueueFilling',
+        'ShoalBacklogGrowing', 'ShoalConsumerStarved', 'ShoalMessageWaitingLong',
+        'ShoalDeadLetterQueueFilling',
         'ShoalRedisUnreachable', 'ShoalReplicaLeaseLost', 'ShoalReplicaDown',
         'ShoalReplicasMissing',
     }  # fmt: skip
@@ -87,6 +88,7 @@ def test_promtool_checks_the_rules_and_every_alert_passes_its_unit_tests(tmp_pat
 BROKEN = {
     'ShoalBacklogGrowing': ('> 1000', '> 0'),  # a small backlog that grows by one a minute
     'ShoalConsumerStarved': ('shoal:consumers:sum > 0', 'shoal:consumers:sum >= 0'),  # nobody
+    'ShoalMessageWaitingLong': ('shoal:consumers:sum > 0', 'shoal:consumers:sum >= 0'),  # DLQ
     'ShoalDeadLetterQueueFilling': ('> 0', '>= 0'),  # nothing dead-lettered
     'ShoalRedisUnreachable': ('== 0', '<= 1'),
     'ShoalReplicaLeaseLost': ('== 0', '<= 1'),
