@@ -1,11 +1,15 @@
 """Prometheus metrics on the broker's HTTP endpoint, after real traffic."""
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
-from amqpclient import connect, flush, receive_all, receiver, send_all, settle
+from amqpclient import Capabilities, connect, flush, receive_all, receiver, send_all, settle
+from jmswire import JmsSource, jms_connect, subscriber
 from processes import BrokerProcess, RedisServer
 from prometheus_client.parser import text_string_to_metric_families
 from proton import Delivery
@@ -45,8 +49,8 @@ def test_message_counters_latency_and_gauges_follow_the_traffic(start_broker, ad
     assert _value(samples, 'shoal_deliveries_settled_total', outcome='accepted', **queue) == 3
     assert _value(samples, 'shoal_deliveries_settled_total', outcome='released', **queue) == 1
     assert _value(samples, 'shoal_deliveries_settled_total', outcome='rejected', **queue) == 1
-    assert _value(samples, 'shoal_messages_dead_lettered_total', address=address) == 1
-    assert _value(samples, 'shoal_delivery_latency_seconds_count', address=address) == 3
+    assert _value(samples, 'shoal_messages_dead_lettered_total', **queue) == 1
+    assert _value(samples, 'shoal_delivery_latency_seconds_count', **queue) == 3
     assert _value(samples, 'shoal_connections') == 1
     assert _value(samples, 'shoal_consumers', **queue) == 1
     assert _value(samples, 'shoal_links', role='consumer') == 1
@@ -116,6 +120,40 @@ def test_in_flight_and_oldest_age_gauges_follow_deliveries_awaiting_their_outcom
     }
     assert {'300.0', '3600.0', '+Inf'} <= buckets
     conn.close()
+
+
+def test_dead_lettering_and_latency_name_the_topic_subscription(
+    start_broker, redis_server, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    """On a topic the subscription is known: which one rejects, which one is slow."""
+    b = start_broker(env={'SHOAL_DEAD_LETTER_ADDRESS': f'{address}-dlq'})
+    topic, name = f'{address}-t', f'{address}-sub'
+    source = JmsSource('topic', 'shared', 'global', durable=True)
+    consumer = jms_connect(b.url)
+    rcv = subscriber(consumer, topic, f'{name}|global', source, credit=2)
+    publisher = connect(b.url)
+    send_all(publisher, topic, range(2), Capabilities('topic'))
+    rcv.receive(timeout=5)
+    settle(rcv, Delivery.ACCEPTED)
+    rcv.receive(timeout=5)
+    settle(rcv, Delivery.REJECTED)
+    flush(consumer)
+    listed = subprocess.run(
+        [sys.executable, '-m', 'shoal_broker.admin', '--redis-url', redis_server.url,
+         'subscriptions', '--json'],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    [subscription] = [s['id'] for s in json.loads(listed.stdout) if s['name'] == name]
+    labels = {'address': topic, 'subscription': subscription}
+    deadline = time.monotonic() + 15
+    while _value(_samples(b), 'shoal_messages_dead_lettered_total', **labels) != 1:
+        assert time.monotonic() < deadline, 'no dead-lettering counted for the subscription'
+        time.sleep(0.2)
+    samples = _samples(b)
+    assert _value(samples, 'shoal_delivery_latency_seconds_count', **labels) == 1
+    assert _value(samples, 'shoal_messages_dead_lettered_total', address=topic) == 0  # no bare
+    consumer.close()
+    publisher.close()
 
 
 def _until(broker: BrokerProcess, name: str, value: float, seconds: float) -> float:
