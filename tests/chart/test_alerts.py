@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chartrender import CHART_DIR, ROOT, find, one, render
+from chartrender import CHART_DIR, ROOT, find, one, render, render_raw
 from exposition import exported_series
 from processes import BrokerProcess
 
@@ -57,6 +57,9 @@ def test_the_rule_follows_the_service_monitor_unless_told_otherwise() -> None:
     alone = one(render({'prometheusRule': {'enabled': True, 'labels': {'role': 'alerts'}}}),
                 'PrometheusRule')  # fmt: skip
     assert alone['metadata']['labels']['role'] == 'alerts'
+    notes = 'shoal/templates/NOTES.txt'
+    assert 'Alerts: PrometheusRule rel-shoal-broker' in render_raw(monitored)[notes]
+    assert 'Alerts:' not in render_raw()[notes]
 
 
 def test_the_chart_ships_the_rule_file_promtool_tests() -> None:
