@@ -14,6 +14,10 @@ command -v gcc >/dev/null 2>&1 || missing+=(gcc)
     2>/dev/null || missing+=(python3-dev)
 # Spark (the analytics package) runs on a Java 17 JRE; Debian 12 packages no newer one.
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+# promtool checks and unit-tests the chart's alerting and recording rules (tests/chart).
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# Headless Chromium screenshots the analytics report in its test (what a person sees).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${SHOAL_NO_NODE:-}" != 1 ]; then
     command -v node >/dev/null 2>&1 || missing+=(nodejs)
     command -v npm >/dev/null 2>&1 || missing+=(npm)

@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from shoal_analytics.anomalies import entity_anomalies, fairness_anomalies, replica_anomalies
 from shoal_analytics.errors import AnalysisError
 from shoal_analytics.indicators import (
+    backlog_samples,
     cells,
     cluster_rates,
     entity_summary,
@@ -60,7 +61,8 @@ def analyze(spark: SparkSession, lake: Lake, params: AnalysisParams) -> Analysis
     if record_count == 0:
         raise AnalysisError(f'no well-formed metric records under {lake.raw}')
     windows = _write(entity_windows(per_cell, params), out / 'entity_windows.parquet')
-    entities = _write(entity_summary(windows, params), out / 'entities.parquet')
+    samples = _write(backlog_samples(records), out / 'backlog_samples.parquet')
+    entities = _write(entity_summary(windows, samples, params), out / 'entities.parquet')
     fair = _write(fairness(per_cell, params), out / 'fairness.parquet')
     cluster = _write(cluster_rates(load), out / 'cluster_windows.parquet')
 
@@ -94,6 +96,9 @@ def analyze(spark: SparkSession, lake: Lake, params: AnalysisParams) -> Analysis
     document = {
         **json.loads(summary.to_fields()['summary']),
         'malformed_records': span.malformed,
+        # what the records cover (the lookback above is only how far back they were read)
+        'data_start_ms': span.data_start_ms,
+        'data_end_ms': span.end_ms,
         'p95_transfers_per_s': advice.p95_transfers_per_s,
         'utilisation': advice.utilisation,
         'params': dataclasses.asdict(params),

@@ -9,9 +9,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shoal_analytics.params import AnalysisParams
-from shoal_broker.metrics.records import Anomaly
+from shoal_broker.metrics.records import LATENCY_BOUNDS, Anomaly
 
 Row = Mapping[str, Any]
+TOP_BOUND_MS = LATENCY_BOUNDS[-1] * 1000
+"""The percentiles' largest answer: a rank in the +Inf bucket answers this bound."""
+
+
+def capped(ms: float) -> str:
+    """'≥ ' for a latency at the records' largest bucket bound (the rank fell beyond it)."""
+    return '≥ ' if ms >= TOP_BOUND_MS else ''
 
 
 def _severity(value: float, threshold: float) -> str:
@@ -29,7 +36,7 @@ def entity_anomalies(entities: Iterable[Row], params: AnalysisParams) -> list[An
                 flag='growing_backlog', **where,
                 severity='critical' if not row['consumers'] else 'warning',
                 detail=f'backlog {row["backlog"]} grows {row["backlog_slope_per_s"]:.1f} msg/s '
-                       f'({row["backlog_growing_fraction"]:.0%} of windows); {drain}',
+                       f'({row["backlog_growing_fraction"]:.0%} of samples); {drain}',
                 value=float(row['backlog_slope_per_s']),
             ))  # fmt: skip
         delivered = row['delivered'] or 0
@@ -53,7 +60,8 @@ def entity_anomalies(entities: Iterable[Row], params: AnalysisParams) -> list[An
         if accepted >= params.min_deliveries and p99 is not None and p99 > params.latency_slo_ms:
             found.append(Anomaly(
                 flag='slow_consumer', **where, severity=_severity(p99, params.latency_slo_ms),
-                detail=f'p99 latency {p99:.0f} ms over the {params.latency_slo_ms:.0f} ms SLO '
+                detail=f'p99 latency {capped(p99)}{p99:.0f} ms over the '
+                       f'{params.latency_slo_ms:.0f} ms SLO '
                        f'({accepted} settled deliveries)',
                 value=float(p99),
             ))  # fmt: skip

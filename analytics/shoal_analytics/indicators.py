@@ -4,11 +4,20 @@ The indicators of one analysis, as Spark DataFrames over the raw records.
 Records are deltas per (replica, entity, interval), so sums are additive across replicas and
 windows; ``backlog`` is a cluster-wide gauge every replica samples, so the newest sample wins;
 ``consumers`` is a per-replica gauge. A record belongs to the window holding its interval's
-midpoint; a window is complete once records exist past its end (the newest window is partial, and
-judging it would see every rate dip).
+midpoint; a window is complete once the records cover it from its start to its end (the first
+and the newest window are partial, and judging them would see a rate rise or dip).
 
-The records are scanned once, into *cells*: one row per (window, entity, replica). Every other
-table is an aggregate of the cells, which are a few times smaller than the records.
+The records are scanned into *cells*: one row per (window, entity, replica). Every other table
+but one is an aggregate of the cells, which are a few times smaller than the records. The
+exception is the backlog, a gauge: its samples (one per entity and record interval, the newest
+replica's) are kept as they are, so its trend needs no complete windows (a backlog that grows
+for two minutes has a dozen samples, not one complete minute-window) and its newest value is
+the one the broker shows.
+
+A topic's publishes are recorded under the topic with an empty subscription (``TOPIC``): they are
+what arrives at each of its subscriptions, whose own records count no enqueues, so a
+subscription's ``enqueued`` is the topic's (less what its selector filtered out) and the topic's
+own record is not an entity of the tables.
 """
 
 import dataclasses
@@ -21,13 +30,22 @@ from shoal_analytics.quantiles import BUCKETS, bucket_column, summed_buckets, wi
 from shoal_broker.metrics.records import COUNTS
 
 ENTITY = ('address', 'subscription')
+TOPIC = ''
+"""The subscription of a topic's publish records (``Counters.enqueued`` for a topic)."""
+QUEUE = 'queue'
+PRIVATE = 'private'
+"""Plain topic subscribers' private subscriptions, recorded together (one per consumer)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Span:
     start_ms: int
+    """Start of the lookback."""
     end_ms: int
+    """The newest record's end."""
     malformed: int
+    data_start_ms: int
+    """Where the records of the lookback begin (the first one's interval start)."""
 
 
 def _nonzero(column: Column) -> Column:
@@ -46,24 +64,33 @@ def _ratios(frame: DataFrame) -> DataFrame:
 
 
 def select_span(raw: DataFrame, params: AnalysisParams) -> tuple[DataFrame, Span]:
-    """The well-formed records of the lookback ending at the newest one, with their window."""
+    """The well-formed records of the lookback ending at the newest one, with their window. A
+    window is complete when the records cover all of it: it starts no earlier than the data
+    (or the lookback) and ends no later than the newest record, so neither a first window the
+    records only half cover nor the newest, still filling, reads as a dip."""
+    well_formed = F.col('error').isNull()
     stats = raw.agg(
         F.max('ts_ms').alias('end_ms'),
-        F.count(F.when(F.col('error').isNotNull(), 1)).alias('malformed'),
+        F.min(F.when(well_formed, F.col('ts_ms') - F.col('interval_ms'))).alias('first_ms'),
+        F.count(F.when(~well_formed, 1)).alias('malformed'),
     ).first()
     assert stats is not None
     end_ms = int(stats['end_ms'] or 0)
     start_ms = end_ms - params.lookback_minutes * 60_000
+    data_start_ms = max(
+        int(stats['first_ms'] if stats['first_ms'] is not None else end_ms), start_ms
+    )
     window_ms = params.window_seconds * 1000
     midpoint = F.col('ts_ms') - F.col('interval_ms') / 2
     window_start = (F.floor(midpoint / window_ms) * window_ms).cast('long')
-    records = raw.where(F.col('error').isNull() & (F.col('ts_ms') > start_ms)).select(
+    complete = (window_start >= data_start_ms) & (window_start + window_ms <= end_ms)
+    records = raw.where(well_formed & (F.col('ts_ms') > start_ms)).select(
         window_start.alias('window_start_ms'),
-        (window_start + window_ms <= end_ms).alias('complete'),
-        'ts_ms', *ENTITY, 'replica', *COUNTS, 'consumers', 'backlog',
+        complete.alias('complete'),
+        'ts_ms', 'interval_ms', *ENTITY, 'replica', *COUNTS, 'consumers', 'backlog',
         *(F.col('latency_buckets')[i].alias(bucket_column(i)) for i in range(BUCKETS)),
     )  # fmt: skip
-    return records, Span(start_ms, end_ms, int(stats['malformed']))
+    return records, Span(start_ms, end_ms, int(stats['malformed']), data_start_ms)
 
 
 def cells(records: DataFrame) -> DataFrame:
@@ -79,47 +106,86 @@ def cells(records: DataFrame) -> DataFrame:
     )
 
 
+def backlog_samples(records: DataFrame) -> DataFrame:
+    """Per entity and record interval: the newest known backlog (``ts_ms``, ``backlog``). Every
+    replica samples the same cluster-wide gauge, so one sample per interval is kept."""
+    known = records.where((F.col('backlog') >= 0) & (F.col('subscription') != TOPIC))
+    return (
+        known.groupBy(*ENTITY, F.floor(F.col('ts_ms') / F.col('interval_ms')).alias('tick'))
+        .agg(F.max('ts_ms').alias('ts_ms'), F.max_by('backlog', 'ts_ms').alias('backlog'))
+        .drop('tick')
+    )
+
+
 def entity_windows(cells: DataFrame, params: AnalysisParams) -> DataFrame:
-    """Per (window, address, subscription): rates, ratios, backlog, consumers, percentiles."""
+    """Per (window, address, subscription): rates, ratios, backlog, consumers, percentiles. A
+    topic subscription's ``enqueued`` is what the topic received (times its consumers for the
+    private subscriptions, one each), less what it filtered out."""
     seconds = float(params.window_seconds)
+    windows = cells.groupBy('window_start_ms', 'complete', *ENTITY).agg(
+        *_sums(*COUNTS, 'consumers'),
+        F.max_by('backlog', 'backlog_ts').alias('backlog'),
+        F.count('replica').alias('replicas'),
+        *summed_buckets(),
+    )
+    published = windows.where(F.col('subscription') == TOPIC).select(
+        'window_start_ms', 'address', F.col('enqueued').alias('published')
+    )
+    copies = F.when(F.col('subscription') == PRIVATE, F.greatest(F.col('consumers'), F.lit(1)))
+    arrived = F.greatest(
+        F.col('published') * F.coalesce(copies, F.lit(1)) - F.col('filtered'), F.lit(0)
+    )
     windows = (
-        cells.groupBy('window_start_ms', 'complete', *ENTITY)
-        .agg(
-            *_sums(*COUNTS, 'consumers'),
-            F.max_by('backlog', 'backlog_ts').alias('backlog'),
-            F.count('replica').alias('replicas'),
-            *summed_buckets(),
+        windows.where(F.col('subscription') != TOPIC)
+        .join(published, ['window_start_ms', 'address'], 'left')
+        .withColumn(
+            'enqueued',
+            F.when(
+                (F.col('subscription') != QUEUE) & F.col('published').isNotNull(), arrived
+            ).otherwise(F.col('enqueued')),
         )
+        .drop('published')
         .withColumn('in_rate', F.col('enqueued') / seconds)
         .withColumn('out_rate', F.col('accepted') / seconds)
     )
     return with_quantiles(_ratios(windows))
 
 
-def entity_summary(windows: DataFrame, params: AnalysisParams) -> DataFrame:
-    """Per entity over the lookback: totals, ratios, percentiles, backlog trend, time to drain."""
+def entity_summary(windows: DataFrame, samples: DataFrame, params: AnalysisParams) -> DataFrame:
+    """Per entity over the lookback: totals, ratios, percentiles; the backlog's trend over its
+    samples and its newest value; rates of the newest complete window, consumers of the newest
+    window; time to drain."""
     totals = with_quantiles(
         _ratios(windows.groupBy(*ENTITY).agg(*_sums(*COUNTS), *summed_buckets()))
     )
-    ordered = Window.partitionBy(*ENTITY).orderBy('window_start_ms')
-    complete = (
-        windows.where(F.col('complete') & F.col('backlog').isNotNull())
-        .withColumn('previous', F.lag('backlog').over(ordered))
-        .withColumn('t_s', F.col('window_start_ms') / 1000)
+    by_time = Window.partitionBy(*ENTITY).orderBy('ts_ms')
+    stepped = samples.withColumn('previous', F.lag('backlog').over(by_time)).withColumn(
+        't_s', F.col('ts_ms') / 1000
     )
     grew = (F.col('backlog') > F.col('previous')).cast('int')
-    trend = complete.groupBy(*ENTITY).agg(
-        F.count('*').alias('trend_windows'),
+    trend = stepped.groupBy(*ENTITY).agg(
+        F.count('*').alias('backlog_samples'),
         F.regr_slope('backlog', 't_s').alias('backlog_slope_per_s'),
         F.avg(F.when(F.col('previous').isNotNull(), grew)).alias('backlog_growing_fraction'),
-        F.max_by('backlog', 'window_start_ms').alias('backlog'),
-        F.max_by('in_rate', 'window_start_ms').alias('in_rate'),
-        F.max_by('out_rate', 'window_start_ms').alias('out_rate'),
-        F.max_by('consumers', 'window_start_ms').alias('consumers'),
+        F.max_by('backlog', 'ts_ms').alias('backlog'),
+        F.max('ts_ms').alias('backlog_ts_ms'),
+    )
+    rates = (
+        windows.where('complete')
+        .groupBy(*ENTITY)
+        .agg(
+            F.max_by('in_rate', 'window_start_ms').alias('in_rate'),
+            F.max_by('out_rate', 'window_start_ms').alias('out_rate'),
+        )
+    )
+    consumers = windows.groupBy(*ENTITY).agg(  # a gauge: the newest window's, complete or not
+        F.max_by('consumers', 'window_start_ms').alias('consumers')
     )
     drain = F.col('out_rate') - F.col('in_rate')
     return (
         totals.join(trend, list(ENTITY), 'left')
+        .join(rates, list(ENTITY), 'left')
+        .join(consumers, list(ENTITY), 'left')
         .withColumn(
             'time_to_drain_s',
             F.when(F.col('backlog') == 0, F.lit(0.0)).when(
@@ -129,7 +195,7 @@ def entity_summary(windows: DataFrame, params: AnalysisParams) -> DataFrame:
         .withColumn(
             'backlog_growing',
             F.coalesce(
-                (F.col('trend_windows') >= params.min_windows)
+                (F.col('backlog_samples') >= params.min_backlog_samples)
                 & (F.col('backlog_slope_per_s') > 0)
                 & (F.col('backlog_growing_fraction') >= params.backlog_growing_fraction)
                 & (F.col('backlog') >= params.backlog_min),
@@ -145,11 +211,17 @@ def fairness(cells: DataFrame, params: AnalysisParams) -> DataFrame:
 
     Records are per replica, so the unit of fairness is a replica's consumers: deliveries per
     consumer on each replica that had consumers (Gini, max/min, the least served replica, and
-    starvation = some replica's consumers get less than ``starved_fraction`` of the mean).
+    starvation = some replica's consumers get less than ``starved_fraction`` of the mean). A
+    replica's consumers are averaged over the windows it had any, so per consumer is never more
+    than it delivered.
     """
     per_replica = (
-        cells.groupBy(*ENTITY, 'replica')
-        .agg(F.sum('delivered').alias('delivered'), F.avg('consumers').alias('consumers'))
+        cells.where(F.col('subscription') != TOPIC)
+        .groupBy(*ENTITY, 'replica')
+        .agg(
+            F.sum('delivered').alias('delivered'),
+            F.avg(F.when(F.col('consumers') > 0, F.col('consumers'))).alias('consumers'),
+        )
         .where(F.col('consumers') > 0)
         .withColumn('per_consumer', F.col('delivered') / F.col('consumers'))
     )

@@ -35,9 +35,9 @@ class AnalysisParams:
     backlog_min: int = 100
     """A backlog smaller than this is never called growing."""
     backlog_growing_fraction: float = 0.6
-    """Fraction of consecutive complete windows in which the backlog must have grown."""
-    min_windows: int = 3
-    """Complete windows needed before a backlog trend is judged."""
+    """Fraction of consecutive backlog samples (one per record interval) that must have grown."""
+    min_backlog_samples: int = 3
+    """Backlog samples needed before a backlog trend is judged (three record intervals)."""
     starved_fraction: float = 0.1
     """A replica's consumers are starved below this fraction of the mean per-consumer deliveries."""
     hot_share_factor: float = 1.5

@@ -25,6 +25,19 @@ DEFAULT_CONF: Mapping[str, str] = {
 }
 
 
+LOOPBACK = '127.0.0.1'
+
+
+def loopback_conf(master: str, env: Mapping[str, str], conf: Mapping[str, str]) -> dict[str, str]:
+    """In local mode the driver listens on loopback unless ``SPARK_LOCAL_IP``,
+    ``spark.driver.host`` or ``spark.driver.bindAddress`` say otherwise: Spark would otherwise
+    bind to the machine's outward address, where nothing needs to reach a one-process job."""
+    driver = {'spark.driver.host', 'spark.driver.bindAddress'} & set(conf)
+    if not master.startswith('local') or env.get('SPARK_LOCAL_IP') or driver:
+        return {}
+    return {'spark.driver.host': LOOPBACK, 'spark.driver.bindAddress': LOOPBACK}
+
+
 def spark_session(
     master: str | None = None, app_name: str = 'shoal-analytics', conf: Mapping[str, str] = {}
 ) -> SparkSession:
@@ -32,10 +45,10 @@ def spark_session(
     # Python workers must run this interpreter, where shoal_analytics is importable: Spark
     # pickles the data source by reference.
     os.environ.setdefault('PYSPARK_PYTHON', sys.executable)
-    builder = SparkSession.builder.master(
-        master or os.environ.get('SPARK_MASTER') or DEFAULT_MASTER
-    ).appName(app_name)
-    for key, value in {**DEFAULT_CONF, **conf}.items():
+    master = master or os.environ.get('SPARK_MASTER') or DEFAULT_MASTER
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {**DEFAULT_CONF, **conf}
+    for key, value in {**settings, **loopback_conf(master, os.environ, settings)}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel('WARN')

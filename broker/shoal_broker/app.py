@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import resource
 import signal
 import time
@@ -22,7 +23,12 @@ from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.health import HealthServer
 from shoal_broker.metrics.records import MetricRecord
-from shoal_broker.metrics.registry import LEASE_UP, register_gauges, subscription_label
+from shoal_broker.metrics.registry import (
+    LEASE_UP,
+    REDIS_UP,
+    register_gauges,
+    subscription_label,
+)
 from shoal_broker.security.tls import ServerTls, redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.stopping import cancel_and_wait
@@ -121,9 +127,10 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
 
         health = HealthServer(readiness)
         await health.start(*split_host_port(settings.http))
-    backlog = BacklogSnapshot(url)
+    backlog = BacklogSnapshot(url, settings.store.backlog_refresh_seconds)
     register_gauges(lambda: broker_gauges(broker, backlog))
     LEASE_UP.set(1)
+    REDIS_UP.set(1)
     tune_garbage_collector()
     stop = asyncio.Event()
     background = [
@@ -132,12 +139,14 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         asyncio.create_task(_watch_others(liveness)),
         asyncio.create_task(_release_scheduled(store)),
         asyncio.create_task(_refresh_policies_forever(store, broker)),
-        asyncio.create_task(backlog.refresh_forever(BACKLOG_REFRESH_SECONDS)),
+        asyncio.create_task(backlog.refresh_forever()),
         *tls_tasks,
         asyncio.create_task(broker.guard.watch_store_memory(store)),
     ]
     if settings.store.metrics_interval_seconds > 0:
-        background.append(asyncio.create_task(_record_metrics(settings, store, broker, backlog)))
+        background.append(
+            asyncio.create_task(_record_metrics(settings, store, broker, backlog, liveness))
+        )
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logger.info(
@@ -215,9 +224,11 @@ async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -
             state = await liveness.renew()
         except StoreUnavailable as exc:
             logger.warning('lease not renewed: %s', exc)
+            REDIS_UP.set(0)
             # Redis back within the lease (a Sentinel failover takes seconds): renew at once
             delay = min(interval, LEASE_RETRY_SECONDS)
             continue
+        REDIS_UP.set(1)
         delay = interval
         LEASE_UP.set(1 if state == 'renewed' else 0)
         try:
@@ -247,37 +258,76 @@ async def _watch_others(liveness: Liveness) -> None:
             logger.warning('reaping skipped: %s', exc)
 
 
-BACKLOG_REFRESH_SECONDS = 10.0
-"""How often the backlog gauges are read from Redis (they cost a scan of the addresses)."""
-
-
 class BacklogSnapshot:
-    """Backlog per queue and subscription, read from Redis in the background for the gauges,
-    with the custom resources declaring them (for the ``shoal_declared_info`` join metric)."""
+    """Backlog and in-flight count per queue and subscription, read from Redis in the background
+    for the gauges, with the custom resources declaring them (for the ``shoal_declared_info``
+    join metric). Labelled as the counters are (``subscription_label``). In flight is what Redis
+    counts as handed to a replica and not settled: at a consumer, or in the replica's send-ahead
+    buffer for one."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, interval: float) -> None:
         self._inspector = Inspector.from_url(url)
+        self.interval = interval
         self.samples: list[tuple[list[str], float]] = []
+        self.in_flight: list[tuple[list[str], float]] = []
+        self.oldest_ms: dict[tuple[str, str], int | None] = {}
         self.declared: list[tuple[list[str], float]] = []
+        self._refreshed_at = -math.inf
 
-    async def refresh_forever(self, interval: float) -> None:
+    async def refresh(self) -> bool:
+        """Read every queue's and subscription's backlog now; False when Redis did not answer."""
+        try:
+            queues = await self._inspector.queues()
+            subscriptions = await self._inspector.subscriptions()
+            owners = await self._inspector.declared_owners()
+        except StoreUnavailable as exc:
+            logger.debug('backlog not refreshed: %s', exc)
+            return False
+        rows = [(q.name, 'queue', q.backlog, q.in_flight, q.oldest_ms) for q in queues] + [
+            (s.topic, subscription_label(s.id), s.backlog, s.in_flight, s.oldest_ms)
+            for s in subscriptions
+        ]
+        backlogs: dict[tuple[str, str], float] = {}
+        in_flight: dict[tuple[str, str], float] = {}
+        oldest: dict[tuple[str, str], int | None] = {}
+        for address, label, waiting, out, since in rows:
+            key = (address, label)
+            backlogs[key] = backlogs.get(key, 0.0) + waiting
+            in_flight[key] = in_flight.get(key, 0.0) + out
+            known = [ms for ms in (oldest.get(key), since) if ms is not None]
+            oldest[key] = min(known) if known else None
+        self.oldest_ms = oldest
+        self.samples = [([a, s], value) for (a, s), value in backlogs.items()]
+        self.in_flight = [([a, s], value) for (a, s), value in in_flight.items()]
+        self.declared = [
+            ([address, subscription, *owner], 1.0)
+            for address, subscription in backlogs
+            if (owner := registry.owner_of(address, subscription, owners)) is not None
+        ]
+        self._refreshed_at = time.monotonic()
+        return True
+
+    async def refresh_forever(self) -> None:
+        """Refresh whenever the last refresh (here or by the metric records) is an interval old."""
         while True:
-            try:
-                queues = await self._inspector.queues()
-                subscriptions = await self._inspector.subscriptions()
-                owners = await self._inspector.declared_owners()
-            except StoreUnavailable as exc:
-                logger.debug('backlog not refreshed: %s', exc)
-            else:
-                self.samples = [([q.name, 'queue'], float(q.backlog)) for q in queues] + [
-                    ([s.topic, s.id], float(s.backlog)) for s in subscriptions
-                ]
-                self.declared = [
-                    ([address, subscription, *owner], 1.0)
-                    for (address, subscription), _ in self.samples
-                    if (owner := registry.owner_of(address, subscription, owners)) is not None
-                ]
-            await asyncio.sleep(interval)
+            due = self._refreshed_at + self.interval - time.monotonic()
+            if due > 0:
+                await asyncio.sleep(due)
+            elif not await self.refresh():
+                await asyncio.sleep(self.interval)
+
+    def ages(self) -> list[tuple[list[str], float]]:
+        """Seconds since the oldest unconsumed message of each entity was enqueued (0: none),
+        as of now: the age keeps growing between refreshes, as the message keeps waiting."""
+        now_ms = time.time() * 1000
+        return [
+            ([address, label], 0.0 if ms is None else max(0.0, (now_ms - ms) / 1000))
+            for (address, label), ms in self.oldest_ms.items()
+        ]
+
+    def by_label(self) -> dict[tuple[str, str], int]:
+        """(address, subscription label) -> backlog."""
+        return {(labels[0], labels[1]): int(value) for labels, value in self.samples}
 
     async def close(self) -> None:
         await self._inspector.close()
@@ -304,7 +354,12 @@ def broker_gauges(
         ('shoal_consumers', 'Consumers attached to this replica.', ['address', 'subscription'],
          consumers),
         ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (refreshed every '
-         f'{BACKLOG_REFRESH_SECONDS:g} s).', ['address', 'subscription'], backlog.samples),
+         f'{backlog.interval:g} s).', ['address', 'subscription'], backlog.samples),
+        ('shoal_in_flight_messages', 'Messages handed to consumers and not yet settled, '
+         f'cluster-wide (refreshed every {backlog.interval:g} s).', ['address', 'subscription'],
+         backlog.in_flight),
+        ('shoal_oldest_message_age_seconds', 'Age of the oldest message not yet consumed '
+         '(0 when none waits).', ['address', 'subscription'], backlog.ages()),
         # An info metric, as kube-state-metrics does: join any series on (address, subscription)
         # to add the resource's labels, without widening every hot counter's label set.
         ('shoal_declared_info', 'The Queue or SharedSubscription resource declaring a queue or '
@@ -314,13 +369,29 @@ def broker_gauges(
 
 
 async def _record_metrics(
-    settings: BrokerSettings, store: RedisStore, broker: Broker, backlog: 'BacklogSnapshot'
+    settings: BrokerSettings,
+    store: RedisStore,
+    broker: Broker,
+    backlog: 'BacklogSnapshot',
+    liveness: Liveness,
 ) -> None:
-    """Append one metric record per queue and subscription every interval (deltas + gauges)."""
+    """Append one metric record per queue and subscription every interval (deltas + gauges).
+
+    Each replica writes the records of the entities it saw activity on or has consumers of; the
+    live replica with the smallest id also writes one for every other queue and subscription
+    in Redis, idle or not (a dead-letter queue nobody reads, a backlog nobody consumes), so each
+    appears every interval and only once for its idle part."""
     interval = settings.store.metrics_interval_seconds
     while True:
         await asyncio.sleep(interval)
-        batch = metric_records(broker, backlog, settings.replica_id, int(interval * 1000))
+        await backlog.refresh()  # the backlog at the end of the interval
+        try:
+            idle_too = await liveness.is_first_live()
+        except StoreUnavailable:
+            idle_too = False
+        batch = metric_records(
+            broker, backlog, settings.replica_id, int(interval * 1000), idle_too=idle_too
+        )
         try:
             owners = await registry.declared_owners(store.client)  # resources declaring them
             batch = [registry.labelled(record, owners) for record in batch]
@@ -332,16 +403,25 @@ async def _record_metrics(
 
 
 def metric_records(
-    broker: Broker, backlog: 'BacklogSnapshot', replica: str, interval_ms: int
+    broker: Broker,
+    backlog: 'BacklogSnapshot',
+    replica: str,
+    interval_ms: int,
+    *,
+    idle_too: bool = False,
 ) -> list[MetricRecord]:
+    """This replica's records for the interval: every entity with activity or consumers here,
+    and with IDLE_TOO every other queue and subscription the backlog snapshot knows."""
     tallies, latencies = broker.counters.take()
     consumers = {
         (sub.address, subscription_label(sub.group)): len(sub.consumers)
         for sub in broker.subscriptions.values()
     }
-    backlogs = {(labels[0], labels[1]): int(value) for labels, value in backlog.samples}
+    backlogs = backlog.by_label()
     now_ms = int(time.time() * 1000)
     entities = set(tallies) | set(consumers) | set(latencies)
+    if idle_too:
+        entities |= set(backlogs)
     return [
         MetricRecord.of(
             ts_ms=now_ms,

@@ -39,6 +39,7 @@ ENV_LEASE = 'SHOAL_LEASE_SECONDS'
 ENV_DURABILITY = 'SHOAL_DURABILITY'
 ENV_METRICS_INTERVAL = 'SHOAL_METRICS_INTERVAL_SECONDS'
 ENV_METRICS_STREAM_LENGTH = 'SHOAL_METRICS_STREAM_LENGTH'
+ENV_BACKLOG_REFRESH = 'SHOAL_BACKLOG_REFRESH_SECONDS'
 ENV_REPLICATION_TIMEOUT = 'SHOAL_REPLICATION_TIMEOUT_MS'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
 ENV_ALLOW_ANONYMOUS = 'SHOAL_ALLOW_ANONYMOUS'
@@ -187,6 +188,10 @@ class StoreSettings:
 
     metrics_stream_length: int = 200_000
     """About how many metric records the metrics stream keeps (older ones are trimmed)."""
+
+    backlog_refresh_seconds: float = 5.0
+    """How often each replica reads every queue's and subscription's backlog and in-flight
+    count from Redis for its gauges (one pipeline over the addresses)."""
 
     lease_seconds: float = 5.0
     """A replica that has not renewed its lease for this long is taken for dead: another replica
@@ -355,6 +360,9 @@ class BrokerSettings:
                 ),
                 metrics_stream_length=int(
                     env.get(ENV_METRICS_STREAM_LENGTH, d.store.metrics_stream_length)
+                ),
+                backlog_refresh_seconds=float(
+                    env.get(ENV_BACKLOG_REFRESH, d.store.backlog_refresh_seconds)
                 ),
                 durability=Durability(env.get(ENV_DURABILITY, d.store.durability)),
                 replication_timeout_ms=int(

@@ -17,8 +17,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import redis
-from amqpclient import connect, receive_all, receiver, send_all
+from amqpclient import connect, receive_all, receiver, send_all, settle
 from processes import RedisServer, broker, free_port
+from proton import Delivery
 
 from shoal_analytics.lake import Lake
 from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary, MetricRecord
@@ -29,6 +30,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # two JVMs start in t
 SCRIPT = Path(sys.executable).with_name('shoal-analytics')
 ROUNDS, SENT, ROUND_ACCEPTED = 3, 30, 6
 ACCEPTED = ROUNDS * ROUND_ACCEPTED
+IDLE, DLQ, IDLE_HELD = 'cli-idle', 'cli-dlq', 7
+"""A queue holding IDLE_HELD messages nobody consumes, and the dead-letter queue (one message,
+no consumer): idle entities the broker must record anyway."""
 WINDOW_SECONDS = 1
 SPARK_ENV = {
     'SPARK_LOCAL_IP': '127.0.0.1',
@@ -72,10 +76,16 @@ def run(own_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Run
     """A broker's traffic recorded, then the three commands once, as the README runs them."""
     address = 'cli-orders'
     client = redis.Redis.from_url(own_redis.url, decode_responses=True)
-    env = {'SHOAL_METRICS_INTERVAL_SECONDS': '0.2'}
+    env = {'SHOAL_METRICS_INTERVAL_SECONDS': '0.2', 'SHOAL_DEAD_LETTER_ADDRESS': DLQ}
     with broker(own_redis.url, env=env, replica_id='cli-replica') as b:
         conn = connect(b.url)
         try:
+            send_all(conn, IDLE, range(IDLE_HELD))
+            send_all(conn, 'cli-rejected', range(1))
+            rejecting = receiver(conn, 'cli-rejected', credit=1)
+            rejecting.receive(timeout=5)
+            settle(rejecting, Delivery.REJECTED)
+            rejecting.close()
             # Rounds a window apart, a consumer attached throughout (the broker records an entity
             # every interval while it has consumers), so the analysis sees complete windows.
             rcv = receiver(conn, address, credit=ROUND_ACCEPTED)
@@ -89,6 +99,7 @@ def run(own_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Run
         while recorded(client, address) != (SENT, ACCEPTED):
             assert time.monotonic() < deadline, f'records of {SENT} sent, {ACCEPTED} accepted'
             time.sleep(0.2)
+        time.sleep(WINDOW_SECONDS * 1.2)  # a window of idle records after the traffic
     stream_ids = [entry_id for entry_id, _ in client.xrange(METRICS)]  # the broker has stopped
     client.close()
 
@@ -153,6 +164,27 @@ def test_report_writes_one_page_naming_the_queue_and_the_recommendation(run: Run
     assert '1 running, 1 recommended' in page
     assert 'http://' not in page  # self-contained
     assert 'https://' not in page
+
+
+def test_idle_queues_and_the_dead_letter_queue_reach_the_report_as_shoal_queues_counts_them(
+    run: Run,
+) -> None:
+    listed = subprocess.run(
+        [str(SCRIPT.with_name('shoal')), '--redis-url', run.redis_url, 'queues', '--json'],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    backlog = {q['name']: q['backlog'] for q in json.loads(listed.stdout)}
+    assert (backlog[IDLE], backlog[DLQ]) == (IDLE_HELD, 1)
+    entities = pq.read_table(run.lake.analysis / 'entities.parquet').to_pylist()
+    analysed = {r['address']: r['backlog'] for r in entities if r['subscription'] == 'queue'}
+    assert (analysed[IDLE], analysed[DLQ]) == (IDLE_HELD, 1)
+    assert analysed[run.address] == backlog[run.address]
+    page = run.report_path.read_text()
+    cells = re.findall(r'<td>([^<]*)</td>', page)
+    for name in (IDLE, DLQ, run.address):
+        row = cells[cells.index(name) : cells.index(name) + 7]
+        assert row[6] == f'{backlog[name]:,}', row  # the report's backlog column
+    assert not re.search(r'\bnan\b', re.sub(r'src="data:[^"]*"', '', page))
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], command: str) -> str:

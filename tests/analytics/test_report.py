@@ -56,7 +56,8 @@ def test_the_report_embeds_its_plots_and_lists_the_anomalies(
     page.close()
     assert page.links == []  # nothing fetched from anywhere: opens offline
     assert page.captions == [
-        'Load per replica', 'Backlog of flagged and deepest queues', 'Delivery latency, top 8 p99'
+        'Load per replica (complete 1 min windows)', 'Backlog of flagged and deepest queues',
+        'Delivery latency, top 8 p99',
     ]  # fmt: skip
     assert [image['alt'] for image in page.images] == page.captions
     for image in page.images:

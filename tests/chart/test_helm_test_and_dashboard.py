@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from chartrender import CHART_DIR, NAMESPACE, container, env, find, one, render
+from exposition import exported_series
 from helm_python import HelmRenderError
 from processes import BrokerProcess, free_port
 from proton import Message
@@ -144,20 +145,6 @@ def dashboard_metrics() -> set[str]:
     expressions = [t['expr'] for p in dashboard['panels'] for t in p['targets']]
     expressions += [v['query'] for v in dashboard['templating']['list'] if v['type'] == 'query']
     return {name for e in expressions for name in re.findall(r'\bshoal_[a-z_]+', e)}
-
-
-def exported_series(broker: BrokerProcess) -> set[str]:
-    """Every series name the broker's /metrics can carry (from its TYPE lines)."""
-    status, body = broker.http_get('/metrics')
-    assert status == 200
-    names = set()
-    suffixes = {'counter': ('_total',), 'histogram': ('_bucket', '_sum', '_count'), 'gauge': ('',)}
-    for match in re.finditer(r'^# TYPE (\S+) (\S+)$', body.decode(), re.MULTILINE):
-        name, kind = match.groups()
-        if kind == 'counter':  # the text format names counters with or without _total
-            name = name.removesuffix('_total')
-        names.update(name + suffix for suffix in suffixes.get(kind, ('',)))
-    return names
 
 
 def test_dashboard_queries_only_metrics_the_broker_exports(broker: BrokerProcess) -> None:

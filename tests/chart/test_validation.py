@@ -22,6 +22,7 @@ WORKLOADS = {'Deployment', 'StatefulSet'}
 SCHEMAS = Path(__file__).parent / 'schemas'
 THIRD_PARTY = {
     ('monitoring.coreos.com/v1', 'ServiceMonitor'): 'servicemonitor-v1.json',
+    ('monitoring.coreos.com/v1', 'PrometheusRule'): 'prometheusrule-v1.json',
     ('sparkoperator.k8s.io/v1beta2', 'ScheduledSparkApplication'):
         'scheduledsparkapplication-v1beta2.json',
 }  # fmt: skip

@@ -23,7 +23,9 @@ from prometheus_client.utils import floatToGoString
 from shoal_broker.metrics import records
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-                   10, 30, 60, 300)  # fmt: skip
+                   10, 30, 60, 300, 900, 3600)  # fmt: skip
+"""Seconds: sub-millisecond deliveries up to an hour's wait (a backlog nobody drains), so the
+top finite bucket does not hide real waits."""
 
 _HOT_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     'enqueued': ('shoal_messages_enqueued', 'Messages stored for an address.', ('address',)),
@@ -45,12 +47,12 @@ _HOT_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     'expired': (
         'shoal_messages_expired',
         'Messages whose TTL ran out before delivery.',
-        ('address',),
+        ('address', 'subscription'),
     ),
     'dead_lettered': (
         'shoal_messages_dead_lettered',
         'Messages moved to the dead-letter address (rejected or past max delivery attempts).',
-        ('address',),
+        ('address', 'subscription'),
     ),
     'filtered': (
         'shoal_messages_filtered',
@@ -67,8 +69,9 @@ LATENCY_HELP = 'From enqueue (stream entry time) to the consumer accepting the m
 
 _COUNTS: dict[tuple[str, ...], int] = {}
 """(counter, *label values) -> count since the process started, for every broker in it."""
-_LATENCIES: dict[str, list[float]] = {}
-"""address -> per-bucket counts (``LATENCY_BUCKETS`` and +Inf), then the sum of seconds."""
+_LATENCIES: dict[tuple[str, str], list[float]] = {}
+"""(address, subscription label) -> per-bucket counts (``LATENCY_BUCKETS`` and +Inf), then the
+sum of seconds."""
 
 REDIS_ROUND_TRIP = Histogram(
     'shoal_redis_pipeline_seconds',
@@ -76,6 +79,10 @@ REDIS_ROUND_TRIP = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 LEASE_UP = Gauge('shoal_replica_lease_up', 'Whether this replica holds its liveness lease.')
+REDIS_UP = Gauge(
+    'shoal_redis_up',
+    'Whether this replica reached Redis at its last lease renewal (every third of the lease).',
+)
 
 
 # Every analytics record bound is a Prometheus bucket bound, so one bisection serves both
@@ -159,11 +166,11 @@ class Counters:
         tally[outcome] += 1
 
     def expired(self, address: str, group: str = 'queue') -> None:
-        _count(('expired', address))
+        _count(('expired', address, subscription_label(group)))
         self._tally(address, group, 'expired')
 
     def dead_lettered(self, address: str, group: str = 'queue') -> None:
-        _count(('dead_lettered', address))
+        _count(('dead_lettered', address, subscription_label(group)))
         self._tally(address, group, 'dead_lettered')
 
     def filtered(self, address: str, group: str) -> None:
@@ -172,9 +179,9 @@ class Counters:
 
     def accepted_all(self, address: str, group: str, ages: Sequence[float]) -> None:
         """Accepted deliveries of one subscription, each the given seconds after its enqueue: the
-        settled count and both latency histograms (Prometheus, per address; records, per
-        subscription), one bisection per delivery and the lookups once for them all (this runs
-        for every message: per message, two calls were ~2.5 µs)."""
+        settled count and both latency histograms (Prometheus and records, per subscription),
+        one bisection per delivery and the lookups once for them all (this runs for every
+        message: per message, two calls were ~2.5 µs)."""
         label = 'private' if group.startswith('nd:') else group  # subscription_label
         key = ('settled', address, label, 'accepted')
         _COUNTS[key] = _COUNTS.get(key, 0) + len(ages)
@@ -182,9 +189,9 @@ class Counters:
         if tally is None:
             tally = self._new_tally(address, group)
         tally['accepted'] += len(ages)
-        histogram = _LATENCIES.get(address)
+        histogram = _LATENCIES.get((address, label))
         if histogram is None:
-            histogram = _LATENCIES[address] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+            histogram = _LATENCIES[(address, label)] = [0.0] * (len(LATENCY_BUCKETS) + 2)
         buckets = self.latencies.get((address, label))
         if buckets is None:
             buckets = self.latencies[(address, label)] = [0] * (len(records.LATENCY_BOUNDS) + 1)
@@ -212,13 +219,15 @@ class HotMetrics(Collector):
         for (what, *values), count in list(_COUNTS.items()):
             families[what].add_metric(values, count)
         yield from families.values()
-        latency = HistogramMetricFamily(LATENCY_NAME, LATENCY_HELP, labels=['address'])
-        for address, histogram in list(_LATENCIES.items()):
+        latency = HistogramMetricFamily(
+            LATENCY_NAME, LATENCY_HELP, labels=['address', 'subscription']
+        )
+        for (address, label), histogram in list(_LATENCIES.items()):
             cumulative, buckets = 0.0, []
             for bound, in_bucket in zip((*LATENCY_BUCKETS, float('inf')), histogram, strict=False):
                 cumulative += in_bucket
                 buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
-            latency.add_metric([address], buckets, histogram[-1])
+            latency.add_metric([address, label], buckets, histogram[-1])
         yield latency
 
 

@@ -49,6 +49,9 @@ class GroupBacklog:
     """Entries handed to a replica and not acknowledged (in flight or returned)."""
     returned: int = 0
     """Pending entries released back for redelivery (the returned-entries ZSET)."""
+    oldest_ms: int | None = None
+    """Stream time (enqueue, ms since the epoch) of the oldest message not consumed yet; None
+    when there is none."""
 
     @property
     def backlog(self) -> int:
@@ -66,9 +69,11 @@ class GroupBacklog:
         return max(self.pending - self.returned, 0)
 
     def __add__(self, other: 'GroupBacklog') -> 'GroupBacklog':
+        known = [ms for ms in (self.oldest_ms, other.oldest_ms) if ms is not None]
         return GroupBacklog(
-            self.lag + other.lag, self.pending + other.pending, self.returned + other.returned
-        )
+            self.lag + other.lag, self.pending + other.pending, self.returned + other.returned,
+            min(known) if known else None,
+        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,6 +82,8 @@ class QueueInfo:
     backlog: int
     ready: int
     in_flight: int
+    oldest_ms: int | None = None
+    """Enqueue time (ms since the epoch) of the oldest message not consumed yet."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,6 +109,8 @@ class SubscriptionInfo:
     backlog: int
     ready: int
     in_flight: int
+    oldest_ms: int | None = None
+    """Enqueue time (ms since the epoch) of the oldest message not consumed yet."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -164,7 +173,7 @@ class Inspector:
         names = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
         found = await self._backlogs([(name, keys.QUEUE_GROUP) for name in names])
         return [
-            QueueInfo(name, b.backlog, b.ready, b.in_flight)
+            QueueInfo(name, b.backlog, b.ready, b.in_flight, b.oldest_ms)
             for name, b in zip(names, found, strict=True)
         ]
 
@@ -226,10 +235,28 @@ class Inspector:
                 continue
             pending = int(info.get('pending') or 0)
             lag = info.get('lag')
+            last_delivered = _text(info.get('last-delivered-id', '0-0'))
             if lag is None:  # Redis cannot tell (deleted entries in range): count them
-                lag = await self._count_after(stream, str(info.get('last-delivered-id', '0-0')))
-            return GroupBacklog(lag=int(lag), pending=pending)
+                lag = await self._count_after(stream, last_delivered)
+            oldest = await self._oldest(stream, group, pending, int(lag), last_delivered)
+            return GroupBacklog(lag=int(lag), pending=pending, oldest_ms=oldest)
         return GroupBacklog()
+
+    async def _oldest(
+        self, stream: str, group: str, pending: int, lag: int, last_delivered: str
+    ) -> int | None:
+        """Entry time of the group's oldest unconsumed entry: the oldest pending one (handed out
+        before anything still undelivered), else the first after the last delivered."""
+        if pending:
+            summary = await self._call(self._client.xpending(stream, group))
+            return _entry_ms(summary.get('min')) if summary else None
+        if lag:
+            # entries hold binary message data: read them undecoded, only the id is used
+            first = await self._call(self._client.execute_command(  # type: ignore[no-untyped-call]
+                'XRANGE', stream, f'({last_delivered}', '+', 'COUNT', 1, NEVER_DECODE=True
+            ))  # fmt: skip
+            return _entry_ms(first[0][0]) if first else None
+        return None
 
     async def _count_after(self, stream: str, last_id: str) -> int:
         counted = 0
@@ -281,7 +308,13 @@ def _subscription(
         backlog=backlog.backlog,
         ready=backlog.ready,
         in_flight=backlog.in_flight,
+        oldest_ms=backlog.oldest_ms,
     )
+
+
+def _entry_ms(entry_id: Any) -> int | None:
+    """The milliseconds part of a stream entry id (``<ms>-<seq>``)."""
+    return None if entry_id is None else int(_text(entry_id).partition('-')[0])
 
 
 def _count(reply: Any) -> int:

@@ -74,16 +74,26 @@ class Liveness:
             await self.store.call(client.delete(keys.lease(self.replica_id)))
 
     async def dead_replicas(self) -> list[str]:
+        leases = await self._leases()
+        return [r for r, live in leases.items() if r != self.replica_id and not live]
+
+    async def is_first_live(self) -> bool:
+        """Whether this replica has the smallest id of the replicas holding a lease: the one
+        that does cluster-wide chores nobody must do twice (records of idle entities)."""
+        live = [r for r, held in (await self._leases()).items() if held and r != self.replica_id]
+        return not live or self.replica_id < min(live)
+
+    async def _leases(self) -> dict[str, bool]:
+        """Registered replica -> whether its lease exists."""
         client = self.store.client
         members = sorted(as_text(m) for m in await self.store.call(client.smembers(keys.REPLICAS)))
-        others = [m for m in members if m != self.replica_id]
-        if not others:
-            return []
+        if not members:
+            return {}
         pipe = client.pipeline(transaction=False)
-        for replica in others:
+        for replica in members:
             pipe.exists(keys.lease(replica))
         alive = await self.store.call(pipe.execute())
-        return [r for r, live in zip(others, alive, strict=True) if not live]
+        return {r: bool(live) for r, live in zip(members, alive, strict=True)}
 
     async def reap(self, dead: str, *, locked: bool = True) -> ReapReport | None:
         """Clean up after ``dead``; None when another replica is already doing it."""

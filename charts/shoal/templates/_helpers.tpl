@@ -107,3 +107,8 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* Whether the PrometheusRule is rendered: prometheusRule.enabled, or with null the ServiceMonitors' setting. */}}
+{{- define "shoal.prometheusRuleEnabled" -}}
+{{- ternary .Values.serviceMonitor.enabled .Values.prometheusRule.enabled (kindIs "invalid" .Values.prometheusRule.enabled) -}}
+{{- end }}
