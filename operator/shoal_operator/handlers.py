@@ -34,6 +34,11 @@ def build_registry(runtime: Runtime, login: Login) -> kopf.OperatorRegistry:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=KOPF_PREFIX)
         settings.posting.level = logging.WARNING
+        # The watched namespaces are plain names (or the whole cluster) and the CRDs are installed
+        # before the operator: nothing to discover at runtime. Without this, kopf lists and
+        # watches namespaces and CRDs at cluster scope, which namespaced RBAC forbids (403s,
+        # retried with backoff before the first reconcile).
+        settings.scanning.disabled = True
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.watching.inactivity_timeout = 600

@@ -6,6 +6,7 @@ and the inventory of resources seen on the watch streams (so periodic work needs
 import dataclasses
 import datetime
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,13 +17,15 @@ from shoal_operator.models import API_VERSION, BrokerCluster, ClusterRef, Invali
 DEFAULT_IMAGE = 'ghcr.io/shoal-dev/shoal:0.1.0'
 DEFAULT_HEALTH = '0.0.0.0:8080'
 DEFAULT_METRICS = '0.0.0.0:9090'
+NAMESPACE_NAME = re.compile(r'[a-z0-9]([-a-z0-9]*[a-z0-9])?')
+"""A DNS label: kopf reads ``*`` or ``!`` as a pattern, which needs namespace listing."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     broker_image: str = DEFAULT_IMAGE
     namespaces: tuple[str, ...] = ()
-    """Namespaces watched; empty = the whole cluster."""
+    """Namespaces watched, by plain name; empty = the whole cluster."""
     observe_seconds: float = 30.0
     """How often live status is sampled and children are checked for drift."""
     retry_seconds: float = 10.0
@@ -36,6 +39,9 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> 'Settings':
         namespaces = tuple(n.strip() for n in env.get('SHOAL_OPERATOR_NAMESPACES', '').split(','))
+        patterns = [n for n in namespaces if not NAMESPACE_NAME.fullmatch(n) and n]
+        if patterns:
+            raise ValueError(f'SHOAL_OPERATOR_NAMESPACES takes namespace names, not {patterns}')
         return cls(
             broker_image=env.get('SHOAL_BROKER_IMAGE') or DEFAULT_IMAGE,
             namespaces=tuple(n for n in namespaces if n),
