@@ -19,6 +19,8 @@ import kmock
 from prometheus_client import REGISTRY
 
 GROUP_VERSION = 'shoal.dev/v1alpha1'
+WATCHED = ('default', 'elsewhere')
+"""The namespaces the tests' operator watches (as the chart's namespaced RBAC has it)."""
 LAST_PASS = 'shoal_operator_last_observation_timestamp_seconds'
 """The gauge an in-process operator's observer loop moves at the end of each pass."""
 _versions = itertools.count(1000)
