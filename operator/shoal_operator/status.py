@@ -105,7 +105,7 @@ def at_limit(sub: SharedSubscription, state: EntityState) -> bool | None:
 def worth_writing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether a sampled status differs enough from the stored one to be written."""
     for section in ('consumers', 'address', 'linkName', 'brokerId'):
-        if old.get(section) != new.get(section):
+        if section in new and old.get(section) != new[section]:
             return True
     before, after = old.get('backlog') or {}, new.get('backlog') or {}
     was, now = int(before.get('messages', -1)), int(after.get('messages', 0))
