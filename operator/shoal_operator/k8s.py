@@ -43,6 +43,17 @@ class ApiError(Exception):
         self.status = status
 
 
+class KindNotServed(ApiError):
+    """The API server does not serve the kind (its CRD is not installed): a create answered
+    404."""
+
+    def __init__(self, api_version: str, kind: str) -> None:
+        self.description = f'{kind} ({api_version}) is not served by the API server'
+        super().__init__(404, self.description)
+        self.kind = kind
+        self.api_version = api_version
+
+
 def path(api_version: str, kind: str, namespace: str, name: str = '') -> str:
     root = f'/api/{api_version}' if '/' not in api_version else f'/apis/{api_version}'
     tail = f'/{name}' if name else ''
@@ -96,7 +107,9 @@ class Kube:
         if current is None:
             collection = path(manifest['apiVersion'], manifest['kind'], meta['namespace'])
             created = await self._request('POST', collection, body=manifest)
-            return created or {}
+            if created is None:
+                raise KindNotServed(manifest['apiVersion'], manifest['kind'])
+            return created
         manifest = applied.removing_dropped(current, _removing_stale_data(current, manifest))
         if contains(current, manifest):
             return current

@@ -77,6 +77,9 @@ class Runtime:
         self.secret_warnings: dict[str, set[str]] = {}
         """Per BrokerCluster uid, the Secret problems already posted as Events (kopf runs its
         resume and create handlers on the same body, before either's status is written)."""
+        self.kinds_not_served: dict[str, list[str]] = {}
+        """Per BrokerCluster uid, why optional children could not be created (their kind is not
+        served), as reported on its ChildrenApplied condition."""
         self._registries: dict[str, Registry] = {}
 
     def api(self) -> k8s.Kube:
@@ -90,6 +93,7 @@ class Runtime:
         if deleted:
             self.inventory.pop(key, None)
             self.secret_warnings.pop(str(meta.get('uid')), None)
+            self.kinds_not_served.pop(str(meta.get('uid')), None)
         else:
             self.inventory[key] = dict(body)
 

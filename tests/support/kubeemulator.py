@@ -27,7 +27,12 @@ _versions = itertools.count(1000)
 
 
 class StampingEmulator(kmock.KubernetesEmulator):
+    unserved: frozenset[str] = frozenset()
+    """Plurals answered 404 as by an API server without their CRD (a test sets its own)."""
+
     async def _handle(self, request: Any) -> Any:
+        if request.resource is not None and request.resource.plural in self.unserved:
+            raise kmock.KubernetesResourceNotFoundError()
         data = request.data
         if request.resource is not None and request.action == kmock.action.CREATE:
             meta = data.setdefault('metadata', {})
