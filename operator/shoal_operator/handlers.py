@@ -21,10 +21,31 @@ from shoal_operator.runtime import Runtime
 Login = Callable[..., kopf.ConnectionInfo | None]
 KOPF_PREFIX = f'kopf.{GROUP}'
 ENTITIES = {'queues': 'Queue', 'sharedsubscriptions': 'SharedSubscription'}
+WAITING = 'waiting: '
+"""Prefix of the TemporaryError message of an expected wait (consumers attached, the cluster
+not there yet, Redis down), as opposed to a failure."""
+
+
+class ExpectedWaits(logging.Filter):
+    """kopf logs every TemporaryError as "Handler ... failed temporarily" at ERROR (and so posts
+    it as an Event of type Error on every retry); an expected wait is INFO: the resource's
+    condition and one Warning Event already say why."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if f'failed temporarily: {WAITING}' in message:
+            record.msg = message.replace(f'failed temporarily: {WAITING}', 'waits: ')
+            record.args = ()
+            record.levelno, record.levelname = logging.INFO, 'INFO'
+        return True
+
+
+EXPECTED_WAITS = ExpectedWaits()
 
 
 def build_registry(runtime: Runtime, login: Login) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    logging.getLogger('kopf.objects').addFilter(EXPECTED_WAITS)  # once: the same filter
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -118,7 +139,7 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
         if not _has(previous, 'Ready', 'False', reason):  # once per new problem, not per retry
             _event(body, 'Warning', reason, message)
         if outcome.retry:
-            raise kopf.TemporaryError(message, delay=runtime.settings.retry_seconds)
+            raise kopf.TemporaryError(WAITING + message, delay=runtime.settings.retry_seconds)
 
     @kopf.on.delete(GROUP, VERSION, plural, id='deprovision', registry=registry,
                     when=lambda spec, **_: deletion.needs_finalizer(spec))  # fmt: skip
@@ -137,7 +158,7 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
         if not _has(previous, 'DeletionBlocked', 'True', result.blocked[0]):
             _event(body, 'Warning', 'DeletionBlocked', result.message)
         patch.status['conditions'] = deletion.blocked_conditions(body, *result.blocked)
-        raise kopf.TemporaryError(result.message, delay=runtime.settings.retry_seconds)
+        raise kopf.TemporaryError(WAITING + result.message, delay=runtime.settings.retry_seconds)
 
 
 def _has(conditions: list[Any], type_: str, status: str, reason: str | None = None) -> bool:

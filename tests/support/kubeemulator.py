@@ -127,6 +127,14 @@ class Kube:
         return [e.get('reason', '') for e in items
                 if (e.get('involvedObject') or {}).get('name') == name]  # fmt: skip
 
+    async def event_types(self, name: str, namespace: str = 'default') -> list[str]:
+        """Types (Normal, Warning, Error) of the Events posted about the object ``name``."""
+        async with self.session.get(self.url('v1', 'events', namespace)) as r:
+            assert r.status < 300, await r.text()
+            items = (await r.json()).get('items') or []
+        return [e.get('type', '') for e in items
+                if (e.get('involvedObject') or {}).get('name') == name]  # fmt: skip
+
     async def redis_secret(self, url: str, name: str = 'redis') -> None:
         body = {
             'metadata': {'name': name},
