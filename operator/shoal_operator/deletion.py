@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_broker.store.registry import Removal
+from shoal_broker.store.registry import Registry, Removal
 from shoal_operator import conditions, metrics, provisioning
 from shoal_operator.entities import parse
 from shoal_operator.models import (
@@ -18,6 +18,7 @@ from shoal_operator.models import (
     DeletionPolicy,
     InvalidSpec,
     ManagementPolicy,
+    Queue,
     SharedSubscription,
     describe,
 )
@@ -48,13 +49,11 @@ async def remove(
     body: Mapping[str, Any],
     unreachable_since: datetime.datetime | None,
 ) -> tuple[DeletionResult, datetime.datetime | None]:
-    """Act on the deletion policy; returns the result and when Redis was first unreachable."""
+    """Act on the deletion policy; returns the result and since when the deletion has been
+    held up by something only time resolves (Redis unreachable, or consumers still attached to
+    a cluster that is being deleted)."""
     entity = parse(kind, body)
-    cluster: BrokerCluster | None = None
-    try:
-        cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
-    except ClusterUnavailable:
-        cluster = None
+    cluster, registry = await _cluster(runtime, entity)
     context = provisioning.DeletionContext(
         policy=entity.deletion_policy,
         force=entity.meta.force_delete,
@@ -64,13 +63,15 @@ async def remove(
         timeout_seconds=cluster.finalizer_timeout_seconds if cluster else 0,
     )
     hatch = provisioning.escape_hatch(context, now())
+    if hatch is provisioning.Release.REDIS_TIMEOUT and registry is not None:
+        hatch = provisioning.Release.CLUSTER_GONE  # its consumers did not leave in time
     if hatch is not None or cluster is None:
         release = hatch or provisioning.Release.CLUSTER_GONE
         metrics.FINALIZERS_RELEASED.labels(release.value).inc()
         return DeletionResult(True, f'left in Redis: {release.value}', released=release), None
     only_if_empty = entity.deletion_policy is DeletionPolicy.DELETE_IF_EMPTY
     try:
-        registry = await runtime.registry(cluster)
+        registry = registry or await runtime.registry(cluster)
         if isinstance(entity, SharedSubscription):
             removal = await registry.remove_subscription(
                 provisioning.subscription_key(entity), entity.meta.owner, delete=True,
@@ -86,10 +87,29 @@ async def remove(
     if removal is Removal.IN_USE:
         why = ('messages are waiting or consumers are attached' if only_if_empty
                else 'consumers are attached')  # fmt: skip
+        # while its cluster is being deleted the wait is bounded like an unreachable Redis
+        since = (unreachable_since or now()) if registry is not None else None
         return DeletionResult(
             False, why, blocked=('NotEmpty' if only_if_empty else 'ConsumersAttached', why)
-        ), None
+        ), since
     return DeletionResult(True, f'{removal.value} in Redis'), None
+
+
+async def _cluster(
+    runtime: Runtime, entity: Queue | SharedSubscription
+) -> tuple[BrokerCluster | None, Registry | None]:
+    """The entity's cluster; for one that is gone or being deleted, the cluster and Redis this
+    run last saw (``kubectl delete -f`` of a whole app deletes the cluster and maybe the Secret
+    naming Redis first), with that Redis; (None, None) when there is nothing to act on."""
+    try:
+        return await runtime.cluster(entity.cluster, entity.meta.namespace), None
+    except ClusterUnavailable as exc:
+        if exc.reason != 'ClusterNotFound':
+            return None, None
+    try:
+        return runtime.remembered(entity.cluster) or (None, None)
+    except ClusterUnavailable:
+        return None, None
 
 
 def blocked_conditions(body: Mapping[str, Any], reason: str, message: str) -> list[Any]:
@@ -109,8 +129,10 @@ async def release(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
         entity = parse(kind, body)
         if entity.management_policy is not ManagementPolicy.MANAGED or entity.meta.paused:
             return
-        cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
-        registry = await runtime.registry(cluster)
+        cluster, registry = await _cluster(runtime, entity)
+        if cluster is None:
+            raise ClusterUnavailable('ClusterNotFound', 'its BrokerCluster does not exist')
+        registry = registry or await runtime.registry(cluster)
         if isinstance(entity, SharedSubscription):
             await registry.remove_subscription(
                 provisioning.subscription_key(entity), entity.meta.owner, delete=False

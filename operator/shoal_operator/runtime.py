@@ -77,6 +77,10 @@ class Runtime:
         self.secret_warnings: dict[str, set[str]] = {}
         """Per BrokerCluster uid, the Secret problems already posted as Events (kopf runs its
         resume and create handlers on the same body, before either's status is written)."""
+        self.last_seen: dict[tuple[str, str], tuple[BrokerCluster, str]] = {}
+        """Per (namespace, name), each BrokerCluster this run reached Redis through, with that
+        Redis URL: what a Queue or SharedSubscription deleted with its cluster is removed with
+        (``kubectl delete -f`` removes the cluster, and maybe the Secret, first)."""
         self.kinds_not_served: dict[str, list[str]] = {}
         """Per BrokerCluster uid, why optional children could not be created (their kind is not
         served), as reported on its ChildrenApplied condition."""
@@ -132,6 +136,17 @@ class Runtime:
                 f'Secret {cluster.meta.namespace}/{cluster.redis_secret} has no key '
                 f'{cluster.redis_key!r}',
             )
+        registry = self._registry(url)
+        self.last_seen[(cluster.meta.namespace, cluster.meta.name)] = (cluster, url)
+        return registry
+
+    def remembered(self, ref: ClusterRef) -> tuple[BrokerCluster, Registry] | None:
+        """A cluster that is gone (or being deleted) and the Redis this run last reached it
+        through; None when this run never did."""
+        seen = self.last_seen.get((ref.namespace, ref.name))
+        return None if seen is None else (seen[0], self._registry(seen[1]))
+
+    def _registry(self, url: str) -> Registry:
         if url not in self._registries:
             try:
                 registry = Registry.from_url(url, timeout=self.settings.redis_timeout_seconds)

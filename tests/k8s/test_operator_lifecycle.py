@@ -214,7 +214,7 @@ async def test_the_force_annotation_releases_a_blocked_deletion_and_leaves_redis
     app.close()
 
 
-async def test_the_finalizer_goes_when_the_cluster_is_gone(
+async def test_a_cluster_deleted_first_is_acted_on_with_the_redis_last_reached(
     cluster: Kube, rds: redis.Redis, name: str, address: str
 ) -> None:
     await cluster.create(
@@ -223,9 +223,25 @@ async def test_the_finalizer_goes_when_the_cluster_is_gone(
     await body_when(cluster, 'sharedsubscriptions', name, ready, 'Ready')
     await cluster.delete('brokerclusters', 'shoal')
     await gone(cluster, 'brokerclusters', 'shoal')
+    await cluster.delete('secrets', 'redis', api_version='v1')
     await cluster.delete('sharedsubscriptions', name)
     await gone(cluster, 'sharedsubscriptions', name)
-    assert rds.exists(definition_key(name))  # nothing was done to Redis
+    assert not rds.exists(definition_key(name))
+
+
+async def test_the_finalizer_goes_when_the_cluster_was_never_reached(
+    operator: Kube, name: str, address: str
+) -> None:
+    await operator.create('sharedsubscriptions', subscription_body(
+        name, address, deletionPolicy='Delete', clusterRef={'name': 'nowhere'}))  # fmt: skip
+    await body_when(
+        operator, 'sharedsubscriptions', name,
+        lambda b: condition(b, 'ClusterAvailable').get('reason') == 'ClusterNotFound',
+        'ClusterNotFound',
+    )  # fmt: skip
+    await operator.delete('sharedsubscriptions', name)
+    await gone(operator, 'sharedsubscriptions', name)
+    assert 'FinalizerReleased' in await operator.event_reasons(name)
 
 
 async def test_the_finalizer_goes_when_redis_stays_unreachable_past_the_timeout(

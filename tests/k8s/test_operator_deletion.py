@@ -1,0 +1,82 @@
+"""Deletion orders a user meets: ``kubectl delete -f app.yaml`` removes the Secret naming Redis,
+the BrokerCluster, its Queue and its SharedSubscription at once, in file order. With
+``deletionPolicy: Delete`` both are removed from Redis all the same (the operator acts with the
+Redis it last reached the cluster through), so the same names are free for another namespace's
+resources on that Redis afterwards."""
+
+import uuid
+from typing import Any
+
+import redis
+from kubeemulator import Kube, cluster_body, condition, subscription_body
+from processes import RedisServer
+
+from shoal_broker.store import keys
+
+
+def definition_key(name: str) -> str:
+    return keys.SubscriptionKeys.of(f'durable:global:*:{name}').definition
+
+
+async def ready(kube: Kube, plural: str, name: str, namespace: str = 'default') -> Any:
+    body = await kube.get(plural, name, namespace=namespace)
+    found = condition(body, 'Ready')
+    return found if found.get('status') == 'True' else None
+
+
+async def test_kubectl_delete_of_a_whole_app_honours_delete(
+    operator: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
+) -> None:
+    kube = operator
+    billing = f'billing-{uuid.uuid4().hex[:8]}'
+    app = [
+        ('secrets', 'redis', 'v1'),
+        ('brokerclusters', 'shoal', None),
+        ('queues', 'orders', None),
+        ('sharedsubscriptions', billing, None),
+    ]
+    await kube.redis_secret(redis_server.url)
+    await kube.create('brokerclusters', cluster_body())
+    queue = {
+        'clusterRef': {'name': 'shoal'},
+        'queueName': f'{address}-q',
+        'deletionPolicy': 'Delete',
+    }
+    await kube.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'}, 'spec': queue})
+    await kube.create(
+        'sharedsubscriptions', subscription_body(billing, address, deletionPolicy='Delete')
+    )
+    await kube.eventually(lambda: ready(kube, 'queues', 'orders'), 'the Queue Ready')
+    await kube.eventually(lambda: ready(kube, 'sharedsubscriptions', billing), 'the sub Ready')
+    assert rds.hget(keys.ADDRESSES, f'{address}-q') == 'queue'
+    assert rds.exists(definition_key(billing))
+
+    for plural, name, api_version in app:  # kubectl delete -f app.yaml: one after the other
+        if api_version:
+            await kube.delete(plural, name, api_version=api_version)
+        else:
+            await kube.delete(plural, name)
+    for plural, name, api_version in app:
+
+        async def gone(p: str = plural, n: str = name, a: str | None = api_version) -> bool:
+            found = await (kube.get(p, n, api_version=a) if a else kube.get(p, n))
+            return found is None
+
+        await kube.eventually(gone, f'{plural}/{name} gone')
+    assert rds.hget(keys.ADDRESSES, f'{address}-q') is None
+    assert not rds.exists(definition_key(billing))
+
+    # the same subscription declared from another namespace on the same Redis is not a Conflict
+    secret = {'metadata': {'name': 'redis', 'namespace': 'elsewhere'},
+              'stringData': {'url': redis_server.url}}  # fmt: skip
+    await kube.create('secrets', secret, api_version='v1')
+    other = cluster_body()
+    other['metadata']['namespace'] = 'elsewhere'
+    await kube.create('brokerclusters', other)
+    again = subscription_body(billing, address)
+    again['metadata']['namespace'] = 'elsewhere'
+    await kube.create('sharedsubscriptions', again)
+    await kube.eventually(
+        lambda: ready(kube, 'sharedsubscriptions', billing, 'elsewhere'), 'billing Ready elsewhere'
+    )
+    assert rds.hget(definition_key(billing), 'owner') == f'elsewhere/{billing}'
