@@ -1,6 +1,14 @@
 """
 Deleting a Queue or SharedSubscription: acting on its deletion policy, the escape hatches that
 release the finalizer without touching Redis, and releasing what a deleted resource left behind.
+
+A finalizer is put only where the operator's permissions outlive the resource
+(``Settings.permissions_outlive``): with namespaced RBAC the Role granting them is deleted with
+the namespace, possibly before the operator could remove the finalizer, and the namespace would
+wait forever. Without one, the policy is carried out when the deletion is seen (``on_deleted``),
+with the Redis the operator last reached the cluster through, and what has to wait (consumers
+attached, Redis down) is retried every observer pass (``retry_pending``): nothing the operator
+does can hold a deletion.
 """
 
 import dataclasses
@@ -11,7 +19,7 @@ from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.store.registry import Registry, Removal
-from shoal_operator import conditions, metrics, provisioning
+from shoal_operator import conditions, k8s, metrics, provisioning
 from shoal_operator.entities import parse
 from shoal_operator.models import (
     BrokerCluster,
@@ -22,16 +30,22 @@ from shoal_operator.models import (
     SharedSubscription,
     describe,
 )
-from shoal_operator.runtime import ClusterUnavailable, Runtime, now
+from shoal_operator.runtime import ClusterUnavailable, Key, Runtime, Settings, now
 
 logger = logging.getLogger(__name__)
 
 
-def needs_finalizer(spec: Mapping[str, Any]) -> bool:
-    """Only deletion that acts on Redis holds the resource (kopf adds/removes the finalizer)."""
+def acts_on_redis(spec: Mapping[str, Any]) -> bool:
+    """Whether deleting the resource removes something from Redis."""
     policy = str(spec.get('deletionPolicy', DeletionPolicy.RETAIN.value))
     managed = spec.get('managementPolicy', ManagementPolicy.MANAGED.value) == 'Managed'
     return bool(managed and policy != DeletionPolicy.RETAIN.value)
+
+
+def needs_finalizer(spec: Mapping[str, Any], namespace: str, settings: Settings) -> bool:
+    """Only deletion that acts on Redis holds the resource (kopf adds/removes the finalizer),
+    and only where the operator's permissions outlive it."""
+    return acts_on_redis(spec) and settings.permissions_outlive(namespace)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,7 +85,14 @@ async def remove(
         return DeletionResult(True, f'left in Redis: {release.value}', released=release), None
     only_if_empty = entity.deletion_policy is DeletionPolicy.DELETE_IF_EMPTY
     try:
-        registry = registry or await runtime.registry(cluster)
+        if registry is None:
+            try:
+                registry = await runtime.registry(cluster)
+            except k8s.ApiError:  # the Secret can no longer be read: the Redis last reached
+                remembered = runtime.remembered(entity.cluster)
+                if remembered is None:
+                    raise
+                registry = remembered[1]
         if isinstance(entity, SharedSubscription):
             removal = await registry.remove_subscription(
                 provisioning.subscription_key(entity), entity.meta.owner, delete=True,
@@ -106,6 +127,8 @@ async def _cluster(
     except ClusterUnavailable as exc:
         if exc.reason != 'ClusterNotFound':
             return None, None
+    except k8s.ApiError:  # e.g. 403: the namespace's Role is gone with the namespace
+        pass
     try:
         return runtime.remembered(entity.cluster) or (None, None)
     except ClusterUnavailable:
@@ -141,3 +164,43 @@ async def release(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
             await registry.remove_queue(entity.address, entity.meta.owner, delete=False)
     except (InvalidSpec, ValueError, ClusterUnavailable, StoreUnavailable) as exc:
         logger.info('%s %s left declared in Redis: %s', kind, describe(body), exc)
+
+
+async def on_deleted(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
+    """A resource is gone: release its declaration (Retain, or a finalizer already done), or,
+    when it had no finalizer to wait on, carry out its deletion policy now or later."""
+    meta = body.get('metadata') or {}
+    spec = body.get('spec') or {}
+    namespace = str(meta.get('namespace'))
+    if not acts_on_redis(spec) or needs_finalizer(spec, namespace, runtime.settings):
+        await release(runtime, kind, body)
+        return
+    await _carry_out(runtime, (kind, namespace, str(meta.get('name'))), dict(body), None)
+
+
+async def retry_pending(runtime: Runtime) -> None:
+    """One more try for each deletion policy still to carry out (from the observer's pass)."""
+    for key, (body, since) in list(runtime.pending_deletions.items()):
+        await _carry_out(runtime, key, body, since)
+
+
+async def _carry_out(
+    runtime: Runtime, key: Key, body: dict[str, Any], since: datetime.datetime | None
+) -> None:
+    kind = key[0]
+    try:
+        result, since = await remove(runtime, kind, body, since)
+    except (InvalidSpec, ValueError, k8s.ApiError) as exc:
+        logger.info('%s %s left in Redis: %s', kind, describe(body), exc)
+        runtime.pending_deletions.pop(key, None)
+        return
+    if result.done:
+        runtime.pending_deletions.pop(key, None)
+        logger.info('%s %s deleted: %s', kind, describe(body), result.message)
+        if result.released is not None:
+            await release(runtime, kind, body)
+        return
+    if key not in runtime.pending_deletions:
+        logger.info('%s %s is removed from Redis once it can be: %s', kind, describe(body),
+                    result.message)  # fmt: skip
+    runtime.pending_deletions[key] = (body, since)

@@ -92,8 +92,9 @@ def _inventory(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, k
         runtime.remember(kind, body, deleted=type == 'DELETED')
         metrics.MANAGED.labels(kind).set(len(runtime.of_kind(kind)))
         if type == 'DELETED' and kind in ENTITIES.values():
-            # gone without (or past) a finalizer: what stays in Redis is no longer declared
-            await deletion.release(runtime, kind, body)
+            # gone without (or past) a finalizer: carry out its deletion policy, or release
+            # what stays in Redis
+            await deletion.on_deleted(runtime, kind, body)
 
 
 def _clusters(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
@@ -141,8 +142,10 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
         if outcome.retry:
             raise kopf.TemporaryError(WAITING + message, delay=runtime.settings.retry_seconds)
 
-    @kopf.on.delete(GROUP, VERSION, plural, id='deprovision', registry=registry,
-                    when=lambda spec, **_: deletion.needs_finalizer(spec))  # fmt: skip
+    def holds(spec: kopf.Spec, namespace: str | None, **_: Any) -> bool:
+        return deletion.needs_finalizer(spec, namespace or '', runtime.settings)
+
+    @kopf.on.delete(GROUP, VERSION, plural, id='deprovision', registry=registry, when=holds)
     async def deprovision(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
         since = memo.get('unreachable_since')
         result, since = await deletion.remove(runtime, kind, body, since)

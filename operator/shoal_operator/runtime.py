@@ -26,6 +26,8 @@ class Settings:
     broker_image: str = DEFAULT_IMAGE
     namespaces: tuple[str, ...] = ()
     """Namespaces watched, by plain name; empty = the whole cluster."""
+    own_namespace: str = ''
+    """The operator's own namespace (its ServiceAccount's); '' when unknown."""
     observe_seconds: float = 30.0
     """How often live status is sampled and children are checked for drift."""
     retry_seconds: float = 10.0
@@ -36,6 +38,12 @@ class Settings:
     metrics: str = DEFAULT_METRICS
     """``HOST:PORT`` of the Prometheus endpoint ``/metrics``."""
 
+    def permissions_outlive(self, namespace: str) -> bool:
+        """Whether the operator can still write to ``namespace`` while it is being deleted:
+        only with cluster-wide RBAC (a Role lives in the namespace it grants) and outside its
+        own namespace (whose deletion takes its ServiceAccount, and so its token, along)."""
+        return not self.namespaces and bool(self.own_namespace) and namespace != self.own_namespace
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> 'Settings':
         namespaces = tuple(n.strip() for n in env.get('SHOAL_OPERATOR_NAMESPACES', '').split(','))
@@ -45,6 +53,7 @@ class Settings:
         return cls(
             broker_image=env.get('SHOAL_BROKER_IMAGE') or DEFAULT_IMAGE,
             namespaces=tuple(n for n in namespaces if n),
+            own_namespace=env.get('SHOAL_OPERATOR_POD_NAMESPACE', ''),
             observe_seconds=float(env.get('SHOAL_OPERATOR_OBSERVE_SECONDS', 30)),
             retry_seconds=float(env.get('SHOAL_OPERATOR_RETRY_SECONDS', 10)),
             health=env.get('SHOAL_OPERATOR_HEALTH') or DEFAULT_HEALTH,
@@ -81,6 +90,9 @@ class Runtime:
         """Per (namespace, name), each BrokerCluster this run reached Redis through, with that
         Redis URL: what a Queue or SharedSubscription deleted with its cluster is removed with
         (``kubectl delete -f`` removes the cluster, and maybe the Secret, first)."""
+        self.pending_deletions: dict[Key, tuple[dict[str, Any], datetime.datetime | None]] = {}
+        """Deleted resources without a finalizer whose deletion policy is not carried out yet
+        (consumers attached, Redis down), with since when that is so; retried every pass."""
         self.kinds_not_served: dict[str, list[str]] = {}
         """Per BrokerCluster uid, why optional children could not be created (their kind is not
         served), as reported on its ChildrenApplied condition."""

@@ -62,6 +62,7 @@ def test_operator_runs_the_contracted_process() -> None:
     assert operator['livenessProbe']['httpGet'] == {'path': '/healthz', 'port': 'health'}
     assert env(operator) == {
         'SHOAL_OPERATOR_NAMESPACES': NAMESPACE,
+        'SHOAL_OPERATOR_POD_NAMESPACE': {'fieldRef': {'fieldPath': 'metadata.namespace'}},
         'SHOAL_BROKER_IMAGE': 'ghcr.io/shoal-dev/shoal:0.1.0',
         'SHOAL_OPERATOR_LOG_LEVEL': 'INFO',
     }

@@ -1,12 +1,13 @@
-"""Deletion orders a user meets: ``kubectl delete -f app.yaml`` removes the Secret naming Redis,
-the BrokerCluster, its Queue and its SharedSubscription at once, in file order. With
-``deletionPolicy: Delete`` both are removed from Redis all the same (the operator acts with the
-Redis it last reached the cluster through), so the same names are free for another namespace's
-resources on that Redis afterwards."""
+"""Deletion orders a user meets, with the chart's namespaced RBAC: ``kubectl delete -f app.yaml``
+removes the Secret naming Redis, the BrokerCluster, its Queue and its SharedSubscription at once,
+in file order; deleting their namespace removes the operator's Role there before anything else.
+Both finish, and ``deletionPolicy: Delete`` is honoured (the operator acts with the Redis it last
+reached the cluster through), so the same names are free for another namespace afterwards."""
 
 import uuid
 from typing import Any
 
+import rbac
 import redis
 from kubeemulator import Kube, cluster_body, condition, subscription_body
 from processes import RedisServer
@@ -80,3 +81,52 @@ async def test_kubectl_delete_of_a_whole_app_honours_delete(
         lambda: ready(kube, 'sharedsubscriptions', billing, 'elsewhere'), 'billing Ready elsewhere'
     )
     assert rds.hget(definition_key(billing), 'owner') == f'elsewhere/{billing}'
+
+
+async def test_deleting_the_namespace_after_the_operators_role_finishes_and_honours_delete(
+    operator: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
+) -> None:
+    kube = operator
+    billing = f'billing-{uuid.uuid4().hex[:8]}'
+    await kube.redis_secret(redis_server.url)
+    await kube.create('brokerclusters', cluster_body())
+    queue = {
+        'clusterRef': {'name': 'shoal'},
+        'queueName': f'{address}-q',
+        'deletionPolicy': 'Delete',
+    }
+    await kube.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'}, 'spec': queue})
+    await kube.create(
+        'sharedsubscriptions', subscription_body(billing, address, deletionPolicy='DeleteIfEmpty')
+    )
+    await kube.eventually(lambda: ready(kube, 'queues', 'orders'), 'the Queue Ready')
+    await kube.eventually(lambda: ready(kube, 'sharedsubscriptions', billing), 'the sub Ready')
+    for plural, name in [('queues', 'orders'), ('sharedsubscriptions', billing)]:
+        body = await kube.get(plural, name) or {}
+        assert not body['metadata'].get('finalizers'), 'nothing may hold the namespace'
+
+    await kube.observer_passes(2)  # the operator idle: no write of its own is cut in half
+    # the namespace controller: the operator's Role (and so its access) goes first, then the rest
+    kube.emulator.forbidden_token = rbac.TOKEN
+    kube.emulator.forbidden = frozenset({'default'})
+    content = [('sharedsubscriptions', billing, None), ('queues', 'orders', None),
+               ('brokerclusters', 'shoal', None), ('secrets', 'redis', 'v1')]  # fmt: skip
+    for plural, name, api_version in content:
+        if api_version:
+            await kube.delete(plural, name, api_version=api_version)
+        else:
+            await kube.delete(plural, name)
+    for plural, name, api_version in content:
+
+        async def gone(p: str = plural, n: str = name, a: str | None = api_version) -> bool:
+            found = await (kube.get(p, n, api_version=a) if a else kube.get(p, n))
+            return found is None
+
+        await kube.eventually(gone, f'{plural}/{name} gone')
+
+    async def removed() -> bool:
+        return rds.hget(keys.ADDRESSES, f'{address}-q') is None and not rds.exists(
+            definition_key(billing)
+        )
+
+    await kube.eventually(removed, 'both removed from Redis')

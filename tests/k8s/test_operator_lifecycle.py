@@ -14,8 +14,22 @@ from processes import BrokerProcess, RedisServer, free_port
 from proton import Message
 
 from shoal_broker.store import keys
+from shoal_operator.runtime import Settings
 
 FINALIZER = 'shoal.dev/finalizer'
+
+
+@pytest.fixture
+def operator_settings() -> Settings:
+    """Cluster-wide, in a namespace of its own: the layout where its permissions outlive the
+    resources' namespaces, so deletion that acts on Redis holds them with a finalizer."""
+    return Settings(broker_image='shoal:test', observe_seconds=0.5, retry_seconds=0.5,
+                    own_namespace='shoal-system')  # fmt: skip
+
+
+@pytest.fixture
+def rbac_values() -> dict[str, Any]:
+    return {'rbac': {'scope': 'cluster'}}
 
 
 @pytest.fixture

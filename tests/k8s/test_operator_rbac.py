@@ -33,7 +33,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 def operator_settings(mode: str) -> Settings:
     namespaces = WATCHED if mode == 'namespaced' else ()
     return Settings(broker_image='shoal:test', observe_seconds=0.5, retry_seconds=0.5,
-                    namespaces=namespaces)  # fmt: skip
+                    namespaces=namespaces, own_namespace='shoal-system')  # fmt: skip
 
 
 @pytest.fixture

@@ -45,3 +45,12 @@ def test_watched_namespaces_are_plain_names() -> None:
     assert Settings.from_env({}).namespaces == ()
     with pytest.raises(ValueError, match='namespace names'):
         Settings.from_env({'SHOAL_OPERATOR_NAMESPACES': 'team-*'})
+
+
+def test_a_finalizer_only_where_the_operators_permissions_outlive_the_namespace() -> None:
+    cluster_wide = Settings(own_namespace='shoal-system')
+    assert cluster_wide.permissions_outlive('team-a')
+    assert not cluster_wide.permissions_outlive('shoal-system')  # its token goes with it
+    assert not Settings().permissions_outlive('team-a')  # own namespace unknown
+    namespaced = Settings(namespaces=('team-a',), own_namespace='shoal-system')
+    assert not namespaced.permissions_outlive('team-a')  # the Role goes with the namespace

@@ -29,10 +29,21 @@ _versions = itertools.count(1000)
 class StampingEmulator(kmock.KubernetesEmulator):
     unserved: frozenset[str] = frozenset()
     """Plurals answered 404 as by an API server without their CRD (a test sets its own)."""
+    forbidden: frozenset[str] = frozenset()
+    """Namespaces whose operator Role is gone: new requests bearing ``forbidden_token`` are
+    refused with 403 there (watches opened before go on, as on a real API server)."""
+    forbidden_token = ''
 
     async def _handle(self, request: Any) -> Any:
         if request.resource is not None and request.resource.plural in self.unserved:
             raise kmock.KubernetesResourceNotFoundError()
+        if (
+            request.namespace in self.forbidden
+            and request.headers.get('Authorization') == f'Bearer {self.forbidden_token}'
+        ):
+            raise kmock.KubernetesError(
+                status=403, reason='Forbidden', message='no Role in this namespace any more'
+            )
         data = request.data
         if request.resource is not None and request.action == kmock.action.CREATE:
             meta = data.setdefault('metadata', {})
