@@ -8,7 +8,8 @@ the namespace, possibly before the operator could remove the finalizer, and the 
 wait forever. Without one, the policy is carried out when the deletion is seen (``on_deleted``),
 with the Redis the operator last reached the cluster through, and what has to wait (consumers
 attached, Redis down) is retried every observer pass (``retry_pending``): nothing the operator
-does can hold a deletion.
+does can hold a deletion. What an earlier run could not finish is found on the Redis side
+(``release_orphans``): a declaration whose resource no longer exists is released.
 """
 
 import dataclasses
@@ -22,6 +23,7 @@ from shoal_broker.store.registry import Registry, Removal
 from shoal_operator import conditions, k8s, metrics, provisioning
 from shoal_operator.entities import parse
 from shoal_operator.models import (
+    API_VERSION,
     BrokerCluster,
     DeletionPolicy,
     InvalidSpec,
@@ -204,3 +206,40 @@ async def _carry_out(
         logger.info('%s %s is removed from Redis once it can be: %s', kind, describe(body),
                     result.message)  # fmt: skip
     runtime.pending_deletions[key] = (body, since)
+
+
+async def release_orphans(runtime: Runtime) -> None:
+    """Release every declaration, in each Redis this run reached, whose resource is in a
+    watched namespace and no longer exists (deleted without a finalizer while no operator could
+    act on it): the entity stays (its deletion policy is not known any more) and its name is free
+    for a resource elsewhere. A GET confirms the resource is gone before anything is released."""
+    for registry in runtime.reached():
+        try:
+            declared = await registry.declared()
+        except StoreUnavailable:
+            continue
+        for field, owner in sorted(declared.items()):
+            namespace, _, name = owner.partition('/')
+            kind = 'Queue' if field.startswith('queue:') else 'SharedSubscription'
+            key = (kind, namespace, name)
+            if (not name or not runtime.watches(namespace) or key in runtime.inventory
+                    or key in runtime.pending_deletions):  # fmt: skip
+                continue
+            try:
+                if await runtime.api().get(API_VERSION, kind, namespace, name) is not None:
+                    continue
+                await _release_field(registry, field, owner)
+            except (k8s.ApiError, StoreUnavailable) as exc:
+                logger.debug('orphan %s of %s left: %s', field, owner, exc)
+                continue
+            logger.info('%s released: %s %s no longer exists', field, kind, owner)
+
+
+async def _release_field(registry: Registry, field: str, owner: str) -> None:
+    entity_kind, _, ident = field.partition(':')
+    if entity_kind == 'queue':
+        await registry.remove_queue(ident, owner, delete=False)
+        return
+    key = provisioning.key_of(ident)
+    if key is not None:
+        await registry.remove_subscription(key, owner, delete=False)

@@ -158,6 +158,13 @@ class Runtime:
         seen = self.last_seen.get((ref.namespace, ref.name))
         return None if seen is None else (seen[0], self._registry(seen[1]))
 
+    def reached(self) -> list[Registry]:
+        """Every Redis this run reached a cluster through."""
+        return [self._registry(url) for url in sorted({url for _, url in self.last_seen.values()})]
+
+    def watches(self, namespace: str) -> bool:
+        return not self.settings.namespaces or namespace in self.settings.namespaces
+
     def _registry(self, url: str) -> Registry:
         if url not in self._registries:
             try:

@@ -14,7 +14,7 @@ CHILD = {'get', 'create', 'patch'}
 NAMESPACED_NEEDS: dict[tuple[str, str], set[str]] = {
     ('shoal.dev', 'brokerclusters'): {'get', 'list', 'watch', 'patch'},
     ('shoal.dev', 'sharedsubscriptions'): {'get', 'list', 'watch', 'patch'},
-    ('shoal.dev', 'queues'): {'list', 'watch', 'patch'},
+    ('shoal.dev', 'queues'): {'get', 'list', 'watch', 'patch'},
     **{('shoal.dev', f'{kind}/status'): {'patch'}
        for kind in ('brokerclusters', 'queues', 'sharedsubscriptions')},
     ('shoal.dev', 'brokerclusters/finalizers'): {'update'},

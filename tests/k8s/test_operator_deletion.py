@@ -12,7 +12,9 @@ import redis
 from kubeemulator import Kube, cluster_body, condition, subscription_body
 from processes import RedisServer
 
+from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.store import keys
+from shoal_broker.store.registry import Registry, SubscriptionDeclaration
 
 
 def definition_key(name: str) -> str:
@@ -130,3 +132,41 @@ async def test_deleting_the_namespace_after_the_operators_role_finishes_and_hono
         )
 
     await kube.eventually(removed, 'both removed from Redis')
+
+
+async def test_a_declaration_whose_resource_is_gone_is_released(
+    cluster: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
+) -> None:
+    """What no operator could carry out (deleted without a finalizer while it was down) is found
+    in Redis: the declarations of resources that no longer exist are released, so their names
+    are free; a declaration whose resource exists, or lives in a namespace the operator does not
+    watch, is left alone."""
+    ghost = f'ghost-{uuid.uuid4().hex[:8]}'
+    registry = Registry.from_url(redis_server.url)
+    try:
+        await registry.declare_queue(f'{address}-q', f'default/{ghost}')
+        await registry.declare_queue(f'{address}-other', f'unwatched/{ghost}')
+        key = SubscriptionKey(name=ghost, scope=Scope.GLOBAL, client_id='', durable=True)
+        await registry.declare_subscription(SubscriptionDeclaration(
+            key=key, topic=address, selector=None, max_consumers=None,
+            owner=f'default/{ghost}', generation=1), recreate=False)  # fmt: skip
+    finally:
+        await registry.close()
+    await cluster.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'},
+                                    'spec': {'clusterRef': {'name': 'shoal'},
+                                             'queueName': f'{address}-live'}})  # fmt: skip
+    await cluster.eventually(lambda: ready(cluster, 'queues', 'orders'), 'the live Queue Ready')
+
+    async def released() -> bool:
+        return (
+            rds.hget(keys.PROVISIONED, keys.provisioned_queue(f'{address}-q')) is None
+            and rds.hget(keys.PROVISIONED, keys.provisioned_subscription(key.id)) is None
+        )
+
+    await cluster.eventually(released, 'both orphans released')
+    assert rds.hget(keys.ADDRESSES, f'{address}-q') == 'queue'  # released, not deleted
+    assert rds.exists(definition_key(ghost))
+    assert rds.hget(keys.PROVISIONED, keys.provisioned_queue(f'{address}-other')) == (
+        f'unwatched/{ghost}'
+    )
+    assert rds.hget(keys.PROVISIONED, keys.provisioned_queue(f'{address}-live')) == 'default/orders'

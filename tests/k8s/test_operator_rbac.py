@@ -14,6 +14,8 @@ import redis
 from kubeemulator import WATCHED, Kube, cluster_body, condition, subscription_body
 from processes import RedisServer
 
+from shoal_broker.store import keys
+from shoal_broker.store.registry import Registry
 from shoal_operator.runtime import Settings
 
 CHILDREN = [('v1', 'configmaps', 'shoal-config'), ('v1', 'secrets', 'shoal-connection'),
@@ -52,6 +54,11 @@ async def test_the_operator_uses_every_grant_and_nothing_else(
     address: str,
 ) -> None:  # fmt: skip
     kube = operator
+    registry = Registry.from_url(redis_server.url)
+    try:  # a declaration whose Queue is gone: the operator checks the Queue is gone (get)
+        await registry.declare_queue(f'{address}-ghost', 'default/ghost')
+    finally:
+        await registry.close()
     await kube.redis_secret(redis_server.url)
     optional = {
         'metrics': {'serviceMonitor': {'enabled': True}},
@@ -103,6 +110,10 @@ async def test_the_operator_uses_every_grant_and_nothing_else(
 
         await kube.eventually(gone, f'{plural}/{name} gone')
 
+    async def released() -> bool:
+        return rds.hget(keys.PROVISIONED, keys.provisioned_queue(f'{address}-ghost')) is None
+
+    await kube.eventually(released, 'the orphan released')
     used = {need.grant for need, _ in rbac.operator_accesses(kube.emulator)}
     granted = rbac.granted(rbac.operator_roles(rbac_values))
     assert granted - used == set(), f'granted by {rbac_values} but never used'
