@@ -164,7 +164,7 @@ async def release(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
             )
         else:
             await registry.remove_queue(entity.address, entity.meta.owner, delete=False)
-    except (InvalidSpec, ValueError, ClusterUnavailable, StoreUnavailable) as exc:
+    except (InvalidSpec, ValueError, ClusterUnavailable, StoreUnavailable, k8s.ApiError) as exc:
         logger.info('%s %s left declared in Redis: %s', kind, describe(body), exc)
 
 

@@ -54,6 +54,7 @@ async def test_the_operator_uses_every_grant_and_nothing_else(
     address: str,
 ) -> None:  # fmt: skip
     kube = operator
+    billing = f'billing-{address[-8:]}'  # subscription names are Redis-wide: one per test
     registry = Registry.from_url(redis_server.url)
     try:  # a declaration whose Queue is gone: the operator checks the Queue is gone (get)
         await registry.declare_queue(f'{address}-ghost', 'default/ghost')
@@ -72,8 +73,8 @@ async def test_the_operator_uses_every_grant_and_nothing_else(
     }
     await kube.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'}, 'spec': queue})
     await kube.create('sharedsubscriptions', subscription_body(
-        'billing', address, maxConsumers=2, deletionPolicy='Delete'))  # fmt: skip
-    for plural, name in [('queues', 'orders'), ('sharedsubscriptions', 'billing')]:
+        billing, address, maxConsumers=2, deletionPolicy='Delete'))  # fmt: skip
+    for plural, name in [('queues', 'orders'), ('sharedsubscriptions', billing)]:
         await kube.eventually(lambda p=plural, n=name: _ready(kube, p, n), f'{plural}/{name}')
 
     # drift: each child changed behind the operator's back is patched back
@@ -102,8 +103,8 @@ async def test_the_operator_uses_every_grant_and_nothing_else(
 
     # deletion acting on Redis (finalizers)
     await kube.delete('queues', 'orders')
-    await kube.delete('sharedsubscriptions', 'billing')
-    for plural, name in [('queues', 'orders'), ('sharedsubscriptions', 'billing')]:
+    await kube.delete('sharedsubscriptions', billing)
+    for plural, name in [('queues', 'orders'), ('sharedsubscriptions', billing)]:
 
         async def gone(p: str = plural, n: str = name) -> bool:
             return await kube.get(p, n) is None

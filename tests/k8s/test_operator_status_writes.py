@@ -17,16 +17,15 @@ def patches(kube: Kube) -> list[str]:
 
 
 async def test_a_pass_where_nothing_moved_writes_nothing(cluster: Kube, address: str) -> None:
+    billing = f'billing-{address[-8:]}'  # subscription names are Redis-wide: one per test
     queue = {'clusterRef': {'name': 'shoal'}, 'queueName': f'{address}-q'}
     await cluster.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'}, 'spec': queue})
-    await cluster.create(
-        'sharedsubscriptions', subscription_body('billing', address, maxConsumers=2)
-    )
+    await cluster.create('sharedsubscriptions', subscription_body(billing, address, maxConsumers=2))
 
     async def settled() -> bool:
         bodies = [await cluster.get(p, n) for p, n in
                   [('brokerclusters', 'shoal'), ('queues', 'orders'),
-                   ('sharedsubscriptions', 'billing')]]  # fmt: skip
+                   ('sharedsubscriptions', billing)]]  # fmt: skip
         return all('backlog' in (b or {}).get('status', {}) or b['kind'] == 'BrokerCluster'
                    for b in bodies) and all(condition(b, 'Ready') for b in bodies)  # fmt: skip
 
