@@ -4,6 +4,7 @@
 """
 
 import asyncio
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -16,8 +17,15 @@ from shoal_operator.runtime import Runtime, Settings
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In a pod: its service account; elsewhere: the kubeconfig."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    """In a pod: its service account; elsewhere: the kubeconfig, read by the official client, so
+    every form kubectl writes works (CA and client certificate as files, relative to the
+    kubeconfig, or inline data; a bearer token or a token file; exec plugins)."""
+    info = kopf.login_via_client(**kwargs)
+    if info is not None and info.token and info.token != info.token.strip():
+        # a token file ending in a newline (``echo $TOKEN > file``): kubectl trims it, the
+        # Python client does not, and a newline in a header is refused before it is sent
+        info = dataclasses.replace(info, token=info.token.strip())
+    return info
 
 
 async def run(
@@ -55,7 +63,10 @@ async def run(
         # kopf cancels its own task tree when the stop flag is set: a clean stop
     finally:
         stop.set()
-        await asyncio.gather(watcher, relay_task)
+        # on SIGTERM kopf cancels every task of the loop, these two included: a clean stop too
+        for outcome in await asyncio.gather(watcher, relay_task, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                raise outcome
         await runtime.close()
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_operator import analytics, conditions, manifests, status
+from shoal_operator import analytics, conditions, k8s, manifests, status
 from shoal_operator.manifests import naming, security
 from shoal_operator.models import API_VERSION, BrokerCluster, describe
 from shoal_operator.runtime import ClusterUnavailable, Runtime, now
@@ -29,15 +29,33 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def apply_cluster(runtime: Runtime, body: Mapping[str, Any]) -> BrokerCluster:
-    """Create or correct every child object of the cluster (also the drift check)."""
+    """Create or correct every child object of the cluster (also the drift check). A child of
+    an optional kind the API server does not serve is left out, said once per new problem in
+    a Warning Event and the log, and on the ChildrenApplied condition while it lasts."""
     cluster = BrokerCluster.from_body(body, default_image=runtime.settings.broker_image)
     kube = runtime.api()
     owner = owner_reference(body)
+    not_served = []
     for manifest in manifests.build_all(cluster):
         manifest['metadata']['ownerReferences'] = [owner]
-        await kube.apply(manifest)
+        try:
+            await kube.apply(manifest)
+        except k8s.KindNotServed as exc:
+            if exc.kind not in manifests.OPTIONAL_KINDS:
+                raise
+            field = manifests.OPTIONAL_KINDS[exc.kind]
+            not_served.append(f'{exc.description}: install its CRD or turn {field} off')
     for api_version, kind, name in manifests.switched_off(cluster):
         await kube.delete(api_version, kind, cluster.meta.namespace, name)
+    reported = set(runtime.kinds_not_served.get(cluster.meta.uid, ()))
+    for condition in (body.get('status') or {}).get('conditions') or []:  # before a restart
+        if condition.get('type') == 'ChildrenApplied' and condition.get('status') == 'False':
+            reported.update(str(condition.get('message')).split('; '))
+    for message in not_served:
+        if message not in reported:
+            logger.warning('BrokerCluster %s: %s', describe(body), message)
+            await kube.post_event(body, 'Warning', 'KindNotServed', message)
+    runtime.kinds_not_served[cluster.meta.uid] = not_served
     return cluster
 
 
@@ -62,6 +80,7 @@ async def observe_cluster(
         cluster, deployment=deployment, redis=redis_info, redis_error=redis_error,
         declared_subscriptions=declared, previous=previous.get('conditions') or [], now=now(),
         secret_problems=secret_problems,
+        kinds_not_served=runtime.kinds_not_served.get(cluster.meta.uid, []),
     )  # fmt: skip
     new.update(
         selector=naming.selector(cluster),

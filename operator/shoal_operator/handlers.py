@@ -21,10 +21,31 @@ from shoal_operator.runtime import Runtime
 Login = Callable[..., kopf.ConnectionInfo | None]
 KOPF_PREFIX = f'kopf.{GROUP}'
 ENTITIES = {'queues': 'Queue', 'sharedsubscriptions': 'SharedSubscription'}
+WAITING = 'waiting: '
+"""Prefix of the TemporaryError message of an expected wait (consumers attached, the cluster
+not there yet, Redis down), as opposed to a failure."""
+
+
+class ExpectedWaits(logging.Filter):
+    """kopf logs every TemporaryError as "Handler ... failed temporarily" at ERROR (and so posts
+    it as an Event of type Error on every retry); an expected wait is INFO: the resource's
+    condition and one Warning Event already say why."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if f'failed temporarily: {WAITING}' in message:
+            record.msg = message.replace(f'failed temporarily: {WAITING}', 'waits: ')
+            record.args = ()
+            record.levelno, record.levelname = logging.INFO, 'INFO'
+        return True
+
+
+EXPECTED_WAITS = ExpectedWaits()
 
 
 def build_registry(runtime: Runtime, login: Login) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    logging.getLogger('kopf.objects').addFilter(EXPECTED_WAITS)  # once: the same filter
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -34,6 +55,11 @@ def build_registry(runtime: Runtime, login: Login) -> kopf.OperatorRegistry:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=KOPF_PREFIX)
         settings.posting.level = logging.WARNING
+        # The watched namespaces are plain names (or the whole cluster) and the CRDs are installed
+        # before the operator: nothing to discover at runtime. Without this, kopf lists and
+        # watches namespaces and CRDs at cluster scope, which namespaced RBAC forbids (403s,
+        # retried with backoff before the first reconcile).
+        settings.scanning.disabled = True
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.watching.inactivity_timeout = 600
@@ -66,8 +92,9 @@ def _inventory(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, k
         runtime.remember(kind, body, deleted=type == 'DELETED')
         metrics.MANAGED.labels(kind).set(len(runtime.of_kind(kind)))
         if type == 'DELETED' and kind in ENTITIES.values():
-            # gone without (or past) a finalizer: what stays in Redis is no longer declared
-            await deletion.release(runtime, kind, body)
+            # gone without (or past) a finalizer: carry out its deletion policy, or release
+            # what stays in Redis
+            await deletion.on_deleted(runtime, kind, body)
 
 
 def _clusters(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
@@ -113,10 +140,12 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
         if not _has(previous, 'Ready', 'False', reason):  # once per new problem, not per retry
             _event(body, 'Warning', reason, message)
         if outcome.retry:
-            raise kopf.TemporaryError(message, delay=runtime.settings.retry_seconds)
+            raise kopf.TemporaryError(WAITING + message, delay=runtime.settings.retry_seconds)
 
-    @kopf.on.delete(GROUP, VERSION, plural, id='deprovision', registry=registry,
-                    when=lambda spec, **_: deletion.needs_finalizer(spec))  # fmt: skip
+    def holds(spec: kopf.Spec, namespace: str | None, **_: Any) -> bool:
+        return deletion.needs_finalizer(spec, namespace or '', runtime.settings)
+
+    @kopf.on.delete(GROUP, VERSION, plural, id='deprovision', registry=registry, when=holds)
     async def deprovision(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
         since = memo.get('unreachable_since')
         result, since = await deletion.remove(runtime, kind, body, since)
@@ -132,7 +161,7 @@ def _entities(registry: kopf.OperatorRegistry, runtime: Runtime, plural: str, ki
         if not _has(previous, 'DeletionBlocked', 'True', result.blocked[0]):
             _event(body, 'Warning', 'DeletionBlocked', result.message)
         patch.status['conditions'] = deletion.blocked_conditions(body, *result.blocked)
-        raise kopf.TemporaryError(result.message, delay=runtime.settings.retry_seconds)
+        raise kopf.TemporaryError(WAITING + result.message, delay=runtime.settings.retry_seconds)
 
 
 def _has(conditions: list[Any], type_: str, status: str, reason: str | None = None) -> bool:

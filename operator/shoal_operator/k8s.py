@@ -11,7 +11,6 @@ this one does not) and ``WHOLE_DATA`` below.
 
 import base64
 import datetime
-import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +43,17 @@ class ApiError(Exception):
         self.status = status
 
 
+class KindNotServed(ApiError):
+    """The API server does not serve the kind (its CRD is not installed): a create answered
+    404."""
+
+    def __init__(self, api_version: str, kind: str) -> None:
+        self.description = f'{kind} ({api_version}) is not served by the API server'
+        super().__init__(404, self.description)
+        self.kind = kind
+        self.api_version = api_version
+
+
 def path(api_version: str, kind: str, namespace: str, name: str = '') -> str:
     root = f'/api/{api_version}' if '/' not in api_version else f'/apis/{api_version}'
     tail = f'/{name}' if name else ''
@@ -70,15 +80,13 @@ class Kube:
 
     def __init__(self, info: kopf.ConnectionInfo) -> None:
         self._server = info.server.rstrip('/')
-        headers = {'Accept': 'application/json'}
-        if info.token:
-            headers['Authorization'] = f'{info.scheme or "Bearer"} {info.token}'
-        context: ssl.SSLContext | bool = not info.insecure
-        if info.ca_path or info.ca_data or info.certificate_path or info.certificate_data:
-            context = _ssl_context(info)
+        # kopf's own translation of the credentials (the one its client uses): CA and client
+        # certificate as paths or as the kubeconfig's base64 data, bearer token, insecure mode
         self._session = aiohttp.ClientSession(
-            headers=headers,
-            connector=aiohttp.TCPConnector(ssl=context),
+            headers={**info.as_http_headers(), 'Accept': 'application/json'},
+            connector=aiohttp.TCPConnector(ssl=info.as_ssl_context()),
+            proxy=info.proxy_url,
+            trust_env=info.trust_env,
             timeout=aiohttp.ClientTimeout(total=30),
         )
 
@@ -99,7 +107,9 @@ class Kube:
         if current is None:
             collection = path(manifest['apiVersion'], manifest['kind'], meta['namespace'])
             created = await self._request('POST', collection, body=manifest)
-            return created or {}
+            if created is None:
+                raise KindNotServed(manifest['apiVersion'], manifest['kind'])
+            return created
         manifest = applied.removing_dropped(current, _removing_stale_data(current, manifest))
         if contains(current, manifest):
             return current
@@ -182,16 +192,3 @@ def _removing_stale_data(current: Mapping[str, Any], manifest: Mapping[str, Any]
     desired = manifest.get('data') or {}
     stale = {key: None for key in current.get('data') or {} if key not in desired}
     return {**manifest, 'data': {**desired, **stale}} if stale else manifest
-
-
-def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext:
-    context = ssl.create_default_context(
-        cafile=str(info.ca_path) if info.ca_path else None,
-        cadata=info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data,
-    )
-    if info.certificate_path and info.private_key_path:
-        context.load_cert_chain(str(info.certificate_path), str(info.private_key_path))
-    if info.insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context

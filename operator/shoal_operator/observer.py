@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_operator import clusters, entities, k8s, metrics, status
+from shoal_operator import clusters, deletion, entities, k8s, metrics, status
 from shoal_operator.models import API_VERSION, BrokerCluster, InvalidSpec
 from shoal_operator.runtime import Runtime
 
@@ -41,6 +41,8 @@ async def observe_all(runtime: Runtime) -> None:
     for kind in ('Queue', 'SharedSubscription'):
         for body in runtime.of_kind(kind):
             await _entity(runtime, kind, body)
+    await deletion.retry_pending(runtime)
+    await deletion.release_orphans(runtime)
     metrics.LAST_OBSERVATION.set(time.time())
 
 

@@ -27,6 +27,19 @@ def subscription_key(sub: SharedSubscription) -> SubscriptionKey:
     )
 
 
+def key_of(subscription_id: str) -> SubscriptionKey | None:
+    """The key whose ``id`` is ``subscription_id``; None when it does not parse back exactly
+    (a ClientID with a colon is ambiguous)."""
+    lifetime, _, rest = subscription_id.partition(':')
+    scope, _, rest = rest.partition(':')
+    owner, _, name = rest.partition(':')
+    if lifetime not in ('durable', 'volatile') or scope not in tuple(Scope):
+        return None
+    key = SubscriptionKey(name=name, scope=Scope(scope), durable=lifetime == 'durable',
+                          client_id='' if scope == Scope.GLOBAL else owner)  # fmt: skip
+    return key if key.id == subscription_id else None
+
+
 def check_selector(sub: SharedSubscription) -> None:
     """Raise ``InvalidSpec`` with the parser's message for a selector the broker would refuse."""
     if sub.selector is None:

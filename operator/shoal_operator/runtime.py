@@ -6,6 +6,7 @@ and the inventory of resources seen on the watch streams (so periodic work needs
 import dataclasses
 import datetime
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,13 +17,17 @@ from shoal_operator.models import API_VERSION, BrokerCluster, ClusterRef, Invali
 DEFAULT_IMAGE = 'ghcr.io/shoal-dev/shoal:0.1.0'
 DEFAULT_HEALTH = '0.0.0.0:8080'
 DEFAULT_METRICS = '0.0.0.0:9090'
+NAMESPACE_NAME = re.compile(r'[a-z0-9]([-a-z0-9]*[a-z0-9])?')
+"""A DNS label: kopf reads ``*`` or ``!`` as a pattern, which needs namespace listing."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     broker_image: str = DEFAULT_IMAGE
     namespaces: tuple[str, ...] = ()
-    """Namespaces watched; empty = the whole cluster."""
+    """Namespaces watched, by plain name; empty = the whole cluster."""
+    own_namespace: str = ''
+    """The operator's own namespace (its ServiceAccount's); '' when unknown."""
     observe_seconds: float = 30.0
     """How often live status is sampled and children are checked for drift."""
     retry_seconds: float = 10.0
@@ -33,12 +38,22 @@ class Settings:
     metrics: str = DEFAULT_METRICS
     """``HOST:PORT`` of the Prometheus endpoint ``/metrics``."""
 
+    def permissions_outlive(self, namespace: str) -> bool:
+        """Whether the operator can still write to ``namespace`` while it is being deleted:
+        only with cluster-wide RBAC (a Role lives in the namespace it grants) and outside its
+        own namespace (whose deletion takes its ServiceAccount, and so its token, along)."""
+        return not self.namespaces and bool(self.own_namespace) and namespace != self.own_namespace
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> 'Settings':
         namespaces = tuple(n.strip() for n in env.get('SHOAL_OPERATOR_NAMESPACES', '').split(','))
+        patterns = [n for n in namespaces if not NAMESPACE_NAME.fullmatch(n) and n]
+        if patterns:
+            raise ValueError(f'SHOAL_OPERATOR_NAMESPACES takes namespace names, not {patterns}')
         return cls(
             broker_image=env.get('SHOAL_BROKER_IMAGE') or DEFAULT_IMAGE,
             namespaces=tuple(n for n in namespaces if n),
+            own_namespace=env.get('SHOAL_OPERATOR_POD_NAMESPACE', ''),
             observe_seconds=float(env.get('SHOAL_OPERATOR_OBSERVE_SECONDS', 30)),
             retry_seconds=float(env.get('SHOAL_OPERATOR_RETRY_SECONDS', 10)),
             health=env.get('SHOAL_OPERATOR_HEALTH') or DEFAULT_HEALTH,
@@ -71,6 +86,16 @@ class Runtime:
         self.secret_warnings: dict[str, set[str]] = {}
         """Per BrokerCluster uid, the Secret problems already posted as Events (kopf runs its
         resume and create handlers on the same body, before either's status is written)."""
+        self.last_seen: dict[tuple[str, str], tuple[BrokerCluster, str]] = {}
+        """Per (namespace, name), each BrokerCluster this run reached Redis through, with that
+        Redis URL: what a Queue or SharedSubscription deleted with its cluster is removed with
+        (``kubectl delete -f`` removes the cluster, and maybe the Secret, first)."""
+        self.pending_deletions: dict[Key, tuple[dict[str, Any], datetime.datetime | None]] = {}
+        """Deleted resources without a finalizer whose deletion policy is not carried out yet
+        (consumers attached, Redis down), with since when that is so; retried every pass."""
+        self.kinds_not_served: dict[str, list[str]] = {}
+        """Per BrokerCluster uid, why optional children could not be created (their kind is not
+        served), as reported on its ChildrenApplied condition."""
         self._registries: dict[str, Registry] = {}
 
     def api(self) -> k8s.Kube:
@@ -84,6 +109,7 @@ class Runtime:
         if deleted:
             self.inventory.pop(key, None)
             self.secret_warnings.pop(str(meta.get('uid')), None)
+            self.kinds_not_served.pop(str(meta.get('uid')), None)
         else:
             self.inventory[key] = dict(body)
 
@@ -122,6 +148,24 @@ class Runtime:
                 f'Secret {cluster.meta.namespace}/{cluster.redis_secret} has no key '
                 f'{cluster.redis_key!r}',
             )
+        registry = self._registry(url)
+        self.last_seen[(cluster.meta.namespace, cluster.meta.name)] = (cluster, url)
+        return registry
+
+    def remembered(self, ref: ClusterRef) -> tuple[BrokerCluster, Registry] | None:
+        """A cluster that is gone (or being deleted) and the Redis this run last reached it
+        through; None when this run never did."""
+        seen = self.last_seen.get((ref.namespace, ref.name))
+        return None if seen is None else (seen[0], self._registry(seen[1]))
+
+    def reached(self) -> list[Registry]:
+        """Every Redis this run reached a cluster through."""
+        return [self._registry(url) for url in sorted({url for _, url in self.last_seen.values()})]
+
+    def watches(self, namespace: str) -> bool:
+        return not self.settings.namespaces or namespace in self.settings.namespaces
+
+    def _registry(self, url: str) -> Registry:
         if url not in self._registries:
             try:
                 registry = Registry.from_url(url, timeout=self.settings.redis_timeout_seconds)

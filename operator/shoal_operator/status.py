@@ -105,7 +105,7 @@ def at_limit(sub: SharedSubscription, state: EntityState) -> bool | None:
 def worth_writing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether a sampled status differs enough from the stored one to be written."""
     for section in ('consumers', 'address', 'linkName', 'brokerId'):
-        if old.get(section) != new.get(section):
+        if section in new and old.get(section) != new[section]:
             return True
     before, after = old.get('backlog') or {}, new.get('backlog') or {}
     was, now = int(before.get('messages', -1)), int(after.get('messages', 0))
@@ -134,9 +134,11 @@ def cluster_status(
     previous: Sequence[Any],
     now: datetime.datetime,
     secret_problems: Sequence[tuple[str, str]] = (),
+    kinds_not_served: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A BrokerCluster's status from its Deployment, a Redis probe and what is wrong with the
-    Secrets its pods mount (``security.secret_problems``)."""
+    """A BrokerCluster's status from its Deployment, a Redis probe, what is wrong with the
+    Secrets its pods mount (``security.secret_problems``) and the optional children left out
+    because the API server does not serve their kind (they do not make it unready)."""
     observed = (deployment or {}).get('status') or {}
     replicas = int(observed.get('replicas') or 0)
     ready_replicas = int(observed.get('readyReplicas') or 0)
@@ -177,6 +179,8 @@ def cluster_status(
              '; '.join(message for _, message in secret_problems)),
         make('ReconcilePaused', cluster.meta.paused,
              'PauseAnnotation' if cluster.meta.paused else 'NotPaused'),
+        make('ChildrenApplied', not kinds_not_served,
+             'KindNotServed' if kinds_not_served else 'Applied', '; '.join(kinds_not_served)),
     ]  # fmt: skip
     summary = conditions.ready(
         blockers, generation=generation, previous=previous, now=now, ok_reason='Available',

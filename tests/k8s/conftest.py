@@ -1,6 +1,10 @@
 """
 The operator in-process against kmock's KubernetesEmulator, on the session's real Redis.
 Kubernetes is the one emulated component.
+
+The operator watches WATCHED as the chart's namespaced RBAC has it do, and every request it
+makes (it logs in with its own token, so its requests are told from the test's) must be allowed
+by the operator roles the chart renders for that: a request outside them fails the test.
 """
 
 import asyncio
@@ -13,8 +17,17 @@ from typing import Any
 import aiohttp
 import kopf
 import pytest
+import rbac
 import redis
-from kubeemulator import CRDS, GROUP_VERSION, Kube, StampingEmulator, cluster_body, kmock_resource
+from kubeemulator import (
+    CRDS,
+    GROUP_VERSION,
+    WATCHED,
+    Kube,
+    StampingEmulator,
+    cluster_body,
+    kmock_resource,
+)
 from processes import RedisServer
 
 from shoal_operator import cli
@@ -41,21 +54,37 @@ async def kube(kmock: Any) -> AsyncIterator['Kube']:
 
 
 @pytest.fixture
-async def operator(kube: Kube, redis_server: RedisServer) -> AsyncIterator[Kube]:
+def operator_settings() -> Settings:
+    return Settings(broker_image='shoal:test', observe_seconds=0.5, retry_seconds=0.5,
+                    namespaces=WATCHED)  # fmt: skip
+
+
+@pytest.fixture
+def rbac_values() -> dict[str, Any]:
+    """The chart values whose rendered RBAC the operator's requests must stay within."""
+    return {'rbac': {'watchNamespaces': list(WATCHED)}}
+
+
+@pytest.fixture
+async def operator(
+    kube: Kube, redis_server: RedisServer, operator_settings: Settings, rbac_values: dict[str, Any]
+) -> AsyncIterator[Kube]:
     """The operator in this process, on its own event loop in a thread (kopf's shutdown cancels
     every task it finds on its loop), against the emulator; stopped at the end of the test."""
-    settings = Settings(broker_image='shoal:test', observe_seconds=0.5, retry_seconds=0.5)
+    settings = operator_settings
     server = str(kube.emulator.url)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     failures: list[BaseException] = []
 
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=server, token=rbac.TOKEN)
+
     def serve() -> None:
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(cli.run(
-                settings, login=lambda **_: kopf.ConnectionInfo(server=server), stop=stop,
-                liveness=False,
+                settings, login=login, stop=stop, liveness=False,
             ))  # fmt: skip
         except BaseException as exc:
             failures.append(exc)
@@ -75,6 +104,10 @@ async def operator(kube: Kube, redis_server: RedisServer) -> AsyncIterator[Kube]
         warnings.simplefilter('always', ResourceWarning)
         gc.collect()
     assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    roles = rbac.operator_roles(rbac_values)
+    refused = {f'{request}: {need}' for need, request in rbac.operator_accesses(kube.emulator)
+               if not rbac.allowed(roles, need)}  # fmt: skip
+    assert not refused, f'requests the chart RBAC {rbac_values} forbids: {sorted(refused)}'
 
 
 @pytest.fixture

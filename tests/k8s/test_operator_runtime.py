@@ -1,9 +1,11 @@
-"""The operator's runtime on its own: what it holds is released when the operator stops."""
+"""The operator's runtime on its own: what it holds is released when the operator stops, and
+its settings."""
 
 import gc
 import warnings
 
 import kopf
+import pytest
 from kubeemulator import Kube, cluster_body
 from processes import RedisServer
 
@@ -33,3 +35,22 @@ async def test_a_registry_used_after_the_first_close_is_closed_by_the_second(
         warnings.simplefilter('always', ResourceWarning)
         gc.collect()
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_watched_namespaces_are_plain_names() -> None:
+    # kopf would take a glob as a pattern, which it can only resolve by listing namespaces at
+    # cluster scope, which namespaced RBAC forbids
+    settings = Settings.from_env({'SHOAL_OPERATOR_NAMESPACES': ' team-a, team-b ,'})
+    assert settings.namespaces == ('team-a', 'team-b')
+    assert Settings.from_env({}).namespaces == ()
+    with pytest.raises(ValueError, match='namespace names'):
+        Settings.from_env({'SHOAL_OPERATOR_NAMESPACES': 'team-*'})
+
+
+def test_a_finalizer_only_where_the_operators_permissions_outlive_the_namespace() -> None:
+    cluster_wide = Settings(own_namespace='shoal-system')
+    assert cluster_wide.permissions_outlive('team-a')
+    assert not cluster_wide.permissions_outlive('shoal-system')  # its token goes with it
+    assert not Settings().permissions_outlive('team-a')  # own namespace unknown
+    namespaced = Settings(namespaces=('team-a',), own_namespace='shoal-system')
+    assert not namespaced.permissions_outlive('team-a')  # the Role goes with the namespace

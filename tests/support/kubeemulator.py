@@ -19,13 +19,31 @@ import kmock
 from prometheus_client import REGISTRY
 
 GROUP_VERSION = 'shoal.dev/v1alpha1'
+WATCHED = ('default', 'elsewhere')
+"""The namespaces the tests' operator watches (as the chart's namespaced RBAC has it)."""
 LAST_PASS = 'shoal_operator_last_observation_timestamp_seconds'
 """The gauge an in-process operator's observer loop moves at the end of each pass."""
 _versions = itertools.count(1000)
 
 
 class StampingEmulator(kmock.KubernetesEmulator):
+    unserved: frozenset[str] = frozenset()
+    """Plurals answered 404 as by an API server without their CRD (a test sets its own)."""
+    forbidden: frozenset[str] = frozenset()
+    """Namespaces whose operator Role is gone: new requests bearing ``forbidden_token`` are
+    refused with 403 there (watches opened before go on, as on a real API server)."""
+    forbidden_token = ''
+
     async def _handle(self, request: Any) -> Any:
+        if request.resource is not None and request.resource.plural in self.unserved:
+            raise kmock.KubernetesResourceNotFoundError()
+        if (
+            request.namespace in self.forbidden
+            and request.headers.get('Authorization') == f'Bearer {self.forbidden_token}'
+        ):
+            raise kmock.KubernetesError(
+                status=403, reason='Forbidden', message='no Role in this namespace any more'
+            )
         data = request.data
         if request.resource is not None and request.action == kmock.action.CREATE:
             meta = data.setdefault('metadata', {})
@@ -118,6 +136,14 @@ class Kube:
             assert r.status < 300, await r.text()
             items = (await r.json()).get('items') or []
         return [e.get('reason', '') for e in items
+                if (e.get('involvedObject') or {}).get('name') == name]  # fmt: skip
+
+    async def event_types(self, name: str, namespace: str = 'default') -> list[str]:
+        """Types (Normal, Warning, Error) of the Events posted about the object ``name``."""
+        async with self.session.get(self.url('v1', 'events', namespace)) as r:
+            assert r.status < 300, await r.text()
+            items = (await r.json()).get('items') or []
+        return [e.get('type', '') for e in items
                 if (e.get('involvedObject') or {}).get('name') == name]  # fmt: skip
 
     async def redis_secret(self, url: str, name: str = 'redis') -> None:

@@ -2,14 +2,18 @@
 Pure builders: a BrokerCluster model -> the Kubernetes objects that run it.
 
 ``build_all`` orders them so what the Deployment reads (ConfigMap, Secret) comes first;
-``optional_kinds`` names the objects a spec can switch off, which the operator deletes when off.
+``switched_off`` names the objects a spec can switch off, which the operator deletes when off;
+``OPTIONAL_KINDS`` the kinds whose CRD a cluster may lack (the rest of the cluster works without).
 """
 
 from shoal_operator.manifests import config, network, workload
 from shoal_operator.manifests.config import Manifest
 from shoal_operator.models import BrokerCluster
 
-__all__ = ['Manifest', 'build_all', 'switched_off']
+__all__ = ['OPTIONAL_KINDS', 'Manifest', 'build_all', 'switched_off']
+
+OPTIONAL_KINDS = {'ServiceMonitor': 'spec.metrics.serviceMonitor.enabled'}
+"""Kind -> the spec field that asks for it."""
 
 
 def build_all(cluster: BrokerCluster) -> list[Manifest]:

@@ -1,0 +1,172 @@
+"""Deletion orders a user meets, with the chart's namespaced RBAC: ``kubectl delete -f app.yaml``
+removes the Secret naming Redis, the BrokerCluster, its Queue and its SharedSubscription at once,
+in file order; deleting their namespace removes the operator's Role there before anything else.
+Both finish, and ``deletionPolicy: Delete`` is honoured (the operator acts with the Redis it last
+reached the cluster through), so the same names are free for another namespace afterwards."""
+
+import uuid
+from typing import Any
+
+import rbac
+import redis
+from kubeemulator import Kube, cluster_body, condition, subscription_body
+from processes import RedisServer
+
+from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
+from shoal_broker.store import keys
+from shoal_broker.store.registry import Registry, SubscriptionDeclaration
+
+
+def definition_key(name: str) -> str:
+    return keys.SubscriptionKeys.of(f'durable:global:*:{name}').definition
+
+
+async def ready(kube: Kube, plural: str, name: str, namespace: str = 'default') -> Any:
+    body = await kube.get(plural, name, namespace=namespace)
+    found = condition(body, 'Ready')
+    return found if found.get('status') == 'True' else None
+
+
+async def test_kubectl_delete_of_a_whole_app_honours_delete(
+    operator: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
+) -> None:
+    kube = operator
+    billing = f'billing-{uuid.uuid4().hex[:8]}'
+    app = [
+        ('secrets', 'redis', 'v1'),
+        ('brokerclusters', 'shoal', None),
+        ('queues', 'orders', None),
+        ('sharedsubscriptions', billing, None),
+    ]
+    await kube.redis_secret(redis_server.url)
+    await kube.create('brokerclusters', cluster_body())
+    queue = {
+        'clusterRef': {'name': 'shoal'},
+        'queueName': f'{address}-q',
+        'deletionPolicy': 'Delete',
+    }
+    await kube.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'}, 'spec': queue})
+    await kube.create(
+        'sharedsubscriptions', subscription_body(billing, address, deletionPolicy='Delete')
+    )
+    await kube.eventually(lambda: ready(kube, 'queues', 'orders'), 'the Queue Ready')
+    await kube.eventually(lambda: ready(kube, 'sharedsubscriptions', billing), 'the sub Ready')
+    assert rds.hget(keys.ADDRESSES, f'{address}-q') == 'queue'
+    assert rds.exists(definition_key(billing))
+
+    for plural, name, api_version in app:  # kubectl delete -f app.yaml: one after the other
+        if api_version:
+            await kube.delete(plural, name, api_version=api_version)
+        else:
+            await kube.delete(plural, name)
+    for plural, name, api_version in app:
+
+        async def gone(p: str = plural, n: str = name, a: str | None = api_version) -> bool:
+            found = await (kube.get(p, n, api_version=a) if a else kube.get(p, n))
+            return found is None
+
+        await kube.eventually(gone, f'{plural}/{name} gone')
+    assert rds.hget(keys.ADDRESSES, f'{address}-q') is None
+    assert not rds.exists(definition_key(billing))
+
+    # the same subscription declared from another namespace on the same Redis is not a Conflict
+    secret = {'metadata': {'name': 'redis', 'namespace': 'elsewhere'},
+              'stringData': {'url': redis_server.url}}  # fmt: skip
+    await kube.create('secrets', secret, api_version='v1')
+    other = cluster_body()
+    other['metadata']['namespace'] = 'elsewhere'
+    await kube.create('brokerclusters', other)
+    again = subscription_body(billing, address)
+    again['metadata']['namespace'] = 'elsewhere'
+    await kube.create('sharedsubscriptions', again)
+    await kube.eventually(
+        lambda: ready(kube, 'sharedsubscriptions', billing, 'elsewhere'), 'billing Ready elsewhere'
+    )
+    assert rds.hget(definition_key(billing), 'owner') == f'elsewhere/{billing}'
+
+
+async def test_deleting_the_namespace_after_the_operators_role_finishes_and_honours_delete(
+    operator: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
+) -> None:
+    kube = operator
+    billing = f'billing-{uuid.uuid4().hex[:8]}'
+    await kube.redis_secret(redis_server.url)
+    await kube.create('brokerclusters', cluster_body())
+    queue = {
+        'clusterRef': {'name': 'shoal'},
+        'queueName': f'{address}-q',
+        'deletionPolicy': 'Delete',
+    }
+    await kube.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'}, 'spec': queue})
+    await kube.create(
+        'sharedsubscriptions', subscription_body(billing, address, deletionPolicy='DeleteIfEmpty')
+    )
+    await kube.eventually(lambda: ready(kube, 'queues', 'orders'), 'the Queue Ready')
+    await kube.eventually(lambda: ready(kube, 'sharedsubscriptions', billing), 'the sub Ready')
+    for plural, name in [('queues', 'orders'), ('sharedsubscriptions', billing)]:
+        body = await kube.get(plural, name) or {}
+        assert not body['metadata'].get('finalizers'), 'nothing may hold the namespace'
+
+    await kube.observer_passes(2)  # the operator idle: no write of its own is cut in half
+    # the namespace controller: the operator's Role (and so its access) goes first, then the rest
+    kube.emulator.forbidden_token = rbac.TOKEN
+    kube.emulator.forbidden = frozenset({'default'})
+    content = [('sharedsubscriptions', billing, None), ('queues', 'orders', None),
+               ('brokerclusters', 'shoal', None), ('secrets', 'redis', 'v1')]  # fmt: skip
+    for plural, name, api_version in content:
+        if api_version:
+            await kube.delete(plural, name, api_version=api_version)
+        else:
+            await kube.delete(plural, name)
+    for plural, name, api_version in content:
+
+        async def gone(p: str = plural, n: str = name, a: str | None = api_version) -> bool:
+            found = await (kube.get(p, n, api_version=a) if a else kube.get(p, n))
+            return found is None
+
+        await kube.eventually(gone, f'{plural}/{name} gone')
+
+    async def removed() -> bool:
+        return rds.hget(keys.ADDRESSES, f'{address}-q') is None and not rds.exists(
+            definition_key(billing)
+        )
+
+    await kube.eventually(removed, 'both removed from Redis')
+
+
+async def test_a_declaration_whose_resource_is_gone_is_released(
+    cluster: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
+) -> None:
+    """What no operator could carry out (deleted without a finalizer while it was down) is found
+    in Redis: the declarations of resources that no longer exist are released, so their names
+    are free; a declaration whose resource exists, or lives in a namespace the operator does not
+    watch, is left alone."""
+    ghost = f'ghost-{uuid.uuid4().hex[:8]}'
+    registry = Registry.from_url(redis_server.url)
+    try:
+        await registry.declare_queue(f'{address}-q', f'default/{ghost}')
+        await registry.declare_queue(f'{address}-other', f'unwatched/{ghost}')
+        key = SubscriptionKey(name=ghost, scope=Scope.GLOBAL, client_id='', durable=True)
+        await registry.declare_subscription(SubscriptionDeclaration(
+            key=key, topic=address, selector=None, max_consumers=None,
+            owner=f'default/{ghost}', generation=1), recreate=False)  # fmt: skip
+    finally:
+        await registry.close()
+    await cluster.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'},
+                                    'spec': {'clusterRef': {'name': 'shoal'},
+                                             'queueName': f'{address}-live'}})  # fmt: skip
+    await cluster.eventually(lambda: ready(cluster, 'queues', 'orders'), 'the live Queue Ready')
+
+    async def released() -> bool:
+        return (
+            rds.hget(keys.PROVISIONED, keys.provisioned_queue(f'{address}-q')) is None
+            and rds.hget(keys.PROVISIONED, keys.provisioned_subscription(key.id)) is None
+        )
+
+    await cluster.eventually(released, 'both orphans released')
+    assert rds.hget(keys.ADDRESSES, f'{address}-q') == 'queue'  # released, not deleted
+    assert rds.exists(definition_key(ghost))
+    assert rds.hget(keys.PROVISIONED, keys.provisioned_queue(f'{address}-other')) == (
+        f'unwatched/{ghost}'
+    )
+    assert rds.hget(keys.PROVISIONED, keys.provisioned_queue(f'{address}-live')) == 'default/orders'
