@@ -13,16 +13,26 @@ import gc
 import logging
 import resource
 import signal
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from importlib import metadata
 
+from shoal_broker import selector
 from shoal_broker.amqp.broker import Broker
 from shoal_broker.amqp.connection import AmqpConnection
+from shoal_broker.amqp.selector_offload import SWITCH_INTERVAL_SECONDS
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.health import HealthServer
 from shoal_broker.metrics.records import MetricRecord
-from shoal_broker.metrics.registry import LEASE_UP, register_gauges, subscription_label
+from shoal_broker.metrics.registry import (
+    BACKGROUND_FAILURES,
+    LEASE_UP,
+    LOOP_LAG,
+    register_gauges,
+    subscription_label,
+)
 from shoal_broker.security.tls import ServerTls, redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.stopping import cancel_and_wait
@@ -30,7 +40,7 @@ from shoal_broker.store import registry
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.inspect import Inspector
 from shoal_broker.store.redisstore import RedisStore
-from shoal_broker.store.replicas import Liveness
+from shoal_broker.store.replicas import LeaseKeeper, Liveness
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +86,7 @@ def tune_garbage_collector() -> None:
 async def serve(settings: BrokerSettings) -> int:
     """Run the broker until SIGTERM or SIGINT; return the process exit code."""
     raise_file_limit()
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)  # see amqp/selector_offload.py
     embedded: EmbeddedRedis | None = None
     url = settings.store.redis_url
     if url is None:
@@ -103,9 +114,16 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     store.limit_backlog(
         settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
     )
-    liveness = Liveness(store, settings.replica_id, uuid.uuid4().hex, settings.store.lease_seconds)
+    token = uuid.uuid4().hex
+    liveness = Liveness(store, settings.replica_id, token, settings.store.lease_seconds)
     await liveness.join()
     broker = Broker(settings, store, version())
+    stop = asyncio.Event()
+    lease = LeaseKeeper(
+        url, settings.replica_id, token, settings.store.lease_seconds,
+        lease_reporter(liveness, broker, stop),
+    )  # fmt: skip
+    lease.start()
     broker.guard.watch_memory()
     await _refresh_policies(store, broker)  # declared policies apply from the first attach
     host, port = split_host_port(settings.amqp.listen)
@@ -125,10 +143,10 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     register_gauges(lambda: broker_gauges(broker, backlog))
     LEASE_UP.set(1)
     tune_garbage_collector()
-    stop = asyncio.Event()
     background = [
         asyncio.create_task(_trim_forever(store, settings.store.trim_interval_seconds)),
-        asyncio.create_task(_keep_alive(liveness, broker, stop)),
+        asyncio.create_task(_assert_watches_forever(liveness)),
+        asyncio.create_task(_measure_loop_lag()),
         asyncio.create_task(_watch_others(liveness)),
         asyncio.create_task(_release_scheduled(store)),
         asyncio.create_task(_refresh_policies_forever(store, broker)),
@@ -158,6 +176,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     except TimeoutError:
         logger.warning('in-flight store work did not finish within the grace period')
     await cancel_and_wait(background)
+    await asyncio.to_thread(lease.stop)
     try:
         await liveness.leave()
     except StoreUnavailable as exc:
@@ -200,24 +219,23 @@ WATCHES_PER_RENEWAL = 256
 ceil(n / 256) renewals); see RedisStore.assert_watches."""
 
 
-async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -> None:
-    """Renew the lease; if it lapsed, other replicas may have taken over this one's work, so
-    drop every connection (clients reconnect and register afresh) rather than act on stale
-    registrations."""
-    interval = liveness.lease_ms / 3000
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            state = await liveness.renew()
-        except StoreUnavailable as exc:
-            logger.warning('lease not renewed: %s', exc)
-            continue
-        LEASE_UP.set(1 if state == 'renewed' else 0)
-        try:
-            await liveness.store.assert_watches(WATCHES_PER_RENEWAL)
-        except StoreUnavailable as exc:
-            logger.warning('watchers not renewed: %s', exc)
-        if state == 'lost':
+def lease_reporter(
+    liveness: Liveness, broker: Broker, stop: asyncio.Event
+) -> Callable[[str, Exception | None], None]:
+    """What the loop does with each lease renewal (made by LeaseKeeper's thread). Renewed late
+    but not reaped: serve on. Lapsed and reaped (or being reaped): other replicas may have
+    taken over this one's work, so drop every connection (clients reconnect and register
+    afresh) rather than act on stale registrations. Taken by another process: stop."""
+
+    def report(state: str, error: Exception | None) -> None:
+        if error is not None:
+            BACKGROUND_FAILURES.labels('lease').inc()
+            logger.error('lease not renewed: %s', error)
+            return
+        LEASE_UP.set(1 if state in ('renewed', 'late') else 0)
+        if state == 'late':
+            logger.warning('lease renewed after it expired; no replica had reaped this one')
+        elif state == 'lost':
             logger.error('lease lapsed: closing every connection so clients start afresh')
             broker.close_all(
                 'amqp:connection:forced', 'broker replica lost its lease', stop_accepting=False
@@ -225,7 +243,31 @@ async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -
         elif state == 'taken':
             logger.critical('another process took replica id %s: stopping', liveness.replica_id)
             stop.set()
-            return
+
+    return report
+
+
+async def _assert_watches_forever(liveness: Liveness) -> None:
+    """List this replica under its watched addresses again, a slice per lease interval."""
+    interval = liveness.lease_ms / 3000
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await liveness.store.assert_watches(WATCHES_PER_RENEWAL)
+        except StoreUnavailable as exc:
+            logger.warning('watchers not renewed: %s', exc)
+
+
+LOOP_LAG_SAMPLE_SECONDS = 0.1
+
+
+async def _measure_loop_lag() -> None:
+    """Feed ``shoal_event_loop_lag_seconds``: how late a 100 ms timer fires."""
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(LOOP_LAG_SAMPLE_SECONDS)
+        LOOP_LAG.observe(max(0.0, loop.time() - start - LOOP_LAG_SAMPLE_SECONDS))
 
 
 async def _watch_others(liveness: Liveness) -> None:
@@ -290,6 +332,9 @@ def broker_gauges(
         for sub in broker.subscriptions.values()
     ]
     return [
+        ('shoal_selector_compilations', 'Selector texts compiled since start (cached outcomes '
+         'and attaches refused before compiling are not counted).', [],
+         [([], float(selector.compilations()))]),
         ('shoal_connections', 'Open AMQP connections on this replica.', [],
          [([], float(len(broker.connections)))]),
         ('shoal_links', 'Attached links on this replica, by role.', ['role'],

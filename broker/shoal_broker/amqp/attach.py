@@ -9,10 +9,10 @@ a detach carrying the error, as Artemis does and Qpid JMS expects (jms-amqp-fact
 
 from typing import TYPE_CHECKING
 
-from shoal_broker import selector as selectors
 from shoal_broker.amqp import engine
 from shoal_broker.amqp.engine import Ptr, lib
 from shoal_broker.amqp.links import BrowserLink, ConsumerLink, LinkState, LookupLink, ProducerLink
+from shoal_broker.amqp.selector_offload import compile_off_loop
 from shoal_broker.amqp.transactions import COORDINATOR_CAPABILITIES, CoordinatorLink
 from shoal_broker.errors import AddressNotFound, BrokerError, InvalidField, NotImplementedByBroker
 from shoal_broker.routing import addresses, jms_subscriptions
@@ -135,15 +135,17 @@ async def consumer(
         return await lookup(broker, conn, link, name)
     capabilities = set(engine.symbols(lib.pn_terminus_capabilities(source)))
     selector_text, no_local = source_filters(source)
-    selector = selectors.compile(selector_text) if selector_text else None
     requested = addresses.kind_from_capabilities(capabilities)
     dynamic = bool(lib.pn_terminus_is_dynamic(source))
-    if dynamic:
+    copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
+    address = None if dynamic else addresses.check_name(engine.terminus_address(source))
+    if address is not None:  # permission first: a refused peer costs no selector compilation
+        broker.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
+    selector = await compile_off_loop(selector_text) if selector_text else None
+    if address is None:
         address, kind = await _temporary(broker, placeholder, requested)
     else:
-        address = addresses.check_name(engine.terminus_address(source))
-        kind = await _resolve_to_receive(broker, conn, source, address, requested)
-    copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
+        kind = await _resolve_to_receive(broker, conn, copy, address, requested)
     presettled = lib.pn_link_remote_snd_settle_mode(link) == lib.PN_SND_SETTLED
     state: LinkState
     if kind is AddressKind.QUEUE and copy:
@@ -174,13 +176,12 @@ async def consumer(
 async def _resolve_to_receive(
     broker: 'Broker',
     conn: 'AmqpConnection',
-    source: Ptr,
+    copy: bool,
     address: str,
     requested: AddressKind | None,
 ) -> AddressKind:
-    """Resolve a consumer's address, checking its permission before the address may be created
+    """Resolve a consumer's address, its permission checked before the address may be created
     (browsing a queue needs browse or consume; anything else consume)."""
-    copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
     broker.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
     kind = await broker.resolve(address, requested)
     if kind is AddressKind.TOPIC or not copy:

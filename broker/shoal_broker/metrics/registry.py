@@ -10,7 +10,7 @@ looked up once per address or subscription and cached (``Counters``), not per me
 import bisect
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import (
     REGISTRY,
     CounterMetricFamily,
@@ -76,6 +76,16 @@ REDIS_ROUND_TRIP = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 LEASE_UP = Gauge('shoal_replica_lease_up', 'Whether this replica holds its liveness lease.')
+BACKGROUND_FAILURES = Counter(
+    'shoal_background_task_failures',
+    'Failed rounds of a background safety task (lease, store_memory, trim, policies, reaping).',
+    ['task'],
+)
+LOOP_LAG = Histogram(
+    'shoal_event_loop_lag_seconds',
+    'How late the event loop ran a timer (sampled every 100 ms): time it spent on other work.',
+    buckets=LATENCY_BUCKETS,
+)
 
 
 # Every analytics record bound is a Prometheus bucket bound, so one bisection serves both
