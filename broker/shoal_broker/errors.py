@@ -57,6 +57,12 @@ class ResourceLimitExceeded(BrokerError):
     condition = 'amqp:resource-limit-exceeded'
 
 
+class FrameSizeTooSmall(BrokerError):
+    """An answer would not fit in the peer's maximum frame size (and may not be cut short)."""
+
+    condition = 'amqp:frame-size-too-small'
+
+
 class MessageSizeExceeded(BrokerError):
     """A message is larger than the broker's maximum message size."""
 

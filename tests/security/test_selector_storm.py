@@ -52,7 +52,7 @@ def heavy_but_valid(name: str) -> str:
 def login(user: str) -> dict[str, Any]:
     return {
         'user': user, 'password': PASSWORDS[user], 'allowed_mechs': 'PLAIN',
-        'allow_insecure_mechs': True,
+        'allow_insecure_mechs': True, 'reconnect': False,
     }  # fmt: skip
 
 
@@ -116,17 +116,26 @@ class Pair(MessagingHandler):  # type: ignore[misc]
 
 class Storm(MessagingHandler):  # type: ignore[misc]
     """One connection attaching a receiver per selector, all at once; records each link's
-    outcome ('opened' or the refusal's condition) and stops when every link is answered."""
+    outcome ('opened' or the refusal's condition) and stops when every link is answered. It
+    advertises Qpid JMS's 1 MiB maximum frame size unless told otherwise (proton's default is
+    too small for the echo of a 61 KiB selector)."""
 
-    def __init__(self, url: str, address: str, user: str, selectors: list[str]) -> None:
+    def __init__(
+        self, url: str, address: str, user: str, selectors: list[str],
+        max_frame_size: int = 1024 * 1024,
+    ) -> None:  # fmt: skip
         super().__init__(prefetch=0)
         self.url, self.address, self.user, self.selectors = url, address, user, selectors
+        self.max_frame_size = max_frame_size
         self.outcomes: dict[str, str] = {}
+        self.errors: list[str] = []
         self._conn: Any = None
         self._timer: Any = None
 
     def on_start(self, event: Any) -> None:
-        self._conn = event.container.connect(self.url, **login(self.user))
+        self._conn = event.container.connect(
+            self.url, max_frame_size=self.max_frame_size, **login(self.user)
+        )
         for i, text in enumerate(self.selectors):
             selector = Filter({symbol('jms-selector'): Described(SELECTOR, text)})
             event.container.create_receiver(
@@ -148,6 +157,15 @@ class Storm(MessagingHandler):  # type: ignore[misc]
         self._answered(event, str(event.link.remote_condition.name))
 
     def on_timer_task(self, event: Any) -> None:
+        self._conn.close()
+
+    def on_transport_error(self, event: Any) -> None:
+        self.errors.append(f'transport: {event.transport.condition}')
+        self._timer.cancel()
+
+    def on_connection_error(self, event: Any) -> None:
+        self.errors.append(f'connection: {event.connection.remote_condition}')
+        self._timer.cancel()
         self._conn.close()
 
     def run(self) -> 'Storm':
@@ -243,3 +261,18 @@ def test_a_refused_selector_is_not_compiled_again(secure_broker_2s: BrokerProces
     assert first.outcomes == {'storm-0': INVALID}
     assert set(second.outcomes.values()) == {INVALID}
     assert metric(broker, 'shoal_selector_compilations') == before
+
+
+def test_an_attach_reply_too_big_for_the_peers_frames_is_refused_clearly(
+    secure_broker_2s: BrokerProcess,
+) -> None:
+    """The reply echoes the source's filter: a 40 KB selector cannot come back in the 32 KiB
+    frames the peer allows, so that attach alone is refused; the connection lives on."""
+    address = f'orders.frames-{uuid.uuid4().hex[:8]}'
+    long_selector = "k = '" + 'x' * 40_000 + "'"
+    storm = Storm(
+        secure_broker_2s.url, address, 'carol', [long_selector, "k = 'y'"], max_frame_size=32_768
+    ).run()
+    assert storm.errors == []
+    assert storm.outcomes == {'storm-0': 'amqp:frame-size-too-small', 'storm-1': 'opened'}
+    assert 'maximum frame size of 32768 bytes' in secure_broker_2s.log()

@@ -14,7 +14,13 @@ from shoal_broker.amqp.engine import Ptr, lib
 from shoal_broker.amqp.links import BrowserLink, ConsumerLink, LinkState, LookupLink, ProducerLink
 from shoal_broker.amqp.selector_offload import compile_off_loop
 from shoal_broker.amqp.transactions import COORDINATOR_CAPABILITIES, CoordinatorLink
-from shoal_broker.errors import AddressNotFound, BrokerError, InvalidField, NotImplementedByBroker
+from shoal_broker.errors import (
+    AddressNotFound,
+    BrokerError,
+    FrameSizeTooSmall,
+    InvalidField,
+    NotImplementedByBroker,
+)
 from shoal_broker.routing import addresses, jms_subscriptions
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.security.permissions import Operation
@@ -26,6 +32,37 @@ if TYPE_CHECKING:
 
 SELECTOR_DESCRIPTORS = {0x0000468C00000004, 'apache.org:selector-filter:string'}
 NO_LOCAL_DESCRIPTORS = {0x0000468C00000003, 'apache.org:no-local-filter:list'}
+
+
+REPLY_OVERHEAD = 512
+"""Bytes of an attach reply besides the termini's addresses and data fields (frame header,
+link name, handle, role, settle modes, delivery count, maximum message size), rounded up."""
+
+
+def reply_refusal(conn: 'AmqpConnection', link: Ptr) -> FrameSizeTooSmall | None:
+    """The error for an attach whose reply would not fit in the peer's maximum frame size.
+
+    The reply mirrors the peer's termini (a 40 KB selector comes back in the source's filter),
+    an attach cannot span frames, and the spec lets the sending end report only the filter
+    actually in place, never a cut one: so such an attach is refused, and the refusal (a null
+    terminus on our side) is small."""
+    limit = lib.pn_transport_get_remote_max_frame(conn.transport)
+    if not limit:
+        return None
+    size = REPLY_OVERHEAD + len(engine.link_name(link).encode())
+    for terminus in (lib.pn_link_remote_source(link), lib.pn_link_remote_target(link)):
+        size += len((engine.terminus_address(terminus) or '').encode())
+        for data in (
+            lib.pn_terminus_properties(terminus), lib.pn_terminus_capabilities(terminus),
+            lib.pn_terminus_outcomes(terminus), lib.pn_terminus_filter(terminus),
+        ):  # fmt: skip
+            size += max(0, lib.pn_data_encoded_size(data))
+    if size <= limit:
+        return None
+    return FrameSizeTooSmall(
+        f'the attach reply echoes the source and target (about {size} bytes), more than the '
+        f"connection's maximum frame size of {limit} bytes: shorten the selector or raise it"
+    )
 
 
 def mirror_termini(link: Ptr) -> None:

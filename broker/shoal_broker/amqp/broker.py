@@ -343,6 +343,10 @@ class Broker:
         if (limited := self.guard.link_refusal(conn, link)) is not None:
             attach.refuse(link, limited)
             return
+        if (too_big := attach.reply_refusal(conn, link)) is not None:
+            logger.info('attach %r refused: %s', name, too_big)
+            attach.refuse(link, too_big)
+            return
         if lib.pn_link_is_sender(link):
             placeholder = LinkState(conn, link, name)
             conn.links[link] = placeholder
