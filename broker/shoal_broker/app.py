@@ -16,14 +16,14 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import metadata
 
 from shoal_broker import selector
 from shoal_broker.amqp.broker import Broker
 from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.selector_offload import SWITCH_INTERVAL_SECONDS
-from shoal_broker.errors import StoreUnavailable
+from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
 from shoal_broker.health import HealthServer
 from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.metrics.registry import (
@@ -117,6 +117,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     token = uuid.uuid4().hex
     liveness = Liveness(store, settings.replica_id, token, settings.store.lease_seconds)
     await liveness.join()
+    await _check_memory_watch(store, settings.security.redis_memory_high_watermark)
     broker = Broker(settings, store, version())
     stop = asyncio.Event()
     lease = LeaseKeeper(
@@ -135,7 +136,11 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     if settings.http:
 
         async def readiness() -> dict[str, bool]:
-            return {'accepting': broker.accepting, 'redis': await store.ping()}
+            return {
+                'accepting': broker.accepting,
+                'redis': await store.ping(),
+                'store_memory_watch': broker.guard.store_memory_denied is None,
+            }
 
         health = HealthServer(readiness)
         await health.start(*split_host_port(settings.http))
@@ -143,19 +148,22 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     register_gauges(lambda: broker_gauges(broker, backlog))
     LEASE_UP.set(1)
     tune_garbage_collector()
-    background = [
-        asyncio.create_task(_trim_forever(store, settings.store.trim_interval_seconds)),
-        asyncio.create_task(_assert_watches_forever(liveness)),
-        asyncio.create_task(_measure_loop_lag()),
-        asyncio.create_task(_watch_others(liveness)),
-        asyncio.create_task(_release_scheduled(store)),
-        asyncio.create_task(_refresh_policies_forever(store, broker)),
-        asyncio.create_task(backlog.refresh_forever(BACKLOG_REFRESH_SECONDS)),
-        *tls_tasks,
-        asyncio.create_task(broker.guard.watch_store_memory(store)),
-    ]
+    tasks = {
+        'trim': lambda: _trim_forever(store, settings.store.trim_interval_seconds),
+        'watches': lambda: _assert_watches_forever(liveness),
+        'loop_lag': _measure_loop_lag,
+        'reaping': lambda: _watch_others(liveness),
+        'scheduled': lambda: _release_scheduled(store),
+        'policies': lambda: _refresh_policies_forever(store, broker),
+        'backlog': lambda: backlog.refresh_forever(BACKLOG_REFRESH_SECONDS),
+        'store_memory': lambda: broker.guard.watch_store_memory(store),
+    }
     if settings.store.metrics_interval_seconds > 0:
-        background.append(asyncio.create_task(_record_metrics(settings, store, broker, backlog)))
+        tasks['metric_records'] = lambda: _record_metrics(settings, store, broker, backlog)
+    background = [
+        *tls_tasks,
+        *(asyncio.create_task(supervised(name, run), name=name) for name, run in tasks.items()),
+    ]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logger.info(
@@ -212,6 +220,38 @@ async def _listen_tls(
             tls.reload(only_if_changed=True)
 
     return [server], [asyncio.create_task(watch())]
+
+
+BACKGROUND_RESTART_SECONDS = 1.0
+
+
+async def supervised(name: str, run: Callable[[], Awaitable[None]]) -> None:
+    """Run a background task to its end; should it fail, say so at once (ERROR and
+    ``shoal_background_task_failures_total{task}``) and start it again after a pause, rather
+    than let it die unseen until shutdown."""
+    while True:
+        try:
+            await run()
+            return
+        except Exception:
+            BACKGROUND_FAILURES.labels(name).inc()
+            logger.exception('background task %s failed: restarting it', name)
+        await asyncio.sleep(BACKGROUND_RESTART_SECONDS)
+
+
+async def _check_memory_watch(store: RedisStore, watermark: float) -> None:
+    """Refuse to start when the Redis account cannot sample memory while a watermark is asked
+    for: the broker would otherwise accept messages until Redis's own maxmemory."""
+    if watermark <= 0:
+        return
+    try:
+        await store.memory()
+    except StoreCommandDenied as exc:
+        raise StoreCommandDenied(
+            exc.command,
+            'SHOAL_REDIS_MEMORY_HIGH_WATERMARK needs it to sample Redis memory; grant it '
+            f'(+{exc.command.lower()}) or set the watermark to 0 to run without one',
+        ) from exc
 
 
 WATCHES_PER_RENEWAL = 256
@@ -279,7 +319,8 @@ async def _watch_others(liveness: Liveness) -> None:
             for dead in await liveness.dead_replicas():
                 await liveness.reap(dead)
         except StoreUnavailable as exc:
-            logger.warning('reaping skipped: %s', exc)
+            BACKGROUND_FAILURES.labels('reaping').inc()
+            logger.error('reaping skipped: %s', exc)
 
 
 BACKLOG_REFRESH_SECONDS = 10.0
@@ -420,7 +461,8 @@ async def _refresh_policies(store: RedisStore, broker: Broker) -> None:
     try:
         policies = await store.policies()
     except StoreUnavailable as exc:
-        logger.warning('declared policies not refreshed: %s', exc)
+        BACKGROUND_FAILURES.labels('policies').inc()
+        logger.error('declared policies not refreshed: %s', exc)
         return
     broker.apply_policies(policies)
     store.limit_address_backlogs({
@@ -442,7 +484,8 @@ async def _trim_forever(store: RedisStore, interval: float) -> None:
         try:
             removed = await store.trim()
         except StoreUnavailable as exc:
-            logger.warning('trim skipped: %s', exc)
+            BACKGROUND_FAILURES.labels('trim').inc()
+            logger.error('trim skipped: %s', exc)
         else:
             if removed:
                 logger.debug('trimmed %d consumed entries', removed)

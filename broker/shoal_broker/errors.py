@@ -76,6 +76,15 @@ class StoreFull(BrokerError):
     condition = 'amqp:resource-limit-exceeded'
 
 
+class StoreCommandDenied(BrokerError):
+    """The broker's Redis account may not run a command the broker needs (an ACL); ``command``
+    names it."""
+
+    def __init__(self, command: str, detail: str) -> None:
+        super().__init__(f'the Redis account may not run {command}: {detail}')
+        self.command = command
+
+
 class StoreUnavailable(BrokerError):
     """Redis did not answer or refused the operation; nothing was acknowledged to anyone."""
 

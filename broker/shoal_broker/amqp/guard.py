@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 from shoal_broker.amqp import engine, sasl
 from shoal_broker.amqp.engine import Ptr, lib
 from shoal_broker.amqp.links import ProducerLink
-from shoal_broker.errors import BrokerError, ResourceLimitExceeded, StoreFull, Unauthorized
+from shoal_broker.errors import (
+    BrokerError,
+    ResourceLimitExceeded,
+    StoreCommandDenied,
+    StoreFull,
+    Unauthorized,
+)
+from shoal_broker.metrics.registry import BACKGROUND_FAILURES
 from shoal_broker.security.authenticator import Authenticator, AuthPolicy, Identity, UsersSource
 from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import SecuritySettings
@@ -28,6 +35,7 @@ if TYPE_CHECKING:
 MEMORY_SAMPLE_SECONDS = 0.5
 STORE_MEMORY_SAMPLE_SECONDS = 0.1
 STORE_LIMIT_RECHECK_SECONDS = 10.0
+STORE_MEMORY_RETRY_SECONDS = 1.0
 MEMORY_RELIEF = 0.9
 """Credit flows again once resident memory is below this fraction of the ceiling."""
 
@@ -49,6 +57,8 @@ class Guard:
         """Resident memory is over the ceiling: producers get no credit (``Broker.top_up``)."""
         self.store_full: StoreFull | None = None
         """Redis is at its high watermark: publishes are refused with this error."""
+        self.store_memory_denied: StoreCommandDenied | None = None
+        """The Redis account may no longer sample memory: the watermark is off (``/readyz``)."""
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -202,13 +212,21 @@ class Guard:
         watermark = self.settings.redis_memory_high_watermark
         if watermark <= 0:
             return
+        failing = False
         while True:
             try:
                 used, limit = await store.memory()
             except BrokerError as exc:
-                logger.debug('Redis memory not sampled: %s', exc)
-                limit = 0
+                BACKGROUND_FAILURES.labels('store_memory').inc()
+                if isinstance(exc, StoreCommandDenied):
+                    self.store_memory_denied = exc
+                if not failing:
+                    logger.error('Redis memory not sampled, the watermark is off: %s', exc)
+                failing, limit = True, 0
             else:
+                if failing:
+                    logger.warning('Redis memory sampled again: the watermark is on')
+                failing, self.store_memory_denied = False, None
                 full = bool(limit) and used >= limit * watermark
                 if full and self.store_full is None:
                     logger.warning('Redis uses %d of its %d bytes: refusing messages', used, limit)
@@ -220,9 +238,12 @@ class Guard:
                     self.store_full = None
             # without a maxmemory there is nothing to watch: look again now and then in case
             # one is configured at run time
-            await asyncio.sleep(
-                STORE_MEMORY_SAMPLE_SECONDS if limit else STORE_LIMIT_RECHECK_SECONDS
-            )
+            if limit:
+                await asyncio.sleep(STORE_MEMORY_SAMPLE_SECONDS)
+            else:
+                await asyncio.sleep(
+                    STORE_MEMORY_RETRY_SECONDS if failing else STORE_LIMIT_RECHECK_SECONDS
+                )
 
     # -- permissions ---------------------------------------------------------------------------
 
