@@ -30,6 +30,7 @@ from shoal_broker.metrics.registry import (
     BACKGROUND_FAILURES,
     LEASE_UP,
     LOOP_LAG,
+    cap_address_series,
     register_gauges,
     subscription_label,
 )
@@ -145,6 +146,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         health = HealthServer(readiness)
         await health.start(*split_host_port(settings.http))
     backlog = BacklogSnapshot(url)
+    cap_address_series(settings.security.metrics_max_addresses)
     register_gauges(lambda: broker_gauges(broker, backlog))
     LEASE_UP.set(1)
     tune_garbage_collector()

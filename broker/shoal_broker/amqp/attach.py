@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from shoal_broker.amqp import engine
 from shoal_broker.amqp.engine import Ptr, lib
+from shoal_broker.amqp.guard import user_name
 from shoal_broker.amqp.links import BrowserLink, ConsumerLink, LinkState, LookupLink, ProducerLink
 from shoal_broker.amqp.selector_offload import compile_off_loop
 from shoal_broker.amqp.transactions import COORDINATOR_CAPABILITIES, CoordinatorLink
@@ -127,7 +128,7 @@ async def producer(broker: 'Broker', state: ProducerLink) -> LinkState | None:
         address, kind = await _temporary(broker, state, requested)
     elif address is not None:
         broker.guard.authorize(state.conn, Operation.SEND, address)
-        kind = await broker.resolve(address, requested)
+        kind = await broker.resolve(address, requested, user_name(state.conn))
     else:
         kind = None  # anonymous relay: checked per message
     if not _still_wanted(state):
@@ -220,7 +221,7 @@ async def _resolve_to_receive(
     """Resolve a consumer's address, its permission checked before the address may be created
     (browsing a queue needs browse or consume; anything else consume)."""
     broker.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
-    kind = await broker.resolve(address, requested)
+    kind = await broker.resolve(address, requested, user_name(conn))
     if kind is AddressKind.TOPIC or not copy:
         broker.guard.authorize(conn, Operation.CONSUME, address)
     return kind

@@ -3,7 +3,9 @@ Every Prometheus metric the broker exports, in one place (names follow Prometheu
 
 Labels: ``address``; ``subscription`` is ``queue`` for a queue, the subscription id for a named
 JMS subscription and ``private`` for a plain topic subscriber (its per-link group name would make
-every consumer a new series). Counting sits on the per-message path, so labelled children are
+every consumer a new series). Only the first ``cap_address_series`` addresses get series of
+their own; the rest are added up under ``address="_other"``, so a scrape stays bounded however
+many addresses a client creates. Counting sits on the per-message path, so labelled children are
 looked up once per address or subscription and cached (``Counters``), not per message.
 """
 
@@ -80,6 +82,12 @@ BACKGROUND_FAILURES = Counter(
     'shoal_background_task_failures',
     'Failed rounds of a background safety task (lease, store_memory, trim, policies, reaping).',
     ['task'],
+)
+LOGINS_REFUSED = Counter(
+    'shoal_logins_refused',
+    'Connections refused before they were authenticated: failed (wrong credentials) or '
+    'throttled (their source address failed too often within a minute).',
+    ['reason'],
 )
 LOOP_LAG = Histogram(
     'shoal_event_loop_lag_seconds',
@@ -211,19 +219,69 @@ def _count(key: tuple[str, ...]) -> None:
     _COUNTS[key] = _COUNTS.get(key, 0) + 1
 
 
+OTHER_ADDRESSES = '_other'
+"""The ``address`` (and ``subscription``) label of the series added up past the address cap."""
+
+_address_cap = 100
+_admitted: set[str] = set()
+
+
+def cap_address_series(cap: int) -> None:
+    """Give at most ``cap`` addresses series of their own (0: no cap)."""
+    global _address_cap
+    _address_cap = cap
+
+
+def _address_label(address: str) -> str:
+    """``address``, or OTHER_ADDRESSES once the cap is full: the first addresses seen keep their
+    series for good, so every series (the aggregate too) only grows, as a counter must."""
+    if not _address_cap or address in _admitted:
+        return address
+    if len(_admitted) < _address_cap:
+        _admitted.add(address)
+        return address
+    return OTHER_ADDRESSES
+
+
+def _folded(label_names: Sequence[str], values: Sequence[str]) -> tuple[str, ...]:
+    """Label values with a capped address (and its subscription) folded into the aggregate."""
+    if not values or label_names[0] != 'address':
+        return tuple(values)
+    address = _address_label(values[0])
+    if address == values[0]:
+        return tuple(values)
+    rest = list(values[1:])
+    if len(label_names) > 1 and label_names[1] == 'subscription':
+        rest[0] = OTHER_ADDRESSES
+    return (address, *rest)
+
+
 class HotMetrics(Collector):
     """The per-message counters and the delivery latency histogram, read at scrape time."""
 
     def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
+        counts: dict[tuple[str, ...], float] = {}
+        for (what, *values), count in list(_COUNTS.items()):
+            key = (what, *_folded(_HOT_COUNTERS[what][2], values))
+            counts[key] = counts.get(key, 0) + count
         families = {
             what: CounterMetricFamily(name, help_text, labels=list(labels))
             for what, (name, help_text, labels) in _HOT_COUNTERS.items()
         }
-        for (what, *values), count in list(_COUNTS.items()):
-            families[what].add_metric(values, count)
+        for (what, *values), total in counts.items():
+            families[what].add_metric(values, total)
         yield from families.values()
-        latency = HistogramMetricFamily(LATENCY_NAME, LATENCY_HELP, labels=['address'])
+        histograms: dict[str, list[float]] = {}
         for address, histogram in list(_LATENCIES.items()):
+            label = _address_label(address)
+            if label in histograms:
+                histograms[label] = [
+                    a + b for a, b in zip(histograms[label], histogram, strict=True)
+                ]
+            else:
+                histograms[label] = histogram
+        latency = HistogramMetricFamily(LATENCY_NAME, LATENCY_HELP, labels=['address'])
+        for address, histogram in histograms.items():
             cumulative, buckets = 0.0, []
             for bound, in_bucket in zip((*LATENCY_BUCKETS, float('inf')), histogram, strict=False):
                 cumulative += in_bucket
@@ -248,8 +306,12 @@ class ScrapeTimeGauges(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         for name, help_text, label_names, samples in self._source():
             family = GaugeMetricFamily(name, help_text, labels=label_names)
+            totals: dict[tuple[str, ...], float] = {}
             for values, value in samples:
-                family.add_metric(values, value)
+                key = _folded(label_names, values)
+                totals[key] = totals.get(key, 0.0) + value
+            for key, value in totals.items():
+                family.add_metric(list(key), value)
             yield family
 
 
