@@ -83,7 +83,7 @@ class LeaseKeeper:
             error: Exception | None = None
             try:
                 state = as_text(self._renew(keys=renewal_keys(self.replica_id), args=args))
-            except redis.RedisError as exc:
+            except Exception as exc:  # the thread must outlive any failure: it is the lease
                 state, error = 'error', exc
             if self._stop.is_set():
                 return
