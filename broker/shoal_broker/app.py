@@ -115,10 +115,10 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     store.limit_backlog(
         settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
     )
+    await _check_memory_watch(store, settings.security.redis_memory_high_watermark)
     token = uuid.uuid4().hex
     liveness = Liveness(store, settings.replica_id, token, settings.store.lease_seconds)
     await liveness.join()
-    await _check_memory_watch(store, settings.security.redis_memory_high_watermark)
     broker = Broker(settings, store, version())
     stop = asyncio.Event()
     lease = LeaseKeeper(
