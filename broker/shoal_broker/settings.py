@@ -277,7 +277,7 @@ class SecuritySettings:
     a name that does not exist yet (0 = unlimited); past it the attach or message is refused with
     ``amqp:resource-limit-exceeded``. Temporary queues and topics are not counted."""
 
-    metrics_max_addresses: int = 100
+    metrics_max_addresses: int = 1000
     """Addresses that get series of their own on ``/metrics``; the series of any further address
     are added up under ``address="_other"`` (0 = no cap), so the scrape stays bounded whatever
     the number of addresses."""

@@ -17,6 +17,8 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container
 from proton.utils import LinkDetached
 
+from shoal_broker.settings import SecuritySettings
+
 LIMITED = 'amqp:resource-limit-exceeded'
 METRICS_BOUND = 512 * 1024
 """The documented bound of a scrape with the default address cap (docs/security.md)."""
@@ -87,7 +89,12 @@ class Spray(MessagingHandler):  # type: ignore[misc]
 def test_metrics_stay_bounded_with_ten_thousand_addresses(
     start_broker: Callable[..., BrokerProcess],
 ) -> None:
-    b = start_broker(env={'SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER': '20000'})
+    b = start_broker(
+        env={
+            'SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER': '20000',
+            'SHOAL_METRICS_MAX_ADDRESSES': str(SecuritySettings().metrics_max_addresses),
+        }
+    )  # the default cap (the test harness turns it off)
     run = Spray(b.url, f'many-{uuid.uuid4().hex[:8]}', 10_000, timeout=180).run()
     assert run.accepted == 10_000, f'{run.accepted} of {run.sent} sent accepted'
     status, body = b.http_get('/metrics')

@@ -222,7 +222,7 @@ def _count(key: tuple[str, ...]) -> None:
 OTHER_ADDRESSES = '_other'
 """The ``address`` (and ``subscription``) label of the series added up past the address cap."""
 
-_address_cap = 100
+_address_cap = 1000
 _admitted: set[str] = set()
 
 
