@@ -14,18 +14,25 @@ import logging
 import math
 import resource
 import signal
+import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from importlib import metadata
 
+from shoal_broker import selector
 from shoal_broker.amqp.broker import Broker
 from shoal_broker.amqp.connection import AmqpConnection
-from shoal_broker.errors import StoreUnavailable
+from shoal_broker.amqp.selector_offload import SWITCH_INTERVAL_SECONDS
+from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
 from shoal_broker.health import HealthServer
 from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.metrics.registry import (
+    BACKGROUND_FAILURES,
     LEASE_UP,
+    LOOP_LAG,
     REDIS_UP,
+    cap_address_series,
     register_gauges,
     subscription_label,
 )
@@ -36,7 +43,7 @@ from shoal_broker.store import registry
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.inspect import Inspector
 from shoal_broker.store.redisstore import RedisStore
-from shoal_broker.store.replicas import Liveness
+from shoal_broker.store.replicas import LeaseKeeper, Liveness
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +89,7 @@ def tune_garbage_collector() -> None:
 async def serve(settings: BrokerSettings) -> int:
     """Run the broker until SIGTERM or SIGINT; return the process exit code."""
     raise_file_limit()
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)  # see amqp/selector_offload.py
     embedded: EmbeddedRedis | None = None
     url = settings.store.redis_url
     if url is None:
@@ -109,9 +117,17 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     store.limit_backlog(
         settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
     )
-    liveness = Liveness(store, settings.replica_id, uuid.uuid4().hex, settings.store.lease_seconds)
+    await _check_memory_watch(store, settings.security.redis_memory_high_watermark)
+    token = uuid.uuid4().hex
+    liveness = Liveness(store, settings.replica_id, token, settings.store.lease_seconds)
     await liveness.join()
     broker = Broker(settings, store, version())
+    stop = asyncio.Event()
+    lease = LeaseKeeper(
+        url, settings.replica_id, token, settings.store.lease_seconds,
+        lease_reporter(liveness, broker, stop),
+    )  # fmt: skip
+    lease.start()
     broker.guard.watch_memory()
     await _refresh_policies(store, broker)  # declared policies apply from the first attach
     host, port = split_host_port(settings.amqp.listen)
@@ -123,30 +139,38 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     if settings.http:
 
         async def readiness() -> dict[str, bool]:
-            return {'accepting': broker.accepting, 'redis': await store.ping()}
+            return {
+                'accepting': broker.accepting,
+                'redis': await store.ping(),
+                'store_memory_watch': broker.guard.store_memory_denied is None,
+            }
 
         health = HealthServer(readiness)
         await health.start(*split_host_port(settings.http))
     backlog = BacklogSnapshot(url, settings.store.backlog_refresh_seconds)
+    cap_address_series(settings.security.metrics_max_addresses)
     register_gauges(lambda: broker_gauges(broker, backlog))
     LEASE_UP.set(1)
     REDIS_UP.set(1)
     tune_garbage_collector()
-    stop = asyncio.Event()
-    background = [
-        asyncio.create_task(_trim_forever(store, settings.store.trim_interval_seconds)),
-        asyncio.create_task(_keep_alive(liveness, broker, stop)),
-        asyncio.create_task(_watch_others(liveness)),
-        asyncio.create_task(_release_scheduled(store)),
-        asyncio.create_task(_refresh_policies_forever(store, broker)),
-        asyncio.create_task(backlog.refresh_forever()),
-        *tls_tasks,
-        asyncio.create_task(broker.guard.watch_store_memory(store)),
-    ]
+    tasks = {
+        'trim': lambda: _trim_forever(store, settings.store.trim_interval_seconds),
+        'watches': lambda: _assert_watches_forever(liveness),
+        'loop_lag': _measure_loop_lag,
+        'reaping': lambda: _watch_others(liveness),
+        'scheduled': lambda: _release_scheduled(store),
+        'policies': lambda: _refresh_policies_forever(store, broker),
+        'backlog': lambda: backlog.refresh_forever(),
+        'store_memory': lambda: broker.guard.watch_store_memory(store),
+    }
     if settings.store.metrics_interval_seconds > 0:
-        background.append(
-            asyncio.create_task(_record_metrics(settings, store, broker, backlog, liveness))
+        tasks['metric_records'] = lambda: _record_metrics(
+            settings, store, broker, backlog, liveness
         )
+    background = [
+        *tls_tasks,
+        *(asyncio.create_task(supervised(name, run), name=name) for name, run in tasks.items()),
+    ]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logger.info(
@@ -167,6 +191,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     except TimeoutError:
         logger.warning('in-flight store work did not finish within the grace period')
     await cancel_and_wait(background)
+    await asyncio.to_thread(lease.stop)
     try:
         await liveness.leave()
     except StoreUnavailable as exc:
@@ -204,38 +229,62 @@ async def _listen_tls(
     return [server], [asyncio.create_task(watch())]
 
 
-LEASE_RETRY_SECONDS = 0.25
-"""Pause before renewing again after a renewal failed for want of Redis."""
+BACKGROUND_RESTART_SECONDS = 1.0
+
+
+async def supervised(name: str, run: Callable[[], Awaitable[None]]) -> None:
+    """Run a background task to its end; should it fail, say so at once (ERROR and
+    ``shoal_background_task_failures_total{task}``) and start it again after a pause, rather
+    than let it die unseen until shutdown."""
+    while True:
+        try:
+            await run()
+            return
+        except Exception:
+            BACKGROUND_FAILURES.labels(name).inc()
+            logger.exception('background task %s failed: restarting it', name)
+        await asyncio.sleep(BACKGROUND_RESTART_SECONDS)
+
+
+async def _check_memory_watch(store: RedisStore, watermark: float) -> None:
+    """Refuse to start when the Redis account cannot sample memory while a watermark is asked
+    for: the broker would otherwise accept messages until Redis's own maxmemory."""
+    if watermark <= 0:
+        return
+    try:
+        await store.memory()
+    except StoreCommandDenied as exc:
+        raise StoreCommandDenied(
+            exc.command,
+            'SHOAL_REDIS_MEMORY_HIGH_WATERMARK needs it to sample Redis memory; grant it '
+            f'(+{exc.command.lower()}) or set the watermark to 0 to run without one',
+        ) from exc
+
 
 WATCHES_PER_RENEWAL = 256
 """Watched addresses a lease renewal lists this replica under again (all of them within
 ceil(n / 256) renewals); see RedisStore.assert_watches."""
 
 
-async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -> None:
-    """Renew the lease; if it lapsed, other replicas may have taken over this one's work, so
-    drop every connection (clients reconnect and register afresh) rather than act on stale
-    registrations."""
-    interval = liveness.lease_ms / 3000
-    delay = interval
-    while True:
-        await asyncio.sleep(delay)
-        try:
-            state = await liveness.renew()
-        except StoreUnavailable as exc:
-            logger.warning('lease not renewed: %s', exc)
+def lease_reporter(
+    liveness: Liveness, broker: Broker, stop: asyncio.Event
+) -> Callable[[str, Exception | None], None]:
+    """What the loop does with each lease renewal (made by LeaseKeeper's thread). Renewed late
+    but not reaped: serve on. Lapsed and reaped (or being reaped): other replicas may have
+    taken over this one's work, so drop every connection (clients reconnect and register
+    afresh) rather than act on stale registrations. Taken by another process: stop."""
+
+    def report(state: str, error: Exception | None) -> None:
+        if error is not None:
+            BACKGROUND_FAILURES.labels('lease').inc()
             REDIS_UP.set(0)
-            # Redis back within the lease (a Sentinel failover takes seconds): renew at once
-            delay = min(interval, LEASE_RETRY_SECONDS)
-            continue
+            logger.error('lease not renewed: %s', error)
+            return
         REDIS_UP.set(1)
-        delay = interval
-        LEASE_UP.set(1 if state == 'renewed' else 0)
-        try:
-            await liveness.store.assert_watches(WATCHES_PER_RENEWAL)
-        except StoreUnavailable as exc:
-            logger.warning('watchers not renewed: %s', exc)
-        if state == 'lost':
+        LEASE_UP.set(1 if state in ('renewed', 'late') else 0)
+        if state == 'late':
+            logger.warning('lease renewed after it expired; no replica had reaped this one')
+        elif state == 'lost':
             logger.error('lease lapsed: closing every connection so clients start afresh')
             broker.close_all(
                 'amqp:connection:forced', 'broker replica lost its lease', stop_accepting=False
@@ -243,7 +292,31 @@ async def _keep_alive(liveness: Liveness, broker: Broker, stop: asyncio.Event) -
         elif state == 'taken':
             logger.critical('another process took replica id %s: stopping', liveness.replica_id)
             stop.set()
-            return
+
+    return report
+
+
+async def _assert_watches_forever(liveness: Liveness) -> None:
+    """List this replica under its watched addresses again, a slice per lease interval."""
+    interval = liveness.lease_ms / 3000
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await liveness.store.assert_watches(WATCHES_PER_RENEWAL)
+        except StoreUnavailable as exc:
+            logger.warning('watchers not renewed: %s', exc)
+
+
+LOOP_LAG_SAMPLE_SECONDS = 0.1
+
+
+async def _measure_loop_lag() -> None:
+    """Feed ``shoal_event_loop_lag_seconds``: how late a 100 ms timer fires."""
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(LOOP_LAG_SAMPLE_SECONDS)
+        LOOP_LAG.observe(max(0.0, loop.time() - start - LOOP_LAG_SAMPLE_SECONDS))
 
 
 async def _watch_others(liveness: Liveness) -> None:
@@ -255,7 +328,8 @@ async def _watch_others(liveness: Liveness) -> None:
             for dead in await liveness.dead_replicas():
                 await liveness.reap(dead)
         except StoreUnavailable as exc:
-            logger.warning('reaping skipped: %s', exc)
+            BACKGROUND_FAILURES.labels('reaping').inc()
+            logger.error('reaping skipped: %s', exc)
 
 
 class BacklogSnapshot:
@@ -347,6 +421,9 @@ def broker_gauges(
         for sub in broker.subscriptions.values()
     ]
     return [
+        ('shoal_selector_compilations', 'Selector texts compiled since start (cached outcomes '
+         'and attaches refused before compiling are not counted).', [],
+         [([], float(selector.compilations()))]),
         ('shoal_connections', 'Open AMQP connections on this replica.', [],
          [([], float(len(broker.connections)))]),
         ('shoal_links', 'Attached links on this replica, by role.', ['role'],
@@ -462,7 +539,8 @@ async def _refresh_policies(store: RedisStore, broker: Broker) -> None:
     try:
         policies = await store.policies()
     except StoreUnavailable as exc:
-        logger.warning('declared policies not refreshed: %s', exc)
+        BACKGROUND_FAILURES.labels('policies').inc()
+        logger.error('declared policies not refreshed: %s', exc)
         return
     broker.apply_policies(policies)
     store.limit_address_backlogs({
@@ -484,7 +562,8 @@ async def _trim_forever(store: RedisStore, interval: float) -> None:
         try:
             removed = await store.trim()
         except StoreUnavailable as exc:
-            logger.warning('trim skipped: %s', exc)
+            BACKGROUND_FAILURES.labels('trim').inc()
+            logger.error('trim skipped: %s', exc)
         else:
             if removed:
                 logger.debug('trimmed %d consumed entries', removed)

@@ -57,6 +57,12 @@ class ResourceLimitExceeded(BrokerError):
     condition = 'amqp:resource-limit-exceeded'
 
 
+class FrameSizeTooSmall(BrokerError):
+    """An answer would not fit in the peer's maximum frame size (and may not be cut short)."""
+
+    condition = 'amqp:frame-size-too-small'
+
+
 class MessageSizeExceeded(BrokerError):
     """A message is larger than the broker's maximum message size."""
 
@@ -68,6 +74,15 @@ class StoreFull(BrokerError):
     stored and is refused, not released, so the producer sees why."""
 
     condition = 'amqp:resource-limit-exceeded'
+
+
+class StoreCommandDenied(BrokerError):
+    """The broker's Redis account may not run a command the broker needs (an ACL); ``command``
+    names it."""
+
+    def __init__(self, command: str, detail: str) -> None:
+        super().__init__(f'the Redis account may not run {command}: {detail}')
+        self.command = command
 
 
 class StoreUnavailable(BrokerError):

@@ -3,7 +3,8 @@ The HTTP side door: liveness, readiness and metrics for Kubernetes probes and Pr
 
 A deliberately tiny HTTP/1.1 responder on the broker's own event loop (no thread, no framework):
 three GET routes, one response per connection. ``/livez`` answers while the loop turns;
-``/readyz`` answers 200 only while the broker accepts AMQP connections and Redis answers a PING.
+``/readyz`` answers 200 only while the broker accepts AMQP connections, Redis answers a PING
+and the Redis memory watermark can sample (each check is named in the JSON body).
 """
 
 import asyncio

@@ -58,6 +58,9 @@ ENV_MAX_CONNECTIONS_PER_USER = 'SHOAL_MAX_CONNECTIONS_PER_USER'
 ENV_MAX_SESSIONS = 'SHOAL_MAX_SESSIONS_PER_CONNECTION'
 ENV_MAX_LINKS = 'SHOAL_MAX_LINKS_PER_SESSION'
 ENV_MAX_SUBSCRIPTIONS = 'SHOAL_MAX_SUBSCRIPTIONS_PER_TOPIC'
+ENV_MAX_AUTO_ADDRESSES = 'SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER'
+ENV_METRICS_MAX_ADDRESSES = 'SHOAL_METRICS_MAX_ADDRESSES'
+ENV_LOGIN_FAILURES = 'SHOAL_MAX_FAILED_LOGINS_PER_MINUTE'
 ENV_MAX_BACKLOG = 'SHOAL_MAX_BACKLOG_PER_ADDRESS'
 ENV_BACKLOG_OVERFLOW = 'SHOAL_BACKLOG_OVERFLOW'
 ENV_MEMORY_CEILING = 'SHOAL_MEMORY_CEILING_MB'
@@ -274,6 +277,20 @@ class SecuritySettings:
     """Subscriptions (durable, shared or private) a topic may have (0 = unlimited); a consumer
     that would add one more is refused with ``amqp:resource-limit-exceeded``."""
 
+    max_auto_created_addresses_per_user: int = 1000
+    """Addresses one user may have this replica create on demand, by attaching to or sending to
+    a name that does not exist yet (0 = unlimited); past it the attach or message is refused with
+    ``amqp:resource-limit-exceeded``. Temporary queues and topics are not counted."""
+
+    metrics_max_addresses: int = 1000
+    """Addresses that get series of their own on ``/metrics``; the series of any further address
+    are added up under ``address="_other"`` (0 = no cap), so the scrape stays bounded whatever
+    the number of addresses."""
+
+    max_failed_logins_per_minute: int = 30
+    """Failed SASL authentications one source address may make per minute (0 = unlimited); past
+    it that address's connections are refused at once, before any credential is checked."""
+
     max_backlog_per_address: int = 0
     """Messages an address may hold (0 = unlimited); see ``backlog_overflow``."""
 
@@ -401,6 +418,13 @@ def _security_from_env(env: Mapping[str, str], d: SecuritySettings) -> SecurityS
         max_links_per_session=int(env.get(ENV_MAX_LINKS, d.max_links_per_session)),
         max_subscriptions_per_topic=int(
             env.get(ENV_MAX_SUBSCRIPTIONS, d.max_subscriptions_per_topic)
+        ),
+        max_auto_created_addresses_per_user=int(
+            env.get(ENV_MAX_AUTO_ADDRESSES, d.max_auto_created_addresses_per_user)
+        ),
+        metrics_max_addresses=int(env.get(ENV_METRICS_MAX_ADDRESSES, d.metrics_max_addresses)),
+        max_failed_logins_per_minute=int(
+            env.get(ENV_LOGIN_FAILURES, d.max_failed_logins_per_minute)
         ),
         max_backlog_per_address=int(env.get(ENV_MAX_BACKLOG, d.max_backlog_per_address)),
         backlog_overflow=Overflow(env.get(ENV_BACKLOG_OVERFLOW, d.backlog_overflow)),

@@ -95,7 +95,7 @@ def test_health_endpoints_answer(broker: BrokerProcess) -> None:
     assert broker.http_get('/livez') == (200, b'ok\n')
     status, body = broker.http_get('/readyz')
     assert status == 200
-    assert json.loads(body) == {'accepting': True, 'redis': True}
+    assert json.loads(body) == {'accepting': True, 'redis': True, 'store_memory_watch': True}
     status, body = broker.http_get('/metrics')
     assert status == 200
     assert b'# TYPE' in body

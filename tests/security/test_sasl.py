@@ -6,9 +6,11 @@ Open on the same socket to show the authenticated transport really carries AMQP.
 """
 
 import json
+import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,30 @@ def test_rhea_with_a_wrong_password_is_refused(secure_broker: BrokerProcess, add
     )  # fmt: skip
     assert code != 0
     assert result['ok'] is False
+
+
+def test_failed_logins_are_throttled_per_source_address_and_logged_as_such(
+    start_broker: Callable[..., BrokerProcess], users_file: Path
+) -> None:
+    """Five wrong passwords from one address within a minute: its next connection is closed at
+    once, before any credential is read, even with the right password. Each refusal's log line
+    says what happened (not proton's framing-error about a missing AMQP header)."""
+    b = start_broker(
+        env={
+            'SHOAL_USERS_FILE': str(users_file), 'SHOAL_ALLOW_ANONYMOUS': 'false',
+            'SHOAL_MAX_FAILED_LOGINS_PER_MINUTE': '5',
+        }
+    )  # fmt: skip
+    for _ in range(5):
+        with wire(b) as w:
+            assert authenticate(w, user='alice', password='wrong', mechanism='PLAIN').code == AUTH
+    with wire(b) as w:
+        w.sock.sendall(b'AMQP\x03\x01\x00\x00')
+        assert w.closed(), 'a throttled address is hung up on'
+        assert w.received == b'', 'nothing is offered to a throttled address'
+    log = b.log()
+    assert log.count('refused: authentication failed') == 5
+    assert '5 failed logins from 127.0.0.1 within a minute' in log
+    assert 'framing-error' not in log
+    assert re.search(r'^shoal_logins_refused_total\{reason="throttled"\} 1\.0$',
+                     b.http_get('/metrics')[1].decode(), re.MULTILINE)  # fmt: skip

@@ -176,6 +176,33 @@ def test_a_renewed_certificate_is_served_without_a_restart(
         b.stop()
 
 
+MISMATCH_SECONDS = 3.0
+"""How long the renewed certificate sits beside the old key (the issue saw 9 s in the field)."""
+
+
+def test_a_certificate_renewed_before_its_key_keeps_the_previous_pair(
+    redis_server: RedisServer, tmp_path: Path, users_file: Path
+) -> None:
+    pki = Pki(tmp_path)
+    port = free_port()
+    b = BrokerProcess(redis_server.url, env=tls_env(pki, users_file, 'none', port))
+    try:
+        renewed = pki.ca.issue('127.0.0.1', server=True, stem='renewed')
+        os.replace(renewed.cert, pki.server.cert)  # the certificate first, its key still the old
+        wait_for(lambda: 'KEY_VALUES_MISMATCH' in b.log(), 10, 'the refused reload')
+        served = []
+        deadline = time.monotonic() + MISMATCH_SECONDS
+        while time.monotonic() < deadline and len(served) < 200:
+            served.append(_served_cn(port, pki.ca.pem.cert))  # raises if the handshake fails
+            time.sleep(0.05)
+        assert set(served) == {'localhost'}, 'the previous pair is served until the key arrives'
+        os.replace(renewed.key, pki.server.key)
+        wait_for(lambda: _served_cn(port, pki.ca.pem.cert) == '127.0.0.1', 10, 'the new pair')
+        assert b.log().count('KEY_VALUES_MISMATCH') == 1, 'a refused pair is reported once'
+    finally:
+        b.stop()
+
+
 def test_rediss_store_with_a_ca_bundle(tmp_path: Path, address: str) -> None:
     pki = Pki(tmp_path)
     redis_cert = pki.ca.issue('localhost', server=True, stem='redis')

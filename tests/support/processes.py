@@ -106,7 +106,14 @@ class BrokerProcess:
             args += ['--redis-url', redis_url]
         if data_dir:
             args += ['--data-dir', data_dir]
-        full_env = {**os.environ, 'SHOAL_LOG_LEVEL': 'INFO', **(env or {})}
+        # A shared broker sees thousands of addresses in a full run, all created by one user,
+        # and the security tests' failed logins all come from one loopback address: the limits
+        # on those are off unless a test sets them (tests/security covers each).
+        full_env = {
+            **os.environ, 'SHOAL_LOG_LEVEL': 'INFO', 'SHOAL_METRICS_MAX_ADDRESSES': '0',
+            'SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER': '0',
+            'SHOAL_MAX_FAILED_LOGINS_PER_MINUTE': '0', **(env or {}),
+        }  # fmt: skip
         self._log = self.log_path.open('wb')
         self.process = subprocess.Popen(
             args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,

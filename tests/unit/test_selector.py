@@ -797,3 +797,22 @@ def test_constant_selectors_fold() -> None:
     assert selector.compile('1 = 1').matches({})
     assert not selector.compile("'a' = 1").matches({})
     assert selector.compile('2 * 3 BETWEEN 5 AND 7 AND TRUE').matches({})
+
+
+def test_too_many_tokens_are_refused_before_parsing() -> None:
+    text = 'a = ' + '+'.join(['1'] * 31_000)  # 61 KiB, under the length limit
+    with pytest.raises(SelectorError, match=f'more than {selector.MAX_TOKENS} tokens'):
+        selector.compile(text)
+    assert selector.compile('a IN (' + ','.join(["'x'"] * 8_000) + ')').matches({'a': 'x'})
+
+
+def test_refusals_are_cached() -> None:
+    text = f'a = = {uuid.uuid4().int}'
+    with pytest.raises(SelectorError) as first:
+        selector.compile(text)
+    compiled = selector.compilations()
+    with pytest.raises(SelectorError) as again:
+        selector.compile(text)
+    assert str(again.value) == str(first.value)
+    assert selector.compilations() == compiled
+    assert selector.cached("b = 'never seen'") is None

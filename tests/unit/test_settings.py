@@ -69,6 +69,13 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_MAX_SESSIONS_PER_CONNECTION': ('7', 'security.max_sessions_per_connection', 7),
     'SHOAL_MAX_LINKS_PER_SESSION': ('9', 'security.max_links_per_session', 9),
     'SHOAL_MAX_SUBSCRIPTIONS_PER_TOPIC': ('4', 'security.max_subscriptions_per_topic', 4),
+    'SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER': (
+        '7',
+        'security.max_auto_created_addresses_per_user',
+        7,
+    ),
+    'SHOAL_METRICS_MAX_ADDRESSES': ('8', 'security.metrics_max_addresses', 8),
+    'SHOAL_MAX_FAILED_LOGINS_PER_MINUTE': ('9', 'security.max_failed_logins_per_minute', 9),
     'SHOAL_MAX_BACKLOG_PER_ADDRESS': ('1000', 'security.max_backlog_per_address', 1000),
     'SHOAL_BACKLOG_OVERFLOW': ('drop-oldest', 'security.backlog_overflow', Overflow.DROP_OLDEST),
     'SHOAL_MEMORY_CEILING_MB': ('512', 'security.memory_ceiling_mb', 512),

@@ -9,12 +9,19 @@ a detach carrying the error, as Artemis does and Qpid JMS expects (jms-amqp-fact
 
 from typing import TYPE_CHECKING
 
-from shoal_broker import selector as selectors
 from shoal_broker.amqp import engine
 from shoal_broker.amqp.engine import Ptr, lib
+from shoal_broker.amqp.guard import user_name
 from shoal_broker.amqp.links import BrowserLink, ConsumerLink, LinkState, LookupLink, ProducerLink
+from shoal_broker.amqp.selector_offload import compile_off_loop
 from shoal_broker.amqp.transactions import COORDINATOR_CAPABILITIES, CoordinatorLink
-from shoal_broker.errors import AddressNotFound, BrokerError, InvalidField, NotImplementedByBroker
+from shoal_broker.errors import (
+    AddressNotFound,
+    BrokerError,
+    FrameSizeTooSmall,
+    InvalidField,
+    NotImplementedByBroker,
+)
 from shoal_broker.routing import addresses, jms_subscriptions
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.security.permissions import Operation
@@ -26,6 +33,37 @@ if TYPE_CHECKING:
 
 SELECTOR_DESCRIPTORS = {0x0000468C00000004, 'apache.org:selector-filter:string'}
 NO_LOCAL_DESCRIPTORS = {0x0000468C00000003, 'apache.org:no-local-filter:list'}
+
+
+REPLY_OVERHEAD = 512
+"""Bytes of an attach reply besides the termini's addresses and data fields (frame header,
+link name, handle, role, settle modes, delivery count, maximum message size), rounded up."""
+
+
+def reply_refusal(conn: 'AmqpConnection', link: Ptr) -> FrameSizeTooSmall | None:
+    """The error for an attach whose reply would not fit in the peer's maximum frame size.
+
+    The reply mirrors the peer's termini (a 40 KB selector comes back in the source's filter),
+    an attach cannot span frames, and the spec lets the sending end report only the filter
+    actually in place, never a cut one: so such an attach is refused, and the refusal (a null
+    terminus on our side) is small."""
+    limit = lib.pn_transport_get_remote_max_frame(conn.transport)
+    if not limit:
+        return None
+    size = REPLY_OVERHEAD + len(engine.link_name(link).encode())
+    for terminus in (lib.pn_link_remote_source(link), lib.pn_link_remote_target(link)):
+        size += len((engine.terminus_address(terminus) or '').encode())
+        for data in (
+            lib.pn_terminus_properties(terminus), lib.pn_terminus_capabilities(terminus),
+            lib.pn_terminus_outcomes(terminus), lib.pn_terminus_filter(terminus),
+        ):  # fmt: skip
+            size += max(0, lib.pn_data_encoded_size(data))
+    if size <= limit:
+        return None
+    return FrameSizeTooSmall(
+        f'the attach reply echoes the source and target (about {size} bytes), more than the '
+        f"connection's maximum frame size of {limit} bytes: shorten the selector or raise it"
+    )
 
 
 def mirror_termini(link: Ptr) -> None:
@@ -90,7 +128,7 @@ async def producer(broker: 'Broker', state: ProducerLink) -> LinkState | None:
         address, kind = await _temporary(broker, state, requested)
     elif address is not None:
         broker.guard.authorize(state.conn, Operation.SEND, address)
-        kind = await broker.resolve(address, requested)
+        kind = await broker.resolve(address, requested, user_name(state.conn))
     else:
         kind = None  # anonymous relay: checked per message
     if not _still_wanted(state):
@@ -135,15 +173,17 @@ async def consumer(
         return await lookup(broker, conn, link, name)
     capabilities = set(engine.symbols(lib.pn_terminus_capabilities(source)))
     selector_text, no_local = source_filters(source)
-    selector = selectors.compile(selector_text) if selector_text else None
     requested = addresses.kind_from_capabilities(capabilities)
     dynamic = bool(lib.pn_terminus_is_dynamic(source))
-    if dynamic:
+    copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
+    address = None if dynamic else addresses.check_name(engine.terminus_address(source))
+    if address is not None:  # permission first: a refused peer costs no selector compilation
+        broker.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
+    selector = await compile_off_loop(selector_text) if selector_text else None
+    if address is None:
         address, kind = await _temporary(broker, placeholder, requested)
     else:
-        address = addresses.check_name(engine.terminus_address(source))
-        kind = await _resolve_to_receive(broker, conn, source, address, requested)
-    copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
+        kind = await _resolve_to_receive(broker, conn, copy, address, requested)
     presettled = lib.pn_link_remote_snd_settle_mode(link) == lib.PN_SND_SETTLED
     state: LinkState
     if kind is AddressKind.QUEUE and copy:
@@ -174,15 +214,14 @@ async def consumer(
 async def _resolve_to_receive(
     broker: 'Broker',
     conn: 'AmqpConnection',
-    source: Ptr,
+    copy: bool,
     address: str,
     requested: AddressKind | None,
 ) -> AddressKind:
-    """Resolve a consumer's address, checking its permission before the address may be created
+    """Resolve a consumer's address, its permission checked before the address may be created
     (browsing a queue needs browse or consume; anything else consume)."""
-    copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
     broker.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
-    kind = await broker.resolve(address, requested)
+    kind = await broker.resolve(address, requested, user_name(conn))
     if kind is AddressKind.TOPIC or not copy:
         broker.guard.authorize(conn, Operation.CONSUME, address)
     return kind

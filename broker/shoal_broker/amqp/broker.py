@@ -22,7 +22,7 @@ from typing import Any
 from shoal_broker.amqp import attach, codec, engine, transactions
 from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.engine import Ptr, lib, wire
-from shoal_broker.amqp.guard import Guard
+from shoal_broker.amqp.guard import Guard, user_name
 from shoal_broker.amqp.links import (
     UNSETTLED_ON_DETACH,
     Ahead,
@@ -307,6 +307,8 @@ class Broker:
         lib.pn_session_free(session)
 
     def _on_transport_error(self, conn: AmqpConnection, event: Ptr) -> None:
+        if conn.handshake is not None and conn.handshake.failure is not None:
+            return  # refused during SASL (logged then): proton only saw no AMQP header arrive
         condition = engine.condition_text(lib.pn_transport_condition(conn.transport))
         logger.info('connection %d from %s: transport error %s', conn.id, conn.peer, condition)
 
@@ -342,6 +344,10 @@ class Broker:
             return
         if (limited := self.guard.link_refusal(conn, link)) is not None:
             attach.refuse(link, limited)
+            return
+        if (too_big := attach.reply_refusal(conn, link)) is not None:
+            logger.info('attach %r refused: %s', name, too_big)
+            attach.refuse(link, too_big)
             return
         if lib.pn_link_is_sender(link):
             placeholder = LinkState(conn, link, name)
@@ -529,8 +535,11 @@ class Broker:
 
     # -- addresses -------------------------------------------------------------------------------
 
-    async def resolve(self, address: str, requested: AddressKind | None) -> AddressKind:
-        """The kind of ``address``, creating it when allowed; BrokerError otherwise."""
+    async def resolve(
+        self, address: str, requested: AddressKind | None, creator: str | None = None
+    ) -> AddressKind:
+        """The kind of ``address``, creating it when allowed; BrokerError otherwise. A
+        ``creator`` (user name) is held to its limit of addresses created on demand."""
         address = addresses.check_name(address)
         known = self.kinds.get(address)
         if known is not None and (requested is None or requested == known):
@@ -539,7 +548,11 @@ class Broker:
         decision = addresses.resolve(address, requested, existing, self.settings.routing)
         kind = decision.kind
         if decision.create:
+            if creator is not None:
+                self.guard.check_creation_room(creator)
             kind = await self.store.create_address(address, decision.kind)
+            if creator is not None:
+                self.guard.address_created(creator)
             addresses.resolve(address, requested, kind, self.settings.routing)  # lost a race?
         self.kinds[address] = kind
         return kind
@@ -636,7 +649,7 @@ class Broker:
                     if not view.to:
                         raise InvalidField('a message on the anonymous relay needs a "to" address')
                     wanted = addresses.kind_from_jms_dest(view.annotations.get('x-opt-jms-dest'))
-                    kind = await self.resolve(view.to, wanted)
+                    kind = await self.resolve(view.to, wanted, user_name(producer.conn))
                 except BrokerError as exc:
                     producer.waiting.popleft()
                     if producer.alive:

@@ -10,12 +10,20 @@ import asyncio
 import collections
 import logging
 import os
+import time
 from typing import TYPE_CHECKING
 
 from shoal_broker.amqp import engine, sasl
 from shoal_broker.amqp.engine import Ptr, lib
 from shoal_broker.amqp.links import ProducerLink
-from shoal_broker.errors import BrokerError, ResourceLimitExceeded, StoreFull, Unauthorized
+from shoal_broker.errors import (
+    BrokerError,
+    ResourceLimitExceeded,
+    StoreCommandDenied,
+    StoreFull,
+    Unauthorized,
+)
+from shoal_broker.metrics.registry import BACKGROUND_FAILURES, LOGINS_REFUSED
 from shoal_broker.security.authenticator import Authenticator, AuthPolicy, Identity, UsersSource
 from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import SecuritySettings
@@ -28,6 +36,11 @@ if TYPE_CHECKING:
 MEMORY_SAMPLE_SECONDS = 0.5
 STORE_MEMORY_SAMPLE_SECONDS = 0.1
 STORE_LIMIT_RECHECK_SECONDS = 10.0
+STORE_MEMORY_RETRY_SECONDS = 1.0
+LOGIN_WINDOW_SECONDS = 60.0
+"""The window ``max_failed_logins_per_minute`` counts in."""
+MAX_THROTTLE_SOURCES = 10_000
+"""Source addresses whose failed logins are remembered at once (the oldest are forgotten)."""
 MEMORY_RELIEF = 0.9
 """Credit flows again once resident memory is below this fraction of the ceiling."""
 
@@ -43,17 +56,31 @@ class Guard:
             AuthPolicy(allow_anonymous=settings.allow_anonymous, users=users)
         )
         self.per_user: collections.Counter[str] = collections.Counter()
+        self.created: collections.Counter[str] = collections.Counter()
+        self._failed_logins: dict[str, collections.deque[float]] = {}
+        """Source address -> times of its failed logins within the last minute."""
+        """Addresses created on demand on this replica, per user (``check_creation_room``)."""
         self.admitted = 0
         self._timers: dict[int, list[asyncio.TimerHandle]] = {}
         self.memory_high = False
         """Resident memory is over the ceiling: producers get no credit (``Broker.top_up``)."""
         self.store_full: StoreFull | None = None
         """Redis is at its high watermark: publishes are refused with this error."""
+        self.store_memory_denied: StoreCommandDenied | None = None
+        """The Redis account may no longer sample memory: the watermark is off (``/readyz``)."""
 
     # -- connections ---------------------------------------------------------------------------
 
     def connection_made(self, conn: 'AmqpConnection', socket: asyncio.BaseTransport) -> None:
         conn.handshake = sasl.SaslHandshake(self.authenticator, certificate_name(socket))
+        source = source_host(socket)
+        if self._throttled(source):
+            LOGINS_REFUSED.labels('throttled').inc()
+            logger.debug('connection %d from %s refused: too many failed logins', conn.id,
+                         conn.peer)  # fmt: skip
+            conn.handshake.failure = 'too many failed logins from this address'
+            conn.hang_up()
+            return
         loop = asyncio.get_running_loop()
         timers = [loop.call_later(self.settings.sasl_timeout_seconds, self._sasl_overdue, conn)]
         if self.settings.open_timeout_seconds > 0:
@@ -72,7 +99,10 @@ class Guard:
         if step.output:
             conn.write_raw(step.output)
         if handshake.state is sasl.State.FAILED:
-            logger.info('connection %d from %s: %s', conn.id, conn.peer, handshake.failure)
+            logger.info('connection %d from %s refused: %s', conn.id, conn.peer, handshake.failure)
+            if handshake.credentials_refused:
+                LOGINS_REFUSED.labels('failed').inc()
+                self._login_failed(conn)
             conn.hang_up()
             return b''
         if step.passthrough is None:
@@ -109,6 +139,32 @@ class Guard:
             self.per_user[conn.identity.name] -= 1
             if self.per_user[conn.identity.name] <= 0:
                 del self.per_user[conn.identity.name]
+
+    def _login_failed(self, conn: 'AmqpConnection') -> None:
+        limit = self.settings.max_failed_logins_per_minute
+        if not limit:
+            return
+        source = conn.peer.rpartition(':')[0]
+        failures = self._failed_logins.pop(source, None) or collections.deque()
+        self._failed_logins[source] = failures  # most recent last: the oldest are forgotten
+        failures.append(time.monotonic())
+        if len(failures) == limit:
+            logger.warning('%d failed logins from %s within a minute: its connections are '
+                           'refused until it has fewer', limit, source)  # fmt: skip
+        while len(self._failed_logins) > MAX_THROTTLE_SOURCES:
+            del self._failed_logins[next(iter(self._failed_logins))]
+
+    def _throttled(self, source: str) -> bool:
+        limit = self.settings.max_failed_logins_per_minute
+        failures = self._failed_logins.get(source)
+        if not limit or not failures:
+            return False
+        horizon = time.monotonic() - LOGIN_WINDOW_SECONDS
+        while failures and failures[0] < horizon:
+            failures.popleft()
+        if not failures:
+            del self._failed_logins[source]
+        return len(failures) >= limit
 
     def _sasl_overdue(self, conn: 'AmqpConnection') -> None:
         if conn.alive and conn.handshake is not None:
@@ -169,6 +225,17 @@ class Guard:
         if limit and not await store.subscription_room(address, group, limit):
             raise ResourceLimitExceeded(f'topic {address!r} has its limit of {limit} subscriptions')
 
+    def check_creation_room(self, user: str) -> None:
+        """Refuse an address created on demand past the user's limit on this replica."""
+        limit = self.settings.max_auto_created_addresses_per_user
+        if limit and self.created[user] >= limit:
+            raise ResourceLimitExceeded(
+                f'user {user!r} has had its limit of {limit} addresses created on demand'
+            )
+
+    def address_created(self, user: str) -> None:
+        self.created[user] += 1
+
     # -- memory --------------------------------------------------------------------------------
 
     def watch_memory(self) -> None:
@@ -202,13 +269,21 @@ class Guard:
         watermark = self.settings.redis_memory_high_watermark
         if watermark <= 0:
             return
+        failing = False
         while True:
             try:
                 used, limit = await store.memory()
             except BrokerError as exc:
-                logger.debug('Redis memory not sampled: %s', exc)
-                limit = 0
+                BACKGROUND_FAILURES.labels('store_memory').inc()
+                if isinstance(exc, StoreCommandDenied):
+                    self.store_memory_denied = exc
+                if not failing:
+                    logger.error('Redis memory not sampled, the watermark is off: %s', exc)
+                failing, limit = True, 0
             else:
+                if failing:
+                    logger.warning('Redis memory sampled again: the watermark is on')
+                failing, self.store_memory_denied = False, None
                 full = bool(limit) and used >= limit * watermark
                 if full and self.store_full is None:
                     logger.warning('Redis uses %d of its %d bytes: refusing messages', used, limit)
@@ -220,9 +295,12 @@ class Guard:
                     self.store_full = None
             # without a maxmemory there is nothing to watch: look again now and then in case
             # one is configured at run time
-            await asyncio.sleep(
-                STORE_MEMORY_SAMPLE_SECONDS if limit else STORE_LIMIT_RECHECK_SECONDS
-            )
+            if limit:
+                await asyncio.sleep(STORE_MEMORY_SAMPLE_SECONDS)
+            else:
+                await asyncio.sleep(
+                    STORE_MEMORY_RETRY_SECONDS if failing else STORE_LIMIT_RECHECK_SECONDS
+                )
 
     # -- permissions ---------------------------------------------------------------------------
 
@@ -242,10 +320,21 @@ class Guard:
             raise error
 
 
+def user_name(conn: 'AmqpConnection') -> str:
+    """The authenticated user of a connection ('' before SASL has finished)."""
+    return conn.identity.name if conn.identity is not None else ''
+
+
 def resident_bytes() -> int:
     """This process's resident set size (Linux ``/proc``)."""
     with open('/proc/self/statm', encoding='ascii') as f:
         return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+def source_host(socket: asyncio.BaseTransport) -> str:
+    """The peer's address without its port (what failed logins are counted by)."""
+    peer = socket.get_extra_info('peername')
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
 def certificate_name(socket: asyncio.BaseTransport) -> str | None:

@@ -83,6 +83,8 @@ class SaslHandshake:
         self.state = State.HEADER
         self.identity: Identity | None = None
         self.failure: str | None = None
+        self.credentials_refused = False
+        """The failure was a wrong password or unknown user (what login throttling counts)."""
         self._buffer = bytearray()
         self._exchange: Exchange | None = None
 
@@ -109,6 +111,7 @@ class SaslHandshake:
             step.output += frame(outcome(code))
         self.state = State.FAILED
         self.failure = why
+        self.credentials_refused = code is Code.AUTH
 
     def _advance(self, step: Step) -> bool:
         """One unit of progress; False when more bytes are needed."""

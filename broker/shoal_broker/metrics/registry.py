@@ -3,14 +3,16 @@ Every Prometheus metric the broker exports, in one place (names follow Prometheu
 
 Labels: ``address``; ``subscription`` is ``queue`` for a queue, the subscription id for a named
 JMS subscription and ``private`` for a plain topic subscriber (its per-link group name would make
-every consumer a new series). Counting sits on the per-message path, so labelled children are
+every consumer a new series). Only the first ``cap_address_series`` addresses get series of
+their own; the rest are added up under ``address="_other"``, so a scrape stays bounded however
+many addresses a client creates. Counting sits on the per-message path, so labelled children are
 looked up once per address or subscription and cached (``Counters``), not per message.
 """
 
 import bisect
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import (
     REGISTRY,
     CounterMetricFamily,
@@ -79,6 +81,22 @@ REDIS_ROUND_TRIP = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 LEASE_UP = Gauge('shoal_replica_lease_up', 'Whether this replica holds its liveness lease.')
+BACKGROUND_FAILURES = Counter(
+    'shoal_background_task_failures',
+    'Failed rounds of a background safety task (lease, store_memory, trim, policies, reaping).',
+    ['task'],
+)
+LOGINS_REFUSED = Counter(
+    'shoal_logins_refused',
+    'Connections refused before they were authenticated: failed (wrong credentials) or '
+    'throttled (their source address failed too often within a minute).',
+    ['reason'],
+)
+LOOP_LAG = Histogram(
+    'shoal_event_loop_lag_seconds',
+    'How late the event loop ran a timer (sampled every 100 ms): time it spent on other work.',
+    buckets=LATENCY_BUCKETS,
+)
 REDIS_UP = Gauge(
     'shoal_redis_up',
     'Whether this replica reached Redis at its last lease renewal (every third of the lease).',
@@ -208,21 +226,68 @@ def _count(key: tuple[str, ...]) -> None:
     _COUNTS[key] = _COUNTS.get(key, 0) + 1
 
 
+OTHER_ADDRESSES = '_other'
+"""The ``address`` (and ``subscription``) label of the series added up past the address cap."""
+
+_address_cap = 1000
+_admitted: set[str] = set()
+
+
+def cap_address_series(cap: int) -> None:
+    """Give at most ``cap`` addresses series of their own (0: no cap)."""
+    global _address_cap
+    _address_cap = cap
+
+
+def _address_label(address: str) -> str:
+    """``address``, or OTHER_ADDRESSES once the cap is full: the first addresses seen keep their
+    series for good, so every series (the aggregate too) only grows, as a counter must."""
+    if not _address_cap or address in _admitted:
+        return address
+    if len(_admitted) < _address_cap:
+        _admitted.add(address)
+        return address
+    return OTHER_ADDRESSES
+
+
+def _folded(label_names: Sequence[str], values: Sequence[str]) -> tuple[str, ...]:
+    """Label values with a capped address (and its subscription) folded into the aggregate."""
+    if not values or label_names[0] != 'address':
+        return tuple(values)
+    address = _address_label(values[0])
+    if address == values[0]:
+        return tuple(values)
+    rest = list(values[1:])
+    if len(label_names) > 1 and label_names[1] == 'subscription':
+        rest[0] = OTHER_ADDRESSES
+    return (address, *rest)
+
+
 class HotMetrics(Collector):
     """The per-message counters and the delivery latency histogram, read at scrape time."""
 
     def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
+        counts: dict[tuple[str, ...], float] = {}
+        for (what, *values), count in list(_COUNTS.items()):
+            key = (what, *_folded(_HOT_COUNTERS[what][2], values))
+            counts[key] = counts.get(key, 0) + count
         families = {
             what: CounterMetricFamily(name, help_text, labels=list(labels))
             for what, (name, help_text, labels) in _HOT_COUNTERS.items()
         }
-        for (what, *values), count in list(_COUNTS.items()):
-            families[what].add_metric(values, count)
+        for (what, *values), total in counts.items():
+            families[what].add_metric(values, total)
         yield from families.values()
-        latency = HistogramMetricFamily(
-            LATENCY_NAME, LATENCY_HELP, labels=['address', 'subscription']
-        )
-        for (address, label), histogram in list(_LATENCIES.items()):
+        latency_labels = ['address', 'subscription']
+        histograms: dict[tuple[str, ...], list[float]] = {}
+        for pair, histogram in list(_LATENCIES.items()):
+            key = _folded(latency_labels, pair)
+            if key in histograms:
+                histograms[key] = [a + b for a, b in zip(histograms[key], histogram, strict=True)]
+            else:
+                histograms[key] = histogram
+        latency = HistogramMetricFamily(LATENCY_NAME, LATENCY_HELP, labels=latency_labels)
+        for (address, label), histogram in histograms.items():
             cumulative, buckets = 0.0, []
             for bound, in_bucket in zip((*LATENCY_BUCKETS, float('inf')), histogram, strict=False):
                 cumulative += in_bucket
@@ -247,8 +312,12 @@ class ScrapeTimeGauges(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         for name, help_text, label_names, samples in self._source():
             family = GaugeMetricFamily(name, help_text, labels=label_names)
+            totals: dict[tuple[str, ...], float] = {}
             for values, value in samples:
-                family.add_metric(values, value)
+                key = _folded(label_names, values)
+                totals[key] = totals.get(key, 0.0) + value
+            for key, value in totals.items():
+                family.add_metric(list(key), value)
             yield family
 
 

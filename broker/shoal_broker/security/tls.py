@@ -5,11 +5,19 @@ The server context is built once and kept: asyncio's server holds it, and loadin
 certificate chain into the same ``SSLContext`` changes what every later handshake presents,
 so certificates are renewed (cert-manager rotates the Secret) without a restart and without
 touching connections already open.
+
+``load_cert_chain`` is not atomic: it installs the certificate, then fails on a key that does not
+match it, leaving the live context with the new certificate and the old key, so every later
+handshake fails. A renewal is therefore copied once into a private directory (the files may be
+replaced again meanwhile), loaded into a scratch context, and only when that succeeds loaded from
+the same copies into the live one: a mismatched or half-written pair keeps the previous pair.
 """
 
 import logging
 import os
+import shutil
 import ssl
+import tempfile
 import urllib.parse
 
 from shoal_broker.settings import ClientAuth, SecuritySettings
@@ -34,6 +42,8 @@ class ServerTls:
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.context.verify_mode = _VERIFY[settings.tls_client_auth]
         self._stamps: dict[str, tuple[int, int]] = {}
+        self._refused: dict[str, tuple[int, int]] = {}
+        """The files of the last renewal that failed to load: not tried again until they change."""
         self._load()
 
     def _files(self) -> list[str]:
@@ -50,18 +60,25 @@ class ServerTls:
     def _load(self) -> None:
         s = self.settings
         stamps = self._stamp()
-        self.context.load_cert_chain(s.tls_cert_file, s.tls_key_file)
+        with tempfile.TemporaryDirectory(prefix='shoal-tls-') as private:
+            cert = shutil.copyfile(s.tls_cert_file, os.path.join(private, 'cert.pem'))
+            key = shutil.copyfile(s.tls_key_file, os.path.join(private, 'key.pem'))
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)  # or raise
+            self.context.load_cert_chain(cert, key)
         if s.tls_client_ca_file:
             self.context.load_verify_locations(cafile=s.tls_client_ca_file)
         self._stamps = stamps
 
     def reload(self, *, only_if_changed: bool) -> bool:
         """Re-read the files (when they changed); a broken update keeps the old certificate."""
+        stamps: dict[str, tuple[int, int]] = {}
         try:
-            if only_if_changed and self._stamp() == self._stamps:
+            stamps = self._stamp()
+            if only_if_changed and stamps in (self._stamps, self._refused):
                 return False
             self._load()
         except (OSError, ssl.SSLError) as exc:
+            self._refused = stamps
             logger.error('TLS certificate not reloaded, keeping the previous one: %s', exc)
             return False
         logger.info('TLS certificate reloaded from %s', self.settings.tls_cert_file)

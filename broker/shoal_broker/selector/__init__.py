@@ -53,18 +53,36 @@ Semantics, where the specification leaves room (following ActiveMQ Artemis / Qpi
   identifier may hold any characters: ``"m.x-opt-foo" = 1``.
 * A blank selector (empty or white space) matches every message: JMS treats an empty selector
   as none, and so does Artemis.
-* Limits: 64 KiB of UTF-8 text and 128 levels of nesting (parentheses, NOT, signs, operators;
-  flat chains such as ``a OR b OR c`` count once), so no selector can exhaust the stack.
+* Limits: 64 KiB of UTF-8 text, 16 384 tokens and 128 levels of nesting (parentheses, NOT,
+  signs, operators; flat chains such as ``a OR b OR c`` count once), so no selector can exhaust
+  the stack, and none costs more than a few hundred milliseconds to compile. Too many tokens or
+  parentheses are refused by a cheap scan before the parser runs.
+
+Compiling is pure CPU work proportional to the text; ``compile`` caches the outcome of the last
+``CACHE_SIZE`` distinct texts, refusals included, so a text sent again costs a dictionary
+look-up. The broker compiles long texts in a worker thread (``amqp/selector_offload.py``), so
+that its event loop never waits for one.
 """
 
-import functools
+import collections
+import threading
 from collections.abc import Mapping
 
 from shoal_broker.selector.compiler import Evaluate, compile_condition
 from shoal_broker.selector.headers import identifiers
-from shoal_broker.selector.parser import MAX_DEPTH, MAX_LENGTH, SelectorError, parse
+from shoal_broker.selector.parser import MAX_DEPTH, MAX_LENGTH, MAX_TOKENS, SelectorError, parse
 
-__all__ = ['MAX_DEPTH', 'MAX_LENGTH', 'Selector', 'SelectorError', 'compile', 'identifiers']
+__all__ = [
+    'MAX_DEPTH',
+    'MAX_LENGTH',
+    'MAX_TOKENS',
+    'Selector',
+    'SelectorError',
+    'cached',
+    'compilations',
+    'compile',
+    'identifiers',
+]
 
 CACHE_SIZE = 1024
 
@@ -93,19 +111,52 @@ class Selector:
         return f'Selector({self.text!r})'
 
 
+_cache: collections.OrderedDict[str, Selector | str] = collections.OrderedDict()
+"""Recently compiled texts: the Selector, or the message of the SelectorError refusing it."""
+_cache_lock = threading.Lock()
+_compilations = 0
+
+
+def compilations() -> int:
+    """How many texts were compiled (parsed) so far: cache hits are not counted."""
+    return _compilations
+
+
+def cached(text: str) -> Selector | None:
+    """The selector for ``text`` when its outcome is cached (SelectorError if refused), else
+    None: a look-up that never parses."""
+    with _cache_lock:
+        outcome = _cache.get(text)
+        if outcome is not None:
+            _cache.move_to_end(text)
+    if isinstance(outcome, str):
+        raise SelectorError(outcome)
+    return outcome
+
+
 def compile(text: str) -> Selector:
     """The selector for ``text``, compiled once per distinct text; SelectorError if invalid."""
     if not isinstance(text, str):
         raise SelectorError(f'a selector must be a string, not {type(text).__name__}')
-    return _compiled(text)
-
-
-@functools.lru_cache(maxsize=CACHE_SIZE)
-def _compiled(text: str) -> Selector:
-    tree = parse(text)
-    if tree is None:
-        return Selector(text, _always)
-    return Selector(text, compile_condition(tree))
+    selector = cached(text)
+    if selector is not None:
+        return selector
+    global _compilations
+    with _cache_lock:
+        _compilations += 1
+    try:
+        tree = parse(text)
+        evaluate = _always if tree is None else compile_condition(tree)
+        outcome: Selector | str = Selector(text, evaluate)
+    except SelectorError as e:
+        outcome = str(e)
+    with _cache_lock:
+        _cache[text] = outcome
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    if isinstance(outcome, str):
+        raise SelectorError(outcome)
+    return outcome
 
 
 def _always(_identifiers: Mapping[str, object]) -> bool:

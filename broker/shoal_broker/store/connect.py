@@ -32,8 +32,10 @@ import logging
 import urllib.parse
 from typing import Any, cast
 
+import redis
 import redis.asyncio
 import redis.exceptions
+import redis.sentinel
 from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool, parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
@@ -174,6 +176,26 @@ def connection_pool(url: str, *, blocking: bool = False, **kwargs: Any) -> Conne
     pool_class = BlockingSentinelPool if blocking else SentinelPool
     pool: ConnectionPool = pool_class(parsed.service, manager, **pool_kwargs)
     return pool
+
+
+def sync_client(url: str, **kwargs: Any) -> redis.Redis:
+    """A synchronous client for ``url`` (the lease's own thread). For a Sentinel URL it is
+    redis-py's ``master_for``: each new connection asks the sentinels for the primary, and a
+    connection that fails or answers READONLY is dropped, so the next command finds the new one;
+    no ``+switch-master`` listener is needed for a client that sends a command every few
+    seconds."""
+    if not is_sentinel_url(url):
+        return redis.Redis.from_url(url, **kwargs)
+    parsed = parse_sentinel_url(url)
+    sentinel_kwargs: dict[str, Any] = {
+        'socket_connect_timeout': SENTINEL_TIMEOUT_SECONDS,
+        'socket_timeout': SENTINEL_TIMEOUT_SECONDS,
+    }
+    sentinel_kwargs.update((k, v) for k, v in kwargs.items() if k.startswith('socket_'))
+    sentinel_kwargs.update(parsed.sentinel)
+    manager = redis.sentinel.Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    primary: redis.Redis = manager.master_for(parsed.service, **{**kwargs, **parsed.connection})  # type: ignore[no-untyped-call]
+    return primary
 
 
 def client(url: str, **kwargs: Any) -> 'redis.asyncio.Redis':

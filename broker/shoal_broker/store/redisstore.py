@@ -35,6 +35,7 @@ from shoal_broker.errors import (
     NotAllowed,
     ResourceLimitExceeded,
     ResourceLocked,
+    StoreCommandDenied,
     StoreFull,
     StoreUnavailable,
 )
@@ -1078,7 +1079,10 @@ class RedisStore:
 
     async def memory(self) -> tuple[int, int]:
         """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes."""
-        info = await self._call(self._client.info('memory'))
+        try:
+            info = await self._call(self._client.info('memory'))
+        except redis.exceptions.NoPermissionError as exc:
+            raise StoreCommandDenied('INFO', str(exc)) from exc
         return int(info.get('used_memory', 0)), int(info.get('maxmemory', 0))
 
     async def subscription_room(self, address: str, group: str, limit: int) -> bool:

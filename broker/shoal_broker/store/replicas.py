@@ -1,7 +1,8 @@
 """
 Replica liveness: leases, and cleaning up after a replica that died without saying goodbye.
 
-Each replica holds a lease key with a TTL and renews it well before it expires. Every replica
+Each replica holds a lease key with a TTL and renews it well before it expires, from a thread of
+its own (``LeaseKeeper``), so a busy event loop cannot let it lapse. Every replica
 watches the others: when a lease has expired, one live replica (whichever takes the reaping lock)
 returns the dead replica's in-flight entries to their subscriptions (delivery-count + 1), removes
 its consumer registrations (deleting volatile subscriptions left without consumers), destroys its
@@ -10,11 +11,14 @@ touched, so live replicas are never robbed. Each step is idempotent, so a reaper
 leaves work the next one finishes.
 """
 
+import asyncio
 import dataclasses
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
-from shoal_broker.store import keys
+from shoal_broker.store import connect, keys, scripts
 from shoal_broker.store.redisstore import RedisStore, as_text
 
 logger = logging.getLogger(__name__)
@@ -30,6 +34,69 @@ class ReapReport:
     consumers_removed: int = 0
     subscriptions_deleted: int = 0
     clients_released: int = 0
+
+
+def renewal_keys(replica_id: str) -> tuple[str, str, str]:
+    return keys.lease(replica_id), keys.reaping(replica_id), keys.REPLICAS
+
+
+RETRY_SECONDS = 0.25
+"""Pause before renewing the lease again after a renewal failed."""
+
+
+class LeaseKeeper:
+    """Renews the lease from a thread of its own, over a synchronous Redis connection of its
+    own, so that the lease never depends on the event loop being free: a loop busy for longer
+    than the lease still holds it while the process lives. Each outcome of renew_lease.lua (or
+    the Redis error) is handed to ``report`` on the loop."""
+
+    def __init__(
+        self,
+        url: str,
+        replica_id: str,
+        token: str,
+        lease_seconds: float,
+        report: Callable[[str, Exception | None], None],
+    ) -> None:
+        self.replica_id = replica_id
+        self.token = token
+        self.lease_ms = int(lease_seconds * 1000)
+        self.interval = lease_seconds / 3
+        self._report = report
+        self._loop = asyncio.get_running_loop()
+        self._client = connect.sync_client(
+            url, socket_timeout=self.interval, socket_connect_timeout=self.interval
+        )
+        self._renew = self._client.register_script(scripts.source('renew_lease'))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='lease', daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
+
+    def _run(self) -> None:
+        args = (self.token, self.lease_ms, self.replica_id)
+        delay = self.interval
+        while not self._stop.wait(delay):
+            error: Exception | None = None
+            try:
+                state = as_text(self._renew(keys=renewal_keys(self.replica_id), args=args))
+            except Exception as exc:  # the thread must outlive any failure: it is the lease
+                state, error = 'error', exc
+            # Redis may be back well within the lease (a Sentinel failover takes seconds):
+            # after a failure, try again soon rather than a third of the lease later
+            delay = self.interval if error is None else min(self.interval, RETRY_SECONDS)
+            if self._stop.is_set():
+                return
+            try:
+                self._loop.call_soon_threadsafe(self._report, state, error)
+            except RuntimeError:  # the loop closed under us: the process is ending
+                return
 
 
 class Liveness:
@@ -52,13 +119,6 @@ class Liveness:
         if await self.store.call(client.sismember(keys.REPLICAS, self.replica_id)):
             await self.reap(self.replica_id, locked=False)  # our own earlier incarnation
         await self.store.call(client.sadd(keys.REPLICAS, self.replica_id))
-
-    async def renew(self) -> str:
-        """'renewed', 'lost' (expired meanwhile: we may have been reaped), or 'taken'."""
-        reply = await self.store.evalsha(
-            'renew_lease', (keys.lease(self.replica_id),), (self.token, self.lease_ms)
-        )
-        return as_text(reply)
 
     async def leave(self) -> None:
         """Graceful exit: return whatever this replica still holds, so nothing is left to reap."""
@@ -101,6 +161,11 @@ class Liveness:
         if locked:
             lock = keys.reaping(dead)
             if not await self.store.call(client.set(lock, self.token, nx=True, px=REAPING_LOCK_MS)):
+                return None
+            if await self.store.call(client.exists(keys.lease(dead))):
+                # renewed late between our look and our lock: alive, and now it sees the lock
+                # (renew_lease.lua) only if it lapses again
+                await self.store.call(client.delete(lock))
                 return None
         report = ReapReport(dead)
         touched = await self._return_entries(dead, report)
