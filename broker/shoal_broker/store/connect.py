@@ -198,6 +198,17 @@ def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     return primary
 
 
+def follow_primary(sync: redis.Redis) -> None:
+    """Ask the sentinels which server is the primary now, for a ``sync_client`` of a Sentinel
+    URL (nothing for a standalone one); if it moved, redis-py drops the idle connections, so the
+    next command goes to the new primary. A demoted primary that is still up keeps answering
+    on a connection already open to it, so a long-lived client asks before each write that
+    must reach the primary (one sentinel round trip per lease renewal)."""
+    pool = sync.connection_pool
+    if isinstance(pool, redis.sentinel.SentinelConnectionPool):
+        pool.get_master_address()  # type: ignore[no-untyped-call]
+
+
 def client(url: str, **kwargs: Any) -> 'redis.asyncio.Redis':
     """A client owning a (non-blocking) pool for ``url``: ``aclose`` closes it (use ``close``
     to close a Sentinel URL's sentinel connections too)."""

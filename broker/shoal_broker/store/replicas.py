@@ -85,6 +85,7 @@ class LeaseKeeper:
         while not self._stop.wait(delay):
             error: Exception | None = None
             try:
+                connect.follow_primary(self._client)
                 state = as_text(self._renew(keys=renewal_keys(self.replica_id), args=args))
             except Exception as exc:  # the thread must outlive any failure: it is the lease
                 state, error = 'error', exc
