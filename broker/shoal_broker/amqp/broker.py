@@ -1088,6 +1088,17 @@ class Broker:
     def schedule_park_check(self, sub: LocalSubscription, delay: float) -> None:
         self._loop.call_later(delay, sub.return_parked)
 
+    def schedule_share_check(self, sub: LocalSubscription, delay: float) -> None:
+        self._loop.call_later(delay, sub.check_share)
+
+    def leave_sharing(self, sub: LocalSubscription) -> None:
+        """The subscription's last consumer here left: out of its sharing between replicas."""
+        self.spawn(self._leave_sharing(sub.address, sub.group))
+
+    async def _leave_sharing(self, address: str, group: str) -> None:
+        with contextlib.suppress(BrokerError):
+            await self.store.leave_sharing(address, group)
+
     # -- browsers ------------------------------------------------------------------------------
 
     def add_browser(self, browser: BrowserLink) -> None:

@@ -229,7 +229,7 @@ class Registry(Inspector):
         groups = await self._call(self._client.smembers(k.groups))
         doomed = [*k.streams, k.groups, k.scheduled, k.scheduled_messages]
         for group in groups:
-            doomed += [k.returned(group), k.delivery_counts(group)]
+            doomed += [k.returned(group), k.delivery_counts(group), k.shares(group)]
         await self._call(self._client.delete(*doomed))
         await self._call(self._client.hdel(keys.ADDRESSES, address))
         return Removal.DELETED
@@ -307,7 +307,9 @@ class Registry(Inspector):
 
     async def _delete_group(self, address: str, group: str) -> None:
         k = keys.AddressKeys.of(address)
-        script_keys = (*k.streams, k.groups, k.returned(group), k.delivery_counts(group))
+        script_keys = (
+            *k.streams, k.groups, k.returned(group), k.delivery_counts(group), k.shares(group)
+        )  # fmt: skip
         await self._run_raw('delete_group', script_keys, (group,))
 
     async def _oldest_age(self, address: str, group: str) -> float | None:
