@@ -7,13 +7,19 @@ also counts where each message went (none lost, none twice).
 """
 
 import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from amqpclient import Capabilities
+from amqpclient import Capabilities, connect
 from jmswire import JmsSource
 from loadclient import ConsumerSpec, ProducerSpec
-from processes import BrokerProcess
+from processes import BrokerProcess, RedisServer
 from proton.reactor import LinkOption
 from shareclient import ShareRun
 
@@ -119,3 +125,58 @@ def test_a_slow_consumer_gets_little_and_the_fast_one_the_rest(
         _producer(broker.url, address, kind, 600), consumers, rate=200.0, settle_rates={0: 10.0}
     )
     assert run.shares()[1] >= 0.80, f'received {[len(got) for got in run.received]}'
+
+
+def _listed(redis_url: str, command: str) -> list[dict[str, Any]]:
+    """``shoal <command> --json``, run as the real command."""
+    env = {k: v for k, v in os.environ.items() if k != 'SHOAL_REDIS_URL'}
+    done = subprocess.run(
+        [sys.executable, '-m', 'shoal_broker.admin', '--redis-url', redis_url, command, '--json'],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert isinstance(rows, list)
+    return rows
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(('kind', 'command'), [('queue', 'queues'), ('topic', 'subscriptions')])
+def test_shoal_shows_each_replicas_consumers_and_share_of_the_deliveries(
+    start_broker: Callable[..., BrokerProcess],
+    redis_server: RedisServer,
+    address: str,
+    kind: str,
+    command: str,
+) -> None:
+    fast_records = {'SHOAL_METRICS_INTERVAL_SECONDS': '0.2'}
+    one, two = start_broker(env=fast_records), start_broker(env=fast_records)
+    consumers = _consumers(address, kind, [one.url, two.url], credit=1000)
+    _run(_producer(one.url, address, kind, 50), consumers)
+    connections = [connect(url) for url in (one.url, two.url)]  # attached again, and kept
+    for conn, spec in zip(connections, consumers, strict=True):
+        conn.create_receiver(address, credit=10, name=spec.link_name, options=spec.options or None)
+    try:
+        row = _row_when(redis_server, command, address, lambda r: len(r['consumers']) == 2
+                        and sum(r['delivered'].values()) >= 50)  # fmt: skip
+    finally:
+        for conn in connections:
+            conn.close()
+    assert row['consumers'] == {one.replica_id: 1, two.replica_id: 1}
+    delivered = row['delivered']
+    assert sum(delivered.values()) == 50
+    assert set(delivered) == {one.replica_id, two.replica_id}
+    assert all(0.35 <= n / 50 <= 0.65 for n in delivered.values()), delivered
+
+
+def _row_when(
+    redis_server: RedisServer, command: str, address: str, done: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The CLI's row for ``address`` once ``done`` holds for it (or after 20 s, as it is)."""
+    deadline = time.monotonic() + 20
+    while True:
+        rows = _listed(redis_server.url, command)
+        [row] = [r for r in rows if address in (r['name'], r.get('topic'))]
+        if done(row) or time.monotonic() > deadline:
+            return row
+        time.sleep(0.2)

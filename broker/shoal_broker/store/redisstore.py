@@ -38,7 +38,7 @@ from shoal_broker.errors import (
     StoreFull,
     StoreUnavailable,
 )
-from shoal_broker.metrics.registry import REDIS_ROUND_TRIP
+from shoal_broker.metrics.registry import PRIVATE_LABEL, REDIS_ROUND_TRIP
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import (
@@ -871,7 +871,8 @@ class RedisStore:
         groups = [as_text(g) for g in await self._call(self._client.smembers(k.groups))]
         doomed = [*k.streams, k.groups]
         for group in groups:
-            doomed += [k.returned(group), k.delivery_counts(group), k.shares(group)]
+            doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),
+                       k.delivered(group)]  # fmt: skip
         await self._call(self._client.delete(*doomed))
         await self._call(self._client.hdel(keys.ADDRESSES, address))
         self._kinds.pop(address, None)
@@ -884,18 +885,26 @@ class RedisStore:
     async def delete_subscription(self, address: str, group: str) -> None:
         k = keys.AddressKeys.of(address)
         script_keys = (
-            *k.streams, k.groups, k.returned(group), k.delivery_counts(group), k.shares(group)
+            *k.streams, k.groups, k.returned(group), k.delivery_counts(group), k.shares(group),
+            k.delivered(group),
         )  # fmt: skip
         await self._call(self._evalsha('delete_group', script_keys, (group,)))
 
     async def append_records(self, records: Sequence[Mapping[str, str]], max_length: int) -> None:
-        """Append metric records to the metrics stream, trimmed to about ``max_length``."""
+        """Append metric records to the metrics stream, trimmed to about ``max_length``, and add
+        each queue's and named subscription's deliveries to its per-replica total
+        (``AddressKeys.delivered``)."""
         if not records:
             return
         pipe = self._client.pipeline(transaction=False)
         for fields in records:
             entry: dict[Any, Any] = dict(fields)
             pipe.xadd(keys.METRICS, entry, maxlen=max_length, approximate=True)
+            delivered = int(fields.get('delivered') or 0)
+            group = fields.get('subscription', '')
+            if delivered and group and group != PRIVATE_LABEL:
+                totals = keys.AddressKeys.of(fields['address']).delivered(group)
+                pipe.hincrby(totals, fields['replica'], delivered)
         await self._call(pipe.execute())
 
     async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:
