@@ -39,6 +39,14 @@ def test_a_replica_alone_takes_what_its_credit_allows() -> None:
     assert not others_present(model.shares, 'a')
 
 
+def test_a_replica_alone_writes_its_record_once() -> None:
+    model = Model(available=5)
+    model.fetch('a', credit=20)
+    model.now += 100
+    model.fetch('a', credit=7, consumers=2)  # alone: nothing to share, nothing to write
+    assert model.shares == {'a': Share(consumers=1, credit=20, fetched_ms=NOW)}
+
+
 def test_a_burst_is_split_between_two_replicas_whoever_fetches_first() -> None:
     model = Model()
     model.join('a', 'b')

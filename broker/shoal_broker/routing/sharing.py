@@ -20,8 +20,9 @@ fetching replica only its share of what is available:
 
 Free credit counts each consumer's prefetch, so more consumers, or consumers with more room, get
 more; a consumer that holds everything it was given (slow to settle) has no free credit and gets
-nothing more until it settles. A replica alone with consumers (``alone``) is not limited at all,
-which keeps the single-consumer paths (hand-over, sending ahead, reading in bulk) as they were.
+nothing more until it settles. A replica alone with consumers is not limited at all, which keeps
+the single-consumer paths (hand-over, sending ahead, reading in bulk) as they were, and writes
+its record only once: the store checks whether anyone else keeps one, and nothing more.
 
 Pure: plain numbers in, decisions out. ``store/lua/fetch.lua`` is the same rule in Lua, on the
 record Redis keeps (``store/keys.py``, ``AddressKeys.shares``); ``tests/unit/test_sharing.py``
@@ -63,11 +64,11 @@ def grant(
     ``credit`` free credit) may take now; updates ``shares`` (adding ``me`` if missing) as the
     fetch leaves them. Alone, a replica may take as many as its credit, whatever is available
     (the store need not count what is available then)."""
+    if not others_present(shares, me):  # alone: nothing to share; a first record, once
+        shares.setdefault(me, Share(consumers, credit, fetched_ms=now_ms))
+        return credit
     mine = shares.setdefault(me, Share())
     mine.consumers, mine.credit, mine.fetched_ms = consumers, credit, now_ms
-    if not others_present(shares, me):  # alone: nothing to share, nothing counted
-        mine.reserved = mine.current = 0
-        return credit
     ordered = sorted(shares)
     for replica in ordered:
         share = shares[replica]

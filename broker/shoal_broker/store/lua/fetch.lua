@@ -56,27 +56,38 @@ local function unread(band)
 end
 
 local consumers = tonumber(ARGV[5])
+local function share_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 if consumers > 0 then
-  local shares, ids = share_records(KEYS[5])
-  local known = shares[ARGV[2]] ~= nil and shares[ARGV[2]].k > 0
-  local now_t = redis.call('TIME')
-  local now = tonumber(now_t[1]) * 1000 + math.floor(tonumber(now_t[2]) / 1000)
-  if share_others(shares, ARGV[2]) then
-    local available = redis.call('ZCARD', KEYS[3]) + unread(0) + unread(1)
-    want = math.min(want, share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]),
-                                      available, now))
-    out[2] = available - want
+  local known = redis.call('HEXISTS', KEYS[5], ARGV[2])
+  if redis.call('HLEN', KEYS[5]) > known then
+    -- another replica keeps a record: the sharing rule decides what this one may take
+    local shares, ids = share_records(KEYS[5])
+    local others = share_others(shares, ARGV[2])
+    local available = 0
+    if others then available = redis.call('ZCARD', KEYS[3]) + unread(0) + unread(1) end
+    local granted = share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), available,
+                                share_now())
     local flat = {}
     for _, id in ipairs(ids) do
       flat[#flat + 1] = id
       flat[#flat + 1] = share_encode(shares[id])
     end
     redis.call('HSET', KEYS[5], unpack(flat))
-    if not known then redis.call('PUBLISH', ARGV[7], ARGV[2]) end
-  else
-    share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), 0, now)
+    if others then
+      want = math.min(want, granted)
+      out[2] = available - want
+      if known == 0 then redis.call('PUBLISH', ARGV[7], ARGV[2]) end
+    end
+  elseif known == 0 then  -- alone, and first: the record a replica that joins will see
+    local shares, ids = {}, {}
+    share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), 0, share_now())
     redis.call('HSET', KEYS[5], ARGV[2], share_encode(shares[ARGV[2]]))
   end
+  -- alone and known: nothing to share, nothing to write (its record is refreshed once another
+  -- replica joins, whose first fetch wakes it)
 end
 
 while want > 0 do

@@ -39,17 +39,18 @@ end
 -- How many of ``available`` entries ``me`` may take; ``shares`` and ``ids`` updated in place.
 local function share_grant(shares, ids, me, consumers, credit, available, now)
   local mine = shares[me]
-  if not mine then
+  local new = mine == nil
+  if new then
     mine = {k = 0, w = 0, t = 0, cur = 0, at = 0, since = 0}
     shares[me] = mine
     ids[#ids + 1] = me
     table.sort(ids)
   end
-  mine.k, mine.w, mine.at = consumers, credit, now
   if not share_others(shares, me) then
-    mine.t, mine.cur = 0, 0
+    if new then mine.k, mine.w, mine.at = consumers, credit, now end
     return credit
   end
+  mine.k, mine.w, mine.at = consumers, credit, now
   for _, id in ipairs(ids) do
     local s = shares[id]
     if id ~= me and s.t > 0 and now - s.since > LAPSE_MS and now - s.at > LAPSE_MS then
