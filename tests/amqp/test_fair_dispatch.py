@@ -9,6 +9,7 @@ also counts where each message went (none lost, none twice).
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,10 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from amqpclient import Capabilities, connect
+import redis
+from amqpclient import Capabilities, connect, receive_all, receiver, send_all
 from jmswire import JmsSource
 from loadclient import ConsumerSpec, ProducerSpec
-from processes import BrokerProcess, RedisServer
+from processes import BrokerProcess, RedisServer, wait_for
 from proton.reactor import LinkOption
 from shareclient import ShareRun
 
@@ -180,3 +182,29 @@ def _row_when(
         if done(row) or time.monotonic() > deadline:
             return row
         time.sleep(0.2)
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_that_stops_answering_holds_back_nothing(
+    start_broker: Callable[..., BrokerProcess], redis_server: RedisServer, address: str
+) -> None:
+    long_lease = {'SHOAL_LEASE_SECONDS': '60'}  # not reaped: only the lapse lets go of it
+    producing, hung = start_broker(env=long_lease), start_broker(env=long_lease)
+    there = connect(hung.url)
+    receiver(there, address, credit=100)  # a consumer on the replica about to hang
+    here = connect(producing.url)
+    rcv = receiver(here, address, credit=100)
+    client = redis.Redis.from_url(redis_server.url)
+    shares = f'shoal:{{a:{address}}}:share:queue'
+    wait_for(lambda: client.hexists(shares, hung.replica_id), 10, 'its sharing record')
+    os.kill(hung.pid, signal.SIGSTOP)
+    try:
+        send_all(here, address, range(20))
+        # what was set aside for the hung replica lapses, and it gets nothing more meanwhile
+        got = receive_all(rcv, 20, timeout=15)
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+        client.close()
+    assert sorted(m.body for m in got) == list(range(20))
+    here.close()
+    there.close()

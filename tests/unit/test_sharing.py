@@ -132,8 +132,12 @@ def test_a_reservation_nobody_collects_lapses() -> None:
     model.now += LAPSE_MS  # not yet: b may still come
     assert model.fetch('a') == 0
     model.now += 1
-    assert model.fetch('a') == 5  # b's 10 lapsed and were shared out again
-    assert model.shares['b'].reserved == 5
+    assert model.fetch('a') == 10  # b's 10 lapsed, and b is away until it fetches again
+    model.available = 10
+    assert model.fetch('a') == 10
+    model.fetch('b')  # back
+    model.available = 10
+    assert model.fetch('a') == 5
 
 
 def test_a_replica_collects_its_reservation_however_late_as_far_as_its_credit_goes() -> None:

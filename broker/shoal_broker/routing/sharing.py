@@ -16,7 +16,8 @@ fetching replica only its share of what is available:
 - the fetching replica takes its reservation, as far as its credit goes, and gives up the rest;
   the others' reservations wait for them (they are woken by the same notification);
 - a reservation nobody collects lapses: when both it and its replica's last fetch are older than
-  ``LAPSE_MS``, it goes back to everyone, so a hung replica holds nothing for long.
+  ``LAPSE_MS``, it goes back to everyone and the replica counts as having no free credit until
+  its next fetch, so a hung or dead replica holds nothing for long.
 
 Free credit counts each consumer's prefetch, so more consumers, or consumers with more room, get
 more; a consumer that holds everything it was given (slow to settle) has no free credit and gets
@@ -78,7 +79,8 @@ def grant(
             and now_ms - share.reserved_ms > LAPSE_MS
             and now_ms - share.fetched_ms > LAPSE_MS
         ):
-            share.reserved = 0  # lapsed: its replica did not come for it
+            # lapsed: its replica did not come for it, so it is away until it fetches again
+            share.reserved = share.credit = 0
     left = max(available, 0)
     for replica in [me, *(r for r in ordered if r != me)]:  # more reserved than there is
         share = shares[replica]

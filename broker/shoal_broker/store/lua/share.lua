@@ -54,7 +54,7 @@ local function share_grant(shares, ids, me, consumers, credit, available, now)
   for _, id in ipairs(ids) do
     local s = shares[id]
     if id ~= me and s.t > 0 and now - s.since > LAPSE_MS and now - s.at > LAPSE_MS then
-      s.t = 0
+      s.t, s.w = 0, 0
     end
   end
   local left = math.max(available, 0)
