@@ -169,6 +169,8 @@ def test_shoal_shows_each_replicas_consumers_and_share_of_the_deliveries(
     assert sum(delivered.values()) == 50
     assert set(delivered) == {one.replica_id, two.replica_id}
     assert all(0.35 <= n / 50 <= 0.65 for n in delivered.values()), delivered
+    gone = _row_when(redis_server, command, address, lambda r: not r['consumers'])
+    assert gone['consumers'] == {}  # each replica left the sharing with its last consumer
 
 
 def _row_when(

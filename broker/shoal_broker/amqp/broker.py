@@ -1092,12 +1092,13 @@ class Broker:
         self._loop.call_later(delay, sub.check_share)
 
     def leave_sharing(self, sub: LocalSubscription) -> None:
-        """The subscription's last consumer here left: out of its sharing between replicas."""
-        self.spawn(self._leave_sharing(sub.address, sub.group))
+        """The subscription's last consumer here left: out of its sharing between replicas
+        (queued now, so a consumer attaching right after registers again behind it)."""
+        self.spawn(self._quietly(self.store.leave_sharing(sub.address, sub.group)))
 
-    async def _leave_sharing(self, address: str, group: str) -> None:
+    async def _quietly(self, done: Awaitable[None]) -> None:
         with contextlib.suppress(BrokerError):
-            await self.store.leave_sharing(address, group)
+            await done
 
     # -- browsers ------------------------------------------------------------------------------
 
