@@ -2,9 +2,10 @@
 ``shoal``: look at what a Shoal cluster holds, straight from its Redis.
 
 Every broker replica is stateless, so this reads Redis (through the read-only
-:mod:`shoal_broker.store.inspect`) rather than asking a broker: it lists addresses, queues with
-their backlog, named JMS subscriptions with their consumers per replica and backlog, and the
-ClientIDs held. Human output is an aligned table; ``--json`` prints a JSON array of objects.
+:mod:`shoal_broker.store.inspect`) rather than asking a broker: it lists addresses, queues and
+named JMS subscriptions with their backlog, consumers per replica and each replica's share of the
+deliveries (so a replica whose consumers get nothing shows), and the ClientIDs held. Human
+output is an aligned table; ``--json`` prints a JSON array of objects.
 
 Exit codes: 0 listed, 1 Redis unreachable or refusing, 2 usage (including no Redis URL).
 """
@@ -41,6 +42,14 @@ def _consumers(per_replica: dict[str, int]) -> str:
     return ','.join(f'{replica}={n}' for replica, n in per_replica.items())
 
 
+def _shares(delivered: dict[str, int]) -> str:
+    """Each replica's share of the deliveries, in whole percent."""
+    total = sum(delivered.values())
+    return ','.join(
+        f'{replica}={round(100 * n / total)}%' for replica, n in delivered.items() if total
+    )
+
+
 TABLES: dict[str, Columns] = {
     'addresses': [('NAME', lambda r: r.name), ('KIND', lambda r: r.kind)],
     'queues': [
@@ -48,6 +57,8 @@ TABLES: dict[str, Columns] = {
         ('BACKLOG', lambda r: r.backlog),
         ('READY', lambda r: r.ready),
         ('IN-FLIGHT', lambda r: r.in_flight),
+        ('CONSUMERS', lambda r: _consumers(r.consumers)),
+        ('DELIVERED', lambda r: _shares(r.delivered)),
     ],
     'subscriptions': [
         ('NAME', lambda r: r.name),
@@ -55,6 +66,7 @@ TABLES: dict[str, Columns] = {
         ('NAMESPACE', lambda r: r.namespace),
         ('TOPIC', lambda r: r.topic),
         ('CONSUMERS', lambda r: _consumers(r.consumers)),
+        ('DELIVERED', lambda r: _shares(r.delivered)),
         ('BACKLOG', lambda r: r.backlog),
         ('NO-LOCAL', lambda r: 'yes' if r.no_local else 'no'),
         ('SELECTOR', lambda r: r.selector),
@@ -83,8 +95,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest='command', required=True, metavar='COMMAND')
     helps = {
         'addresses': 'every address and its kind (queue or topic)',
-        'queues': 'queues with their backlog (ready + in flight)',
-        'subscriptions': 'named JMS subscriptions: kind, namespace, selector, consumers, backlog',
+        'queues': 'queues: backlog (ready + in flight), consumers and delivered share per replica',
+        'subscriptions': 'named JMS subscriptions: kind, namespace, selector, consumers and '
+        'delivered share per replica, backlog',
         'clients': 'JMS ClientIDs held, and by which replica and connection',
     }
     sub.add_parser('user', help='add a user to a users file (shoal user add --help)')

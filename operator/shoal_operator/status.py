@@ -77,10 +77,28 @@ def subscription_live(sub: SharedSubscription, state: EntityState, now: datetime
     consumers: dict[str, Any] = {'active': state.consumers, 'replicas': state.consumer_replicas}
     if sub.max_consumers is not None:
         consumers['max'] = sub.max_consumers
+    if state.consumers_per_replica or state.delivered:
+        consumers['perReplica'] = per_replica(state)
     return {
         'consumers': consumers,
         'backlog': _backlog(state, now),
     }
+
+
+def per_replica(state: EntityState) -> list[dict[str, Any]]:
+    """Each replica's consumers and share of the deliveries, so a replica whose consumers get
+    nothing shows."""
+    total = sum(state.delivered.values())
+    replicas = sorted(set(state.consumers_per_replica) | set(state.delivered))
+    return [
+        {
+            'replica': replica,
+            'consumers': state.consumers_per_replica.get(replica, 0),
+            'delivered': state.delivered.get(replica, 0),
+            'deliveredShare': round(state.delivered.get(replica, 0) / total, 3) if total else 0.0,
+        }
+        for replica in replicas
+    ]
 
 
 def queue_live(queue: Queue, state: EntityState, now: datetime.datetime) -> dict[str, Any]:

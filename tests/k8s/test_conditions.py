@@ -229,3 +229,16 @@ def test_the_escape_hatches_release_a_finalizer_without_touching_redis() -> None
         provisioning.escape_hatch(waiting, T0 + datetime.timedelta(seconds=600))
         is provisioning.Release.REDIS_TIMEOUT
     )
+
+
+def test_the_live_status_shows_each_replicas_consumers_and_share_of_the_deliveries() -> None:
+    state = EntityState(exists=True, consumers=2, consumer_replicas=1,
+                        consumers_per_replica={'replica-a': 2},
+                        delivered={'replica-a': 30, 'replica-b': 10})  # fmt: skip
+    live = status.subscription_live(subscription(), state, T0)
+    assert live['consumers']['perReplica'] == [
+        {'replica': 'replica-a', 'consumers': 2, 'delivered': 30, 'deliveredShare': 0.75},
+        {'replica': 'replica-b', 'consumers': 0, 'delivered': 10, 'deliveredShare': 0.25},
+    ]
+    idle = status.subscription_live(subscription(), EntityState(exists=True), T0)
+    assert 'perReplica' not in idle['consumers']

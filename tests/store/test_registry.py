@@ -85,6 +85,28 @@ async def test_an_app_created_subscription_is_adopted_and_another_owner_is_refus
         await registry.declare_subscription(declared(topic, owner='other/sub'), recreate=False)
 
 
+async def test_the_state_counts_deliveries_per_replica_from_their_metric_records(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    declaration = declared(topic)
+    await registry.declare_subscription(declaration, recreate=False)
+    key = declaration.key
+    await store.join_subscription(SubscriptionSpec(key=key, shared=True, topic=topic), 'c1', 0)
+
+    def record(replica: str, delivered: int, subscription: str = key.id) -> dict[str, str]:
+        fields = {'address': topic, 'subscription': subscription, 'replica': replica}
+        return {**fields, 'delivered': str(delivered)}
+
+    await store.append_records(
+        [record('replica-a', 30), record('replica-b', 10), record('replica-a', 5, 'private')],
+        max_length=1000,
+    )
+    await store.append_records([record('replica-a', 7), record('replica-b', 0)], max_length=1000)
+    state = await registry.subscription_state(key)
+    assert state.delivered == {'replica-a': 37, 'replica-b': 10}
+    assert list(state.consumers_per_replica.values()) == [1]  # this store's replica
+
+
 async def test_removal_waits_for_consumers_and_if_asked_for_an_empty_backlog(
     registry: Registry, store: RedisStore, topic: str
 ) -> None:

@@ -1101,6 +1101,18 @@ class Broker:
     def schedule_park_check(self, sub: LocalSubscription, delay: float) -> None:
         self._loop.call_later(delay, sub.return_parked)
 
+    def schedule_share_check(self, sub: LocalSubscription, delay: float) -> None:
+        self._loop.call_later(delay, sub.check_share)
+
+    def leave_sharing(self, sub: LocalSubscription) -> None:
+        """The subscription's last consumer here left: out of its sharing between replicas
+        (queued now, so a consumer attaching right after registers again behind it)."""
+        self.spawn(self._quietly(self.store.leave_sharing(sub.address, sub.group)))
+
+    async def _quietly(self, done: Awaitable[None]) -> None:
+        with contextlib.suppress(BrokerError):
+            await done
+
     # -- browsers ------------------------------------------------------------------------------
 
     def add_browser(self, browser: BrowserLink) -> None:

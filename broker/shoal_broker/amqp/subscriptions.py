@@ -13,35 +13,42 @@ notification, a release, a reclaim, a commit) kicks the subscription. Clients to
 they consume, so at a trickle this saved an empty fetch per message (docs/benchmarks.md,
 sitting J).
 
-Drain (jms-amqp-facts §6.3): when a fetch comes back short, the store had nothing more, so every
-consumer that asked to drain is answered with ``drained`` (credit consumed, flow sent), even when
-nothing was sent.
+Sharing between replicas (docs/architecture.md): when other replicas have consumers of the
+subscription too, a fetch hands this replica only its share, in proportion to free credit
+(``routing/sharing.py``); the rest is reserved for the others. A fetch that comes back short with
+entries left is not the store running dry: nothing is handed over or sent ahead (``shared``),
+and this replica fetches again when something is announced, credit comes, or the others'
+reservations could have lapsed (``check_share``).
+
+Drain (jms-amqp-facts §6.3): when a fetch comes back short, the store had nothing more for this
+replica, so every consumer that asked to drain is answered with ``drained`` (credit consumed,
+flow sent), even when nothing was sent.
 
 Hand-over (``take``): an at-most-once message (sent pre-settled, no expiry, no delivery delay)
-published on this replica to a queue whose local consumers are all pre-settled and unfiltered
-never needs Redis when the queue has nothing stored for them: it goes straight to a consumer with
-credit. Nobody can settle, release or redeliver it, so Redis would have held it only to hand it
-back (5.5 µs of Redis and 1.7 µs of broker CPU per message, docs/benchmarks.md, session 11). The
-one rule that keeps this faithful is order: a message is handed over only when nothing this
-replica stored for the queue is still unread, which a short fetch with nothing announced since
-proves (``_exhausted``). While a fetch is in flight such messages wait here behind it, and go
-out after what it returns; with no credit left they wait for credit, ``hold_seconds`` at most
-(``SHOAL_HANDOVER_HOLD_SECONDS``, 0.1 s; ``_held``, bounded by MAX_HELD and MAX_HELD_BYTES).
-Anything that would break the rule (a message that must be stored, consumers that change or all
-leave, a fetch that fails or leaves more behind it, the wait running out) sends the held messages
-to the store first, in order, as if they had never been held (``spill``). Under a closed-loop
-load whose consumer's credit runs out now and then, the wait for credit is what keeps the stream
-of messages on this path: with only the wait behind a fetch, 82 % of them ended up stored.
-``SHOAL_HANDOVER=false`` turns the hand-over off.
+published on this replica to a queue whose local consumers are all pre-settled and unfiltered (and
+its only consumers cluster-wide) never needs Redis when the queue has nothing stored for them: it
+goes straight to a consumer with credit. Nobody can settle, release or redeliver it, so Redis would
+have held it only to hand it back (5.5 µs of Redis and 1.7 µs of broker CPU per message,
+docs/benchmarks.md, session 11). The one rule that keeps this faithful is order: a message is
+handed over only when nothing this replica stored for the queue is still unread, which a short
+fetch with nothing announced since proves (``_exhausted``). While a fetch is in flight such
+messages wait here behind it, and go out after what it returns; with no credit left they wait for
+credit, ``hold_seconds`` at most (``SHOAL_HANDOVER_HOLD_SECONDS``, 0.1 s; ``_held``, bounded by
+MAX_HELD and MAX_HELD_BYTES). Anything that would break the rule (a message that must be stored,
+consumers that change or all leave, a fetch that fails or leaves more behind it, the wait running
+out) sends the held messages to the store first, in order, as if they had never been held
+(``spill``). Under a closed-loop load whose consumer's credit runs out now and then, the wait for
+credit is what keeps the stream of messages on this path: with only the wait behind a fetch, 82 %
+of them ended up stored. ``SHOAL_HANDOVER=false`` turns the hand-over off.
 
 Sending ahead (``ahead``): an at-least-once message published here to a queue whose local
-consumers all settle and are unfiltered goes to a consumer with credit before Redis has it, under
-the same rule of order (``_exhausted``, no fetch in flight, nothing parked), while the store
-appends it and claims it for this replica in one script (``RedisStore.claim_then``). Redis leaves
-the path from producer to consumer, which is what the latency at a trickle was made of; the
-producer is still answered only once Redis has the message, and what the consumer decides before
-the entry has an id waits on the delivery (``links.Ahead``). ``SHOAL_DELIVER_AHEAD=false`` turns
-it off.
+consumers all settle and are unfiltered (and are its only consumers cluster-wide) goes to a
+consumer with credit before Redis has it, under the same rule of order (``_exhausted``, no
+fetch in flight, nothing parked), while the store appends it and claims it for this replica in
+one script (``RedisStore.claim_then``). Redis leaves the path from producer to consumer, which is
+what the latency at a trickle was made of; the producer is still answered only once Redis has the
+message, and what the consumer decides before the entry has an id waits on the delivery
+(``links.Ahead``). ``SHOAL_DELIVER_AHEAD=false`` turns it off.
 """
 
 import logging
@@ -52,7 +59,8 @@ from shoal_broker.amqp.engine import lib
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
 from shoal_broker.errors import BrokerError
 from shoal_broker.routing.policies import EntityPolicy
-from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
+from shoal_broker.routing.sharing import LAPSE_MS
+from shoal_broker.routing.storage import QUEUE_GROUP, Entry, Fetched, OutgoingMessage
 from shoal_broker.settings import RoutingSettings
 
 if TYPE_CHECKING:
@@ -91,6 +99,15 @@ again, the next fetch handed out newer entries first (tests/security/test_limits
 runs on a busy 2-vCPU VM, session 11). Parked, it goes out first when credit comes back."""
 
 
+SHARE_CHECK_SECONDS = LAPSE_MS / 1000 + 0.1
+"""After a fetch that left entries reserved for other replicas, when to look again: by then a
+reservation its replica did not collect has lapsed, and this replica may take it."""
+
+PRIVATE_GROUP_PREFIX = 'nd:'
+"""A plain topic subscriber's own consumer group (``attach.py``): only its replica reads it, so
+it stays out of the sharing between replicas."""
+
+
 class LocalSubscription:
     def __init__(self, broker: 'Broker', address: str, group: str) -> None:
         self.broker = broker
@@ -126,6 +143,12 @@ class LocalSubscription:
         self._held: list[Held] = []
         self._held_bytes = 0
         self._held_since = 0.0
+        self.private = group.startswith(PRIVATE_GROUP_PREFIX)
+        self.shared = False
+        """The last fetch found consumers of the subscription on other replicas: every message
+        goes through the store, where the sharing rule (``routing/sharing.py``) decides which
+        replica takes it, so nothing is handed over or sent ahead here."""
+        self._share_check = False
 
     def apply(self, policy: EntityPolicy, defaults: RoutingSettings) -> None:
         """Take the declared policy (looked up once here, not per message), falling back to the
@@ -154,6 +177,8 @@ class LocalSubscription:
         self._consumers_changed()
         if not self.consumers:
             self.spill()  # behind the fetch in flight: what it returns is given back first
+            if not self.private:
+                self.broker.leave_sharing(self)
         if self._parked and not self.consumers:
             self.return_parked(everything=True)
         elif self._parked:
@@ -182,6 +207,7 @@ class LocalSubscription:
         the next message comes."""
         if (
             self.sends_ahead
+            and not self.shared
             and self._exhausted
             and not self.claims
             and not self._fetching
@@ -209,6 +235,7 @@ class LocalSubscription:
         hold it until it may go; False when it must be stored (see the module doc)."""
         if (
             not self.hands_over
+            or self.shared
             or self._parked
             or len(self._held) >= MAX_HELD
             or self._held_bytes >= MAX_HELD_BYTES
@@ -262,7 +289,7 @@ class LocalSubscription:
     def _hand_held(self) -> None:
         """Nothing stored is unread: the held messages go out as credit allows; the rest wait for
         more (``hold_seconds`` at most)."""
-        if not self.hands_over or self._parked:
+        if not self.hands_over or self.shared or self._parked:
             self.spill()
             return
         held = self._held
@@ -286,6 +313,13 @@ class LocalSubscription:
             self._held_since = time.monotonic()
             self.broker.schedule_spill(self, self.hold_seconds)
 
+    def check_share(self) -> None:
+        """Look again after leaving entries to other replicas: what they did not come for has
+        lapsed by now."""
+        self._share_check = False
+        if self.consumers and not self._exhausted:
+            self.kick()
+
     def on_notify(self, address: str) -> None:
         self.kick()
 
@@ -308,7 +342,8 @@ class LocalSubscription:
             self._deliver_parked()
             if len(self._parked) >= MAX_PARKED:
                 return  # nothing here wants what we hold: stop taking more until it goes back
-        want = min(sum(c.credit() for c in self.consumers), MAX_FETCH)
+        credit = sum(c.credit() for c in self.consumers)
+        want = min(credit, MAX_FETCH)
         if want <= 0:
             return
         self._fetching = True
@@ -318,11 +353,11 @@ class LocalSubscription:
             self.group,
             want,
             lambda entries, error: self._fetched(entries, error, want),
+            0 if self.private else len(self.consumers),
+            credit,
         )
 
-    def _fetched(
-        self, entries: 'Sequence[Entry] | None', error: BrokerError | None, asked: int
-    ) -> None:
+    def _fetched(self, entries: Fetched | None, error: BrokerError | None, asked: int) -> None:
         self._fetching = False
         if entries is None:
             # Redis unavailable, or its reply lost: what it may have handed to us is recovered
@@ -334,12 +369,21 @@ class LocalSubscription:
             self.broker.schedule_recovery(self, self.retry_delay)
             return
         self.retry_delay = 0.0
+        self.shared = entries.shared
         if entries:
             self._deal(entries)
         if len(entries) >= asked or self._again:
             self.kick()  # held messages wait behind this next fetch, or go to the store
             if self._held and not self._fetching:
                 self.spill()
+        elif entries.left > 0:
+            # the rest is other replicas' share (they were woken for it): not fetched again
+            # until something is announced, credit comes, or their reservations lapse
+            self.spill()
+            self._finish_drains()
+            if not self._share_check:
+                self._share_check = True
+                self.broker.schedule_share_check(self, SHARE_CHECK_SECONDS)
         else:
             self._exhausted = True
             if self._held:

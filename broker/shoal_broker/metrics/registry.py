@@ -113,8 +113,12 @@ _RECORD_BUCKET = (
 """Prometheus bucket index (``LATENCY_BUCKETS`` then +Inf) -> ``records.LATENCY_BOUNDS`` index."""
 
 
+PRIVATE_LABEL = 'private'
+"""The ``subscription`` label of every plain topic subscriber's private group."""
+
+
 def subscription_label(group: str) -> str:
-    return 'private' if group.startswith('nd:') else group
+    return PRIVATE_LABEL if group.startswith('nd:') else group
 
 
 class Counters:

@@ -57,6 +57,24 @@ class Entry:
         return (self.band, self.id)
 
 
+class Fetched(list[Entry]):
+    """A fetch's entries, and what the sharing between replicas (``routing/sharing.py``) left
+    behind for other replicas' consumers."""
+
+    __slots__ = ('left',)
+
+    def __init__(self, entries: Iterable[Entry] = (), left: int = -1) -> None:
+        super().__init__(entries)
+        self.left = left
+        """Entries left for other replicas (reserved for them, or more than this replica's credit
+        could take); -1 when no other replica has consumers of the subscription."""
+
+    @property
+    def shared(self) -> bool:
+        """Other replicas have consumers of the subscription."""
+        return self.left >= 0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class BrowseCursor:
     """Where a queue browser stands in each band: the last entry id it was shown."""
@@ -137,9 +155,19 @@ class MessageStore(Protocol):
         """Hold a message (JMS delivery delay) until ``due_ms``; then it is published."""
         ...
 
-    def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
+    def fetch(
+        self, address: str, group: str, count: int, consumers: int = 0, credit: int = 0
+    ) -> Awaitable[Fetched]:
         """Hand up to ``count`` entries of a subscription to this replica: returned ones first,
-        then new ones, high band before normal."""
+        then new ones, high band before normal. ``consumers`` is how many consumers of it this
+        replica has and ``credit`` their free credit (0: ``count``): with other replicas serving
+        it too, this replica gets its share (``routing/sharing.py``); no consumers leaves it out
+        of the sharing (a group no other replica reads)."""
+        ...
+
+    def leave_sharing(self, address: str, group: str) -> Awaitable[None]:
+        """This replica has no consumers of the subscription any more: it leaves the sharing
+        (what was reserved for it goes back to the others)."""
         ...
 
     def can_claim(self, address: str) -> bool:
@@ -165,7 +193,9 @@ class MessageStore(Protocol):
         address: str,
         group: str,
         count: int,
-        callback: Callable[[Sequence[Entry] | None, BrokerError | None], None],
+        callback: Callable[[Fetched | None, BrokerError | None], None],
+        consumers: int = 0,
+        credit: int = 0,
     ) -> None:
         """``fetch`` for the per-message path: ``callback(entries, None)`` or ``callback(None,
         error)`` as the replies are read, not a loop turn later through a future."""

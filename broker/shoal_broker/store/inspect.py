@@ -84,6 +84,12 @@ class QueueInfo:
     in_flight: int
     oldest_ms: int | None = None
     """Enqueue time (ms since the epoch) of the oldest message not consumed yet."""
+    consumers: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Consumers per replica id, as each replica last recorded them in the queue's sharing
+    (``AddressKeys.shares``)."""
+    delivered: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Messages each replica delivered (``AddressKeys.delivered``; counted at each replica's
+    metric interval)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,6 +117,9 @@ class SubscriptionInfo:
     in_flight: int
     oldest_ms: int | None = None
     """Enqueue time (ms since the epoch) of the oldest message not consumed yet."""
+    delivered: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Messages each replica delivered (``AddressKeys.delivered``; counted at each replica's
+    metric interval)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -171,11 +180,49 @@ class Inspector:
 
     async def queues(self) -> list[QueueInfo]:
         names = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
-        found = await self._backlogs([(name, keys.QUEUE_GROUP) for name in names])
+        groups = [(name, keys.QUEUE_GROUP) for name in names]
+        found = await self._backlogs(groups)
+        per_replica = await self._per_replica(groups)
         return [
-            QueueInfo(name, b.backlog, b.ready, b.in_flight, b.oldest_ms)
-            for name, b in zip(names, found, strict=True)
+            QueueInfo(
+                name,
+                b.backlog,
+                b.ready,
+                b.in_flight,
+                oldest_ms=b.oldest_ms,
+                consumers=consumers,
+                delivered=delivered,
+            )
+            for name, b, (consumers, delivered) in zip(names, found, per_replica, strict=True)
         ]
+
+    async def _per_replica(
+        self, groups: list[tuple[str, str]]
+    ) -> list[tuple[dict[str, int], dict[str, int]]]:
+        """For each (address, group): consumers per replica as recorded in its sharing, and
+        messages delivered per replica."""
+        pipe = self._client.pipeline(transaction=False)
+        for address, group in groups:
+            k = keys.AddressKeys.of(address)
+            pipe.hgetall(k.shares(group))
+            pipe.hgetall(k.delivered(group))
+        replies = await self._call(pipe.execute())
+        found = []
+        for i in range(len(groups)):
+            shares, delivered = replies[2 * i], replies[2 * i + 1]
+            consumers = {
+                _text(replica): int(_text(record).split(' ', 1)[0])
+                for replica, record in shares.items()
+            }
+            found.append((
+                {r: n for r, n in sorted(consumers.items()) if n > 0},
+                {_text(r): int(n) for r, n in sorted(delivered.items())},
+            ))  # fmt: skip
+        return found
+
+    async def delivered(self, address: str, group: str) -> dict[str, int]:
+        """Messages each replica delivered for one consumer group."""
+        return (await self._per_replica([(address, group)]))[0][1]
 
     async def subscriptions(self) -> list[SubscriptionInfo]:
         ids = sorted(str(i) for i in await self._call(self._client.smembers(keys.SUBSCRIPTIONS)))
@@ -190,8 +237,13 @@ class Inspector:
             definition, consumers = replies[2 * i], replies[2 * i + 1]
             if definition:  # removed between SMEMBERS and HGETALL
                 rows.append((subscription_id, definition, consumers))
-        backlogs = await self._backlogs([(d.get('topic', ''), sid) for sid, d, _ in rows])
-        return [_subscription(sid, d, c, b) for (sid, d, c), b in zip(rows, backlogs, strict=True)]
+        groups = [(d.get('topic', ''), sid) for sid, d, _ in rows]
+        backlogs = await self._backlogs(groups)
+        per_replica = await self._per_replica(groups)
+        return [
+            _subscription(sid, d, c, b, delivered)
+            for (sid, d, c), b, (_, delivered) in zip(rows, backlogs, per_replica, strict=True)
+        ]
 
     async def backlog(self, address: str, group: str) -> GroupBacklog:
         """What one consumer group of an address has not consumed yet."""
@@ -282,6 +334,7 @@ def _subscription(
     definition: Mapping[str, str],
     consumers: Mapping[str, str],
     backlog: GroupBacklog,
+    delivered: dict[str, int],
 ) -> SubscriptionInfo:
     shared = definition.get('shared') == '1'
     durable = definition.get('durable') == '1'
@@ -309,6 +362,7 @@ def _subscription(
         ready=backlog.ready,
         in_flight=backlog.in_flight,
         oldest_ms=backlog.oldest_ms,
+        delivered=delivered,
     )
 
 

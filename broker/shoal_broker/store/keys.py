@@ -105,6 +105,18 @@ class AddressKeys:
         """ZSET (all scores 0, ordered by member) ``<band>|<padded id>`` of returned entries."""
         return f'{self.tag}:ret:{group}'
 
+    def shares(self, group: str) -> str:
+        """HASH replica id -> its record in the sharing of the group between replicas
+        (``routing/sharing.py``, ``lua/share.lua``): consumers, free credit, reserved entries,
+        round-robin counter, last fetch and reservation times (ms)."""
+        return f'{self.tag}:share:{group}'
+
+    def delivered(self, group: str) -> str:
+        """HASH replica id -> messages it delivered for the group since the group exists, added
+        from each replica's metric records (``RedisStore.append_records``): the per-replica
+        share the CLI and the operator show."""
+        return f'{self.tag}:delivered:{group}'
+
     def delivery_counts(self, group: str) -> str:
         """HASH ``<band>|<id>`` -> failed delivery attempts, for entries with at least one."""
         return f'{self.tag}:dc:{group}'

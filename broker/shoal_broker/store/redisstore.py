@@ -39,7 +39,7 @@ from shoal_broker.errors import (
     StoreFull,
     StoreUnavailable,
 )
-from shoal_broker.metrics.registry import REDIS_ROUND_TRIP
+from shoal_broker.metrics.registry import PRIVATE_LABEL, REDIS_ROUND_TRIP
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import (
@@ -47,6 +47,7 @@ from shoal_broker.routing.storage import (
     BrowseCursor,
     ClaimCallback,
     Entry,
+    Fetched,
     JoinOutcome,
     Notify,
     OutgoingMessage,
@@ -246,6 +247,8 @@ class RedisStore:
         self._pending_tasks: set[asyncio.Future[None]] = set()
         self._closed = False
         self._bulk_fetches: set[tuple[str, str]] = set()
+        self._shared: set[tuple[str, str]] = set()
+        """(address, group) whose last fetch found other replicas serving it too."""
         """(address, group) whose last fetch was big and found nothing returned or high-band."""
         self._address_backlogs: dict[str, tuple[int, str]] = {}
         """Declared queues' own backlog limits (``retention.maxMessages``), over ``_backlog``."""
@@ -628,6 +631,11 @@ class RedisStore:
         self._queued.append(op)
         self._wakeup.set()
 
+    def leave_sharing(self, address: str, group: str) -> Awaitable[None]:
+        self._shared.discard((address, group))
+        shares = keys.AddressKeys.of(address).shares(group)
+        return self._queue([('HDEL', shares, self._replica_id)], _no_result)
+
     def can_claim(self, address: str) -> bool:
         """Whether ``claim_then`` may take a message to ``address``: not when the address has a
         backlog limit, which could refuse it after a consumer has it."""
@@ -691,46 +699,61 @@ class RedisStore:
                 await self.announce(address)
         return moved_total
 
-    def fetch(self, address: str, group: str, count: int) -> Awaitable[Sequence[Entry]]:
-        return self._queue(*self._fetch_op(address, group, count))
+    def fetch(
+        self, address: str, group: str, count: int, consumers: int = 0, credit: int = 0
+    ) -> Awaitable[Fetched]:
+        return self._queue(*self._fetch_op(address, group, count, consumers, credit or count))
 
     def fetch_then(
         self,
         address: str,
         group: str,
         count: int,
-        callback: Callable[[Sequence[Entry] | None, BrokerError | None], None],
+        callback: Callable[[Fetched | None, BrokerError | None], None],
+        consumers: int = 0,
+        credit: int = 0,
     ) -> None:
-        commands, finish = self._fetch_op(address, group, count)
+        commands, finish = self._fetch_op(address, group, count, consumers, credit or count)
         self._queued.append(_Op(commands, finish, None, None, False, None, (), callback))
         self._wakeup.set()
 
     def _fetch_op(
-        self, address: str, group: str, count: int
-    ) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], list[Entry]]]:
+        self, address: str, group: str, count: int, consumers: int, credit: int
+    ) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], Fetched]]:
         """The commands of one fetch and what makes entries of their replies. A subscription
         fetching in bulk (BULK_FETCH_ENTRIES) has its normal band read by a plain XREADGROUP:
         handed back through Lua, an entry costs Redis ~3 µs more (docs/benchmarks.md, session
-        5). At a trickle one EVALSHA stays cheaper."""
+        5). At a trickle one EVALSHA stays cheaper. A subscription other replicas serve too is
+        never read in bulk: only the script knows this replica's share."""
         k = keys.AddressKeys.of(address)
-        script_keys = (*k.streams, k.returned(group), k.delivery_counts(group))
+        script_keys = (
+            *k.streams, k.returned(group), k.delivery_counts(group), k.shares(group)
+        )  # fmt: skip
         subscription = (address, group)
-        if subscription in self._bulk_fetches:
+        sharing = (consumers, credit, k.notify)
+        if subscription in self._bulk_fetches and subscription not in self._shared:
             # fetch.lua takes returned and high-band entries; the normal band is read directly.
             # The script goes as source: if Redis had forgotten it, a retry would send the
             # XREADGROUP again, stranding what the first one claimed.
             commands = [
-                ('EVAL', self._source['fetch'], 4, *script_keys,
-                 group, self._replica_id, count, '0'),
+                ('EVAL', self._source['fetch'], 5, *script_keys,
+                 group, self._replica_id, count, '0', *sharing),
                 ('XREADGROUP', 'GROUP', group, self._replica_id, 'COUNT', count,
                  'STREAMS', k.streams[NORMAL_BAND], '>'),
             ]  # fmt: skip
         else:
-            commands = [self._script('fetch', script_keys, (group, self._replica_id, count, '1'))]
+            commands = [
+                self._script('fetch', script_keys, (group, self._replica_id, count, '1', *sharing))
+            ]
 
-        def finish(replies: list[Any]) -> list[Entry]:
+        def finish(replies: list[Any]) -> Fetched:
             head = replies[0]
-            entries = _entries(head, 1)
+            entries = Fetched(_entries(head, 2), int(head[1]))
+            if entries.shared:
+                if len(self._shared) < MAX_BULK_FETCHES:
+                    self._shared.add(subscription)
+            else:
+                self._shared.discard(subscription)
             if len(replies) > 1:
                 new = _new_entries(replies[1])
                 if not head[0]:
@@ -866,7 +889,8 @@ class RedisStore:
         groups = [as_text(g) for g in await self._call(self._client.smembers(k.groups))]
         doomed = [*k.streams, k.groups]
         for group in groups:
-            doomed += [k.returned(group), k.delivery_counts(group)]
+            doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),
+                       k.delivered(group)]  # fmt: skip
         await self._call(self._client.delete(*doomed))
         await self._call(self._client.hdel(keys.ADDRESSES, address))
         self._kinds.pop(address, None)
@@ -878,17 +902,27 @@ class RedisStore:
 
     async def delete_subscription(self, address: str, group: str) -> None:
         k = keys.AddressKeys.of(address)
-        script_keys = (*k.streams, k.groups, k.returned(group), k.delivery_counts(group))
+        script_keys = (
+            *k.streams, k.groups, k.returned(group), k.delivery_counts(group), k.shares(group),
+            k.delivered(group),
+        )  # fmt: skip
         await self._call(self._evalsha('delete_group', script_keys, (group,)))
 
     async def append_records(self, records: Sequence[Mapping[str, str]], max_length: int) -> None:
-        """Append metric records to the metrics stream, trimmed to about ``max_length``."""
+        """Append metric records to the metrics stream, trimmed to about ``max_length``, and add
+        each queue's and named subscription's deliveries to its per-replica total
+        (``AddressKeys.delivered``)."""
         if not records:
             return
         pipe = self._client.pipeline(transaction=False)
         for fields in records:
             entry: dict[Any, Any] = dict(fields)
             pipe.xadd(keys.METRICS, entry, maxlen=max_length, approximate=True)
+            delivered = int(fields.get('delivered') or 0)
+            group = fields.get('subscription', '')
+            if delivered and group and group != PRIVATE_LABEL:
+                totals = keys.AddressKeys.of(fields['address']).delivered(group)
+                pipe.hincrby(totals, fields['replica'], delivered)
         await self._call(pipe.execute())
 
     async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:

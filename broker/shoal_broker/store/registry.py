@@ -84,6 +84,9 @@ class EntityState:
     consumers: int = 0
     consumer_replicas: int = 0
     """Broker replicas serving at least one of the consumers."""
+    consumers_per_replica: dict[str, int] = dataclasses.field(default_factory=dict)
+    delivered: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Messages each replica delivered (``AddressKeys.delivered``)."""
     backlog: int = 0
     ready: int = 0
     in_flight: int = 0
@@ -172,12 +175,17 @@ class Registry(Inspector):
         consumers: dict[str, str] = await self._call(self._client.hgetall(k.consumers))
         topic = definition.get('topic', '')
         backlog = await self.backlog(topic, key.id)
+        per_replica: dict[str, int] = {}
+        for replica in consumers.values():
+            per_replica[replica] = per_replica.get(replica, 0) + 1
         return EntityState(
             exists=True,
             owner=definition.get('owner', ''),
             definition=definition,
             consumers=len(consumers),
-            consumer_replicas=len(set(consumers.values())),
+            consumer_replicas=len(per_replica),
+            consumers_per_replica=per_replica,
+            delivered=await self.delivered(topic, key.id),
             backlog=backlog.backlog,
             ready=backlog.ready,
             in_flight=backlog.in_flight,
@@ -229,7 +237,8 @@ class Registry(Inspector):
         groups = await self._call(self._client.smembers(k.groups))
         doomed = [*k.streams, k.groups, k.scheduled, k.scheduled_messages]
         for group in groups:
-            doomed += [k.returned(group), k.delivery_counts(group)]
+            doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),
+                       k.delivered(group)]  # fmt: skip
         await self._call(self._client.delete(*doomed))
         await self._call(self._client.hdel(keys.ADDRESSES, address))
         return Removal.DELETED
@@ -307,7 +316,10 @@ class Registry(Inspector):
 
     async def _delete_group(self, address: str, group: str) -> None:
         k = keys.AddressKeys.of(address)
-        script_keys = (*k.streams, k.groups, k.returned(group), k.delivery_counts(group))
+        script_keys = (
+            *k.streams, k.groups, k.returned(group), k.delivery_counts(group), k.shares(group),
+            k.delivered(group),
+        )  # fmt: skip
         await self._run_raw('delete_group', script_keys, (group,))
 
     async def _oldest_age(self, address: str, group: str) -> float | None:

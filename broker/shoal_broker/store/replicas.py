@@ -216,6 +216,7 @@ class Liveness:
                     await self.store.delete_subscription(address, name)
                     report.subscriptions_deleted += 1
                     continue
+                await self.store.call(client.hdel(k.shares(name), dead))  # out of the sharing
                 if not int(group['pending']):
                     continue
                 script_keys = (stream, k.returned(name), k.delivery_counts(name))

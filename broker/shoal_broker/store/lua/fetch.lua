@@ -1,20 +1,29 @@
--- Hand up to ARGV[3] entries of a subscription to one replica (the consumer ARGV[2]).
+-- Hand up to ARGV[3] entries of a subscription to one replica (the consumer ARGV[2]), or its
+-- share of them when other replicas serve the subscription too (share.lua, routing/sharing.py).
 --
 -- KEYS[1] stream band 0, KEYS[2] stream band 1,
--- KEYS[3] returned ZSET of the group, KEYS[4] delivery-count HASH of the group
--- ARGV[1] group, ARGV[2] consumer (replica id), ARGV[3] count,
+-- KEYS[3] returned ZSET of the group, KEYS[4] delivery-count HASH of the group,
+-- KEYS[5] shares HASH of the group (replica id -> its record, share.lua)
+-- ARGV[1] group, ARGV[2] consumer (replica id), ARGV[3] count (at most),
 -- ARGV[4] '1': read the normal band here too; '0': leave it to the plain XREADGROUP the caller
 --         sends right after this script (an entry handed back through Lua costs Redis ~3 µs more
 --         than one read directly, docs/benchmarks.md session 5; when this script finds
 --         returned or high-band entries, the caller gives what that read took back behind them)
+-- ARGV[5] consumers of the subscription on this replica; 0 for a group only this replica ever
+--         reads (a plain topic subscriber's): no record, no sharing
+-- ARGV[6] the free credit of those consumers (its weight in the sharing; may exceed the count)
+-- ARGV[7] the address's notification channel: a replica that joins the sharing wakes the others,
+--         so they see it before they next take everything (hand-over, sending ahead)
 -- Returned (released or failed) entries come first, oldest first, claimed from whichever replica
 -- held them; then new entries, high band (1) before normal band (0).
--- Returns how many returned or high-band entries it found, then a flat array of septuples:
+-- Returns how many returned or high-band entries it found; how many entries it left for other
+-- replicas (-1: this replica serves the subscription alone); then a flat array of septuples:
 -- band, id, header, rest, expiry, delivery count, origin.
 local want = tonumber(ARGV[3])
-local out = {0}
+local out = {0, -1}
 
 --! include entry_fields
+--! include share
 local function emit(band, entry, count)
   local h, r, x, c = entry_fields(entry[2])
   out[#out + 1] = band
@@ -25,6 +34,60 @@ local function emit(band, entry, count)
   out[#out + 1] = count
   out[#out + 1] = c
   want = want - 1
+end
+
+local function unread(band)
+  -- entries of the band no replica has been handed yet: the group's lag, or (when Redis cannot
+  -- tell it, after a deletion inside the stream) counted, up to a bound
+  if redis.call('XLEN', KEYS[band + 1]) == 0 then return 0 end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[band + 1])) do
+    local name, last, lag = nil, nil, nil
+    for j = 1, #g, 2 do
+      if g[j] == 'name' then name = g[j + 1]
+      elseif g[j] == 'last-delivered-id' then last = g[j + 1]
+      elseif g[j] == 'lag' then lag = g[j + 1] end
+    end
+    if name == ARGV[1] then
+      if lag then return lag end
+      return #redis.call('XRANGE', KEYS[band + 1], '(' .. last, '+', 'COUNT', 1000)
+    end
+  end
+  return 0
+end
+
+local consumers = tonumber(ARGV[5])
+local function share_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+if consumers > 0 then
+  local known = redis.call('HEXISTS', KEYS[5], ARGV[2])
+  if redis.call('HLEN', KEYS[5]) > known then
+    -- another replica keeps a record: the sharing rule decides what this one may take
+    local shares, ids = share_records(KEYS[5])
+    local others = share_others(shares, ARGV[2])
+    local available = 0
+    if others then available = redis.call('ZCARD', KEYS[3]) + unread(0) + unread(1) end
+    local granted = share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), available,
+                                share_now())
+    local flat = {}
+    for _, id in ipairs(ids) do
+      flat[#flat + 1] = id
+      flat[#flat + 1] = share_encode(shares[id])
+    end
+    redis.call('HSET', KEYS[5], unpack(flat))
+    if others then
+      want = math.min(want, granted)
+      out[2] = available - want
+      if known == 0 then redis.call('PUBLISH', ARGV[7], ARGV[2]) end
+    end
+  elseif known == 0 then  -- alone, and first: the record a replica that joins will see
+    local shares, ids = {}, {}
+    share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), 0, share_now())
+    redis.call('HSET', KEYS[5], ARGV[2], share_encode(shares[ARGV[2]]))
+  end
+  -- alone and known: nothing to share, nothing to write (its record is refreshed once another
+  -- replica joins, whose first fetch wakes it)
 end
 
 while want > 0 do
@@ -54,6 +117,6 @@ local function read_new(band)
 end
 
 read_new(1)
-out[1] = (#out - 1) / 7
+out[1] = (#out - 2) / 7
 if ARGV[4] == '1' then read_new(0) end
 return out
