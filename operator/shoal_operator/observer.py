@@ -42,7 +42,7 @@ async def observe_all(runtime: Runtime) -> None:
         for body in runtime.of_kind(kind):
             await _entity(runtime, kind, body)
     await deletion.retry_pending(runtime)
-    await deletion.release_orphans(runtime)
+    await deletion.settle_orphans(runtime)
     metrics.LAST_OBSERVATION.set(time.time())
 
 
