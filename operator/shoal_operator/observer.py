@@ -82,7 +82,7 @@ async def _entity(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
         if limited is not None:
             live['conditions'] = limited
     if 'conditions' in live or status.worth_writing(old, live):
-        await _patch_status(runtime, kind, meta, live)
+        await _patch_status(runtime, kind, meta, status.as_patch(old, live))
 
 
 def _settled(body: Mapping[str, Any]) -> bool:

@@ -124,6 +124,25 @@ def worth_writing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     )
 
 
+LIVE_SECTIONS = ('consumers', 'backlog')
+"""The sampled sections of a Queue's or SharedSubscription's status, whose keys come and go
+(``backlog.oldestMessageAgeSeconds`` with the backlog, ``consumers.max`` with the limit)."""
+
+
+def as_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that makes a sampled status ``new``: a merge patch never removes a key
+    it leaves out, so a key of a live section the stored status has and ``new`` no longer has
+    is given as null (which removes it); nothing else changes."""
+    patch = dict(new)
+    for section in LIVE_SECTIONS:
+        before, after = old.get(section), new.get(section)
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            gone = {key: None for key in before if key not in after}
+            if gone:
+                patch[section] = {**after, **gone}
+    return patch
+
+
 def cluster_status(
     cluster: BrokerCluster,
     *,
