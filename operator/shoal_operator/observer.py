@@ -61,8 +61,9 @@ async def _cluster(runtime: Runtime, body: Mapping[str, Any]) -> None:
         logger.warning('cannot observe BrokerCluster %s/%s: %s', meta.get('namespace'),
                        meta.get('name'), exc)  # fmt: skip
         return
-    if _changed(old, new):
-        await _patch_status(runtime, 'BrokerCluster', meta, new)
+    patch = status.cluster_patch(old, new)
+    if _changed(old, patch):
+        await _patch_status(runtime, 'BrokerCluster', meta, patch)
 
 
 async def _entity(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:

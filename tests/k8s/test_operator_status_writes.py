@@ -8,7 +8,7 @@ from typing import Any
 import rbac
 from amqpclient import connect, receive_all, receiver, sender
 from kubeemulator import Kube, condition, subscription_body
-from processes import BrokerProcess
+from processes import BrokerProcess, free_port
 from proton import Message
 
 
@@ -87,3 +87,31 @@ async def test_a_status_key_that_no_longer_applies_is_removed(
         'the limit gone from the status',
     )  # fmt: skip
     assert unlimited['status']['consumers']['active'] == 0
+
+
+async def test_what_only_a_reachable_redis_tells_leaves_a_cluster_status_without_it(
+    cluster: Kube,
+) -> None:
+    """Redis's version, latency and the declared subscriptions' count go from a BrokerCluster's
+    status once its Redis no longer answers, rather than standing there as if current."""
+
+    async def redis_status(probe: Callable[[dict[str, Any]], bool]) -> Any:
+        body = await cluster.get('brokerclusters', 'shoal')
+        return body if probe((body or {}).get('status') or {}) else None
+
+    await cluster.eventually(
+        lambda: redis_status(lambda s: 'serverVersion' in s.get('redis', {})
+                             and 'subscriptions' in s),
+        'what Redis tells in the status',
+    )  # fmt: skip
+    dead = f'redis://127.0.0.1:{free_port()}/0'
+    await cluster.create(
+        'secrets', {'metadata': {'name': 'dead'}, 'stringData': {'url': dead}}, api_version='v1'
+    )
+    await cluster.patch('brokerclusters', 'shoal', {'spec': {'redis': {'secretName': 'dead'}}})
+    found = await cluster.eventually(
+        lambda: redis_status(lambda s: s.get('redis', {}).get('connected') is False),
+        'Redis unreachable in the status',
+    )
+    assert found['status']['redis'] == {'connected': False}
+    assert 'subscriptions' not in found['status']
