@@ -250,3 +250,25 @@ async def test_an_operator_restart_honours_the_deletion_policy_of_what_was_delet
     assert not rds.hgetall(keys.DELETION_POLICIES).keys() & {
         keys.provisioned_queue(f'{address}-{name}') for name in queues
     }
+
+
+async def test_the_filed_deletion_policy_follows_the_resource_and_force_delete(
+    cluster: Kube, rds: redis.Redis, address: str
+) -> None:
+    """The policy filed in Redis is the resource's own, rewritten when it changes;
+    ``shoal.dev/force-delete`` files Retain, as it leaves Redis alone on a live deletion too."""
+    field = keys.provisioned_queue(f'{address}-q')
+    await cluster.create('queues', queue_body('orders', f'{address}-q', 'Delete'))
+
+    def filed(policy: str) -> Callable[[], Any]:
+        async def probe() -> bool:
+            return rds.hget(keys.DELETION_POLICIES, field) == policy
+
+        return probe
+
+    await cluster.eventually(filed('Delete'), 'Delete filed')
+    await cluster.patch('queues', 'orders', {'spec': {'deletionPolicy': 'DeleteIfEmpty'}})
+    await cluster.eventually(filed('DeleteIfEmpty'), 'DeleteIfEmpty filed')
+    force = {'metadata': {'annotations': {'shoal.dev/force-delete': 'true'}}}
+    await cluster.patch('queues', 'orders', force)
+    await cluster.eventually(filed('Retain'), 'Retain filed for a forced deletion')
