@@ -9,7 +9,8 @@ wait forever. Without one, the policy is carried out when the deletion is seen (
 with the Redis the operator last reached the cluster through, and what has to wait (consumers
 attached, Redis down) is retried every observer pass (``retry_pending``): nothing the operator
 does can hold a deletion. What an earlier run could not finish is found on the Redis side
-(``release_orphans``): a declaration whose resource no longer exists is released.
+(``settle_orphans``): a declaration whose resource no longer exists is deleted, deleted once
+empty or released, as the deletion policy filed with it in Redis says.
 """
 
 import dataclasses
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_broker.store.registry import Registry, Removal
+from shoal_broker.store.registry import OnDeletion, Registry, Removal
 from shoal_operator import conditions, k8s, metrics, provisioning
 from shoal_operator.entities import parse
 from shoal_operator.models import (
@@ -208,14 +209,18 @@ async def _carry_out(
     runtime.pending_deletions[key] = (body, since)
 
 
-async def release_orphans(runtime: Runtime) -> None:
-    """Release every declaration, in each Redis this run reached, whose resource is in a
-    watched namespace and no longer exists (deleted without a finalizer while no operator could
-    act on it): the entity stays (its deletion policy is not known any more) and its name is free
-    for a resource elsewhere. A GET confirms the resource is gone before anything is released."""
+async def settle_orphans(runtime: Runtime) -> None:
+    """Carry out the deletion policy of every declaration, in each Redis this run reached, whose
+    resource is in a watched namespace and no longer exists (deleted without a finalizer while
+    no operator could act on it, or still waiting when the operator stopped). The policy is the
+    one filed with the declaration (``Registry.on_deletion``), so the entity is deleted, deleted
+    once empty or released exactly as deleting the live resource would; what has to wait
+    (consumers attached, messages waiting) stays declared for the next pass. A GET confirms the
+    resource is gone before anything is removed."""
     for registry in runtime.reached():
         try:
             declared = await registry.declared()
+            policies = await registry.on_deletion()
         except StoreUnavailable:
             continue
         for field, owner in sorted(declared.items()):
@@ -225,21 +230,30 @@ async def release_orphans(runtime: Runtime) -> None:
             if (not name or not runtime.watches(namespace) or key in runtime.inventory
                     or key in runtime.pending_deletions):  # fmt: skip
                 continue
+            policy = policies.get(field, OnDeletion.RETAIN)
             try:
                 if await runtime.api().get(API_VERSION, kind, namespace, name) is not None:
                     continue
-                await _release_field(registry, field, owner)
+                removal = await _remove_field(registry, field, owner, policy)
             except (k8s.ApiError, StoreUnavailable) as exc:
                 logger.debug('orphan %s of %s left: %s', field, owner, exc)
                 continue
-            logger.info('%s released: %s %s no longer exists', field, kind, owner)
+            if removal is Removal.IN_USE:
+                logger.debug('orphan %s of %s waits (%s): in use', field, owner, policy.value)
+                continue
+            logger.info('%s %s (%s): %s %s no longer exists', field, removal.value,
+                        policy.value, kind, owner)  # fmt: skip
 
 
-async def _release_field(registry: Registry, field: str, owner: str) -> None:
+async def _remove_field(registry: Registry, field: str, owner: str, policy: OnDeletion) -> Removal:
+    delete = policy is not OnDeletion.RETAIN
+    only_if_empty = policy is OnDeletion.DELETE_IF_EMPTY
     entity_kind, _, ident = field.partition(':')
     if entity_kind == 'queue':
-        await registry.remove_queue(ident, owner, delete=False)
-        return
+        return await registry.remove_queue(ident, owner, delete=delete, only_if_empty=only_if_empty)
     key = provisioning.key_of(ident)
-    if key is not None:
-        await registry.remove_subscription(key, owner, delete=False)
+    if key is None:
+        return Removal.MISSING
+    return await registry.remove_subscription(
+        key, owner, delete=delete, only_if_empty=only_if_empty
+    )

@@ -9,7 +9,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_broker.store.registry import EntityState, ProvisionConflict, Provisioned, Registry
+from shoal_broker.store.registry import (
+    EntityState,
+    ProvisionConflict,
+    Provisioned,
+    Registry,
+)
 from shoal_operator import conditions, metrics, provisioning, status
 from shoal_operator.models import (
     InvalidSpec,
@@ -77,7 +82,10 @@ async def provision(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> Out
                 provisioning.declaration(entity), recreate=entity.recreate_on_change
             )
         else:
-            result = await registry.declare_queue(entity.address, entity.meta.owner, entity.policy)
+            result = await registry.declare_queue(
+                entity.address, entity.meta.owner, entity.policy,
+                provisioning.on_deletion(entity),
+            )  # fmt: skip
         metrics.PROVISIONED.labels(kind, result.value).inc()
         outcome = _outcome(generation, previous, None, ('Provisioned', _WRITES[result]),
                            paused=False, extra=identity)  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 
 from shoal_broker.store.registry import Provisioned
-from shoal_operator import clusters, deletion, entities, k8s, metrics
+from shoal_operator import clusters, deletion, entities, k8s, metrics, status
 from shoal_operator.models import GROUP, VERSION, BrokerCluster, InvalidSpec
 from shoal_operator.runtime import Runtime
 
@@ -116,7 +116,7 @@ def _clusters(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         except k8s.ApiError as exc:
             metrics.RECONCILES.labels('BrokerCluster', 'error').inc()
             raise kopf.TemporaryError(str(exc), delay=runtime.settings.retry_seconds) from exc
-        patch.status.update(new)
+        patch.status.update(status.cluster_patch(body.get('status') or {}, new))
         metrics.RECONCILES.labels('BrokerCluster', 'ok').inc()
 
 

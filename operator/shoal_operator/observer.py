@@ -42,7 +42,7 @@ async def observe_all(runtime: Runtime) -> None:
         for body in runtime.of_kind(kind):
             await _entity(runtime, kind, body)
     await deletion.retry_pending(runtime)
-    await deletion.release_orphans(runtime)
+    await deletion.settle_orphans(runtime)
     metrics.LAST_OBSERVATION.set(time.time())
 
 
@@ -61,8 +61,9 @@ async def _cluster(runtime: Runtime, body: Mapping[str, Any]) -> None:
         logger.warning('cannot observe BrokerCluster %s/%s: %s', meta.get('namespace'),
                        meta.get('name'), exc)  # fmt: skip
         return
-    if _changed(old, new):
-        await _patch_status(runtime, 'BrokerCluster', meta, new)
+    patch = status.cluster_patch(old, new)
+    if _changed(old, patch):
+        await _patch_status(runtime, 'BrokerCluster', meta, patch)
 
 
 async def _entity(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
@@ -82,7 +83,7 @@ async def _entity(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
         if limited is not None:
             live['conditions'] = limited
     if 'conditions' in live or status.worth_writing(old, live):
-        await _patch_status(runtime, kind, meta, live)
+        await _patch_status(runtime, kind, meta, status.as_patch(old, live))
 
 
 def _settled(body: Mapping[str, Any]) -> bool:

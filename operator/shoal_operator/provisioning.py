@@ -14,8 +14,8 @@ import enum
 from shoal_broker import selector as selectors
 from shoal_broker.errors import BrokerError
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
-from shoal_broker.store.registry import SubscriptionDeclaration
-from shoal_operator.models import DeletionPolicy, InvalidSpec, SharedSubscription
+from shoal_broker.store.registry import OnDeletion, SubscriptionDeclaration
+from shoal_operator.models import DeletionPolicy, InvalidSpec, Queue, SharedSubscription
 
 
 def subscription_key(sub: SharedSubscription) -> SubscriptionKey:
@@ -60,7 +60,16 @@ def declaration(sub: SharedSubscription) -> SubscriptionDeclaration:
         owner=sub.meta.owner,
         generation=sub.meta.generation,
         policy=sub.policy,
+        on_deletion=on_deletion(sub),
     )
+
+
+def on_deletion(entity: Queue | SharedSubscription) -> OnDeletion:
+    """The deletion policy filed with the declaration, for a deletion no running operator sees:
+    ``shoal.dev/force-delete`` leaves Redis alone, as it does for a live deletion."""
+    if entity.meta.force_delete:
+        return OnDeletion.RETAIN
+    return OnDeletion(entity.deletion_policy.value)
 
 
 class Release(enum.StrEnum):

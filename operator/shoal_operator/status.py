@@ -142,6 +142,47 @@ def worth_writing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     )
 
 
+LIVE_SECTIONS = ('consumers', 'backlog')
+"""The sampled sections of a Queue's or SharedSubscription's status, whose keys come and go
+(``backlog.oldestMessageAgeSeconds`` with the backlog, ``consumers.max`` with the limit)."""
+
+
+CLUSTER_SECTIONS = ('redis',)
+"""The BrokerCluster's status section whose keys come and go (``latencyMs`` and
+``serverVersion`` only while Redis answers)."""
+
+CLUSTER_OPTIONAL = ('subscriptions',)
+"""The BrokerCluster's status keys written only while known (the declared count needs Redis)."""
+
+
+def as_patch(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    sections: Sequence[str] = LIVE_SECTIONS,
+    optional: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The merge patch that makes the stored status ``old`` say ``new``: a merge patch never
+    removes a key it leaves out, so a key of one of ``sections``, or an ``optional`` key, that
+    ``old`` has and ``new`` no longer has is given as null (which removes it); nothing else
+    changes (other writers' keys are left alone)."""
+    patch = dict(new)
+    for key in optional:
+        if key in old and key not in new:
+            patch[key] = None
+    for section in sections:
+        before, after = old.get(section), new.get(section)
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            gone = {key: None for key in before if key not in after}
+            if gone:
+                patch[section] = {**after, **gone}
+    return patch
+
+
+def cluster_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """``as_patch`` for a BrokerCluster's status."""
+    return as_patch(old, new, CLUSTER_SECTIONS, CLUSTER_OPTIONAL)
+
+
 def cluster_status(
     cluster: BrokerCluster,
     *,

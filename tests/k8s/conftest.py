@@ -8,10 +8,12 @@ by the operator roles the chart renders for that: a request outside them fails t
 """
 
 import asyncio
+import contextlib
 import gc
 import threading
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
@@ -65,13 +67,12 @@ def rbac_values() -> dict[str, Any]:
     return {'rbac': {'watchNamespaces': list(WATCHED)}}
 
 
-@pytest.fixture
-async def operator(
-    kube: Kube, redis_server: RedisServer, operator_settings: Settings, rbac_values: dict[str, Any]
+@contextlib.asynccontextmanager
+async def running(
+    kube: Kube, settings: Settings, rbac_values: dict[str, Any]
 ) -> AsyncIterator[Kube]:
     """The operator in this process, on its own event loop in a thread (kopf's shutdown cancels
-    every task it finds on its loop), against the emulator; stopped at the end of the test."""
-    settings = operator_settings
+    every task it finds on its loop), against the emulator; stopped when the block ends."""
     server = str(kube.emulator.url)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
@@ -93,9 +94,11 @@ async def operator(
 
     thread = threading.Thread(target=serve, name='operator')
     thread.start()
-    yield kube
-    loop.call_soon_threadsafe(stop.set)
-    await asyncio.to_thread(thread.join, 30)
+    try:
+        yield kube
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        await asyncio.to_thread(thread.join, 30)
     assert not thread.is_alive()
     assert not failures, failures
     # Everything the operator opened (Redis and API connections) is closed by the time it
@@ -108,6 +111,24 @@ async def operator(
     refused = {f'{request}: {need}' for need, request in rbac.operator_accesses(kube.emulator)
                if not rbac.allowed(roles, need)}  # fmt: skip
     assert not refused, f'requests the chart RBAC {rbac_values} forbids: {sorted(refused)}'
+
+
+@pytest.fixture
+async def operator(
+    kube: Kube, redis_server: RedisServer, operator_settings: Settings, rbac_values: dict[str, Any]
+) -> AsyncIterator[Kube]:
+    """The operator running for the whole test (``running``)."""
+    async with running(kube, operator_settings, rbac_values):
+        yield kube
+
+
+@pytest.fixture
+def restartable(
+    kube: Kube, redis_server: RedisServer, operator_settings: Settings, rbac_values: dict[str, Any]
+) -> Callable[[], AbstractAsyncContextManager[Kube]]:
+    """An operator a test starts and stops itself, as often as it likes: ``async with
+    restartable():`` runs one until the block ends."""
+    return lambda: running(kube, operator_settings, rbac_values)
 
 
 @pytest.fixture

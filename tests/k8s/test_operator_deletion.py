@@ -5,12 +5,16 @@ Both finish, and ``deletionPolicy: Delete`` is honoured (the operator acts with 
 reached the cluster through), so the same names are free for another namespace afterwards."""
 
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import rbac
 import redis
+from amqpclient import connect, receive_all, receiver, sender
 from kubeemulator import Kube, cluster_body, condition, subscription_body
-from processes import RedisServer
+from processes import BrokerProcess, RedisServer
+from proton import Message
 
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.store import keys
@@ -170,3 +174,101 @@ async def test_a_declaration_whose_resource_is_gone_is_released(
         f'unwatched/{ghost}'
     )
     assert rds.hget(keys.PROVISIONED, keys.provisioned_queue(f'{address}-live')) == 'default/orders'
+
+
+def queue_body(name: str, queue: str, policy: str) -> dict[str, Any]:
+    spec = {'clusterRef': {'name': 'shoal'}, 'queueName': queue, 'deletionPolicy': policy}
+    return {'kind': 'Queue', 'metadata': {'name': name}, 'spec': spec}
+
+
+async def test_an_operator_restart_honours_the_deletion_policy_of_what_was_deleted_meanwhile(
+    kube: Kube,
+    restartable: Callable[[], AbstractAsyncContextManager[Kube]],
+    redis_server: RedisServer,
+    rds: redis.Redis,
+    broker: BrokerProcess,
+    address: str,
+) -> None:
+    """Resources deleted while no operator runs (no finalizer holds them) are dealt with by the
+    next operator as their deletion policy, filed with the declaration in Redis, asks: Delete
+    removes the Queue and the SharedSubscription, Retain keeps them and frees their names,
+    DeleteIfEmpty keeps a queue holding a message declared until it is consumed."""
+    suffix = address[-8:]
+    queues = {'gone': 'Delete', 'kept': 'Retain', 'full': 'DeleteIfEmpty'}
+    subs = {f'gone-{suffix}': 'Delete', f'kept-{suffix}': 'Retain'}
+    await kube.redis_secret(redis_server.url)
+    await kube.create('brokerclusters', cluster_body())
+    async with restartable():
+        for name, policy in queues.items():
+            await kube.create('queues', queue_body(name, f'{address}-{name}', policy))
+        for name, policy in subs.items():
+            await kube.create(
+                'sharedsubscriptions', subscription_body(name, address, deletionPolicy=policy)
+            )
+        for plural, names in (('queues', queues), ('sharedsubscriptions', subs)):
+            for name in names:
+                await kube.eventually(lambda p=plural, n=name: ready(kube, p, n), f'{name} Ready')
+    conn = connect(broker.url)
+    sender(conn, f'{address}-full').send(Message(body='waiting'))
+    conn.close()
+    for plural, names in (('queues', queues), ('sharedsubscriptions', subs)):
+        for name in names:
+            await kube.delete(plural, name)
+            assert await kube.get(plural, name) is None  # no finalizer: gone at once
+    assert rds.hget(keys.ADDRESSES, f'{address}-gone') == 'queue'  # nobody acted on it yet
+
+    def declared(field: str) -> bool:
+        return rds.hget(keys.PROVISIONED, field) is not None
+
+    sub_field = keys.provisioned_subscription
+    async with restartable():
+
+        async def settled() -> bool:
+            return (
+                rds.hget(keys.ADDRESSES, f'{address}-gone') is None
+                and not rds.exists(definition_key(f'gone-{suffix}'))
+                and not declared(keys.provisioned_queue(f'{address}-kept'))
+                and not declared(sub_field(f'durable:global:*:kept-{suffix}'))
+            )
+
+        await kube.eventually(settled, 'Delete carried out, Retain released')
+        assert rds.hget(keys.ADDRESSES, f'{address}-kept') == 'queue'
+        assert rds.exists(definition_key(f'kept-{suffix}'))
+        assert rds.hget(definition_key(f'kept-{suffix}'), 'owner') is None
+        await kube.observer_passes(2)
+        assert declared(keys.provisioned_queue(f'{address}-full'))  # a message waits in it
+        assert rds.hget(keys.ADDRESSES, f'{address}-full') == 'queue'
+
+        conn = connect(broker.url)
+        assert [m.body for m in receive_all(receiver(conn, f'{address}-full'), 1)] == ['waiting']
+        conn.close()
+
+        async def emptied_and_deleted() -> bool:
+            return rds.hget(keys.ADDRESSES, f'{address}-full') is None
+
+        await kube.eventually(emptied_and_deleted, 'the DeleteIfEmpty queue deleted once empty')
+    assert not rds.hgetall(keys.DELETION_POLICIES).keys() & {
+        keys.provisioned_queue(f'{address}-{name}') for name in queues
+    }
+
+
+async def test_the_filed_deletion_policy_follows_the_resource_and_force_delete(
+    cluster: Kube, rds: redis.Redis, address: str
+) -> None:
+    """The policy filed in Redis is the resource's own, rewritten when it changes;
+    ``shoal.dev/force-delete`` files Retain, as it leaves Redis alone on a live deletion too."""
+    field = keys.provisioned_queue(f'{address}-q')
+    await cluster.create('queues', queue_body('orders', f'{address}-q', 'Delete'))
+
+    def filed(policy: str) -> Callable[[], Any]:
+        async def probe() -> bool:
+            return rds.hget(keys.DELETION_POLICIES, field) == policy
+
+        return probe
+
+    await cluster.eventually(filed('Delete'), 'Delete filed')
+    await cluster.patch('queues', 'orders', {'spec': {'deletionPolicy': 'DeleteIfEmpty'}})
+    await cluster.eventually(filed('DeleteIfEmpty'), 'DeleteIfEmpty filed')
+    force = {'metadata': {'annotations': {'shoal.dev/force-delete': 'true'}}}
+    await cluster.patch('queues', 'orders', force)
+    await cluster.eventually(filed('Retain'), 'Retain filed for a forced deletion')

@@ -1,5 +1,6 @@
 """The store registry (provisioned queues and subscriptions) on a real redis-server."""
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
@@ -13,6 +14,7 @@ from shoal_broker.settings import AddressKind, Overflow
 from shoal_broker.store import keys
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.registry import (
+    OnDeletion,
     ProvisionConflict,
     Provisioned,
     Registry,
@@ -221,3 +223,29 @@ async def test_an_unreadable_policy_is_left_out_rather_than_misapplied(
     assert entity not in await store.policies()
     assert (await registry.queue_state(address)).policy == NO_POLICY
     await registry.remove_queue(address, 'ns/q', delete=True)
+
+
+async def test_the_deletion_policy_is_filed_with_the_declaration_and_goes_with_it(
+    registry: Registry, topic: str
+) -> None:
+    """What a resource deleted while no operator runs asks for is in Redis with its declaration:
+    filed when declared (a change is an update), gone once the declaration is; one filed by
+    another owner's refused declaration is not replaced."""
+    address = f'q-{topic}'
+    queue = keys.provisioned_queue(address)
+    assert await registry.declare_queue(address, 'ns/q', on_deletion=OnDeletion.DELETE) is (
+        Provisioned.CREATED
+    )
+    sub = dataclasses.replace(declared(topic), on_deletion=OnDeletion.DELETE_IF_EMPTY)
+    assert await registry.declare_subscription(sub, recreate=False) is Provisioned.CREATED
+    subscription = keys.provisioned_subscription(sub.key.id)
+    filed = await registry.on_deletion()
+    assert (filed[queue], filed[subscription]) == (OnDeletion.DELETE, OnDeletion.DELETE_IF_EMPTY)
+    assert await registry.declare_queue(address, 'ns/q') is Provisioned.UPDATED  # now Retain
+    assert (await registry.on_deletion())[queue] is OnDeletion.RETAIN
+    with pytest.raises(ProvisionConflict):
+        await registry.declare_queue(address, 'ns/other', on_deletion=OnDeletion.DELETE)
+    assert (await registry.on_deletion())[queue] is OnDeletion.RETAIN
+    assert await registry.remove_queue(address, 'ns/q', delete=False) is Removal.RELEASED
+    assert await registry.remove_subscription(sub.key, 'ns/sub', delete=True) is Removal.DELETED
+    assert not (await registry.on_deletion()).keys() & {queue, subscription}

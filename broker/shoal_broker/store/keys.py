@@ -161,6 +161,11 @@ POLICIES = f'{PREFIX}:policies'
 declared queue or subscription with a delivery or retention policy; replicas read it every few
 seconds (``app.POLICY_REFRESH_SECONDS``)."""
 
+DELETION_POLICIES = f'{PREFIX}:deletion-policies'
+"""HASH entity (the same fields as ``PROVISIONED``) -> ``deletionPolicy`` of the declaring resource
+(``Retain``, ``Delete``, ``DeleteIfEmpty``): what the operator carries out when it finds a
+declaration whose resource is gone, also one deleted while no operator ran (none: ``Retain``)."""
+
 
 def provisioned_queue(address: str) -> str:
     """Field of ``PROVISIONED`` for a declared queue."""

@@ -6,7 +6,9 @@ The operator writes here and the broker reads the same keys, so there is one sch
 ``owner`` field naming the resource (``<namespace>/<name>``). The broker's scripts honour that
 field: an attach contradicting the declaration is refused, unsubscribing it is refused with
 ``amqp:not-allowed``, and a declared non-durable subscription outlives its last consumer. Status
-(consumers across replicas, backlog, oldest message age) is read back from the same keys.
+(consumers across replicas, backlog, oldest message age) is read back from the same keys. Each
+declaration also files its resource's deletion policy (``OnDeletion``), so that what a resource
+deleted while no operator ran leaves behind is deleted or kept as the resource asked.
 
 Redis failures become ``StoreUnavailable``; a refused declaration becomes ``ProvisionConflict``.
 """
@@ -59,6 +61,14 @@ class Removal(enum.StrEnum):
     """Consumers are attached (or, when asked to delete only if empty, messages are waiting)."""
 
 
+class OnDeletion(enum.StrEnum):
+    """What the declaring resource's ``deletionPolicy`` asks for when it is deleted."""
+
+    RETAIN = 'Retain'
+    DELETE = 'Delete'
+    DELETE_IF_EMPTY = 'DeleteIfEmpty'
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SubscriptionDeclaration:
     """A SharedSubscription as the broker keeps it."""
@@ -72,6 +82,7 @@ class SubscriptionDeclaration:
     generation: int
     policy: EntityPolicy = NO_POLICY
     """Its ``delivery{}`` and ``retention{}``; the broker-wide settings where unset."""
+    on_deletion: OnDeletion = OnDeletion.RETAIN
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,6 +154,8 @@ class Registry(Inspector):
             await self._delete_group(detail, key.id)
         await self._create_group(topic, key.id, from_start=False)
         changed = await self._write_policy(entity_field(topic, key.id), declaration.policy)
+        field = keys.provisioned_subscription(key.id)
+        changed = await self._file_on_deletion(field, declaration.on_deletion) or changed
         if changed and outcome == Provisioned.UNCHANGED:
             return Provisioned.UPDATED
         return Provisioned(outcome)
@@ -165,6 +178,7 @@ class Registry(Inspector):
             await self._delete_group(detail, key.id)
         if outcome in (Removal.DELETED, Removal.RELEASED, Removal.MISSING):
             await self._write_policy(entity_field('', key.id), NO_POLICY)
+            await self._file_on_deletion(keys.provisioned_subscription(key.id), None)
         return Removal(outcome)
 
     async def subscription_state(self, key: SubscriptionKey) -> EntityState:
@@ -196,7 +210,11 @@ class Registry(Inspector):
     # -- queues -----------------------------------------------------------------------------------
 
     async def declare_queue(
-        self, address: str, owner: str, policy: EntityPolicy = NO_POLICY
+        self,
+        address: str,
+        owner: str,
+        policy: EntityPolicy = NO_POLICY,
+        on_deletion: OnDeletion = OnDeletion.RETAIN,
     ) -> Provisioned:
         """Make Redis hold the queue (messages sent before any consumer attaches are kept)."""
         created = await self._claim_address(address, AddressKind.QUEUE)
@@ -207,6 +225,7 @@ class Registry(Inspector):
         await self._call(self._client.hset(keys.PROVISIONED, field, owner))
         await self._create_group(address, QUEUE_GROUP, from_start=True)
         changed = await self._write_policy(entity_field(address, QUEUE_GROUP), policy)
+        changed = await self._file_on_deletion(field, on_deletion) or changed
         if created:
             return Provisioned.CREATED
         if previous != owner:
@@ -225,12 +244,14 @@ class Registry(Inspector):
         if kind != AddressKind.QUEUE:
             await self._call(self._client.hdel(keys.PROVISIONED, field))
             await self._write_policy(entity_field(address, QUEUE_GROUP), NO_POLICY)
+            await self._file_on_deletion(field, None)
             return Removal.MISSING
         waiting = delete and only_if_empty and await self.backlog(address, QUEUE_GROUP)
         if waiting and waiting.backlog:
             return Removal.IN_USE
         await self._call(self._client.hdel(keys.PROVISIONED, field))
         await self._write_policy(entity_field(address, QUEUE_GROUP), NO_POLICY)
+        await self._file_on_deletion(field, None)
         if not delete:
             return Removal.RELEASED
         k = keys.AddressKeys.of(address)
@@ -280,6 +301,29 @@ class Registry(Inspector):
             await self._call(self._client.hdel(keys.POLICIES, entity))
         else:
             await self._call(self._client.hset(keys.POLICIES, entity, policy.to_json()))
+        return True
+
+    # -- deletion policies ------------------------------------------------------------------------
+
+    async def on_deletion(self) -> dict[str, OnDeletion]:
+        """The deletion policy filed with each declaration (the fields of ``declared``); one
+        filed by no declaration, or not understood, is left out (``Retain``)."""
+        filed: dict[str, str] = await self._call(self._client.hgetall(keys.DELETION_POLICIES))
+        known = {policy.value for policy in OnDeletion}
+        return {field: OnDeletion(value) for field, value in filed.items() if value in known}
+
+    async def _file_on_deletion(self, field: str, policy: OnDeletion | None) -> bool:
+        """File (None: remove) the declaration's deletion policy; True if that changed Redis.
+        Filed after the declaration is made and removed after it is gone: a step cut short
+        leaves a declaration that is retained until its next reconcile files the policy again,
+        or a policy no declaration reads (the next declaration of that entity replaces it)."""
+        filed = await self._call(self._client.hget(keys.DELETION_POLICIES, field))
+        if filed == policy:
+            return False
+        if policy is None:
+            await self._call(self._client.hdel(keys.DELETION_POLICIES, field))
+        else:
+            await self._call(self._client.hset(keys.DELETION_POLICIES, field, policy.value))
         return True
 
     # -- cluster-wide -----------------------------------------------------------------------------
