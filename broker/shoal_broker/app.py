@@ -25,14 +25,21 @@ from shoal_broker.health import HealthServer
 from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.metrics.registry import (
     LEASE_UP,
+    PRODUCERS_BLOCKED,
+    PRODUCERS_BLOCKED_HELP,
+    REDIS_RECONNECTS,
+    REDIS_RECONNECTS_HELP,
     REDIS_UP,
+    SENTINEL_SWITCHES,
+    SENTINEL_SWITCHES_HELP,
+    register_counters,
     register_gauges,
     subscription_label,
 )
 from shoal_broker.security.tls import ServerTls, redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.stopping import cancel_and_wait
-from shoal_broker.store import registry
+from shoal_broker.store import connect, registry
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.inspect import Inspector
 from shoal_broker.store.redisstore import RedisStore
@@ -129,6 +136,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         await health.start(*split_host_port(settings.http))
     backlog = BacklogSnapshot(url, settings.store.backlog_refresh_seconds)
     register_gauges(lambda: broker_gauges(broker, backlog))
+    register_counters(lambda: store_counters(store))
     LEASE_UP.set(1)
     REDIS_UP.set(1)
     tune_garbage_collector()
@@ -342,6 +350,9 @@ def broker_gauges(
         for state in conn.links.values():
             role = type(state).__name__.removesuffix('Link').lower()
             links[role] = links.get(role, 0) + 1
+    producers = links.get('producer', 0.0)
+    blocked = [(['memory_ceiling'], producers if broker.guard.memory_high else 0.0),
+               (['redis_watermark'], producers if broker.guard.store_full else 0.0)]  # fmt: skip
     consumers = [
         ([sub.address, subscription_label(sub.group)], float(len(sub.consumers)))
         for sub in broker.subscriptions.values()
@@ -351,6 +362,7 @@ def broker_gauges(
          [([], float(len(broker.connections)))]),
         ('shoal_links', 'Attached links on this replica, by role.', ['role'],
          [([role], n) for role, n in sorted(links.items())]),
+        (PRODUCERS_BLOCKED, PRODUCERS_BLOCKED_HELP, ['reason'], blocked),
         ('shoal_consumers', 'Consumers attached to this replica.', ['address', 'subscription'],
          consumers),
         ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (refreshed every '
@@ -365,6 +377,18 @@ def broker_gauges(
         ('shoal_declared_info', 'The Queue or SharedSubscription resource declaring a queue or '
          'subscription (value 1).', ['address', 'subscription', 'cr_namespace', 'cr_name'],
          backlog.declared),
+    ]  # fmt: skip
+
+
+def store_counters(
+    store: RedisStore,
+) -> list[tuple[str, str, list[str], list[tuple[list[str], float]]]]:
+    """The scrape-time counters the store keeps as plain ints: reconnects, Sentinel switches."""
+    return [
+        (REDIS_RECONNECTS, REDIS_RECONNECTS_HELP, ['connection'],
+         [([name], float(n)) for name, n in sorted(store.reconnects.items())]),
+        (SENTINEL_SWITCHES, SENTINEL_SWITCHES_HELP, [],
+         [([], float(sum(connect.switches_followed.values())))]),
     ]  # fmt: skip
 
 

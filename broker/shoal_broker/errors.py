@@ -69,6 +69,12 @@ class StoreFull(BrokerError):
 
     condition = 'amqp:resource-limit-exceeded'
 
+    def __init__(self, message: str, reason: str = 'redis_full') -> None:
+        super().__init__(message)
+        self.reason = reason
+        """For the metrics: ``redis_full`` (Redis at maxmemory), ``redis_watermark`` (over the
+        broker's high watermark) or ``address_limit`` (an address at its backlog limit)."""
+
 
 class StoreUnavailable(BrokerError):
     """Redis did not answer or refused the operation; nothing was acknowledged to anyone."""

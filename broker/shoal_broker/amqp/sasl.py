@@ -83,6 +83,8 @@ class SaslHandshake:
         self.state = State.HEADER
         self.identity: Identity | None = None
         self.failure: str | None = None
+        self.mechanism: str | None = None
+        self.failure_code: Code | None = None
         self._buffer = bytearray()
         self._exchange: Exchange | None = None
 
@@ -108,7 +110,7 @@ class SaslHandshake:
         if self.state is not State.HEADER:  # before our header the peer cannot read an outcome
             step.output += frame(outcome(code))
         self.state = State.FAILED
-        self.failure = why
+        self.failure, self.failure_code = why, code
 
     def _advance(self, step: Step) -> bool:
         """One unit of progress; False when more bytes are needed."""
@@ -124,6 +126,7 @@ class SaslHandshake:
             mechanism = _field(fields, 0)
             if not isinstance(mechanism, str):
                 raise SaslProtocolError('sasl-init without a mechanism')
+            self.mechanism = str(mechanism)
             self._exchange = self.authenticator.start(str(mechanism), self.certificate_name)
             self._answer(step, _binary(_field(fields, 1)))
         else:
