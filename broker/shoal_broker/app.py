@@ -31,15 +31,22 @@ from shoal_broker.metrics.registry import (
     BACKGROUND_FAILURES,
     LEASE_UP,
     LOOP_LAG,
+    PRODUCERS_BLOCKED,
+    PRODUCERS_BLOCKED_HELP,
+    REDIS_RECONNECTS,
+    REDIS_RECONNECTS_HELP,
     REDIS_UP,
+    SENTINEL_SWITCHES,
+    SENTINEL_SWITCHES_HELP,
     cap_address_series,
+    register_counters,
     register_gauges,
     subscription_label,
 )
 from shoal_broker.security.tls import ServerTls, redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.stopping import cancel_and_wait
-from shoal_broker.store import registry
+from shoal_broker.store import connect, registry
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.inspect import Inspector
 from shoal_broker.store.redisstore import RedisStore
@@ -150,6 +157,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     backlog = BacklogSnapshot(url, settings.store.backlog_refresh_seconds)
     cap_address_series(settings.security.metrics_max_addresses)
     register_gauges(lambda: broker_gauges(broker, backlog))
+    register_counters(lambda: store_counters(store))
     LEASE_UP.set(1)
     REDIS_UP.set(1)
     tune_garbage_collector()
@@ -416,6 +424,9 @@ def broker_gauges(
         for state in conn.links.values():
             role = type(state).__name__.removesuffix('Link').lower()
             links[role] = links.get(role, 0) + 1
+    producers = links.get('producer', 0.0)
+    blocked = [(['memory_ceiling'], producers if broker.guard.memory_high else 0.0),
+               (['redis_watermark'], producers if broker.guard.store_full else 0.0)]  # fmt: skip
     consumers = [
         ([sub.address, subscription_label(sub.group)], float(len(sub.consumers)))
         for sub in broker.subscriptions.values()
@@ -428,6 +439,7 @@ def broker_gauges(
          [([], float(len(broker.connections)))]),
         ('shoal_links', 'Attached links on this replica, by role.', ['role'],
          [([role], n) for role, n in sorted(links.items())]),
+        (PRODUCERS_BLOCKED, PRODUCERS_BLOCKED_HELP, ['reason'], blocked),
         ('shoal_consumers', 'Consumers attached to this replica.', ['address', 'subscription'],
          consumers),
         ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (refreshed every '
@@ -442,6 +454,18 @@ def broker_gauges(
         ('shoal_declared_info', 'The Queue or SharedSubscription resource declaring a queue or '
          'subscription (value 1).', ['address', 'subscription', 'cr_namespace', 'cr_name'],
          backlog.declared),
+    ]  # fmt: skip
+
+
+def store_counters(
+    store: RedisStore,
+) -> list[tuple[str, str, list[str], list[tuple[list[str], float]]]]:
+    """The scrape-time counters the store keeps as plain ints: reconnects, Sentinel switches."""
+    return [
+        (REDIS_RECONNECTS, REDIS_RECONNECTS_HELP, ['connection'],
+         [([name], float(n)) for name, n in sorted(store.reconnects.items())]),
+        (SENTINEL_SWITCHES, SENTINEL_SWITCHES_HELP, [],
+         [([], float(sum(connect.switches_followed.values())))]),
     ]  # fmt: skip
 
 

@@ -75,6 +75,12 @@ class StoreFull(BrokerError):
 
     condition = 'amqp:resource-limit-exceeded'
 
+    def __init__(self, message: str, reason: str = 'redis_full') -> None:
+        super().__init__(message)
+        self.reason = reason
+        """For the metrics: ``redis_full`` (Redis at maxmemory), ``redis_watermark`` (over the
+        broker's high watermark) or ``address_limit`` (an address at its backlog limit)."""
+
 
 class StoreCommandDenied(BrokerError):
     """The broker's Redis account may not run a command the broker needs (an ACL); ``command``

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 from amqpclient import connect, nothing_more, receive_all, receiver, send_all
+from exposition import samples, value
 from processes import LOOPBACK, BrokerProcess, broker
 from sentinels import SERVICE, SentinelGroup
 
@@ -102,6 +103,10 @@ def test_after_a_failover_both_replicas_follow_the_new_primary(
         consumer_conn.close()
         assert 'switched shoal to' in a.log()
         assert 'switched shoal to' in b.log()
+        for replica in (a, b):  # one switch, however many of its pools followed it
+            assert value(samples(replica), 'shoal_redis_sentinel_switches_total') == 1
+        # a's pipelines left the demoted primary and carried 'after' on a new connection
+        assert value(samples(a), 'shoal_redis_reconnects_total', connection='pipeline') >= 1
 
 
 def _broker_clients(port: int) -> list[dict[str, Any]]:

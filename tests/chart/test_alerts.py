@@ -69,7 +69,7 @@ def test_the_chart_ships_the_rule_file_promtool_tests() -> None:
         'ShoalBacklogGrowing', 'ShoalConsumerStarved', 'ShoalMessageWaitingLong',
         'ShoalDeadLetterQueueFilling',
         'ShoalRedisUnreachable', 'ShoalReplicaLeaseLost', 'ShoalReplicaDown',
-        'ShoalReplicasMissing',
+        'ShoalReplicasMissing', 'ShoalProducersBlocked', 'ShoalPublishesRefused',
     }  # fmt: skip
 
 
@@ -97,6 +97,8 @@ BROKEN = {
     'ShoalReplicaLeaseLost': ('== 0', '<= 1'),
     'ShoalReplicaDown': ('up == 0', 'up >= 0'),
     'ShoalReplicasMissing': ('and on (namespace, deployment)', 'or on (namespace, deployment)'),
+    'ShoalProducersBlocked': ('> 0', '>= 0'),  # nobody held back
+    'ShoalPublishesRefused': ('> 0', '>= 0'),  # nothing refused any more
 }
 """Per alert, an edit that makes it fire on a healthy series of its unit test."""
 

@@ -22,6 +22,7 @@ from shoal_broker.errors import (
     InvalidField,
     NotImplementedByBroker,
 )
+from shoal_broker.metrics import registry as metrics
 from shoal_broker.routing import addresses, jms_subscriptions
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.security.permissions import Operation
@@ -73,6 +74,7 @@ def mirror_termini(link: Ptr) -> None:
 
 def refuse(link: Ptr, error: BrokerError) -> None:
     """Answer an attach with a null terminus on our side, then detach with the error."""
+    metrics.link_refused(lib.pn_link_is_sender(link), error.condition)
     mirror_termini(link)
     ours = lib.pn_link_source(link) if lib.pn_link_is_sender(link) else lib.pn_link_target(link)
     lib.pn_terminus_set_type(ours, lib.PN_UNSPECIFIED)
@@ -262,6 +264,7 @@ async def _subscribe(
         and (denied := broker.guard.refusal(consumer.conn, Operation.MANAGE, consumer.address))
         and await broker.store.subscription_definition(spec.key) is None
     ):
+        metrics.AUTHORIZATION_FAILURES.labels(Operation.MANAGE).inc()
         raise denied  # creating a durable subscription needs manage; joining one, consume
     await broker.guard.check_subscription_room(broker.store, consumer.address, spec.key.id)
     consumer.named = spec.key

@@ -43,6 +43,7 @@ from shoal_broker.errors import (
     StoreFull,
     StoreUnavailable,
 )
+from shoal_broker.metrics import registry as metrics
 from shoal_broker.metrics.registry import Counters
 from shoal_broker.routing import addresses, outcomes
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
@@ -210,6 +211,7 @@ class Broker:
         c = conn.connection
         conn.container_id = engine.remote_container(c)
         if conn.refusal is not None:  # a connection limit (amqp/guard.py)
+            metrics.CONNECTIONS_REFUSED.labels(conn.refusal.condition).inc()
             self._open_connection(conn, refused=True)
             conn.fail(conn.refusal.condition, str(conn.refusal))
             return
@@ -248,6 +250,7 @@ class Broker:
         except BrokerError as exc:
             conn.opened.set()
             if conn.alive:
+                metrics.CONNECTIONS_REFUSED.labels(exc.condition).inc()
                 conn.fail(exc.condition, f'cannot check the ClientID: {exc}')
                 self.mark_dirty(conn)
             return
@@ -260,6 +263,7 @@ class Broker:
             conn.claimed_client = (client_id, holder)
             self._open_connection(conn)
         else:
+            metrics.CONNECTIONS_REFUSED.labels('amqp:invalid-field').inc()
             self._open_connection(conn, refused=True)
             condition = lib.pn_connection_condition(conn.connection)
             engine.set_condition(
@@ -628,6 +632,7 @@ class Broker:
         """Anonymous relay: the message names its address; order is kept per producer."""
         view = message.view
         if view.to and (denied := self.guard.refusal(producer.conn, Operation.SEND, view.to)):
+            metrics.AUTHORIZATION_FAILURES.labels(Operation.SEND).inc()
             self._outcome(producer, message.delivery, message.settled, denied)
             return
         known = self.kinds.get(view.to or '')
@@ -876,6 +881,7 @@ class Broker:
         condition: str | None = None,
     ) -> None:
         """Reject one message with the error's condition; the link stays open."""
+        metrics.publish_refused(error)
         if not settled:
             local = lib.pn_delivery_local(delivery)
             engine.set_condition(

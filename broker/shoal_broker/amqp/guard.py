@@ -23,6 +23,7 @@ from shoal_broker.errors import (
     StoreFull,
     Unauthorized,
 )
+from shoal_broker.metrics import registry as metrics
 from shoal_broker.metrics.registry import BACKGROUND_FAILURES, LOGINS_REFUSED
 from shoal_broker.security.authenticator import Authenticator, AuthPolicy, Identity, UsersSource
 from shoal_broker.security.permissions import Operation
@@ -100,6 +101,7 @@ class Guard:
             conn.write_raw(step.output)
         if handshake.state is sasl.State.FAILED:
             logger.info('connection %d from %s refused: %s', conn.id, conn.peer, handshake.failure)
+            metrics.authentication_failed(handshake.mechanism, failure_reason(handshake, self))
             if handshake.credentials_refused:
                 LOGINS_REFUSED.labels('failed').inc()
                 self._login_failed(conn)
@@ -169,6 +171,7 @@ class Guard:
     def _sasl_overdue(self, conn: 'AmqpConnection') -> None:
         if conn.alive and conn.handshake is not None:
             logger.info('connection %d from %s: SASL not finished in time', conn.id, conn.peer)
+            metrics.authentication_failed(conn.handshake.mechanism, 'timeout')
             conn.abort()
 
     def _open_overdue(self, conn: 'AmqpConnection') -> None:
@@ -288,7 +291,8 @@ class Guard:
                 if full and self.store_full is None:
                     logger.warning('Redis uses %d of its %d bytes: refusing messages', used, limit)
                     self.store_full = StoreFull(
-                        f'the message store is full ({used >> 20} of {limit >> 20} MiB used)'
+                        f'the message store is full ({used >> 20} of {limit >> 20} MiB used)',
+                        'redis_watermark',
                     )
                 elif not full and self.store_full is not None:
                     logger.warning('Redis memory below the watermark again: accepting messages')
@@ -317,6 +321,7 @@ class Guard:
     def authorize(self, conn: 'AmqpConnection', operation: Operation, address: str) -> None:
         error = self.refusal(conn, operation, address)
         if error is not None:
+            metrics.AUTHORIZATION_FAILURES.labels(operation).inc()
             raise error
 
 
@@ -350,3 +355,15 @@ def certificate_name(socket: asyncio.BaseTransport) -> str | None:
             if key == 'commonName':
                 return str(value)
     return None
+
+
+def failure_reason(handshake: sasl.SaslHandshake, guard: Guard) -> str:
+    """Why a SASL exchange failed, from a closed set (a metric label): ``protocol_header`` (no
+    SASL header, or none without ANONYMOUS), ``malformed`` frames, a ``mechanism`` not offered,
+    or the ``credentials`` (unknown user, wrong password or certificate)."""
+    if handshake.failure_code is None:
+        return 'protocol_header'
+    if handshake.failure_code is not sasl.Code.AUTH:
+        return 'malformed'
+    offered = guard.authenticator.mechanisms(handshake.certificate_name)
+    return 'credentials' if handshake.mechanism in offered else 'mechanism'

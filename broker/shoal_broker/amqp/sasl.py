@@ -85,6 +85,8 @@ class SaslHandshake:
         self.failure: str | None = None
         self.credentials_refused = False
         """The failure was a wrong password or unknown user (what login throttling counts)."""
+        self.mechanism: str | None = None
+        self.failure_code: Code | None = None
         self._buffer = bytearray()
         self._exchange: Exchange | None = None
 
@@ -110,7 +112,7 @@ class SaslHandshake:
         if self.state is not State.HEADER:  # before our header the peer cannot read an outcome
             step.output += frame(outcome(code))
         self.state = State.FAILED
-        self.failure = why
+        self.failure, self.failure_code = why, code
         self.credentials_refused = code is Code.AUTH
 
     def _advance(self, step: Step) -> bool:
@@ -127,6 +129,7 @@ class SaslHandshake:
             mechanism = _field(fields, 0)
             if not isinstance(mechanism, str):
                 raise SaslProtocolError('sasl-init without a mechanism')
+            self.mechanism = str(mechanism)
             self._exchange = self.authenticator.start(str(mechanism), self.certificate_name)
             self._answer(step, _binary(_field(fields, 1)))
         else:

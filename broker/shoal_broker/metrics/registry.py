@@ -22,6 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from shoal_broker.errors import BrokerError, StoreFull
 from shoal_broker.metrics import records
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
@@ -327,5 +328,95 @@ class ScrapeTimeGauges(Collector):
 
 def register_gauges(source: Gauges) -> ScrapeTimeGauges:
     collector = ScrapeTimeGauges(source)
+    REGISTRY.register(collector)
+    return collector
+
+
+# -- the door, limits and the store connection: events a user expects to count -------------------
+# Not per message (these are refusals and failures), so plain prometheus_client counters. Every
+# label takes its value from a closed set: a peer's input (a mechanism name it made up, a user
+# name) never becomes a label value.
+
+SASL_MECHANISMS = ('ANONYMOUS', 'PLAIN', 'EXTERNAL', 'SCRAM-SHA-256', 'SCRAM-SHA-512')
+"""The mechanisms the broker can offer; any other name a peer asks for is counted as ``other``."""
+
+AUTHENTICATION_FAILURES = Counter(
+    'shoal_authentication_failures',
+    'SASL exchanges that did not let the peer in, by mechanism (none: it never chose one) and '
+    'reason (credentials, mechanism, malformed, protocol_header, timeout).',
+    ['mechanism', 'reason'],
+)
+AUTHORIZATION_FAILURES = Counter(
+    'shoal_authorization_failures',
+    'Operations an authenticated user was refused for lack of permission, by operation.',
+    ['operation'],
+)
+CONNECTIONS_REFUSED = Counter(
+    'shoal_connections_refused',
+    'Authenticated connections the broker refused at Open, by AMQP error condition.',
+    ['condition'],
+)
+LINKS_REFUSED = Counter(
+    'shoal_links_refused',
+    'Attaches the broker refused, by role (consumer, producer) and AMQP error condition.',
+    ['role', 'condition'],
+)
+PUBLISHES_REFUSED = Counter(
+    'shoal_publishes_refused',
+    'Messages refused to producers because storage is limited, by reason (redis_watermark, '
+    'redis_full, address_limit).',
+    ['reason'],
+)
+PRODUCERS_BLOCKED = 'shoal_producers_blocked'
+PRODUCERS_BLOCKED_HELP = (
+    'Producer links on this replica held back now, by reason (memory_ceiling: no credit while '
+    'resident memory is over the ceiling; redis_watermark: every message refused while Redis is '
+    'over its high watermark).'
+)
+REDIS_RECONNECTS = 'shoal_redis_reconnects'
+REDIS_RECONNECTS_HELP = (
+    "Times this replica's Redis connections were lost and opened again, by connection "
+    '(pipeline: the message store path; notifications: the pub/sub channel).'
+)
+SENTINEL_SWITCHES = 'shoal_redis_sentinel_switches'
+SENTINEL_SWITCHES_HELP = 'Redis Sentinel primary switches (failovers) this replica followed.'
+
+
+def authentication_failed(mechanism: str | None, reason: str) -> None:
+    label = 'none' if mechanism is None else mechanism if mechanism in SASL_MECHANISMS else 'other'
+    AUTHENTICATION_FAILURES.labels(label, reason).inc()
+
+
+def link_refused(sender: bool, condition: str) -> None:
+    LINKS_REFUSED.labels('consumer' if sender else 'producer', condition).inc()
+
+
+def publish_refused(error: BrokerError) -> None:
+    """Counts a message refused because storage is limited (other refusals are not blocks)."""
+    if isinstance(error, StoreFull):
+        PUBLISHES_REFUSED.labels(error.reason).inc()
+
+
+Counts = Callable[[], Iterable[tuple[str, str, list[str], list[tuple[list[str], float]]]]]
+"""Yields (name without _total, help, label names, [(label values, count), ...]) at scrape time."""
+
+
+class ScrapeTimeCounters(Collector):
+    """Counters kept as plain ints by code that must not import prometheus_client (the store's
+    modules are imported by the operator too), read when Prometheus scrapes."""
+
+    def __init__(self, source: Counts) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        for name, help_text, label_names, samples in self._source():
+            family = CounterMetricFamily(name, help_text, labels=label_names)
+            for values, value in samples:
+                family.add_metric(values, value)
+            yield family
+
+
+def register_counters(source: Counts) -> ScrapeTimeCounters:
+    collector = ScrapeTimeCounters(source)
     REGISTRY.register(collector)
     return collector

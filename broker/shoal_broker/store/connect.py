@@ -26,6 +26,7 @@ already open to it.
 """
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -59,6 +60,12 @@ primary (redis-py asks the next one only after an error)."""
 QUIET_SECONDS = 5.0
 """A sentinel's ``+switch-master`` channel silent this long is pinged; silent twice as long, it is
 given up on and subscribed to again."""
+
+switches_followed: collections.Counter[str] = collections.Counter()
+"""Primary switches followed in this process, by service (a metric): each counted once, however
+many pools (store, inspector) follow it."""
+_primaries: dict[str, tuple[str, int]] = {}
+"""The primary each service last switched to, as any pool of this process heard it."""
 
 _SENTINEL_OPTIONS = ('sentinel_username', 'sentinel_password')
 _SHARED_PREFIXES = ('socket_', 'ssl')
@@ -259,6 +266,9 @@ class _SwitchState:
         if new == self.followed:
             return
         self.followed = new
+        if _primaries.get(parts[0]) != new:
+            _primaries[parts[0]] = new
+            switches_followed[parts[0]] += 1
         logger.warning(
             'Redis Sentinel switched %s to %s:%d; reconnecting', parts[0], new[0], new[1]
         )

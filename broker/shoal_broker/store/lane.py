@@ -124,6 +124,9 @@ class Lane:
         """When the connection was last read from, or sent a pipeline with none owed."""
         self._watchdog: asyncio.TimerHandle | None = None
         self._breaking: set[asyncio.Task[None]] = set()
+        self._was_lost = False
+        self.reconnects = 0
+        """Pipelines written on a fresh connection after one was lost (a metric)."""
 
     @property
     def in_flight(self) -> int:
@@ -161,6 +164,9 @@ class Lane:
         except CONNECTION_ERRORS as exc:
             self._lost(conn, exc)
             raise
+        if self._was_lost:
+            self._was_lost = False
+            self.reconnects += 1
         if not self._sent:
             self._heard_at = asyncio.get_running_loop().time()
         self._sent.append((len(commands), answer))
@@ -227,6 +233,7 @@ class Lane:
         if conn is not self._conn:
             return
         self._conn = None
+        self._was_lost = True
         self._partial = []
         if self._watchdog is not None:
             self._watchdog.cancel()

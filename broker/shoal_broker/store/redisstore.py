@@ -255,6 +255,8 @@ class RedisStore:
         self._unconfirmed_warned_at = -UNCONFIRMED_WARNING_SECONDS
         self.pipelines = 0
         """Pipelines sent so far (a batching measure for benchmarks and tests)."""
+        self.resubscribes = 0
+        """Times the notification channel was lost and subscribed again (a metric)."""
         self.commands = 0
 
     @classmethod
@@ -273,6 +275,11 @@ class RedisStore:
         )  # fmt: skip
         client = redis.asyncio.Redis.from_pool(pool)  # owns the pool: aclose() closes it
         return cls(client, replica_id, durability, replication_timeout_ms)
+
+    @property
+    def reconnects(self) -> dict[str, int]:
+        """Connections lost and opened again, by connection (a metric)."""
+        return {'pipeline': self._lane.reconnects, 'notifications': self.resubscribes}
 
     async def check_durability(self) -> None:
         """Refuse to start when Redis cannot give the promised durability."""
@@ -612,7 +619,7 @@ class RedisStore:
                 raise AddressNotFound(f'{address!r} no longer exists')
             if replies[0] == -2:
                 limit = self._backlog_limit(address)
-                raise StoreFull(f'{address!r} holds its limit of {limit} messages')
+                raise StoreFull(f'{address!r} holds its limit of {limit} messages', 'address_limit')
             return bool(replies[0])
 
         answer = None
@@ -1242,6 +1249,7 @@ class RedisStore:
     async def _resubscribe(self) -> None:
         with contextlib.suppress(*_REDIS_DOWN, StoreUnavailable):
             await self._pubsub.connect()  # reconnecting re-subscribes every channel it had
+            self.resubscribes += 1
             channels = [keys.AddressKeys.of(a).notify for a in self._watchers]
             if channels:
                 await self._pubsub.subscribe(*channels)
