@@ -15,9 +15,9 @@ class AnalysisParams:
     lookback_minutes: int = 60
     """How much history, ending at the newest record, one analysis reads."""
     capacity_per_replica: float = 10_000.0
-    """Transfers (enqueued + delivered messages) per second one replica sustains. docs/benchmarks.md
-    measured 5 000-7 700 msg/s in and as many out (1 to 1, at-least-once, 1 KiB, 2 cores), so
-    10 000 leaves margin for bigger messages and busier cores; measure your own and pass it."""
+    """Transfers (enqueued + delivered messages) per second one replica sustains. The default is
+    a deliberately low starting point, about a quarter of a core by the model in docs/capacity.md
+    (the analytics job's capacity per replica); measure your own nodes and pass it."""
     target_utilisation: float = 0.7
     """The fraction of capacity the recommendation plans for, leaving headroom for bursts."""
     current_replicas: int | None = None

@@ -4,7 +4,7 @@
  * and the engine.
  *
  * Why: in Python each of these was 5-10 calls through cffi plus the byte-level walk; here each is
- * one call, and the broker's CPU per message fell by a fifth (docs/benchmarks.md, session 6).
+ * one call, and the broker's CPU per message fell by a fifth (docs/performance.md#c-hot-path).
  * Everything that decides anything (routing, outcomes, caches, errors) stays in Python; this file
  * only moves bytes, reads flags and hands over the next event.
  *

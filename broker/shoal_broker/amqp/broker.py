@@ -172,7 +172,7 @@ class Broker:
         """``mark_dirty`` for a connection given deliveries: it is written before the others.
         One store reply often both accepts a producer's message and hands it to a consumer;
         writing the accept first let the woken producer take the CPU before the consumer's
-        transfer went out (2 vCPUs, measured in docs/benchmarks.md, session 4)."""
+        transfer went out (2 vCPUs, docs/performance.md#flush-order)."""
         self._delivering.add(conn)
         if not self._flush_scheduled:
             self._flush_scheduled = True

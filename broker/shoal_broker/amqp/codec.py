@@ -237,7 +237,7 @@ DEFAULT_HEADER: Final = Header()
 
 _HEADERS: dict[bytes, Header] = {}
 """Decoded header sections by their bytes: a producer sends the same few header encodings, and
-decoding one cost ~4 µs per message (docs/benchmarks.md, profile G)."""
+decoding one cost ~4 µs per message (docs/performance.md#codec-caches)."""
 MAX_CACHED_HEADERS: Final = 1024
 
 _ANNOTATIONS: dict[bytes, Mapping[Any, Any]] = {}

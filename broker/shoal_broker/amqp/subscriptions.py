@@ -10,8 +10,7 @@ returned entry) while it is in flight sets ``again`` instead of starting a secon
 New credit alone does not fetch when the last fetch came back short and nothing has announced
 entries since: every way an entry becomes fetchable (a publish here, another replica's
 notification, a release, a reclaim, a commit) kicks the subscription. Clients top up credit as
-they consume, so at a trickle this saved an empty fetch per message (docs/benchmarks.md,
-sitting J).
+they consume, so at a trickle this saved an empty fetch per message (docs/performance.md#credit-and-fetches).
 
 Sharing between replicas (docs/architecture.md): when other replicas have consumers of the
 subscription too, a fetch hands this replica only its share, in proportion to free credit
@@ -29,7 +28,7 @@ published on this replica to a queue whose local consumers are all pre-settled a
 its only consumers cluster-wide) never needs Redis when the queue has nothing stored for them: it
 goes straight to a consumer with credit. Nobody can settle, release or redeliver it, so Redis would
 have held it only to hand it back (5.5 µs of Redis and 1.7 µs of broker CPU per message,
-docs/benchmarks.md, session 11). The one rule that keeps this faithful is order: a message is
+docs/performance.md#hand-over). The one rule that keeps this faithful is order: a message is
 handed over only when nothing this replica stored for the queue is still unread, which a short
 fetch with nothing announced since proves (``_exhausted``). While a fetch is in flight such
 messages wait here behind it, and go out after what it returns; with no credit left they wait for
@@ -96,7 +95,7 @@ stays with this replica before it is returned for other replicas' consumers. An 
 beyond the credit a consumer then took back (a receiver may lower its credit with a flow) used
 to be released at once: when that release failed (Redis at maxmemory) and waited to be tried
 again, the next fetch handed out newer entries first (tests/security/test_limits.py, 5 of 15
-runs on a busy 2-vCPU VM, session 11). Parked, it goes out first when credit comes back."""
+runs on a busy 2-vCPU VM). Parked, it goes out first when credit comes back."""
 
 
 SHARE_CHECK_SECONDS = LAPSE_MS / 1000 + 0.1
@@ -203,7 +202,7 @@ class LocalSubscription:
         has it (``Broker._send_ahead``), or None when it must wait for a fetch (see the module
         doc). One claim at a time: under load a fetch batches better, and with claims in flight
         back to back nothing ever fetched, so nothing batched (1→4 competing fell from ~77k to
-        ~48k msg/s, docs/benchmarks.md session 12); at a trickle the claim is long answered when
+        ~48k msg/s, docs/performance.md#send-ahead); at a trickle the claim is long answered when
         the next message comes."""
         if (
             self.sends_ahead

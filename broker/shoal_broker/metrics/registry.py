@@ -65,7 +65,7 @@ _HOT_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 """The per-message counters: plain ints here, turned into Prometheus families at scrape time
 (a ``prometheus_client.Counter`` takes a lock per increment: 10 % of the broker's CPU under
-load, docs/benchmarks.md)."""
+load, docs/performance.md#metric-counters)."""
 
 LATENCY_NAME = 'shoal_delivery_latency_seconds'
 LATENCY_HELP = 'From enqueue (stream entry time) to the consumer accepting the message.'

@@ -5,12 +5,12 @@ Redis runs one connection's commands in the order they arrive, so pipelines writ
 the other on one connection are applied in that order whether or not the previous replies have
 come back: a producer's messages stay in order without waiting a round trip per pipeline. The
 broker builds the next pipeline while Redis works on the previous ones (the one-in-flight limit
-measured in docs/benchmarks.md left the broker idle for each round trip).
+measured in docs/performance.md#store-lane left the broker idle for each round trip).
 
 The connection comes from redis-py's pool (so authentication, TLS and the database in the URL
 apply), but the hot path packs RESP with hiredis, writes it to the connection's stream and feeds the
 replies to the connection's own hiredis reader: redis-py's pipeline packing was 10 % of the
-broker's CPU under load (docs/benchmarks.md, profile G), and its per-command write (a task and a
+broker's CPU under load (docs/performance.md#store-lane), and its per-command write (a task and a
 timer for ``wait_for``) and per-reply read (an ``asyncio.timeout``) were a third of the store
 path at 1 000 msg/s, where every message travels in pipelines of its own. Replies are read by a
 protocol of the lane's own put on the connection's transport (``_Receiver``): a reader task woken
@@ -55,7 +55,7 @@ class Encoded:
     """The last arguments of a command, already RESP bulk strings: ``count`` of them, whose bytes
     are ``parts`` joined. A publish's per-message arguments are encoded this way as the messages
     are published (``BULK_HEADS``): hiredis took ~2.4 µs to pack one message's four arguments
-    and this takes ~0.25 µs (docs/benchmarks.md, session 10)."""
+    and this takes ~0.25 µs (docs/performance.md#encoded-arguments)."""
 
     __slots__ = ('count', 'parts')
 

@@ -5,7 +5,7 @@ Every publish cycle announces its address on a Redis channel, and the replica th
 subscribed to that channel too (its own consumers of the address): at a trickle each message
 came back as a notification of its own, and redis-py's ``PubSub.get_message`` (a timeout, a
 retry wrapper and a dict per message) cost 60-90 µs of broker CPU per message at 1 000 msg/s
-(docs/benchmarks.md, sitting J). Here the subscribed connection's replies are fed to its own
+(docs/performance.md#notifications). Here the subscribed connection's replies are fed to its own
 hiredis reader and only ``message`` replies are kept.
 
 redis-py still writes the SUBSCRIBE/UNSUBSCRIBE commands and reconnects (re-subscribing every

@@ -7,7 +7,7 @@
 -- ARGV[1] group, ARGV[2] consumer (replica id), ARGV[3] count (at most),
 -- ARGV[4] '1': read the normal band here too; '0': leave it to the plain XREADGROUP the caller
 --         sends right after this script (an entry handed back through Lua costs Redis ~3 µs more
---         than one read directly, docs/benchmarks.md session 5; when this script finds
+--         than one read directly, docs/performance.md#bulk-fetch; when this script finds
 --         returned or high-band entries, the caller gives what that read took back behind them)
 -- ARGV[5] consumers of the subscription on this replica; 0 for a group only this replica ever
 --         reads (a plain topic subscriber's): no record, no sharing

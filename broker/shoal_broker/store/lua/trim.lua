@@ -5,7 +5,7 @@
 -- ARGV[1] limit: whole stream nodes are removed while they fit in it (XTRIM ~ LIMIT); only when
 --         no whole node is left to remove is the rest of the consumed part (less than a node)
 --         trimmed exactly. One exact XTRIM of a 100 000-entry backlog held Redis for 25 ms, every
---         replica's traffic with it (docs/benchmarks.md, session 12); the caller calls again
+--         replica's traffic with it (docs/performance.md#trimming); the caller calls again
 --         while something was removed.
 -- Returns the number of entries removed.
 --! include trim_consumed
