@@ -87,7 +87,8 @@ GC_YOUNG_THRESHOLD = 20_000
 def tune_garbage_collector() -> None:
     """Messages are short-lived and acyclic, so reference counting frees them; the cyclic
     collector mostly re-scans long-lived state (~11 % of broker CPU under load, measured in
-    docs/performance.md#garbage-collector). Freeze what exists after start-up and collect young objects less often."""
+    docs/performance.md#garbage-collector). Freeze what exists after start-up and collect young
+    objects less often."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)

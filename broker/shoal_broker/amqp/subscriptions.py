@@ -10,7 +10,8 @@ returned entry) while it is in flight sets ``again`` instead of starting a secon
 New credit alone does not fetch when the last fetch came back short and nothing has announced
 entries since: every way an entry becomes fetchable (a publish here, another replica's
 notification, a release, a reclaim, a commit) kicks the subscription. Clients top up credit as
-they consume, so at a trickle this saved an empty fetch per message (docs/performance.md#credit-and-fetches).
+they consume, so at a trickle this saved an empty fetch per message
+(docs/performance.md#credit-and-fetches).
 
 Sharing between replicas (docs/architecture.md): when other replicas have consumers of the
 subscription too, a fetch hands this replica only its share, in proportion to free credit

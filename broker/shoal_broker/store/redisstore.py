@@ -82,7 +82,8 @@ POOL_WAIT_SECONDS = 20.0
 
 PIPELINES_IN_FLIGHT = 4
 """Per-message pipelines sent but not yet answered. One left the broker idle for every round
-trip (73 % CPU at saturation); more than a few only shrinks the batches (docs/performance.md#store-lane)."""
+trip (73 % CPU at saturation); more than a few only shrinks the batches
+(docs/performance.md#store-lane)."""
 
 BULK_FETCH_ENTRIES = 16
 """A fetch this big, with nothing returned or high-band in it, makes the next fetches of its
@@ -107,8 +108,8 @@ fetch; one deleted mid-burst would otherwise stay)."""
 ACK_COALESCE_SECONDS = 0.002
 """How long an ack waits for a pipeline to ride along with. Under load every cycle carries acks
 anyway; at a trickle (1 000 msg/s) each ack otherwise paid a pipeline and two wake-ups of its own
-(docs/performance.md#ack-coalescing), while the next publish comes within a millisecond. An ack still
-queued when the replica dies only means a redelivery, which at-least-once allows."""
+(docs/performance.md#ack-coalescing), while the next publish comes within a millisecond. An ack
+still queued when the replica dies only means a redelivery, which at-least-once allows."""
 
 UNCONFIRMED_WARNING_SECONDS = 10.0
 """At most one warning this often while no Redis replica confirms writes (``replicated``)."""
@@ -729,8 +730,10 @@ class RedisStore:
     ) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], Fetched]]:
         """The commands of one fetch and what makes entries of their replies. A subscription
         fetching in bulk (BULK_FETCH_ENTRIES) has its normal band read by a plain XREADGROUP:
-        handed back through Lua, an entry costs Redis ~3 µs more (docs/performance.md#bulk-fetch). At a trickle one EVALSHA stays cheaper. A subscription other replicas serve too is
-        never read in bulk: only the script knows this replica's share."""
+        handed back through Lua, an entry costs Redis ~3 µs more
+        (docs/performance.md#bulk-fetch). At a trickle one EVALSHA stays cheaper. A subscription
+        other replicas serve too is never read in bulk: only the script knows this replica's
+        share."""
         k = keys.AddressKeys.of(address)
         script_keys = (
             *k.streams, k.returned(group), k.delivery_counts(group), k.shares(group)
