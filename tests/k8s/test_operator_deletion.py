@@ -31,6 +31,26 @@ async def ready(kube: Kube, plural: str, name: str, namespace: str = 'default') 
     return found if found.get('status') == 'True' else None
 
 
+async def _declare_app(
+    kube: Kube, redis_server: RedisServer, address: str, billing: str, subscription_policy: str
+) -> None:
+    """The app: Redis's Secret, a BrokerCluster, a Queue (Delete) and a SharedSubscription."""
+    await kube.redis_secret(redis_server.url)
+    await kube.create('brokerclusters', cluster_body())
+    queue = {
+        'clusterRef': {'name': 'shoal'},
+        'queueName': f'{address}-q',
+        'deletionPolicy': 'Delete',
+    }
+    await kube.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'}, 'spec': queue})
+    await kube.create(
+        'sharedsubscriptions',
+        subscription_body(billing, address, deletionPolicy=subscription_policy),
+    )
+    await kube.eventually(lambda: ready(kube, 'queues', 'orders'), 'the Queue Ready')
+    await kube.eventually(lambda: ready(kube, 'sharedsubscriptions', billing), 'the sub Ready')
+
+
 async def test_kubectl_delete_of_a_whole_app_honours_delete(
     operator: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
 ) -> None:
@@ -42,19 +62,7 @@ async def test_kubectl_delete_of_a_whole_app_honours_delete(
         ('queues', 'orders', None),
         ('sharedsubscriptions', billing, None),
     ]
-    await kube.redis_secret(redis_server.url)
-    await kube.create('brokerclusters', cluster_body())
-    queue = {
-        'clusterRef': {'name': 'shoal'},
-        'queueName': f'{address}-q',
-        'deletionPolicy': 'Delete',
-    }
-    await kube.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'}, 'spec': queue})
-    await kube.create(
-        'sharedsubscriptions', subscription_body(billing, address, deletionPolicy='Delete')
-    )
-    await kube.eventually(lambda: ready(kube, 'queues', 'orders'), 'the Queue Ready')
-    await kube.eventually(lambda: ready(kube, 'sharedsubscriptions', billing), 'the sub Ready')
+    await _declare_app(kube, redis_server, address, billing, 'Delete')
     assert rds.hget(keys.ADDRESSES, f'{address}-q') == 'queue'
     assert rds.exists(definition_key(billing))
 
@@ -94,19 +102,7 @@ async def test_deleting_the_namespace_after_the_operators_role_finishes_and_hono
 ) -> None:
     kube = operator
     billing = f'billing-{uuid.uuid4().hex[:8]}'
-    await kube.redis_secret(redis_server.url)
-    await kube.create('brokerclusters', cluster_body())
-    queue = {
-        'clusterRef': {'name': 'shoal'},
-        'queueName': f'{address}-q',
-        'deletionPolicy': 'Delete',
-    }
-    await kube.create('queues', {'kind': 'Queue', 'metadata': {'name': 'orders'}, 'spec': queue})
-    await kube.create(
-        'sharedsubscriptions', subscription_body(billing, address, deletionPolicy='DeleteIfEmpty')
-    )
-    await kube.eventually(lambda: ready(kube, 'queues', 'orders'), 'the Queue Ready')
-    await kube.eventually(lambda: ready(kube, 'sharedsubscriptions', billing), 'the sub Ready')
+    await _declare_app(kube, redis_server, address, billing, 'DeleteIfEmpty')
     for plural, name in [('queues', 'orders'), ('sharedsubscriptions', billing)]:
         body = await kube.get(plural, name) or {}
         assert not body['metadata'].get('finalizers'), 'nothing may hold the namespace'

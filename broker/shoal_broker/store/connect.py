@@ -165,6 +165,18 @@ class BlockingSentinelPool(_Following, SentinelConnectionPool, BlockingConnectio
     """The same, with the blocking pool's waiting for a free connection."""
 
 
+def _sentinel_kwargs(parsed: SentinelUrl, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Connection arguments for the sentinels: short timeouts unless given, the socket options
+    of the caller, then the URL's own."""
+    sentinel_kwargs: dict[str, Any] = {
+        'socket_connect_timeout': SENTINEL_TIMEOUT_SECONDS,
+        'socket_timeout': SENTINEL_TIMEOUT_SECONDS,
+    }
+    sentinel_kwargs.update((k, v) for k, v in kwargs.items() if k.startswith('socket_'))
+    sentinel_kwargs.update(parsed.sentinel)
+    return sentinel_kwargs
+
+
 def connection_pool(url: str, *, blocking: bool = False, **kwargs: Any) -> ConnectionPool:
     """A pool for ``url``; ``kwargs`` are pool and connection arguments (the URL's options win,
     as with redis-py's ``from_url``). Raises ValueError for a URL redis-py cannot use."""
@@ -172,12 +184,7 @@ def connection_pool(url: str, *, blocking: bool = False, **kwargs: Any) -> Conne
         cls = BlockingConnectionPool if blocking else ConnectionPool
         return cls.from_url(url, **kwargs)
     parsed = parse_sentinel_url(url)
-    sentinel_kwargs: dict[str, Any] = {
-        'socket_connect_timeout': SENTINEL_TIMEOUT_SECONDS,
-        'socket_timeout': SENTINEL_TIMEOUT_SECONDS,
-    }
-    sentinel_kwargs.update((k, v) for k, v in kwargs.items() if k.startswith('socket_'))
-    sentinel_kwargs.update(parsed.sentinel)
+    sentinel_kwargs = _sentinel_kwargs(parsed, kwargs)
     manager = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     pool_kwargs = {**kwargs, **parsed.connection}
     pool_class = BlockingSentinelPool if blocking else SentinelPool
@@ -194,12 +201,7 @@ def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     if not is_sentinel_url(url):
         return redis.Redis.from_url(url, **kwargs)
     parsed = parse_sentinel_url(url)
-    sentinel_kwargs: dict[str, Any] = {
-        'socket_connect_timeout': SENTINEL_TIMEOUT_SECONDS,
-        'socket_timeout': SENTINEL_TIMEOUT_SECONDS,
-    }
-    sentinel_kwargs.update((k, v) for k, v in kwargs.items() if k.startswith('socket_'))
-    sentinel_kwargs.update(parsed.sentinel)
+    sentinel_kwargs = _sentinel_kwargs(parsed, kwargs)
     manager = redis.sentinel.Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     primary: redis.Redis = manager.master_for(parsed.service, **{**kwargs, **parsed.connection})  # type: ignore[no-untyped-call]
     return primary
