@@ -2,7 +2,7 @@
 
 import pytest
 
-from shoal_broker.metrics import records
+from shoal_broker.metrics import records, registry
 from shoal_broker.metrics.records import AnalyticsSummary, Anomaly, MetricRecord
 from shoal_broker.metrics.registry import Counters
 
@@ -78,3 +78,23 @@ def test_an_accepted_delivery_counts_in_the_record_bucket_its_latency_falls_in(
     expected = [0] * (len(records.LATENCY_BOUNDS) + 1)
     expected[records.bucket_index(seconds)] = 1
     assert latencies[('records-test', 'queue')] == expected
+
+
+def test_consumer_links_with_a_taken_name_or_named_like_the_aggregate_count_in_it() -> None:
+    """Their own series would repeat another's labels in the exposition."""
+    address = 'links-sharing-names'
+    attached = [
+        registry.link_attached(address, 'queue', name)
+        for name in ('consumer', 'consumer', registry.OTHER_LINKS)
+    ]
+    for count, deliveries in enumerate(attached, start=1):
+        deliveries.count += count
+    samples = [s for s in registry._link_deliveries().samples if s.labels['address'] == address]
+    assert sorted((s.labels['link'], s.value) for s in samples) == [
+        (registry.OTHER_LINKS, 5),
+        ('consumer', 1),
+    ]
+    for deliveries in attached:
+        registry.link_detached(deliveries)
+    samples = [s for s in registry._link_deliveries().samples if s.labels['address'] == address]
+    assert [(s.labels['link'], s.value) for s in samples] == [(registry.OTHER_LINKS, 5)]

@@ -321,7 +321,8 @@ def link_attached(address: str, group: str, name: str) -> LinkDeliveries:
     address, label = _folded(('address', 'subscription'), (address, subscription_label(group)))
     key = (address, label, name[:LINK_LABEL_LENGTH])
     room = not _link_cap or len(_LINKS) < _link_cap
-    if room and address != OTHER_ADDRESSES and key not in _LINKS:
+    free = key not in _LINKS and key[2] != OTHER_LINKS  # a link named "_other" joins it
+    if room and free and address != OTHER_ADDRESSES:
         deliveries = _LINKS[key] = LinkDeliveries(*key)
     else:
         deliveries = LinkDeliveries(address, label)
