@@ -9,16 +9,24 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shoal_analytics.params import AnalysisParams
-from shoal_broker.metrics.records import LATENCY_BOUNDS, Anomaly
+from shoal_broker.metrics.records import LATENCY_BOUNDS, LATENCY_BOUNDS_V1, Anomaly
 
 Row = Mapping[str, Any]
 TOP_BOUND_MS = LATENCY_BOUNDS[-1] * 1000
 """The percentiles' largest answer: a rank in the +Inf bucket answers this bound."""
+V1_TOP_MS = LATENCY_BOUNDS_V1[-1] * 1000
+"""A rank among schema 1 records' waits beyond their largest bound answers this one."""
+
+
+def is_capped(ms: float) -> bool:
+    """Whether a percentile is a bound the waits went beyond (``quantiles.quantile_ms``): the
+    +Inf bucket's, or schema 1's 30 s (an interpolated 30 s is a wait of at least 30 s too)."""
+    return ms >= TOP_BOUND_MS or ms == V1_TOP_MS
 
 
 def capped(ms: float) -> str:
-    """'≥ ' for a latency at the records' largest bucket bound (the rank fell beyond it)."""
-    return '≥ ' if ms >= TOP_BOUND_MS else ''
+    """'≥ ' for a latency only known to be at least this (the rank fell beyond a largest bound)."""
+    return '≥ ' if is_capped(ms) else ''
 
 
 def _severity(value: float, threshold: float) -> str:

@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from shoal_analytics.params import AnalysisParams
-from shoal_analytics.quantiles import BUCKETS, bucket_column, summed_buckets, with_quantiles
+from shoal_analytics.quantiles import bucket_columns, summed_buckets, with_quantiles
 from shoal_broker.metrics.records import COUNTS
 
 ENTITY = ('address', 'subscription')
@@ -88,7 +88,7 @@ def select_span(raw: DataFrame, params: AnalysisParams) -> tuple[DataFrame, Span
         window_start.alias('window_start_ms'),
         complete.alias('complete'),
         'ts_ms', 'interval_ms', *ENTITY, 'replica', *COUNTS, 'consumers', 'backlog',
-        *(F.col('latency_buckets')[i].alias(bucket_column(i)) for i in range(BUCKETS)),
+        *bucket_columns(F.col('latency_buckets')),
     )  # fmt: skip
     return records, Span(start_ms, end_ms, int(stats['malformed']), data_start_ms)
 

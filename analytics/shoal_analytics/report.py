@@ -23,7 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from shoal_analytics.anomalies import TOP_BOUND_MS
+from shoal_analytics.anomalies import TOP_BOUND_MS, capped
 from shoal_analytics.errors import ReportError
 from shoal_analytics.lake import Lake
 
@@ -122,11 +122,11 @@ def _latency_plot(entities: pd.DataFrame) -> str:
     axes.xaxis.set_major_formatter(FuncFormatter(lambda ms, _: _duration(ms / 1000)))
     axes.set_xlabel('delivery latency (log scale)')
     for y, value in enumerate(top['p99_ms']):
-        if value >= TOP_BOUND_MS:
+        if capped(value):
             axes.annotate(f'≥ {_duration(value / 1000)}', (value, y), xytext=(4, 0),
                           textcoords='offset points', va='center', fontsize='small')  # fmt: skip
     if not top.empty:
-        axes.set_xlim(right=TOP_BOUND_MS * 4)
+        axes.set_xlim(right=float(top['p99_ms'].max()) * 4)  # room for a "≥" note
         axes.legend(loc='lower right', fontsize='small')
     return _png(figure)
 
@@ -174,7 +174,7 @@ def _latency(ms: object) -> str:
     if _missing(ms):
         return NONE
     value = float(ms)  # type: ignore[arg-type]
-    return ('≥ ' if value >= TOP_BOUND_MS else '') + _duration(value / 1000)
+    return capped(value) + _duration(value / 1000)
 
 
 def _drain(row: dict[str, Any]) -> str:
@@ -270,8 +270,9 @@ def render(lake: Lake) -> str:
           f'<img alt="{html.escape(caption)}" src="{uri}"></figure>' for caption, uri in figures),
         '<h2>Queues and subscriptions (busiest 50)</h2>',
         '<p>Backlog: the newest sample, as the backlog plot ends; time to drain at the newest '
-        'complete window\'s rates; latency percentiles at the largest recorded bound say '
-        f'"≥ {_duration(TOP_BOUND_MS / 1000)}".</p>',
+        'complete window\'s rates; a latency percentile past the largest recorded bound says '
+        f'"≥ {_duration(TOP_BOUND_MS / 1000)}" (past 30 s, "≥ 30 s", for records of replicas '
+        'that recorded no further).</p>',
         _html_table([_entity_row(r) for r in entity_rows.to_dict('records')], entity_columns),
         '</body></html>',
     ]  # fmt: skip

@@ -20,8 +20,8 @@ from shoal_broker.metrics.records import COUNTS, LATENCY_BOUNDS
 
 PLANTS = ('growing_backlog', 'starved_consumer', 'redelivery_storm', 'slow_consumer',
           'hot_replica', 'expiry_storm')  # fmt: skip
-HEALTHY_LATENCY = (0.35, 0.3, 0.15, 0.15, 0.04, 0.009, 0.001, 0.0, 0.0, 0.0)
-SLOW_LATENCY = (0.05, 0.05, 0.05, 0.1, 0.1, 0.15, 0.2, 0.2, 0.1, 0.0)
+HEALTHY_LATENCY = (0.35, 0.3, 0.15, 0.15, 0.04, 0.009, 0.001, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+SLOW_LATENCY = (0.05, 0.05, 0.05, 0.1, 0.1, 0.15, 0.2, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -39,6 +39,7 @@ from shoal_broker.metrics.registry import (
     SENTINEL_SWITCHES,
     SENTINEL_SWITCHES_HELP,
     cap_address_series,
+    cap_consumer_link_series,
     register_counters,
     register_gauges,
     subscription_label,
@@ -157,6 +158,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         await health.start(*split_host_port(settings.http))
     backlog = BacklogSnapshot(url, settings.store.backlog_refresh_seconds)
     cap_address_series(settings.security.metrics_max_addresses)
+    cap_consumer_link_series(settings.security.metrics_max_consumer_links)
     register_gauges(lambda: broker_gauges(broker, backlog))
     register_counters(lambda: store_counters(store))
     LEASE_UP.set(1)

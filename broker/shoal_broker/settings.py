@@ -60,6 +60,7 @@ ENV_MAX_LINKS = 'SHOAL_MAX_LINKS_PER_SESSION'
 ENV_MAX_SUBSCRIPTIONS = 'SHOAL_MAX_SUBSCRIPTIONS_PER_TOPIC'
 ENV_MAX_AUTO_ADDRESSES = 'SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER'
 ENV_METRICS_MAX_ADDRESSES = 'SHOAL_METRICS_MAX_ADDRESSES'
+ENV_METRICS_MAX_CONSUMER_LINKS = 'SHOAL_METRICS_MAX_CONSUMER_LINKS'
 ENV_LOGIN_FAILURES = 'SHOAL_MAX_FAILED_LOGINS_PER_MINUTE'
 ENV_MAX_BACKLOG = 'SHOAL_MAX_BACKLOG_PER_ADDRESS'
 ENV_BACKLOG_OVERFLOW = 'SHOAL_BACKLOG_OVERFLOW'
@@ -287,6 +288,11 @@ class SecuritySettings:
     are added up under ``address="_other"`` (0 = no cap), so the scrape stays bounded whatever
     the number of addresses."""
 
+    metrics_max_consumer_links: int = 200
+    """Attached consumer links that get a ``shoal_consumer_deliveries`` series of their own on
+    ``/metrics``; further links count under ``link="_other"`` (0 = no cap). A link's series is
+    dropped when it detaches, so clients that attach and detach over and over do not grow it."""
+
     max_failed_logins_per_minute: int = 30
     """Failed SASL authentications one source address may make per minute (0 = unlimited); past
     it that address's connections are refused at once, before any credential is checked."""
@@ -423,6 +429,9 @@ def _security_from_env(env: Mapping[str, str], d: SecuritySettings) -> SecurityS
             env.get(ENV_MAX_AUTO_ADDRESSES, d.max_auto_created_addresses_per_user)
         ),
         metrics_max_addresses=int(env.get(ENV_METRICS_MAX_ADDRESSES, d.metrics_max_addresses)),
+        metrics_max_consumer_links=int(
+            env.get(ENV_METRICS_MAX_CONSUMER_LINKS, d.metrics_max_consumer_links)
+        ),
         max_failed_logins_per_minute=int(
             env.get(ENV_LOGIN_FAILURES, d.max_failed_logins_per_minute)
         ),

@@ -12,7 +12,8 @@ from amqpclient import Capabilities, connect, flush, receive_all, receiver, send
 from jmswire import JmsSource, jms_connect, subscriber
 from processes import BrokerProcess, RedisServer
 from prometheus_client.parser import text_string_to_metric_families
-from proton import Delivery
+from proton import Delivery, Timeout
+from proton.utils import BlockingReceiver
 
 from shoal_broker.metrics.records import MetricRecord
 
@@ -259,3 +260,60 @@ def test_idle_queues_and_the_dead_letter_queue_get_a_record_every_interval_from_
         time.sleep(0.5)
     assert {r.replica for r in after} == {'zz-second'}
     assert {r.backlog for r in after} == {1}
+
+
+def _receive_everything(receivers: list[BlockingReceiver], count: int) -> list[int]:
+    """Receive and accept from every receiver in turn until ``count`` messages came in all
+    (bounded: 30 s); how many each got."""
+    got = [0] * len(receivers)
+    deadline = time.monotonic() + 30
+    while sum(got) < count and time.monotonic() < deadline:
+        for i, rcv in enumerate(receivers):
+            try:
+                rcv.receive(timeout=0.2)
+            except Timeout:
+                continue
+            rcv.accept()
+            got[i] += 1
+    for rcv in receivers:
+        flush(rcv.connection)
+    assert sum(got) == count, f'received {got}'
+    return got
+
+
+def test_each_consumer_link_counts_what_it_was_sent_and_the_cap_folds_the_rest(
+    start_broker, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Two replicas of one cluster: the first with one consumer, the second, capped at one
+    series, with two; the second's later link counts under link="_other". A detached link's
+    series goes, while ``_other`` keeps what its detached links were sent."""
+    one = start_broker()
+    two = start_broker(env={'SHOAL_METRICS_MAX_CONSUMER_LINKS': '1'})
+    conn_one, conn_two = connect(one.url), connect(two.url)
+    first = receiver(conn_one, address, credit=10)
+    second = receiver(conn_two, address, credit=10)
+    folded = receiver(conn_two, address, credit=10)
+    producer = send_all(conn_one, address, range(30))
+    got = _receive_everything([first, second, folded], 30)
+    queue = {'address': address, 'subscription': 'queue'}
+    name = 'shoal_consumer_deliveries_total'
+    on_one, on_two = _samples(one), _samples(two)
+    assert _value(on_one, name, link=first.link.name, **queue) == got[0]
+    assert _value(on_two, name, link=second.link.name, **queue) == got[1]
+    assert _value(on_two, name, link='_other', **queue) == got[2]
+    links_two = {dict(labels).get('link') for (n, labels) in on_two if n == name}
+    assert links_two == {second.link.name, '_other'}, f'received {got}'
+    folded.close()
+    second.close()
+    flush(conn_two)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        on_two = _samples(two)
+        if _value(on_two, 'shoal_consumers', **queue) == 0:
+            break
+        time.sleep(0.2)
+    assert {dict(labels).get('link') for (n, labels) in on_two if n == name} == {'_other'}
+    assert _value(on_two, name, link='_other', **queue) == got[2]
+    producer.close()
+    conn_one.close()
+    conn_two.close()

@@ -9,13 +9,15 @@ import pytest
 import redis
 from processes import RedisServer, free_port
 from pyspark.sql import Row, SparkSession
+from pyspark.sql import functions as F
 
 from shoal_analytics.analyze import Analysis, analyze
+from shoal_analytics.anomalies import is_capped
 from shoal_analytics.errors import AnalyticsError
 from shoal_analytics.lake import Lake
 from shoal_analytics.params import AnalysisParams
 from shoal_analytics.publish import publish_summary, publish_to
-from shoal_analytics.quantiles import BUCKETS, bucket_column, with_quantiles
+from shoal_analytics.quantiles import BUCKETS, bucket_column, bucket_columns, with_quantiles
 from shoal_analytics.synthetic import PLANTS, Synthetic, write_raw
 from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
 
@@ -99,8 +101,8 @@ def test_indicators_behind_the_flags(
 
 
 def test_percentiles_follow_histogram_quantile(spark: SparkSession) -> None:
-    # 100 samples: 50 in (1 ms, 5 ms], 45 in (5, 10], 4 in (10, 50], 1 beyond 30 s.
-    counts = [0, 50, 45, 4, 0, 0, 0, 0, 0, 1]
+    # 100 samples: 50 in (1 ms, 5 ms], 45 in (5, 10], 4 in (10, 50], 1 beyond an hour.
+    counts = [0, 50, 45, 4, *[0] * 9, 1]
     assert len(counts) == BUCKETS
     frame = spark.createDataFrame([tuple(counts)], [bucket_column(i) for i in range(BUCKETS)])
     row = with_quantiles(frame).select('p50_ms', 'p95_ms', 'p99_ms').first()
@@ -110,6 +112,23 @@ def test_percentiles_follow_histogram_quantile(spark: SparkSession) -> None:
     assert row['p99_ms'] == pytest.approx(50.0)  # rank 99: the top of (10, 50]
     empty = spark.createDataFrame([(0,) * BUCKETS], [bucket_column(i) for i in range(BUCKETS)])
     assert with_quantiles(empty).select('p50_ms', 'p95_ms', 'p99_ms').first() == (None,) * 3
+
+
+def test_waits_of_minutes_get_their_own_bucket_and_schema_1_ones_stay_at_least_30_s(
+    spark: SparkSession,
+) -> None:
+    """A record array of either schema: minutes-long waits interpolate in (30 s, 60 s] and
+    (60 s, 5 min]; schema 1 counted them only as "beyond 30 s", which is what they answer."""
+    current = [0] * 9 + [60, 40, 0, 0, 0]  # 60 in (30 s, 60 s], 40 in (60 s, 300 s]
+    schema_1 = [50, *[0] * 8, 50]  # 50 under 1 ms, 50 beyond 30 s
+    frame = spark.createDataFrame([(current,), (schema_1,)], 'latency_buckets ARRAY<BIGINT>')
+    rows = with_quantiles(frame.select(*bucket_columns(F.col('latency_buckets')))).collect()
+    assert rows[0]['p50_ms'] == pytest.approx(30_000 + 30_000 * 50 / 60)
+    assert rows[0]['p95_ms'] == pytest.approx(60_000 + 240_000 * 35 / 40)
+    assert not is_capped(rows[0]['p50_ms'])
+    assert rows[1]['p50_ms'] == pytest.approx(1.0)  # rank 50: the top of [0, 1 ms]
+    assert rows[1]['p95_ms'] == rows[1]['p99_ms'] == 30_000
+    assert is_capped(rows[1]['p95_ms'])
 
 
 def test_the_summary_reaches_the_operator_hash(

@@ -2,9 +2,10 @@
 A short, uneven run analysed and reported as a person would read it: two and a half minutes of
 records that start mid-window, a backlog growing 0 -> 1 500 in two minutes, a dead-letter queue
 nobody reads, a topic whose subscription receives what the topic is sent, consumers that come and
-go, and waits beyond the records' largest latency bound. The report says what the data covers,
-has no ``nan``, one backlog figure per entity (the newest sample, where the plot ends) and
-``≥ 30 s`` for capped percentiles; headless Chromium screenshots it.
+go, waits of about a minute, and a replica whose schema 1 records counted waits only as beyond
+30 s. The report says what the data covers, has no ``nan``, one backlog figure per entity (the
+newest sample, where the plot ends), the minute-long waits in their bucket and ``≥ 30 s`` for the
+capped ones; headless Chromium screenshots it.
 """
 
 import re
@@ -23,7 +24,7 @@ from shoal_analytics.params import AnalysisParams
 from shoal_analytics.report import _with_gaps, write_report
 from shoal_analytics.rows import RAW_DDL, raw_row
 from shoal_analytics.session import loopback_conf
-from shoal_broker.metrics.records import LATENCY_BOUNDS, MetricRecord
+from shoal_broker.metrics.records import LATENCY_BOUNDS, LATENCY_BOUNDS_V1, MetricRecord
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -31,7 +32,8 @@ INTERVAL_MS = 10_000
 START_MS = 1_800_000_000_000 + 20_000  # 20 s into a minute: the first window is partial
 INTERVALS = 15  # 2 min 30 s of records
 GROWING = 12  # the backlog grows 0 -> 1 500 over the first 12 intervals (two minutes)
-CAPPED = [0] * len(LATENCY_BOUNDS) + [25]  # every accepted delivery waited beyond 30 s
+MINUTE_WAITS = [0] * 9 + [25, 0, 0, 0, 0]  # every accepted delivery waited 30 to 60 s (54.8 s)
+BEYOND_30_S_V1 = [0] * len(LATENCY_BOUNDS_V1) + [10]  # schema 1: the waits were beyond 30 s
 
 
 def _record(
@@ -49,20 +51,21 @@ def records() -> list[MetricRecord]:
     for t in range(INTERVALS):
         backlog = 1500 * min(t, GROWING) // GROWING
         found += [
-            # jobs: 150 in, 25 out per interval, one consumer on r-a, waits beyond 30 s
+            # jobs: 150 in, 25 out per interval, one consumer on r-a, waits under a minute
             _record(t, 'r-b', 'jobs', enqueued=150, backlog=backlog),
             _record(t, 'r-a', 'jobs', delivered=25, accepted=25, consumers=1, backlog=backlog,
-                    latency_buckets=tuple(CAPPED)),
+                    latency_buckets=tuple(MINUTE_WAITS)),
             # the dead-letter queue: only the idle record of the first live replica
             _record(t, 'r-a', 'DLQ', backlog=468),
             # a topic: its publishes under subscription '', its subscription's deliveries
             _record(t, 'r-b', 'prices', '', enqueued=100),
             _record(t, 'r-a', 'prices', 'audit', delivered=90, accepted=90, filtered=10,
                     consumers=1, backlog=0, latency_buckets=(90,) + (0,) * len(LATENCY_BOUNDS)),
-            # work: a consumer on r-a in every third interval only
+            # work: a consumer on r-a in every third interval only; r-a writes schema 1 records
             _record(t, 'r-a', 'work', delivered=10 if t % 3 == 0 else 0,
                     accepted=10 if t % 3 == 0 else 0, consumers=1 if t % 3 == 0 else 0,
-                    backlog=0),
+                    backlog=0, latency_buckets=tuple(BEYOND_30_S_V1 if t % 3 == 0 else
+                                                     [0] * len(BEYOND_30_S_V1))),
         ]  # fmt: skip
     return found
 
@@ -176,9 +179,11 @@ def test_the_report_tells_what_the_data_covers_in_human_units_and_is_screenshot(
                 if len(row) == len(header) and row != header}  # fmt: skip
     jobs = entities[('jobs', 'queue')]
     assert jobs['backlog'] == '1,500'  # the newest sample: where the backlog plot ends
-    assert jobs['p50'] == jobs['p99'] == '≥ 30 s'
+    assert (jobs['p50'], jobs['p99']) == ('45 s', '59.7 s')  # not "≥ 30 s": the real bucket
     assert jobs['time to drain'] == 'not draining'
     assert jobs['enqueued'] == '2,250'
+    work = entities[('work', 'queue')]  # schema 1 records know no more than "beyond 30 s"
+    assert work['p50'] == work['p99'] == '≥ 30 s'
     dlq = entities[('DLQ', 'queue')]
     assert (dlq['backlog'], dlq['redelivered'], dlq['p99']) == ('468', '—', '—')
     audit = entities[('prices', 'audit')]

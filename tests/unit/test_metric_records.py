@@ -1,8 +1,10 @@
 """The metric record schema shared by the broker and the analytics job."""
 
+import json
+
 import pytest
 
-from shoal_broker.metrics import records
+from shoal_broker.metrics import records, registry
 from shoal_broker.metrics.records import AnalyticsSummary, Anomaly, MetricRecord
 from shoal_broker.metrics.registry import Counters
 
@@ -11,7 +13,7 @@ def _record(**counts: int) -> MetricRecord:
     return MetricRecord.of(
         ts_ms=1_700_000_000_000, interval_ms=10_000, replica='r1', address='orders',
         subscription='queue', counts=counts, consumers=2, backlog=7,
-        latency=[1, 2, 0, 0, 0, 0, 0, 0, 0, 3],
+        latency=[1, 2, *[0] * (len(records.LATENCY_BOUNDS) - 2), 3],
     )  # fmt: skip
 
 
@@ -29,6 +31,18 @@ def test_another_schema_version_is_refused() -> None:
         MetricRecord.from_fields(fields)
 
 
+def test_a_schema_1_record_is_read_with_its_buckets_ending_at_30_s() -> None:
+    """Records a replica wrote before its upgrade: its +Inf bucket holds every wait past 30 s."""
+    fields = _record(accepted=3).to_fields()
+    old = {**fields, 'v': '1', 'latency_buckets': json.dumps([1] + [0] * 8 + [2])}
+    record = MetricRecord.from_fields(old)
+    assert record.latency_buckets == (1, *[0] * 8, 2)
+    assert len(record.latency_buckets) == len(records.LATENCY_BOUNDS_V1) + 1
+    assert record.to_fields() == old
+    with pytest.raises(ValueError, match='buckets'):  # schema 1 with schema 2's buckets
+        MetricRecord.from_fields({**fields, 'v': '1'})
+
+
 def test_unknown_counts_are_refused() -> None:
     with pytest.raises(ValueError, match='unknown counts'):
         _record(bogus=1)
@@ -43,7 +57,18 @@ def test_a_wrong_number_of_latency_buckets_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ('seconds', 'bucket'),
-    [(0.0, 0), (0.001, 0), (0.0011, 1), (0.05, 3), (30.0, 8), (30.1, 9), (1e9, 9)],
+    [
+        (0.0, 0),
+        (0.001, 0),
+        (0.0011, 1),
+        (0.05, 3),
+        (30.0, 8),
+        (30.1, 9),
+        (54.8, 9),
+        (61, 10),
+        (3600, 12),
+        (1e9, 13),
+    ],
 )
 def test_latencies_fall_in_the_right_bucket(seconds: float, bucket: int) -> None:
     assert records.bucket_index(seconds) == bucket
@@ -78,3 +103,23 @@ def test_an_accepted_delivery_counts_in_the_record_bucket_its_latency_falls_in(
     expected = [0] * (len(records.LATENCY_BOUNDS) + 1)
     expected[records.bucket_index(seconds)] = 1
     assert latencies[('records-test', 'queue')] == expected
+
+
+def test_consumer_links_with_a_taken_name_or_named_like_the_aggregate_count_in_it() -> None:
+    """Their own series would repeat another's labels in the exposition."""
+    address = 'links-sharing-names'
+    attached = [
+        registry.link_attached(address, 'queue', name)
+        for name in ('consumer', 'consumer', registry.OTHER_LINKS)
+    ]
+    for count, deliveries in enumerate(attached, start=1):
+        deliveries.count += count
+    samples = [s for s in registry._link_deliveries().samples if s.labels['address'] == address]
+    assert sorted((s.labels['link'], s.value) for s in samples) == [
+        (registry.OTHER_LINKS, 5),
+        ('consumer', 1),
+    ]
+    for deliveries in attached:
+        registry.link_detached(deliveries)
+    samples = [s for s in registry._link_deliveries().samples if s.labels['address'] == address]
+    assert [(s.labels['link'], s.value) for s in samples] == [(registry.OTHER_LINKS, 5)]

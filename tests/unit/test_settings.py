@@ -75,6 +75,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
         7,
     ),
     'SHOAL_METRICS_MAX_ADDRESSES': ('8', 'security.metrics_max_addresses', 8),
+    'SHOAL_METRICS_MAX_CONSUMER_LINKS': ('12', 'security.metrics_max_consumer_links', 12),
     'SHOAL_MAX_FAILED_LOGINS_PER_MINUTE': ('9', 'security.max_failed_logins_per_minute', 9),
     'SHOAL_MAX_BACKLOG_PER_ADDRESS': ('1000', 'security.max_backlog_per_address', 1000),
     'SHOAL_BACKLOG_OVERFLOW': ('drop-oldest', 'security.backlog_overflow', Overflow.DROP_OLDEST),

@@ -209,6 +209,7 @@ async def consumer(
     if isinstance(state, BrowserLink):
         broker.add_browser(state)
     elif isinstance(state, ConsumerLink):
+        state.deliveries = metrics.link_attached(state.address, state.group, state.name)
         broker.subscription(state.address, state.group).add(state)
     return state
 

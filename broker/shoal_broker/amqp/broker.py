@@ -465,6 +465,7 @@ class Broker:
     def _consumer_gone(
         self, consumer: ConsumerLink, *, unsubscribing: bool = False
     ) -> 'asyncio.Future[None] | None':
+        metrics.link_detached(consumer.deliveries)
         sub = consumer.subscription
         if sub is not None:
             sub.remove(consumer)
@@ -754,6 +755,7 @@ class Broker:
         ahead = consumer.send_ahead(stored)
         sub.claims += 1
         self.counters.delivered(address, QUEUE_GROUP, 1)
+        consumer.deliveries.count += 1
         self.mark_delivering(consumer.conn)
         token = (producer, message, address, sub, consumer, ahead)
         self.store.claim_then(address, QUEUE_GROUP, stored, self._on_claimed, token)
@@ -824,6 +826,7 @@ class Broker:
         """``count`` messages went to ``consumer`` without the store: enqueued and delivered."""
         self.counters.enqueued(consumer.address, QUEUE_GROUP, count)
         self.counters.delivered(consumer.address, QUEUE_GROUP, count)
+        consumer.deliveries.count += count
         self.mark_delivering(consumer.conn)
 
     def _top_up_later(self, producer: ProducerLink) -> None:
@@ -903,6 +906,7 @@ class Broker:
     def sent(self, consumer: ConsumerLink, entries: list[Entry]) -> None:
         """``entries`` went out on ``consumer``'s link (one fetch's worth: counted at once)."""
         self.counters.delivered(consumer.address, consumer.group, len(entries))
+        consumer.deliveries.count += len(entries)
         if consumer.presettled:  # at-most-once: consumed the moment it is sent
             self.store.ack_nowait(consumer.address, consumer.group, entries)
         self.mark_delivering(consumer.conn)

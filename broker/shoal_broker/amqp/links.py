@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from shoal_broker import selector as selectors
 from shoal_broker.amqp import codec
 from shoal_broker.amqp.engine import Ptr, lib, wire
+from shoal_broker.metrics.registry import LinkDeliveries
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Disposition, Outcome
 from shoal_broker.routing.storage import BrowseCursor, Entry, OutgoingMessage
@@ -125,6 +126,8 @@ class ConsumerLink(LinkState):
     selector: selectors.Selector | None = None
     no_local: bool = False
     """Skip messages published by this link's own connection (JMS noLocal)."""
+    deliveries: LinkDeliveries = dataclasses.field(default_factory=LinkDeliveries)
+    """What was sent on this link, for ``shoal_consumer_deliveries`` (registered once attached)."""
     _tag: int = 0
 
     @property

@@ -5,7 +5,9 @@ The schema shared by the broker, which appends records to a bounded Redis stream
 analytics package, which reads that stream into Spark. Pure (stdlib only) so both can import it.
 Counts are deltas over the interval; ``consumers`` and ``backlog`` are gauges at its end;
 ``latency_buckets`` counts accepted deliveries per fixed upper bound (seconds, ``LATENCY_BOUNDS``,
-the last bucket is +Inf), so percentiles can be estimated from summed histograms.
+the last bucket is +Inf), so percentiles can be estimated from summed histograms. A schema 1
+record's buckets end at 30 s (``LATENCY_BOUNDS_V1``); it is still read, with its own bounds, and
+the number of its buckets tells it apart.
 """
 
 import dataclasses
@@ -13,8 +15,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-SCHEMA_VERSION = 1
-LATENCY_BOUNDS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+SCHEMA_VERSION = 2
+LATENCY_BOUNDS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0,
+                                     300.0, 900.0, 3600.0)  # fmt: skip
+"""Up to the Prometheus histogram's top finite bucket (an hour), so a wait of minutes is told."""
+LATENCY_BOUNDS_V1 = LATENCY_BOUNDS[:9]
+"""Schema 1's bounds: its +Inf bucket holds every wait beyond 30 s."""
+BOUNDS_BY_VERSION = {1: LATENCY_BOUNDS_V1, 2: LATENCY_BOUNDS}
+SUMMARY_SCHEMA_VERSION = 1
+"""Of ``AnalyticsSummary``: versioned apart from the records, which the operator never reads."""
 COUNTS = ('enqueued', 'delivered', 'accepted', 'released', 'modified', 'rejected', 'expired',
           'dead_lettered', 'filtered')  # fmt: skip
 
@@ -73,7 +82,8 @@ class MetricRecord:
 
     def to_fields(self) -> dict[str, str]:
         """Stream entry fields (all strings)."""
-        fields = {'v': str(SCHEMA_VERSION)}
+        version = 1 if len(self.latency_buckets) == len(LATENCY_BOUNDS_V1) + 1 else SCHEMA_VERSION
+        fields = {'v': str(version)}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             fields[field.name] = json.dumps(list(value)) if isinstance(value, tuple) else str(value)
@@ -81,9 +91,11 @@ class MetricRecord:
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> 'MetricRecord':
-        """Parse stream entry fields; ValueError on another schema version or bad values."""
-        if fields.get('v') != str(SCHEMA_VERSION):
-            raise ValueError(f'metric record schema {fields.get("v")!r} is not {SCHEMA_VERSION}')
+        """Parse stream entry fields (schema 1 or 2: its buckets as they were written); ValueError
+        on another schema version or bad values."""
+        bounds = {str(v): b for v, b in BOUNDS_BY_VERSION.items()}.get(fields.get('v', ''))
+        if bounds is None:
+            raise ValueError(f'metric record schema {fields.get("v")!r} is not 1 or 2')
         values: dict[str, object] = {}
         for field in dataclasses.fields(cls):
             raw = fields.get(field.name)
@@ -91,7 +103,7 @@ class MetricRecord:
                 continue
             if field.name == 'latency_buckets':
                 buckets = tuple(int(x) for x in json.loads(raw))
-                if len(buckets) != len(LATENCY_BOUNDS) + 1:
+                if len(buckets) != len(bounds) + 1:
                     raise ValueError('latency_buckets has the wrong number of buckets')
                 values[field.name] = buckets
             elif field.type in ('int', int):
@@ -143,14 +155,14 @@ class AnalyticsSummary:
 
     def to_fields(self) -> dict[str, str]:
         """The HASH fields stored at ``ANALYTICS_SUMMARY_KEY``."""
-        return {'v': str(SCHEMA_VERSION), 'summary': json.dumps(dataclasses.asdict(self))}
+        return {'v': str(SUMMARY_SCHEMA_VERSION), 'summary': json.dumps(dataclasses.asdict(self))}
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> 'AnalyticsSummary':
         """Parse the HASH; ValueError on another schema version or a malformed summary."""
-        if fields.get('v') != str(SCHEMA_VERSION):
+        if fields.get('v') != str(SUMMARY_SCHEMA_VERSION):
             raise ValueError(
-                f'analytics summary schema {fields.get("v")!r} is not {SCHEMA_VERSION}'
+                f'analytics summary schema {fields.get("v")!r} is not {SUMMARY_SCHEMA_VERSION}'
             )
         try:
             raw = json.loads(fields['summary'])
