@@ -78,8 +78,14 @@ async def test_kubectl_delete_of_a_whole_app_honours_delete(
             return found is None
 
         await kube.eventually(gone, f'{plural}/{name} gone')
-    assert rds.hget(keys.ADDRESSES, f'{address}-q') is None
-    assert not rds.exists(definition_key(billing))
+
+    # Without a finalizer the policy is carried out on the DELETED event, so after the objects
+    # have left the API server
+    async def deleted_from_redis() -> bool:
+        queue_gone = rds.hget(keys.ADDRESSES, f'{address}-q') is None
+        return queue_gone and not rds.exists(definition_key(billing))
+
+    await kube.eventually(deleted_from_redis, 'the Queue and the subscription deleted from Redis')
 
     # the same subscription declared from another namespace on the same Redis is not a Conflict
     secret = {'metadata': {'name': 'redis', 'namespace': 'elsewhere'},
