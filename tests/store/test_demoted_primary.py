@@ -10,6 +10,7 @@ import pytest
 import redis
 import redis.asyncio
 import redis.exceptions
+from lanes import send
 from processes import LOOPBACK, RedisServer, free_port
 
 from shoal_broker.store.lane import Lane
@@ -46,13 +47,4 @@ async def test_a_readonly_reply_fails_the_pipeline_and_the_next_gets_a_new_conne
 
 
 async def _send(lane: Lane, commands: list[tuple[Any, ...]]) -> list[Any]:
-    future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-
-    def answer(replies: list[Any] | None, error: BaseException | None) -> None:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(replies or [])
-
-    await lane.send_then(commands, answer)
-    return await asyncio.wait_for(future, 10)
+    return await asyncio.wait_for(await send(lane, commands), 10)

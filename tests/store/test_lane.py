@@ -9,25 +9,12 @@ import hiredis
 import pytest
 import redis.asyncio
 import redis.exceptions
+from lanes import send
 from processes import RedisServer
 
 from shoal_broker.settings import AddressKind
 from shoal_broker.store.lane import BULK_HEADS, CACHED_BULK_HEADS, CRLF, Encoded, Lane, encode, pack
 from shoal_broker.store.redisstore import RedisStore
-
-
-async def send(lane: Lane, commands: list[tuple[Any, ...]]) -> 'asyncio.Future[list[Any]]':
-    """One pipeline, its replies as a future."""
-    future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-
-    def answer(replies: list[Any] | None, error: BaseException | None) -> None:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(replies or [])
-
-    await lane.send_then(commands, answer)
-    return future
 
 
 def test_commands_are_packed_as_resp_arrays_of_bulk_strings() -> None:
