@@ -195,5 +195,7 @@ def test_failed_logins_are_throttled_per_source_address_and_logged_as_such(
     assert log.count('refused: authentication failed') == 5
     assert '5 failed logins from 127.0.0.1 within a minute' in log
     assert 'framing-error' not in log
-    assert re.search(r'^shoal_logins_refused_total\{reason="throttled"\} 1\.0$',
-                     b.http_get('/metrics')[1].decode(), re.MULTILINE)  # fmt: skip
+    metrics = b.http_get('/metrics')[1].decode()
+    failures = r'^shoal_authentication_failures_total\{mechanism="%s",reason="%s"\} %s$'
+    assert re.search(failures % ('none', 'throttled', r'1\.0'), metrics, re.MULTILINE)
+    assert re.search(failures % ('PLAIN', 'credentials', r'5\.0'), metrics, re.MULTILINE)

@@ -114,12 +114,16 @@ def test_consumer_links_with_a_taken_name_or_named_like_the_aggregate_count_in_i
     ]
     for count, deliveries in enumerate(attached, start=1):
         deliveries.count += count
-    samples = [s for s in registry._link_deliveries().samples if s.labels['address'] == address]
+    samples = [
+        s for s in registry.link_deliveries_family().samples if s.labels['address'] == address
+    ]
     assert sorted((s.labels['link'], s.value) for s in samples) == [
         (registry.OTHER_LINKS, 5),
         ('consumer', 1),
     ]
     for deliveries in attached:
         registry.link_detached(deliveries)
-    samples = [s for s in registry._link_deliveries().samples if s.labels['address'] == address]
+    samples = [
+        s for s in registry.link_deliveries_family().samples if s.labels['address'] == address
+    ]
     assert [(s.labels['link'], s.value) for s in samples] == [(registry.OTHER_LINKS, 5)]

@@ -24,7 +24,7 @@ from shoal_broker.errors import (
     Unauthorized,
 )
 from shoal_broker.metrics import registry as metrics
-from shoal_broker.metrics.registry import BACKGROUND_FAILURES, LOGINS_REFUSED
+from shoal_broker.metrics.registry import BACKGROUND_FAILURES
 from shoal_broker.security.authenticator import Authenticator, AuthPolicy, Identity, UsersSource
 from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import SecuritySettings
@@ -76,7 +76,7 @@ class Guard:
         conn.handshake = sasl.SaslHandshake(self.authenticator, certificate_name(socket))
         source = source_host(socket)
         if self._throttled(source):
-            LOGINS_REFUSED.labels('throttled').inc()
+            metrics.authentication_failed(None, 'throttled')
             logger.debug('connection %d from %s refused: too many failed logins', conn.id,
                          conn.peer)  # fmt: skip
             conn.handshake.failure = 'too many failed logins from this address'
@@ -103,7 +103,6 @@ class Guard:
             logger.info('connection %d from %s refused: %s', conn.id, conn.peer, handshake.failure)
             metrics.authentication_failed(handshake.mechanism, failure_reason(handshake, self))
             if handshake.credentials_refused:
-                LOGINS_REFUSED.labels('failed').inc()
                 self._login_failed(conn)
             conn.hang_up()
             return b''

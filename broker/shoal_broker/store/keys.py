@@ -159,7 +159,7 @@ HASH also carries the owner in its ``owner`` field, where the broker's scripts s
 POLICIES = f'{PREFIX}:policies'
 """HASH entity (the same fields as ``PROVISIONED``) -> JSON ``routing.policies.EntityPolicy`` of a
 declared queue or subscription with a delivery or retention policy; replicas read it every few
-seconds (``app.POLICY_REFRESH_SECONDS``)."""
+seconds (``running.chores.POLICY_REFRESH_SECONDS``)."""
 
 DELETION_POLICIES = f'{PREFIX}:deletion-policies'
 """HASH entity (the same fields as ``PROVISIONED``) -> ``deletionPolicy`` of the declaring resource

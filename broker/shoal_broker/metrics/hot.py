@@ -1,0 +1,222 @@
+"""
+The per-message counters and the delivery latency histogram: plain ints and lists on the hot
+path (``Counters``), turned into Prometheus families when Prometheus scrapes (``HotMetrics``),
+and tallied again per interval for the metric records (``records.py``).
+"""
+
+import bisect
+from collections.abc import Iterable, Sequence
+
+from prometheus_client.core import REGISTRY, CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from shoal_broker.metrics import records
+from shoal_broker.metrics.labels import folded, subscription_label
+from shoal_broker.metrics.links import link_deliveries_family
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                   10, 30, 60, 300, 900, 3600)  # fmt: skip
+"""Seconds: sub-millisecond deliveries up to an hour's wait (a backlog nobody drains), so the
+top finite bucket does not hide real waits."""
+
+_HOT_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    'enqueued': ('shoal_messages_enqueued', 'Messages stored for an address.', ('address',)),
+    'dropped': (
+        'shoal_messages_dropped',
+        'Messages published to a topic nobody subscribed to.',
+        ('address',),
+    ),
+    'delivered': (
+        'shoal_messages_delivered',
+        'Transfers sent to consumers.',
+        ('address', 'subscription'),
+    ),
+    'settled': (
+        'shoal_deliveries_settled',
+        'Consumer outcomes: accepted (acknowledged), released, modified, rejected.',
+        ('address', 'subscription', 'outcome'),
+    ),
+    'expired': (
+        'shoal_messages_expired',
+        'Messages whose TTL ran out before delivery.',
+        ('address', 'subscription'),
+    ),
+    'dead_lettered': (
+        'shoal_messages_dead_lettered',
+        'Messages moved to the dead-letter address (rejected or past max delivery attempts).',
+        ('address', 'subscription'),
+    ),
+    'filtered': (
+        'shoal_messages_filtered',
+        "Messages a subscription's selector or no-local filter excluded.",
+        ('address', 'subscription'),
+    ),
+}
+"""The per-message counters: plain ints here, turned into Prometheus families at scrape time
+(a ``prometheus_client.Counter`` takes a lock per increment: 10 % of the broker's CPU under
+load, docs/performance.md#metric-counters)."""
+
+LATENCY_NAME = 'shoal_delivery_latency_seconds'
+LATENCY_HELP = 'From enqueue (stream entry time) to the consumer accepting the message.'
+
+_COUNTS: dict[tuple[str, ...], int] = {}
+"""(counter, *label values) -> count since the process started, for every broker in it."""
+_LATENCIES: dict[tuple[str, str], list[float]] = {}
+"""(address, subscription label) -> per-bucket counts (``LATENCY_BUCKETS`` and +Inf), then the
+sum of seconds."""
+
+# Every analytics record bound is a Prometheus bucket bound, so one bisection serves both
+# histograms of an accepted delivery: the record bucket follows from the Prometheus one.
+assert set(records.LATENCY_BOUNDS) <= set(LATENCY_BUCKETS)
+_RECORD_BUCKET = (
+    *(bisect.bisect_left(records.LATENCY_BOUNDS, bound) for bound in LATENCY_BUCKETS),
+    len(records.LATENCY_BOUNDS),
+)
+"""Prometheus bucket index (``LATENCY_BUCKETS`` then +Inf) -> ``records.LATENCY_BOUNDS`` index."""
+
+
+class Counters:
+    """Counts of the hot-path events (exported by ``HotMetrics`` at scrape time), and plain
+    tallies of the same events for the per-interval metric records (``records.py``)."""
+
+    def __init__(self) -> None:
+        self.tallies: dict[tuple[str, str], dict[str, int]] = {}
+        self.latencies: dict[tuple[str, str], list[int]] = {}
+
+    def _tally(self, address: str, group: str, what: str) -> None:
+        self._tally_label(address, subscription_label(group), what)
+
+    def _tally_label(self, address: str, label: str, what: str) -> None:
+        key = (address, label)
+        tally = self.tallies.get(key)
+        if tally is None:
+            tally = self.tallies[key] = dict.fromkeys(records.COUNTS, 0)
+        tally[what] += 1
+
+    def take(
+        self,
+    ) -> tuple[dict[tuple[str, str], dict[str, int]], dict[tuple[str, str], list[int]]]:
+        """The tallies since the last call (then reset)."""
+        tallies, self.tallies = self.tallies, {}
+        latencies, self.latencies = self.latencies, {}
+        return tallies, latencies
+
+    # The per-message events (enqueued, delivered, settled, latency) are written out inline:
+    # two helper calls per event were ~1.5 µs per message.
+
+    def enqueued(self, address: str, group: str = 'queue', count: int = 1) -> None:
+        key = ('enqueued', address)
+        _COUNTS[key] = _COUNTS.get(key, 0) + count
+        tally = self.tallies.get((address, group))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally['enqueued'] += count
+
+    def _new_tally(self, address: str, group: str) -> dict[str, int]:
+        tally = self.tallies.get((address, subscription_label(group)))
+        if tally is None:
+            tally = dict.fromkeys(records.COUNTS, 0)
+            self.tallies[(address, subscription_label(group))] = tally
+        return tally
+
+    def dropped(self, address: str, count: int = 1) -> None:
+        key = ('dropped', address)
+        _COUNTS[key] = _COUNTS.get(key, 0) + count
+
+    def delivered(self, address: str, group: str, count: int = 1) -> None:
+        label = 'private' if group.startswith('nd:') else group  # subscription_label
+        key = ('delivered', address, label)
+        _COUNTS[key] = _COUNTS.get(key, 0) + count
+        tally = self.tallies.get((address, label))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally['delivered'] += count
+
+    def settled(self, address: str, group: str, outcome: str) -> None:
+        label = 'private' if group.startswith('nd:') else group  # subscription_label
+        key = ('settled', address, label, outcome)
+        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+        tally = self.tallies.get((address, label))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally[outcome] += 1
+
+    def expired(self, address: str, group: str = 'queue') -> None:
+        _count(('expired', address, subscription_label(group)))
+        self._tally(address, group, 'expired')
+
+    def dead_lettered(self, address: str, group: str = 'queue') -> None:
+        _count(('dead_lettered', address, subscription_label(group)))
+        self._tally(address, group, 'dead_lettered')
+
+    def filtered(self, address: str, group: str) -> None:
+        _count(('filtered', address, subscription_label(group)))
+        self._tally(address, group, 'filtered')
+
+    def accepted_all(self, address: str, group: str, ages: Sequence[float]) -> None:
+        """Accepted deliveries of one subscription, each the given seconds after its enqueue: the
+        settled count and both latency histograms (Prometheus and records, per subscription),
+        one bisection per delivery and the lookups once for them all (this runs for every
+        message: per message, two calls were ~2.5 µs)."""
+        label = 'private' if group.startswith('nd:') else group  # subscription_label
+        key = ('settled', address, label, 'accepted')
+        _COUNTS[key] = _COUNTS.get(key, 0) + len(ages)
+        tally = self.tallies.get((address, label))
+        if tally is None:
+            tally = self._new_tally(address, group)
+        tally['accepted'] += len(ages)
+        histogram = _LATENCIES.get((address, label))
+        if histogram is None:
+            histogram = _LATENCIES[(address, label)] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        buckets = self.latencies.get((address, label))
+        if buckets is None:
+            buckets = self.latencies[(address, label)] = [0] * (len(records.LATENCY_BOUNDS) + 1)
+        for seconds in ages:
+            if seconds < 0:  # a clock that stepped back
+                seconds = 0.0
+            bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
+            histogram[bucket] += 1
+            histogram[-1] += seconds
+            buckets[_RECORD_BUCKET[bucket]] += 1
+
+
+def _count(key: tuple[str, ...]) -> None:
+    _COUNTS[key] = _COUNTS.get(key, 0) + 1
+
+
+class HotMetrics(Collector):
+    """The per-message counters and the delivery latency histogram, read at scrape time."""
+
+    def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
+        counts: dict[tuple[str, ...], float] = {}
+        for (what, *values), count in list(_COUNTS.items()):
+            key = (what, *folded(_HOT_COUNTERS[what][2], values))
+            counts[key] = counts.get(key, 0) + count
+        families = {
+            what: CounterMetricFamily(name, help_text, labels=list(labels))
+            for what, (name, help_text, labels) in _HOT_COUNTERS.items()
+        }
+        for (what, *values), total in counts.items():
+            families[what].add_metric(values, total)
+        yield from families.values()
+        latency_labels = ['address', 'subscription']
+        histograms: dict[tuple[str, ...], list[float]] = {}
+        for pair, histogram in list(_LATENCIES.items()):
+            key = folded(latency_labels, pair)
+            if key in histograms:
+                histograms[key] = [a + b for a, b in zip(histograms[key], histogram, strict=True)]
+            else:
+                histograms[key] = histogram
+        latency = HistogramMetricFamily(LATENCY_NAME, LATENCY_HELP, labels=latency_labels)
+        for (address, label), histogram in histograms.items():
+            cumulative, buckets = 0.0, []
+            for bound, in_bucket in zip((*LATENCY_BUCKETS, float('inf')), histogram, strict=False):
+                cumulative += in_bucket
+                buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
+            latency.add_metric([address, label], buckets, histogram[-1])
+        yield latency
+        yield link_deliveries_family()
+
+
+REGISTRY.register(HotMetrics())

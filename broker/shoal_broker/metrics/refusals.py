@@ -1,0 +1,56 @@
+"""
+The door, limits and storage: refusals and failures a user expects to count. Not per message,
+so plain prometheus_client counters. Every label takes its value from a closed set: a peer's
+input (a mechanism name it made up, a user name) never becomes a label value.
+"""
+
+from prometheus_client import Counter
+
+from shoal_broker.errors import BrokerError, StoreFull
+
+SASL_MECHANISMS = ('ANONYMOUS', 'PLAIN', 'EXTERNAL', 'SCRAM-SHA-256', 'SCRAM-SHA-512')
+"""The mechanisms the broker can offer; any other name a peer asks for is counted as ``other``."""
+
+AUTHENTICATION_FAILURES = Counter(
+    'shoal_authentication_failures',
+    'Connections refused before they were authenticated, by mechanism (none: it never chose '
+    'one) and reason (credentials, mechanism, malformed, protocol_header, timeout; throttled: '
+    'closed unread because its source address failed too often within a minute).',
+    ['mechanism', 'reason'],
+)
+AUTHORIZATION_FAILURES = Counter(
+    'shoal_authorization_failures',
+    'Operations an authenticated user was refused for lack of permission, by operation.',
+    ['operation'],
+)
+CONNECTIONS_REFUSED = Counter(
+    'shoal_connections_refused',
+    'Authenticated connections the broker refused at Open, by AMQP error condition.',
+    ['condition'],
+)
+LINKS_REFUSED = Counter(
+    'shoal_links_refused',
+    'Attaches the broker refused, by role (consumer, producer) and AMQP error condition.',
+    ['role', 'condition'],
+)
+PUBLISHES_REFUSED = Counter(
+    'shoal_publishes_refused',
+    'Messages refused to producers because storage is limited, by reason (redis_watermark, '
+    'redis_full, address_limit).',
+    ['reason'],
+)
+
+
+def authentication_failed(mechanism: str | None, reason: str) -> None:
+    label = 'none' if mechanism is None else mechanism if mechanism in SASL_MECHANISMS else 'other'
+    AUTHENTICATION_FAILURES.labels(label, reason).inc()
+
+
+def link_refused(sender: bool, condition: str) -> None:
+    LINKS_REFUSED.labels('consumer' if sender else 'producer', condition).inc()
+
+
+def publish_refused(error: BrokerError) -> None:
+    """Counts a message refused because storage is limited (other refusals are not blocks)."""
+    if isinstance(error, StoreFull):
+        PUBLISHES_REFUSED.labels(error.reason).inc()
