@@ -196,6 +196,8 @@ def test_sentinel_mode_secret_url_and_example_cluster_name_the_sentinels() -> No
     assert 'password' not in open_url.sentinel
 
 
-def test_a_quorum_above_the_sentinels_is_refused() -> None:
+def test_a_quorum_above_the_sentinels_and_analytics_on_sentinel_are_refused() -> None:
     with pytest.raises(HelmRenderError, match='quorum must not exceed'):
         render_raw({'redis': {'mode': 'sentinel', 'sentinel': {'replicas': 1}}})
+    with pytest.raises(HelmRenderError, match='takes redis:// URLs only'):
+        render_raw({'redis': {'mode': 'sentinel'}, 'analytics': {'enabled': True}})

@@ -25,7 +25,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     'redis-sentinel-open-hard-network-policy': {
         'redis': {'mode': 'sentinel', 'auth': {'enabled': False}, 'podAntiAffinity': 'hard',
                   'replicas': 1, 'sentinel': {'replicas': 5, 'quorum': 3}},
-        'networkPolicy': {'enabled': True}, 'analytics': {'enabled': True},
+        'networkPolicy': {'enabled': True},
     },
     'service-monitor': {'serviceMonitor': {'enabled': True, 'labels': {'release': 'prom'}},
                         'grafanaDashboard': {'enabled': True}},
