@@ -159,7 +159,7 @@ class Runtime:
         """(the brokers' URL, the operator's): the same but for where the TLS CA file is."""
         spec, namespace = cluster.redis, cluster.meta.namespace
         if spec.url_secret is not None:
-            url = await self._secret_value(namespace, spec.url_secret, spec.url_key)
+            url = await self._secret_value(namespace, spec.url_secret, spec.url_key, empty=False)
             if (problem := redisurl.mismatch(spec, url)) is not None:
                 raise ClusterUnavailable('RedisSecretInvalid', problem)
             return url, url
@@ -184,9 +184,13 @@ class Runtime:
         username = await self._secret_value(namespace, credentials.secret, credentials.username_key)
         return username, password
 
-    async def _secret_value(self, namespace: str, name: str, key: str) -> str:
+    async def _secret_value(
+        self, namespace: str, name: str, key: str, *, empty: bool = True
+    ) -> str:
+        """One key of a Secret; ``empty``: whether an empty value will do (a password may be
+        empty, a URL may not)."""
         value = await self.api().secret_value(namespace, name, key)
-        if value is None:
+        if value is None or (not value and not empty):
             raise ClusterUnavailable(
                 'RedisSecretMissing', f'Secret {namespace}/{name} has no key {key!r}'
             )

@@ -6,11 +6,13 @@ read) and reaches Redis through that same URL (status, registry), through Sentin
 
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from certs import Authority
 from kubeemulator import Kube, cluster_body, condition
-from processes import LOOPBACK, RedisServer
+from processes import LOOPBACK, RedisServer, free_port
 from sentinels import SERVICE, SentinelGroup
 
 from shoal_broker.store import connect
@@ -113,3 +115,33 @@ async def test_a_url_secret_whose_scheme_contradicts_the_mode_is_reported(
 
     found = await operator.eventually(reported, 'RedisConnected False')
     assert "spec.redis.mode is sentinel but the URL's scheme is redis" in found['message']
+
+
+async def test_tls_with_a_ca_secret_reaches_the_brokers_mount_and_the_operators_own_connection(
+    operator: Kube, tmp_path: Path
+) -> None:
+    ca = Authority(tmp_path)
+    server = ca.issue('localhost', server=True, stem='redis')
+    tls_port = free_port()
+    tls_redis = RedisServer(
+        None, '--tls-port', str(tls_port), '--tls-cert-file', str(server.cert),
+        '--tls-key-file', str(server.key), '--tls-ca-cert-file', str(ca.pem.cert),
+        '--tls-auth-clients', 'no',
+    )  # fmt: skip
+    try:
+        await secret(operator, 'redis-ca', **{'ca.crt': ca.pem.cert.read_text()})
+        redis = {'host': 'localhost', 'port': tls_port, 'tls': {'caSecretName': 'redis-ca'}}
+        await operator.create('brokerclusters', cluster_body(redis=redis))
+        await connected(operator)  # only with the CA: the server's certificate is the test CA's
+        url = await rendered_url(operator)
+        assert url == (
+            f'rediss://localhost:{tls_port}/0?ssl_ca_certs=%2Fetc%2Fshoal%2Fredis-ca%2Fca.crt'
+        )
+        deployment = await operator.get('deployments', 'shoal', api_version='apps/v1')
+        assert deployment is not None
+        pod = deployment['spec']['template']['spec']
+        assert {'name': 'redis-ca', 'mountPath': '/etc/shoal/redis-ca', 'readOnly': True} in (
+            pod['containers'][0]['volumeMounts']
+        )
+    finally:
+        tls_redis.stop()
