@@ -29,14 +29,21 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def apply_cluster(runtime: Runtime, body: Mapping[str, Any]) -> BrokerCluster:
-    """Create or correct every child object of the cluster (also the drift check). A child of
+    """Create or correct every child object of the cluster (also the drift check), with the Redis
+    URL rendered from ``spec.redis`` when it is not the user's Secret. A child of
     an optional kind the API server does not serve is left out, said once per new problem in
     a Warning Event and the log, and on the ChildrenApplied condition while it lasts."""
     cluster = BrokerCluster.from_body(body, default_image=runtime.settings.broker_image)
     kube = runtime.api()
     owner = owner_reference(body)
     not_served = []
-    for manifest in manifests.build_all(cluster):
+    redis_url = None
+    if cluster.redis.rendered:
+        try:
+            redis_url = await runtime.redis_url(cluster)
+        except ClusterUnavailable:  # reported on the RedisConnected condition; the rest applies
+            pass
+    for manifest in manifests.build_all(cluster, redis_url):
         manifest['metadata']['ownerReferences'] = [owner]
         try:
             await kube.apply(manifest)

@@ -146,14 +146,125 @@ class Tls:
         return cls(secret=str(tls['secretName']), client_auth=client_auth, client_ca_secret=ca)
 
 
+class RedisMode(enum.StrEnum):
+    STANDALONE = 'standalone'
+    SENTINEL = 'sentinel'
+    CLUSTER = 'cluster'
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Credentials:
+    """A Secret holding a user name (optional) and a password, by key."""
+
+    secret: str
+    password_key: str = 'password'
+    username_key: str | None = None
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any] | None, field: str) -> 'Credentials | None':
+        if section is None:
+            return None
+        if not section.get('secretName'):
+            raise InvalidSpec(f'{field}.secretName is required')
+        username = section.get('usernameKey')
+        return cls(secret=str(section['secretName']),
+                   password_key=str(section.get('passwordKey') or 'password'),
+                   username_key=str(username) if username else None)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedisSpec:
+    """``spec.redis``: a Secret holding the whole URL (``url_secret``), or the mode and where the
+    servers are, from which the operator renders the URL (``shoal_operator.redisurl``)."""
+
+    mode: RedisMode | None = None
+    """As written; None leaves it to the URL (or standalone for ``host``)."""
+    url_secret: str | None = None
+    url_key: str = 'url'
+    hosts: tuple[str, ...] = ()
+    """``host[:port]`` of the standalone server, the sentinels or the cluster's seed nodes."""
+    service: str = ''
+    """The name the sentinels monitor the primary under."""
+    db: int = 0
+    auth: Credentials | None = None
+    sentinel_auth: Credentials | None = None
+    tls: bool = False
+    ca_secret: str | None = None
+
+    @property
+    def rendered(self) -> bool:
+        """Whether the operator renders the URL (rather than reading it from ``url_secret``)."""
+        return self.url_secret is None
+
+    @property
+    def effective_mode(self) -> RedisMode:
+        return self.mode or RedisMode.STANDALONE
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> 'RedisSpec':
+        """The CRD's rules again (a server without them, or a resource stored before them)."""
+        redis = spec.get('redis') or {}
+        try:
+            mode = RedisMode(redis['mode']) if redis.get('mode') else None
+        except ValueError:
+            raise InvalidSpec('spec.redis.mode must be standalone, sentinel or cluster') from None
+        sentinel, cluster, host = redis.get('sentinel'), redis.get('cluster'), redis.get('host')
+        if bool(redis.get('secretName')) == bool(host or sentinel or cluster):
+            raise InvalidSpec('name Redis either by spec.redis.secretName (a Secret holding its '
+                              'URL) or by host, sentinel or cluster')  # fmt: skip
+        if redis.get('secretName'):
+            if any(k in redis for k in ('auth', 'tls', 'db', 'port')):
+                raise InvalidSpec('with spec.redis.secretName the URL carries the credentials, '
+                                  'the db and TLS')  # fmt: skip
+            return cls(mode=mode, url_secret=str(redis['secretName']),
+                       url_key=str(redis.get('key') or 'url'))  # fmt: skip
+        if 'port' in redis and not host:
+            raise InvalidSpec('spec.redis.port goes with host')
+        hosts, service, sentinel_auth = _servers(redis, mode)
+        tls = redis.get('tls')
+        return cls(
+            mode=mode, hosts=hosts, service=service, db=int(redis.get('db') or 0),
+            auth=Credentials.of(redis.get('auth'), 'spec.redis.auth'),
+            sentinel_auth=sentinel_auth, tls=tls is not None,
+            ca_secret=str(tls['caSecretName']) if tls and tls.get('caSecretName') else None,
+        )  # fmt: skip
+
+
+def _servers(
+    redis: Mapping[str, Any], mode: RedisMode | None
+) -> tuple[tuple[str, ...], str, Credentials | None]:
+    """(``host[:port]`` of each server, the sentinels' service name, their credentials)."""
+    host, sentinel, cluster = redis.get('host'), redis.get('sentinel'), redis.get('cluster')
+    if host:
+        if mode not in (None, RedisMode.STANDALONE):
+            raise InvalidSpec("spec.redis.host is the standalone mode's field")
+        port = redis.get('port')
+        return (f'{host}:{int(port)}' if port else str(host),), '', None
+    if sentinel:
+        if mode is not RedisMode.SENTINEL:
+            raise InvalidSpec('spec.redis.sentinel needs mode sentinel')
+        hosts = tuple(str(h) for h in sentinel.get('hosts') or ())
+        service = str(sentinel.get('serviceName') or '')
+        if not hosts or not service:
+            raise InvalidSpec('spec.redis.sentinel needs hosts and serviceName')
+        return hosts, service, Credentials.of(sentinel.get('auth'), 'spec.redis.sentinel.auth')
+    if mode is not RedisMode.CLUSTER:
+        raise InvalidSpec('spec.redis.cluster needs mode cluster')
+    nodes = tuple(str(h) for h in (cluster or {}).get('nodes') or ())
+    if not nodes:
+        raise InvalidSpec('spec.redis.cluster needs nodes')
+    if redis.get('db'):
+        raise InvalidSpec('Redis Cluster has only db 0')
+    return nodes, '', None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class BrokerCluster:
     meta: Meta
     replicas: int
     image: str
     image_pull_policy: str
-    redis_secret: str
-    redis_key: str
+    redis: RedisSpec
     durability: str
     broker_settings: Mapping[str, Any]
     service_type: str
@@ -179,9 +290,6 @@ class BrokerCluster:
     @classmethod
     def from_body(cls, body: Mapping[str, Any], *, default_image: str) -> 'BrokerCluster':
         spec = body.get('spec') or {}
-        redis = spec.get('redis') or {}
-        if not redis.get('secretName'):
-            raise InvalidSpec('spec.redis.secretName is required')
         image = spec.get('image') or default_image
         monitor = (spec.get('metrics') or {}).get('serviceMonitor') or {}
         policy = spec.get('networkPolicy') or {}
@@ -200,8 +308,7 @@ class BrokerCluster:
             replicas=int(spec.get('replicas', 2)),
             image=image,
             image_pull_policy=str(spec.get('imagePullPolicy', 'IfNotPresent')),
-            redis_secret=str(redis['secretName']),
-            redis_key=str(redis.get('key') or 'url'),
+            redis=RedisSpec.of(spec),
             durability=str(spec.get('durability', 'memory')),
             broker_settings=dict(spec.get('broker') or {}),
             service_type=str(service.get('type', 'ClusterIP')),

@@ -5,14 +5,18 @@ and the inventory of resources seen on the watch streams (so periodic work needs
 
 import dataclasses
 import datetime
+import hashlib
 import os
 import re
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from shoal_broker.store.registry import Registry
-from shoal_operator import k8s
-from shoal_operator.models import API_VERSION, BrokerCluster, ClusterRef, InvalidSpec
+from shoal_operator import k8s, redisurl
+from shoal_operator.manifests import security
+from shoal_operator.models import API_VERSION, BrokerCluster, ClusterRef, Credentials, InvalidSpec
 
 DEFAULT_IMAGE = 'ghcr.io/shoal-dev/shoal:0.1.0'
 DEFAULT_HEALTH = '0.0.0.0:8080'
@@ -97,6 +101,7 @@ class Runtime:
         """Per BrokerCluster uid, why optional children could not be created (their kind is not
         served), as reported on its ChildrenApplied condition."""
         self._registries: dict[str, Registry] = {}
+        self._ca_dir: Path | None = None
 
     def api(self) -> k8s.Kube:
         if self.kube is None:
@@ -138,19 +143,67 @@ class Runtime:
         return cluster
 
     async def registry(self, cluster: BrokerCluster) -> Registry:
-        """The cluster's Redis, named by its Secret."""
-        url = await self.api().secret_value(
-            cluster.meta.namespace, cluster.redis_secret, cluster.redis_key
-        )
-        if not url:
-            raise ClusterUnavailable(
-                'RedisSecretMissing',
-                f'Secret {cluster.meta.namespace}/{cluster.redis_secret} has no key '
-                f'{cluster.redis_key!r}',
-            )
-        registry = self._registry(url)
-        self.last_seen[(cluster.meta.namespace, cluster.meta.name)] = (cluster, url)
+        """The cluster's Redis, through the URL its brokers get (``redis_url``)."""
+        _, own = await self._urls(cluster)
+        registry = self._registry(own)
+        self.last_seen[(cluster.meta.namespace, cluster.meta.name)] = (cluster, own)
         return registry
+
+    async def redis_url(self, cluster: BrokerCluster) -> str:
+        """The Redis URL the cluster's brokers get: the one in ``spec.redis.secretName``, or the
+        one rendered from ``spec.redis`` and the Secrets it names (``redisurl.render``)."""
+        pods, _ = await self._urls(cluster)
+        return pods
+
+    async def _urls(self, cluster: BrokerCluster) -> tuple[str, str]:
+        """(the brokers' URL, the operator's): the same but for where the TLS CA file is."""
+        spec, namespace = cluster.redis, cluster.meta.namespace
+        if spec.url_secret is not None:
+            url = await self._secret_value(namespace, spec.url_secret, spec.url_key, empty=False)
+            if (problem := redisurl.mismatch(spec, url)) is not None:
+                raise ClusterUnavailable('RedisSecretInvalid', problem)
+            return url, url
+        auth, sentinel = spec.auth, spec.sentinel_auth
+        username, password = await self._credentials(namespace, auth)
+        sentinel_username, sentinel_password = await self._credentials(namespace, sentinel)
+        secrets = redisurl.Secrets(username, password, sentinel_username, sentinel_password)
+        pods = redisurl.render(spec, secrets, security.REDIS_CA_FILE)
+        if spec.ca_secret is None:
+            return pods, pods
+        ca = await self._secret_value(namespace, spec.ca_secret, 'ca.crt')
+        return pods, redisurl.render(spec, secrets, self._ca_file(ca))
+
+    async def _credentials(
+        self, namespace: str, credentials: Credentials | None
+    ) -> tuple[str | None, str | None]:
+        if credentials is None:
+            return None, None
+        password = await self._secret_value(namespace, credentials.secret, credentials.password_key)
+        if credentials.username_key is None:
+            return None, password
+        username = await self._secret_value(namespace, credentials.secret, credentials.username_key)
+        return username, password
+
+    async def _secret_value(
+        self, namespace: str, name: str, key: str, *, empty: bool = True
+    ) -> str:
+        """One key of a Secret; ``empty``: whether an empty value will do (a password may be
+        empty, a URL may not)."""
+        value = await self.api().secret_value(namespace, name, key)
+        if value is None or (not value and not empty):
+            raise ClusterUnavailable(
+                'RedisSecretMissing', f'Secret {namespace}/{name} has no key {key!r}'
+            )
+        return value
+
+    def _ca_file(self, pem: str) -> str:
+        """The operator's copy of a Redis CA (the brokers mount theirs), named by its digest."""
+        if self._ca_dir is None:
+            self._ca_dir = Path(tempfile.mkdtemp(prefix='shoal-operator-redis-ca-'))
+        path = self._ca_dir / f'{hashlib.sha256(pem.encode()).hexdigest()}.crt'
+        if not path.exists():
+            path.write_text(pem)
+        return str(path)
 
     def remembered(self, ref: ClusterRef) -> tuple[BrokerCluster, Registry] | None:
         """A cluster that is gone (or being deleted) and the Redis this run last reached it

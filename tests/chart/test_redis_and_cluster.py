@@ -11,6 +11,8 @@ import redis
 from chartrender import NAMESPACE, container, env, find, one, render, render_raw
 from helm_python import HelmRenderError
 
+from shoal_broker.store.connect import parse_sentinel_url
+
 
 def secret_value(secret: dict[str, dict[str, str]], key: str) -> str:
     return base64.b64decode(secret['data'][key]).decode()
@@ -107,3 +109,99 @@ def test_notes_tell_how_to_connect_and_test() -> None:
     assert f'amqp://shoal.{NAMESPACE}.svc:5672' in notes
     assert f'helm test rel -n {NAMESPACE}' in notes
     assert 'secretName: rel-shoal-redis' in notes
+
+
+SENTINEL = {'redis': {'mode': 'sentinel', 'auth': {'password': 'p@ss w+rd/:%'}}}
+SENTINEL_HOSTS = [f'rel-shoal-redis-sentinel-{i}.rel-shoal-redis-sentinel.{NAMESPACE}.svc:26379'
+                  for i in range(3)]  # fmt: skip
+
+
+def test_the_default_install_has_one_redis_and_no_sentinel() -> None:
+    manifests = render()
+    assert [s['metadata']['name'] for s in find(manifests, 'StatefulSet')] == ['rel-shoal-redis']
+    assert find(manifests, 'PodDisruptionBudget') == []
+    assert 'affinity' not in one(manifests, 'StatefulSet')['spec']['template']['spec']
+
+
+def test_sentinel_mode_runs_a_primary_replicas_and_three_sentinels_with_budgets() -> None:
+    manifests = render(SENTINEL)
+    sets = {s['metadata']['name']: s['spec'] for s in find(manifests, 'StatefulSet')}
+    assert {name: spec['replicas'] for name, spec in sets.items()} == {
+        'rel-shoal-redis': 1, 'rel-shoal-redis-replica': 2, 'rel-shoal-redis-sentinel': 3,
+    }  # fmt: skip
+    for name in ('rel-shoal-redis', 'rel-shoal-redis-replica'):  # both keep the AOF on a PVC
+        (claim,) = sets[name]['volumeClaimTemplates']
+        assert claim['spec']['resources']['requests']['storage'] == '8Gi'
+    headless = {s['metadata']['name'] for s in find(manifests, 'Service')
+                if s['spec'].get('clusterIP') == 'None'}  # fmt: skip
+    assert headless == {'rel-shoal-redis-replica', 'rel-shoal-redis-sentinel'}
+    budgets = {p['metadata']['name']: p['spec'] for p in find(manifests, 'PodDisruptionBudget')}
+    assert budgets['rel-shoal-redis-sentinel']['maxUnavailable'] == 1
+    assert budgets['rel-shoal-redis']['maxUnavailable'] == 1
+    # the nodes' budget covers the first node and its replicas, not the sentinels
+    node_labels = budgets['rel-shoal-redis']['selector']['matchLabels'].items()
+    for name, selected in (('rel-shoal-redis', True), ('rel-shoal-redis-replica', True),
+                           ('rel-shoal-redis-sentinel', False)):  # fmt: skip
+        labels = sets[name]['template']['metadata']['labels'].items()
+        assert (node_labels <= labels) is selected, name
+    first = sets['rel-shoal-redis']['template']['spec']
+    preferred = first['affinity']['podAntiAffinity'][
+        'preferredDuringSchedulingIgnoredDuringExecution'
+    ]
+    assert preferred[0]['podAffinityTerm']['labelSelector']['matchLabels'].items() == node_labels
+    sentinel_pod = sets['rel-shoal-redis-sentinel']['template']['spec']
+    assert (
+        'preferredDuringSchedulingIgnoredDuringExecution'
+        in sentinel_pod['affinity']['podAntiAffinity']
+    )
+    hard = render({'redis': {'mode': 'sentinel', 'podAntiAffinity': 'hard'}})
+    for statefulset in find(hard, 'StatefulSet'):
+        anti = statefulset['spec']['template']['spec']['affinity']['podAntiAffinity']
+        assert list(anti) == ['requiredDuringSchedulingIgnoredDuringExecution']
+
+
+def test_sentinel_mode_keeps_the_first_node_where_a_standalone_install_had_its_data() -> None:
+    """helm upgrade from standalone to sentinel changes only what a StatefulSet lets change
+    (the API server refuses any other change of its spec)."""
+    before = one(render(), 'StatefulSet', 'rel-shoal-redis')['spec']
+    after = one(render(SENTINEL), 'StatefulSet', 'rel-shoal-redis')['spec']
+    mutable = {'replicas', 'template', 'updateStrategy', 'minReadySeconds',
+               'persistentVolumeClaimRetentionPolicy', 'ordinals'}  # fmt: skip
+    assert {k: v for k, v in after.items() if k not in mutable} == {
+        k: v for k, v in before.items() if k not in mutable
+    }
+    assert (
+        one(render(SENTINEL), 'Service', 'rel-shoal-redis')['spec']
+        == one(render(), 'Service', 'rel-shoal-redis')['spec']
+    )
+
+
+def test_sentinel_mode_secret_url_and_example_cluster_name_the_sentinels() -> None:
+    manifests = render(SENTINEL)
+    url = secret_value(one(manifests, 'Secret', 'rel-shoal-redis'), 'url')
+    parsed = parse_sentinel_url(url)
+    assert [f'{h}:{p}' for h, p in parsed.sentinels] == SENTINEL_HOSTS
+    assert (parsed.service, parsed.connection['db']) == ('shoal', 0)
+    assert parsed.connection['password'] == 'p@ss w+rd/:%'
+    assert parsed.sentinel['password'] == 'p@ss w+rd/:%'
+    assert one(manifests, 'BrokerCluster')['spec']['redis'] == {
+        'mode': 'sentinel',
+        'sentinel': {'hosts': SENTINEL_HOSTS, 'serviceName': 'shoal',
+                     'auth': {'secretName': 'rel-shoal-redis'}},
+        'auth': {'secretName': 'rel-shoal-redis'},
+    }  # fmt: skip
+    open_install = render({'redis': {'mode': 'sentinel', 'auth': {'enabled': False}}})
+    assert one(open_install, 'BrokerCluster')['spec']['redis'] == {
+        'mode': 'sentinel',
+        'sentinel': {'hosts': SENTINEL_HOSTS, 'serviceName': 'shoal'},
+    }
+    open_url = parse_sentinel_url(secret_value(one(open_install, 'Secret'), 'url'))
+    assert 'password' not in open_url.connection
+    assert 'password' not in open_url.sentinel
+
+
+def test_a_quorum_above_the_sentinels_and_analytics_on_sentinel_are_refused() -> None:
+    with pytest.raises(HelmRenderError, match='quorum must not exceed'):
+        render_raw({'redis': {'mode': 'sentinel', 'sentinel': {'replicas': 1}}})
+    with pytest.raises(HelmRenderError, match='takes redis:// URLs only'):
+        render_raw({'redis': {'mode': 'sentinel'}, 'analytics': {'enabled': True}})

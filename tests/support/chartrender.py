@@ -21,6 +21,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     'cluster-rbac': {'rbac': {'scope': 'cluster'}},
     'namespaced-rbac-several': {'rbac': {'watchNamespaces': ['team-a', 'team-b']}},
     'existing-redis': {'redis': {'enabled': False, 'existingSecret': {'name': 'my-redis'}}},
+    'redis-sentinel': {'redis': {'mode': 'sentinel'}},
+    'redis-sentinel-open-hard-network-policy': {
+        'redis': {'mode': 'sentinel', 'auth': {'enabled': False}, 'podAntiAffinity': 'hard',
+                  'replicas': 1, 'sentinel': {'replicas': 5, 'quorum': 3}},
+        'networkPolicy': {'enabled': True},
+    },
     'service-monitor': {'serviceMonitor': {'enabled': True, 'labels': {'release': 'prom'}},
                         'grafanaDashboard': {'enabled': True}},
     'network-policy': {'networkPolicy': {'enabled': True}, 'analytics': {'enabled': True}},

@@ -112,3 +112,60 @@ imagePullSecrets:
 {{- define "shoal.prometheusRuleEnabled" -}}
 {{- ternary .Values.serviceMonitor.enabled .Values.prometheusRule.enabled (kindIs "invalid" .Values.prometheusRule.enabled) -}}
 {{- end }}
+
+{{/* Whether the chart runs Redis with replicas and Sentinel ("true" or ""). */}}
+{{- define "shoal.redis.sentinelMode" -}}
+{{- if and .Values.redis.enabled (eq .Values.redis.mode "sentinel") }}true{{ end }}
+{{- end }}
+
+{{- define "shoal.redis.replicaName" -}}
+{{- printf "%s-redis-replica" (include "shoal.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "shoal.redis.sentinelName" -}}
+{{- printf "%s-redis-sentinel" (include "shoal.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The first Redis node (the primary of a group no sentinel knows yet): host:port. */}}
+{{- define "shoal.redis.firstNode" -}}
+{{- printf "%s.%s.svc:6379" (include "shoal.redis.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{/* The sentinels, host:port each (a list, for the BrokerCluster and the URL). */}}
+{{- define "shoal.redis.sentinelHosts" -}}
+{{- $name := include "shoal.redis.sentinelName" . }}
+{{- range $i := until (int .Values.redis.sentinel.replicas) }}
+- {{ printf "%s-%d.%s.%s.svc:26379" $name $i $name $.Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{/* Selector of every Redis data node (the first node and its replicas), for the PDB and anti-affinity. */}}
+{{- define "shoal.redis.nodeSelector" -}}
+matchLabels:
+  app.kubernetes.io/name: {{ include "shoal.name" . }}
+  app.kubernetes.io/instance: {{ .Release.Name }}
+  shoal.dev/redis-role: node
+{{- end }}
+
+{{/* Pod anti-affinity across nodes for pods matching a selector (dict "ctx" $ "selector" (yaml)). */}}
+{{- define "shoal.redis.antiAffinity" -}}
+podAntiAffinity:
+  {{- if eq .ctx.Values.redis.podAntiAffinity "hard" }}
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        {{- .selector | nindent 8 }}
+  {{- else }}
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          {{- .selector | nindent 10 }}
+  {{- end }}
+{{- end }}
+
+{{/* The digest of the Redis start scripts: a change rolls the Redis and sentinel pods. */}}
+{{- define "shoal.redis.scriptsChecksum" -}}
+{{- .Files.Get "files/redis/redis-start.sh" | cat (.Files.Get "files/redis/sentinel-start.sh") | sha256sum | trunc 16 }}
+{{- end }}

@@ -1,7 +1,7 @@
 """
 Pure builders: a BrokerCluster model -> the Kubernetes objects that run it.
 
-``build_all`` orders them so what the Deployment reads (ConfigMap, Secret) comes first;
+``build_all`` orders them so what the Deployment reads (ConfigMap, Secrets) comes first;
 ``switched_off`` names the objects a spec can switch off, which the operator deletes when off;
 ``OPTIONAL_KINDS`` the kinds whose CRD a cluster may lack (the rest of the cluster works without).
 """
@@ -16,10 +16,17 @@ OPTIONAL_KINDS = {'ServiceMonitor': 'spec.metrics.serviceMonitor.enabled'}
 """Kind -> the spec field that asks for it."""
 
 
-def build_all(cluster: BrokerCluster) -> list[Manifest]:
+def build_all(cluster: BrokerCluster, redis_url: str | None = None) -> list[Manifest]:
+    """``redis_url``: the rendered Redis URL (``redisurl.render``) of a cluster whose spec names
+    its Redis by mode and hosts; None leaves its Secret as it is (its credentials cannot be read
+    now), and for a cluster whose URL is the user's Secret."""
     optional = [network.network_policy(cluster), network.service_monitor(cluster)]
+    rendered = []
+    if cluster.redis.rendered and redis_url is not None:
+        rendered.append(config.redis_url_secret(cluster, redis_url))
     return [
         config.configmap(cluster),
+        *rendered,
         config.connection_secret(cluster),
         workload.deployment(cluster),
         network.service(cluster),

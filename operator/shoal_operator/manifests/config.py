@@ -1,6 +1,8 @@
-"""The broker settings ConfigMap and the connection Secret apps mount."""
+"""The broker settings ConfigMap, the Redis URL Secret the brokers read and the connection Secret
+apps mount."""
 
 import base64
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -26,6 +28,9 @@ _SETTINGS = {
 """BrokerCluster ``spec.broker`` field -> the broker's environment variable."""
 CONFIG_CHECKSUM = 'shoal.dev/config-checksum'
 """Pod-template annotation: the digest of the settings ConfigMap's data."""
+REDIS_CHECKSUM = 'shoal.dev/redis-checksum'
+"""Pod-template annotation: the digest of a rendered ``spec.redis`` (mode, hosts, Secret names)."""
+REDIS_URL_KEY = 'url'
 
 
 def _text(value: Any) -> str:
@@ -64,6 +69,36 @@ def config_checksum(cluster: BrokerCluster) -> str:
     leaves it alone. Keys are sorted, so the digest depends only on the settings."""
     canonical = json.dumps(settings_env(cluster), sort_keys=True, separators=(',', ':'))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def redis_checksum(cluster: BrokerCluster) -> str | None:
+    """The digest of ``spec.redis`` when the operator renders its URL, None when the URL is the
+    user's Secret (as before rendering existed, so such a cluster's pods are not rolled). The
+    brokers read the URL when they start: a change of mode, hosts or Secret names rolls them. A
+    password changed in its Secret reaches the rendered Secret on the next pass, and the brokers
+    when they restart, as with a URL Secret."""
+    if not cluster.redis.rendered:
+        return None
+    canonical = json.dumps(dataclasses.asdict(cluster.redis), sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def redis_url_source(cluster: BrokerCluster) -> dict[str, str]:
+    """The secretKeyRef the brokers read SHOAL_REDIS_URL from."""
+    if cluster.redis.url_secret is not None:
+        return {'name': cluster.redis.url_secret, 'key': cluster.redis.url_key}
+    return {'name': naming.redis_url_secret(cluster), 'key': REDIS_URL_KEY}
+
+
+def redis_url_secret(cluster: BrokerCluster, url: str) -> Manifest:
+    """The rendered URL, credentials included, for the broker pods (``redisurl.render``)."""
+    return {
+        'apiVersion': 'v1',
+        'kind': 'Secret',
+        'type': 'Opaque',
+        'metadata': naming.metadata(cluster, naming.redis_url_secret(cluster)),
+        'data': {REDIS_URL_KEY: _b64(url)},
+    }
 
 
 def connection_secret(cluster: BrokerCluster) -> Manifest:

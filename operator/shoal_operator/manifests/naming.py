@@ -29,6 +29,11 @@ def child(cluster: BrokerCluster, suffix: str = '') -> str:
     return f'{cluster.meta.name}-{suffix}' if suffix else cluster.meta.name
 
 
+def redis_url_secret(cluster: BrokerCluster) -> str:
+    """The Secret the operator renders the brokers' Redis URL into (key ``url``)."""
+    return child(cluster, 'redis-url')
+
+
 def service_host(cluster: BrokerCluster) -> str:
     return f'{child(cluster)}.{cluster.meta.namespace}.svc'
 

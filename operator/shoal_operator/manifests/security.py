@@ -1,5 +1,6 @@
 """
-Who may connect to the broker pods: the SASL users file and the AMQPS listener's certificates.
+Who may connect to the broker pods (the SASL users file and the AMQPS listener's certificates), and
+the CA the brokers check their Redis servers against.
 
 Both come from Secrets mounted as whole directories, read-only: a Secret volume is updated in
 place (never with ``subPath``, which would freeze it), and the broker re-reads the users file and
@@ -20,6 +21,10 @@ USERS_DIR = '/etc/shoal/users'
 USERS_FILE = f'{USERS_DIR}/users.json'
 TLS_DIR = '/etc/shoal/tls'
 CLIENT_CA_DIR = '/etc/shoal/client-ca'
+REDIS_CA_DIR = '/etc/shoal/redis-ca'
+REDIS_CA_FILE = f'{REDIS_CA_DIR}/ca.crt'
+"""Where the broker pods find the CA of ``spec.redis.tls.caSecretName`` (the rendered URL's
+``ssl_ca_certs``)."""
 READ_ONLY_FOR_GROUP = 0o440
 """Secret files are readable by the broker through the pod's fsGroup, by no one else."""
 
@@ -55,6 +60,9 @@ def secret_mounts(cluster: BrokerCluster) -> list[SecretMount]:
         if tls.client_ca_secret is not None:
             found.append(SecretMount('client-ca', 'spec.tls.clientCASecretName',
                                      tls.client_ca_secret, ('ca.crt',), CLIENT_CA_DIR))  # fmt: skip
+    if cluster.redis.ca_secret is not None:
+        found.append(SecretMount('redis-ca', 'spec.redis.tls.caSecretName', cluster.redis.ca_secret,
+                                 ('ca.crt',), REDIS_CA_DIR))  # fmt: skip
     return found
 
 

@@ -35,9 +35,7 @@ def _container(cluster: BrokerCluster) -> dict[str, Any]:
         'env': [
             {
                 'name': broker.ENV_REDIS_URL,
-                'valueFrom': {
-                    'secretKeyRef': {'name': cluster.redis_secret, 'key': cluster.redis_key}
-                },
+                'valueFrom': {'secretKeyRef': config.redis_url_source(cluster)},
             },
             {
                 'name': broker.ENV_REPLICA_ID,
@@ -82,6 +80,14 @@ def _spreading(cluster: BrokerCluster) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _annotations(cluster: BrokerCluster) -> dict[str, str]:
+    found = {**dict(cluster.pod_template.get('annotations') or {}),
+             config.CONFIG_CHECKSUM: config.config_checksum(cluster)}  # fmt: skip
+    if (redis := config.redis_checksum(cluster)) is not None:
+        found[config.REDIS_CHECKSUM] = redis
+    return found
+
+
 def deployment(cluster: BrokerCluster) -> Manifest:
     template = cluster.pod_template
     pod_spec: dict[str, Any] = {
@@ -108,8 +114,7 @@ def deployment(cluster: BrokerCluster) -> Manifest:
             'template': {
                 'metadata': {
                     'labels': {**dict(template.get('labels') or {}), **naming.all_labels(cluster)},
-                    'annotations': {**dict(template.get('annotations') or {}),
-                                    config.CONFIG_CHECKSUM: config.config_checksum(cluster)},
+                    'annotations': _annotations(cluster),
                 },
                 'spec': pod_spec,
             },
