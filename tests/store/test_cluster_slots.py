@@ -11,7 +11,6 @@ A script added to lua/ without a case here fails ``test_every_script_has_a_case`
 
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -115,11 +114,9 @@ def _lua_names() -> set[str]:
     return names - included
 
 
-@pytest.fixture(scope='module')
-def cluster() -> Iterator[ClusterGroup]:
-    group = ClusterGroup()
-    yield group
-    group.stop()
+@pytest.fixture
+def cluster(redis_cluster: ClusterGroup) -> ClusterGroup:
+    return redis_cluster
 
 
 def _run(cluster: ClusterGroup, case: Case) -> Any:

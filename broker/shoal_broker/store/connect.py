@@ -246,6 +246,17 @@ def sync_cluster_client(url: str, **kwargs: Any) -> redis.cluster.RedisCluster:
     return redis.cluster.RedisCluster(startup_nodes=seeds, **_cluster_kwargs(parsed, kwargs))
 
 
+def node_pool(url: str, host: str, port: int, **kwargs: Any) -> ConnectionPool:
+    """A connection pool to one node of the cluster of a ``redis+cluster://`` URL, with the
+    URL's credentials, TLS and options: for connections that stay on one node (a sharded
+    notification channel's, a node's pipeline lane)."""
+    parsed = parse_cluster_url(url)
+    arguments = _cluster_kwargs(parsed, kwargs)
+    tls = arguments.pop('ssl', False)
+    connection_class = redis.asyncio.SSLConnection if tls else redis.asyncio.Connection
+    return ConnectionPool(connection_class=connection_class, host=host, port=port, **arguments)
+
+
 def _not_cluster(url: str) -> None:
     if is_cluster_url(url):
         raise ValueError(
