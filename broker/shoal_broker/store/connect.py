@@ -260,8 +260,8 @@ def node_pool(url: str, host: str, port: int, **kwargs: Any) -> ConnectionPool:
 def _not_cluster(url: str) -> None:
     if is_cluster_url(url):
         raise ValueError(
-            'a Redis Cluster URL needs a cluster client (connect.cluster_client): it has no '
-            'single connection pool'
+            'the store does not run on Redis Cluster yet (docs/redis-modes.md, "Redis Cluster"): '
+            'a redis+cluster:// URL has no single connection pool'
         )
 
 
