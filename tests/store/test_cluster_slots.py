@@ -30,6 +30,7 @@ REPLICA = 'replica-a'
 A = keys.AddressKeys.of(ADDRESS)
 T = keys.AddressKeys.of(TOPIC)
 S = keys.SubscriptionKeys.of(SUBSCRIPTION)
+RECORD = keys.commit_record(REPLICA, 3, 'c0ffee')
 MESSAGE = (b'\x00Sp\xc0\x01\x00', b'\x00Sw\xa1\x02hi', '0', '')
 """One message as the publishing scripts take it: header, rest, expiry, origin."""
 
@@ -101,6 +102,12 @@ CASES = [
     Case('release_client', (keys.CLIENTS,), ('app-1', f'{REPLICA}|1')),
     Case('release_clients', (keys.CLIENTS,), ('replica-dead',)),
     Case('renew_lease', renewal_keys(REPLICA), ('token', 5000, REPLICA), cross_slot=True),
+    # cross-shard commits (store/commits.py) and the indexes kept outside the scripts
+    Case('commit_record', (RECORD, keys.commit_index(REPLICA, 3)), ('replica', REPLICA, 'n', 0)),
+    Case('commit_apply', (A.commit_markers, *A.streams, A.groups, A.watchers),
+         (RECORD, 'queue', A.notify, REPLICA, 0, 0)),
+    Case('commit_forget', (RECORD, keys.commit_index(REPLICA, 3)), ()),
+    Case('index_forget', (keys.ADDRESSES,), ('gone', 'queue:e1')),
 ]  # fmt: skip
 
 
