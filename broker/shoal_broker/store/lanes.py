@@ -267,9 +267,14 @@ class ClusterLanes:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        """Stop: units still waiting to be sent again are answered with an error."""
         for task in [*self._tasks, *([self._refreshing] if self._refreshing else [])]:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        held, self._held = self._held, {}
+        for units in held.values():
+            for unit in units:
+                unit.done(None, redis.exceptions.ConnectionError('the lanes are closed'))
         for lane in self._lanes.values():
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await lane.close()
