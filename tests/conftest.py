@@ -8,6 +8,9 @@ with ``start_broker``; everything started is stopped by PID at the end.
 ``SHOAL_TEST_STORE=sentinel`` runs the same tests with the brokers on a Sentinel URL (a primary,
 its replica and three sentinels; ``redis_server`` is then the primary, for tests that read Redis
 directly): ``make test-sentinel`` runs the core functional modules that way.
+``SHOAL_TEST_STORE=cluster`` does the same with a Redis Cluster of three primaries and three
+replicas (``redis+cluster://``; ``redis_server`` is then one of its nodes, which answers MOVED for
+keys of the others' slots): ``make test-cluster``, not yet part of ``make test``.
 """
 
 import os
@@ -18,6 +21,7 @@ from typing import Any
 
 import pytest
 from processes import LOG_DIR, BrokerProcess, RedisServer
+from redisclusters import ClusterGroup
 from sentinels import SentinelGroup
 
 STORE_MODE = os.environ.get('SHOAL_TEST_STORE', 'standalone')
@@ -32,11 +36,16 @@ def broker_logs() -> Iterator[None]:
 
 @pytest.fixture(scope='session')
 def store_backend() -> Iterator[tuple[RedisServer, str]]:
-    """The session's Redis (the primary, in sentinel mode) and the URL brokers are given."""
+    """The session's Redis (the primary, in sentinel mode; a node, in cluster mode) and the URL
+    brokers are given."""
     if STORE_MODE == 'sentinel':
         group = SentinelGroup()
         yield group.servers[0], group.url
         group.stop()
+    elif STORE_MODE == 'cluster':
+        cluster = ClusterGroup()
+        yield cluster.nodes[0], cluster.url
+        cluster.stop()
     else:
         server = RedisServer()
         yield server, server.url

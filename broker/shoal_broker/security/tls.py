@@ -87,7 +87,7 @@ class ServerTls:
 
 def redis_url_with_ca(url: str, ca_file: str) -> str:
     """redis-py reads ``ssl_ca_certs`` from the URL's query: add the CA bundle to a rediss URL."""
-    if not ca_file or not url.startswith(('rediss://', 'rediss+sentinel://')):
+    if not ca_file or not url.startswith(('rediss://', 'rediss+sentinel://', 'rediss+cluster://')):
         return url
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query)

@@ -1,5 +1,6 @@
 """
-Redis connections from a URL: one standalone Redis, or the primary that Redis Sentinel names.
+Redis connections from a URL: one standalone Redis, the primary that Redis Sentinel names, or a
+Redis Cluster.
 
 redis-py parses ``redis://``, ``rediss://`` and ``unix://`` URLs and finds and follows a
 Sentinel-managed primary (``redis.asyncio.sentinel``), but it has no URL form for Sentinel.
@@ -23,21 +24,41 @@ pool refuses past its size), and listening for the sentinels' ``+switch-master``
 new primary when a connection fails or answers READONLY, and an old primary that is still up
 (demoted, or cut off from the sentinels) keeps answering reads and pub/sub on the connections
 already open to it.
+
+Redis Cluster has no URL form in redis-py either (``RedisCluster.from_url`` takes one node of a
+``redis://`` URL). Shoal takes a seed list in the same shape as the Sentinel form::
+
+    redis+cluster://[[user]:password@]host[:port][,host[:port]...][?option=value...]
+    rediss+cluster://...    TLS to every node
+
+The hosts are seed nodes (port 6379 unless given): the client asks the first that answers for the
+slot map and finds every other node from it. Only database 0 exists in a cluster, so a path other
+than ``/`` or ``/0`` is refused. The options are the redis-py URL options a cluster client takes
+(``socket_timeout``, ``ssl_ca_certs``, ...); one it does not take is refused by name, where
+redis-py would drop it silently or fail on first use.
 """
 
 import asyncio
 import collections
 import contextlib
 import dataclasses
+import inspect
 import logging
 import urllib.parse
 from typing import Any, cast
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 import redis.exceptions
 import redis.sentinel
-from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool, parse_url
+from redis.asyncio.connection import (
+    URL_QUERY_ARGUMENT_PARSERS,
+    BlockingConnectionPool,
+    ConnectionPool,
+    parse_url,
+)
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 logger = logging.getLogger(__name__)
@@ -46,6 +67,11 @@ SENTINEL_SCHEMES = {'redis+sentinel': False, 'rediss+sentinel': True}
 """Sentinel URL scheme -> whether its connections use TLS."""
 
 SENTINEL_PORT = 26379
+
+CLUSTER_SCHEMES = {'redis+cluster': False, 'rediss+cluster': True}
+"""Cluster URL scheme -> whether its connections use TLS."""
+
+CLUSTER_PORT = 6379
 
 SWITCH_CHANNEL = '+switch-master'
 
@@ -96,7 +122,7 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     rest, _, query = rest.partition('?')
     netloc, _, path = rest.partition('/')
     userinfo, at, hosts = netloc.rpartition('@')
-    sentinels = tuple(_host_port(h) for h in hosts.split(',') if h)
+    sentinels = tuple(_host_port(h, SENTINEL_PORT, 'sentinel') for h in hosts.split(',') if h)
     if not sentinels:
         raise ValueError('a Sentinel URL needs at least one sentinel host')
     names = [urllib.parse.unquote(p) for p in path.split('/') if p]
@@ -120,18 +146,123 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     return SentinelUrl(sentinels, names[0], tls, connection, sentinel)
 
 
-def _host_port(member: str) -> tuple[str, int]:
+def _host_port(member: str, default_port: int, what: str) -> tuple[str, int]:
     if member.startswith('['):  # [IPv6]:port
         host, _, port = member[1:].partition(']')
         port = port.removeprefix(':')
     else:
         host, _, port = member.partition(':')
     if not host:
-        raise ValueError(f'bad sentinel address {member!r}')
+        raise ValueError(f'bad {what} address {member!r}')
     try:
-        return host, int(port) if port else SENTINEL_PORT
+        number = int(port) if port else default_port
     except ValueError:
-        raise ValueError(f'bad sentinel port in {member!r}') from None
+        raise ValueError(f'bad {what} port in {member!r}') from None
+    if not 0 < number < 65536:
+        raise ValueError(f'bad {what} port in {member!r}')
+    return host, number
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterUrl:
+    nodes: tuple[tuple[str, int], ...]
+    """The seed nodes, in the URL's order."""
+    tls: bool
+    connection: dict[str, Any]
+    """redis-py cluster client arguments (credentials, TLS, socket options)."""
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.partition('://')[0].lower() in CLUSTER_SCHEMES
+
+
+_CLUSTER_TEXT_OPTIONS = frozenset(
+    {'client_name', 'ssl_ca_certs', 'ssl_certfile', 'ssl_keyfile', 'ssl_cert_reqs', 'ssl_ciphers'}
+)
+"""Options taken as text (redis-py parses the others listed in URL_QUERY_ARGUMENT_PARSERS)."""
+
+CLUSTER_OPTIONS = frozenset(
+    name
+    for name in inspect.signature(redis.asyncio.cluster.RedisCluster).parameters
+    if name in URL_QUERY_ARGUMENT_PARSERS or name in _CLUSTER_TEXT_OPTIONS
+) - {'db'}
+"""URL options a cluster URL may carry: the redis-py URL options both cluster clients take."""
+
+
+def parse_cluster_url(url: str) -> ClusterUrl:
+    """Raises ValueError for a URL that is not a usable Redis Cluster URL."""
+    scheme, sep, rest = url.partition('://')
+    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
+        raise ValueError(f'not a Redis Cluster URL (schemes: {", ".join(CLUSTER_SCHEMES)})')
+    tls = CLUSTER_SCHEMES[scheme.lower()]
+    rest, _, query = rest.partition('?')
+    netloc, _, path = rest.partition('/')
+    userinfo, at, hosts = netloc.rpartition('@')
+    nodes = tuple(_host_port(h, CLUSTER_PORT, 'cluster node') for h in hosts.split(',') if h)
+    if not nodes:
+        raise ValueError('a Redis Cluster URL needs at least one seed node: host[:port],...')
+    if path.strip('/') not in ('', '0'):
+        raise ValueError(f'Redis Cluster has only database 0, not {path.strip("/")!r}')
+    options = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    unknown = sorted({name for name, _ in options} - CLUSTER_OPTIONS)
+    if unknown:
+        raise ValueError(
+            f'option {", ".join(unknown)} is not one a Redis Cluster URL takes '
+            f'({", ".join(sorted(CLUSTER_OPTIONS))})'
+        )
+    # redis-py parses the credentials and every option, as for a standalone URL
+    standalone = f'{"rediss" if tls else "redis"}://{userinfo}{at}cluster/0?{query}'
+    connection: dict[str, Any] = dict(parse_url(standalone))
+    for key in ('host', 'port', 'db', 'connection_class'):
+        connection.pop(key, None)
+    if tls:
+        connection['ssl'] = True
+    return ClusterUrl(nodes, tls, connection)
+
+
+def _cluster_kwargs(parsed: ClusterUrl, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The caller's arguments a cluster client takes (a pool's ``timeout`` is not one: each
+    node's pool is redis-py's own), then the URL's, which win."""
+    taken = {k: v for k, v in kwargs.items() if k != 'timeout'}
+    return {**taken, **parsed.connection}
+
+
+def cluster_client(url: str, **kwargs: Any) -> 'redis.asyncio.cluster.RedisCluster':
+    """An asyncio cluster client for a ``redis+cluster://`` URL: it learns the slot map from the
+    first seed that answers and follows MOVED and ASK replies itself. ``kwargs`` are client
+    arguments (the URL's options win). Raises ValueError for a URL that is not usable."""
+    parsed = parse_cluster_url(url)
+    seeds = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in parsed.nodes]
+    return redis.asyncio.cluster.RedisCluster(
+        startup_nodes=seeds, **_cluster_kwargs(parsed, kwargs)
+    )
+
+
+def sync_cluster_client(url: str, **kwargs: Any) -> redis.cluster.RedisCluster:
+    """The synchronous cluster client for a ``redis+cluster://`` URL (a thread's own, such as the
+    lease's)."""
+    parsed = parse_cluster_url(url)
+    seeds = [redis.cluster.ClusterNode(host, port) for host, port in parsed.nodes]  # type: ignore[no-untyped-call]
+    return redis.cluster.RedisCluster(startup_nodes=seeds, **_cluster_kwargs(parsed, kwargs))
+
+
+def node_pool(url: str, host: str, port: int, **kwargs: Any) -> ConnectionPool:
+    """A connection pool to one node of the cluster of a ``redis+cluster://`` URL, with the
+    URL's credentials, TLS and options: for connections that stay on one node (a sharded
+    notification channel's, a node's pipeline lane)."""
+    parsed = parse_cluster_url(url)
+    arguments = _cluster_kwargs(parsed, kwargs)
+    tls = arguments.pop('ssl', False)
+    connection_class = redis.asyncio.SSLConnection if tls else redis.asyncio.Connection
+    return ConnectionPool(connection_class=connection_class, host=host, port=port, **arguments)
+
+
+def _not_cluster(url: str) -> None:
+    if is_cluster_url(url):
+        raise ValueError(
+            'the store does not run on Redis Cluster yet (docs/redis-modes.md, "Redis Cluster"): '
+            'a redis+cluster:// URL has no single connection pool'
+        )
 
 
 class _Following:
@@ -180,6 +311,7 @@ def _sentinel_kwargs(parsed: SentinelUrl, kwargs: dict[str, Any]) -> dict[str, A
 def connection_pool(url: str, *, blocking: bool = False, **kwargs: Any) -> ConnectionPool:
     """A pool for ``url``; ``kwargs`` are pool and connection arguments (the URL's options win,
     as with redis-py's ``from_url``). Raises ValueError for a URL redis-py cannot use."""
+    _not_cluster(url)
     if not is_sentinel_url(url):
         cls = BlockingConnectionPool if blocking else ConnectionPool
         return cls.from_url(url, **kwargs)
@@ -197,7 +329,8 @@ def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     redis-py's ``master_for``: each new connection asks the sentinels for the primary, and a
     connection that fails or answers READONLY is dropped, so the next command finds the new one;
     no ``+switch-master`` listener is needed for a client that sends a command every few
-    seconds."""
+    seconds. A cluster URL is refused here: ``sync_cluster_client`` builds its client."""
+    _not_cluster(url)
     if not is_sentinel_url(url):
         return redis.Redis.from_url(url, **kwargs)
     parsed = parse_sentinel_url(url)
@@ -220,12 +353,19 @@ def follow_primary(sync: redis.Redis) -> None:
 
 def client(url: str, **kwargs: Any) -> 'redis.asyncio.Redis':
     """A client owning a (non-blocking) pool for ``url``: ``aclose`` closes it (use ``close``
-    to close a Sentinel URL's sentinel connections too)."""
+    to close a Sentinel URL's sentinel connections too). A cluster URL is refused here:
+    ``cluster_client`` builds its client."""
     return redis.asyncio.Redis.from_pool(connection_pool(url, **kwargs))
 
 
-async def close(redis_client: 'redis.asyncio.Redis') -> None:
-    """Close the client, its pool and, for a Sentinel pool, the sentinel connections."""
+async def close(
+    redis_client: 'redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster',
+) -> None:
+    """Close the client, its pool and, for a Sentinel pool, the sentinel connections (for a
+    cluster client: its connections to every node)."""
+    if isinstance(redis_client, redis.asyncio.cluster.RedisCluster):
+        await redis_client.aclose()
+        return
     pool = redis_client.connection_pool
     if isinstance(pool, _Following):
         await pool.stop_following()

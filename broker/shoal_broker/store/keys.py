@@ -51,13 +51,18 @@ def reaping(replica_id: str) -> str:
 __all__ = [
     'ADDRESSES',
     'CLIENTS',
+    'COMMIT_BUCKETS',
     'QUEUE_GROUP',
     'RECLAIMED',
     'REPLICAS',
     'SCHEDULED',
     'SUBSCRIPTIONS',
+    'SUBSCRIPTION_INDEX',
     'AddressKeys',
+    'ReplicaKeys',
     'SubscriptionKeys',
+    'commit_index',
+    'commit_record',
     'entry_field',
     'entry_member',
     'lease',
@@ -121,6 +126,19 @@ class AddressKeys:
         """HASH ``<band>|<id>`` -> failed delivery attempts, for entries with at least one."""
         return f'{self.tag}:dc:{group}'
 
+    @property
+    def meta(self) -> str:
+        """HASH ``kind`` (``queue``/``topic``) and ``epoch`` (a token new with each creation):
+        the address's own record on its slot, for Redis Cluster, where ``ADDRESSES`` becomes an
+        index outside every script (docs/redis-modes.md, "The key layout")."""
+        return f'{self.tag}:meta'
+
+    @property
+    def commit_markers(self) -> str:
+        """HASH commit record key -> 1: cross-shard commits already applied to this address, so
+        that completing a commit again applies nothing twice (docs/redis-modes.md)."""
+        return f'{self.tag}:txns'
+
 
 def entry_member(band: int, entry_id: str) -> str:
     """Sortable member for the returned-entries ZSET: oldest entry first within a band."""
@@ -175,3 +193,45 @@ def provisioned_queue(address: str) -> str:
 def provisioned_subscription(subscription_id: str) -> str:
     """Field of ``PROVISIONED`` for a declared subscription."""
     return f'subscription:{subscription_id}'
+
+
+# -- Redis Cluster layout (docs/redis-modes.md#the-key-layout) ------------------------------------
+
+SUBSCRIPTION_INDEX = f'{PREFIX}:subscription-index'
+"""HASH subscription id -> epoch of its definition: the index of named subscriptions on Redis
+Cluster, written outside the scripts (before a creation, forgotten after a deletion only while
+it still names the deleted epoch); it replaces the ``SUBSCRIPTIONS`` SET those scripts wrote."""
+
+COMMIT_BUCKETS = 16
+"""Slots a replica's cross-shard commit records are spread over (``commit_record``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaKeys:
+    """A replica's liveness on one slot, so that ``renew_lease.lua`` touches one slot."""
+
+    lease: str
+    """STRING with a TTL: the replica is alive while it exists (value: its process token)."""
+    reaping: str
+    """STRING with a TTL: one live replica is cleaning up after this one."""
+    joined: str
+    """STRING: the replica joined and has not been reaped (``REPLICAS`` is its index)."""
+
+    @classmethod
+    def of(cls, replica_id: str) -> 'ReplicaKeys':
+        tag = f'{PREFIX}:{{r:{replica_id}}}'
+        return cls(lease=f'{tag}:lease', reaping=f'{tag}:reaping', joined=f'{tag}:joined')
+
+
+def commit_bucket_tag(replica_id: str, bucket: int) -> str:
+    return f'{PREFIX}:{{r:{replica_id}:{bucket}}}'
+
+
+def commit_record(replica_id: str, bucket: int, commit_id: str) -> str:
+    """HASH: a decided cross-shard commit of the replica, until every address has applied it."""
+    return f'{commit_bucket_tag(replica_id, bucket)}:commit:{commit_id}'
+
+
+def commit_index(replica_id: str, bucket: int) -> str:
+    """SET of the replica's commit records in one bucket: what its reaper completes."""
+    return f'{commit_bucket_tag(replica_id, bucket)}:commits'

@@ -1,0 +1,280 @@
+"""
+The per-message pipelines on Redis Cluster: one ``Lane`` per primary, each unit of commands sent
+to the primary serving its slot (docs/redis-modes.md, "One lane per node").
+
+A unit is the commands of one op on one slot (a publish script, a fetch, an ack). ``send`` groups
+the units it is given into one pipeline per node, each on that node's lane, so a producer's
+messages to one address (one slot, one node) keep the order Redis applies them in. What Redis
+refuses before running it is sent again where it belongs, and only then answered:
+
+- ``MOVED`` (the slot moved for good): to the node it names, which serves the slot from then on;
+- ``ASK`` (the slot is migrating and this unit's keys are gone): to the target, each command
+  preceded by ``ASKING``; the slot still belongs to the source for the next units;
+- ``TRYAGAIN`` (a unit's keys split between the two nodes), ``CLUSTERDOWN`` (a failover),
+  ``READONLY``: after a pause, on a fresh slot map.
+
+A slot's units go to one node at a time: while units of slot *s* are in flight on one node, units
+of *s* for another node wait, and units sent back wait ahead of later ones, so a move never
+reorders a slot's units. A unit still refused after ``settle_seconds`` is answered with the
+refusal; a unit some of whose commands ran is answered as it is (the caller decides, as for any
+error reply). A lost connection answers every unit in flight on it with the error, as one lane
+does.
+"""
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.exceptions
+from redis.crc import key_slot
+
+from shoal_broker.store.lane import CONNECTION_ERRORS, Lane
+
+logger = logging.getLogger(__name__)
+
+Done = Callable[[list[Any] | None, BaseException | None], None]
+"""Called with a unit's replies (error replies as exception objects), or the error that lost
+them."""
+
+PAUSE_SECONDS = {
+    redis.exceptions.TryAgainError: 0.02,
+    redis.exceptions.ClusterDownError: 0.1,
+    redis.exceptions.ReadOnlyError: 0.1,
+}
+"""Pause before sending again a unit Redis refused with these (MOVED and ASK go at once)."""
+
+REFRESH_SECONDS = 1.0
+"""At most one slot map refresh this often."""
+
+_REFUSED = (
+    redis.exceptions.MovedError,
+    redis.exceptions.AskError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ReadOnlyError,
+)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Unit:
+    """Commands on one slot and who wants their replies."""
+
+    slot: int
+    commands: list[tuple[Any, ...]]
+    done: Done
+    started: float = 0.0
+    """When it was first sent (loop time): past ``settle_seconds`` a refusal is its answer."""
+    asking: str | None = None
+    """The node an ASK named: the next sending goes there, with ASKING."""
+    confirm: bool = False
+    """It writes what a replica must confirm (``replicated`` durability): the pipeline it goes
+    in ends with a WAIT, whose reply is appended to its replies."""
+
+
+def slot_of(key: str | bytes) -> int:
+    return int(key_slot(key.encode() if isinstance(key, str) else key))
+
+
+class ClusterLanes:
+    def __init__(
+        self,
+        cluster: 'redis.asyncio.cluster.RedisCluster',
+        pool_for: Callable[[str, int], 'redis.asyncio.ConnectionPool'],
+        max_in_flight: int,
+        *,
+        settle_seconds: float = 5.0,
+        confirm_timeout_ms: int = 1000,
+    ) -> None:
+        """``confirm_timeout_ms``: the WAIT of a pipeline with a unit to ``confirm``."""
+        self._cluster = cluster
+        self._confirm_timeout_ms = confirm_timeout_ms
+        self._pool_for = pool_for
+        self._max_in_flight = max_in_flight
+        self._settle_seconds = settle_seconds
+        self._lanes: dict[str, Lane] = {}
+        self._moved: dict[int, str] = {}
+        """Slot -> node a MOVED named, until the next map refresh."""
+        self._in_flight: dict[int, tuple[str, int]] = {}
+        """Slot -> (node, units of the slot in flight there)."""
+        self._held: dict[int, list[Unit]] = {}
+        """Units of a slot waiting for it to drain from another node, in order."""
+        self._sent_back: collections.Counter[int] = collections.Counter()
+        """Units at the head of ``_held[slot]`` that were sent back: later ones go behind."""
+        self._paused: set[int] = set()
+        self._refreshed_at = -REFRESH_SECONDS
+        self._refreshing: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.redirects = 0
+        """Units sent again after MOVED, ASK, TRYAGAIN or CLUSTERDOWN (a metric)."""
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes (``host:port``) a lane was opened to."""
+        return list(self._lanes)
+
+    def lane(self, node: str) -> Lane:
+        lane = self._lanes.get(node)
+        if lane is None:
+            host, _, port = node.rpartition(':')
+            lane = self._lanes[node] = Lane(self._pool_for(host, int(port)), self._max_in_flight)
+        return lane
+
+    def _owner(self, unit: Unit) -> str:
+        if unit.asking is not None:
+            return unit.asking
+        moved = self._moved.get(unit.slot)
+        if moved is not None:
+            return moved
+        nodes = self._cluster.nodes_manager.slots_cache.get(unit.slot)
+        if not nodes:
+            raise redis.exceptions.ClusterDownError(f'slot {unit.slot} is not served')
+        return str(nodes[0].name)
+
+    async def send(self, units: Sequence[Unit]) -> None:
+        """Send ``units`` to their slots' primaries, one pipeline per node (waiting for room
+        on each lane), or hold them behind their slot's units in flight elsewhere."""
+        loop = asyncio.get_running_loop()
+        by_node: dict[str, list[Unit]] = {}
+        for unit in units:
+            if not unit.started:
+                unit.started = loop.time()
+            try:
+                node = self._owner(unit)
+            except redis.exceptions.ClusterDownError as exc:
+                self._send_back(unit, exc)
+                continue
+            busy = self._in_flight.get(unit.slot)
+            if unit.slot in self._paused or (busy and busy[0] != node) or self._held.get(unit.slot):
+                self._held.setdefault(unit.slot, []).append(unit)
+                continue
+            self._start(unit.slot, node)
+            by_node.setdefault(node, []).append(unit)
+        for node, mine in by_node.items():
+            await self._write(node, mine)
+
+    def _start(self, slot: int, node: str) -> None:
+        _, count = self._in_flight.get(slot, (node, 0))
+        self._in_flight[slot] = (node, count + 1)
+
+    async def _write(self, node: str, units: list[Unit]) -> None:
+        commands: list[tuple[Any, ...]] = []
+        for unit in units:
+            if unit.asking is None:
+                commands += unit.commands
+            else:
+                for command in unit.commands:
+                    commands += [('ASKING',), command]
+        confirm = any(unit.confirm for unit in units)
+        if confirm:  # on the pipeline's own connection: it confirms what came before it
+            commands.append(('WAIT', 1, self._confirm_timeout_ms))
+        lane = self.lane(node)
+        try:
+            await lane.wait_for_room()
+            await lane.send_then(
+                commands, lambda replies, error: self._answered(units, replies, error)
+            )
+        except CONNECTION_ERRORS as exc:
+            self._answered(units, None, exc)
+
+    def _answered(
+        self, units: list[Unit], replies: list[Any] | None, error: BaseException | None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        pos = 0
+        confirmed = replies[-1] if replies and any(u.confirm for u in units) else None
+        for unit in units:
+            self._finished(unit.slot)
+            if error is not None or replies is None:
+                unit.done(None, error or redis.exceptions.ConnectionError('no replies'))
+                self._refresh_soon()
+                continue
+            width = len(unit.commands) * (2 if unit.asking else 1)
+            mine = replies[pos : pos + width]
+            pos += width
+            if unit.asking:
+                mine = mine[1::2]  # the ASKING replies go
+            refused = [r for r in mine if isinstance(r, _REFUSED)]
+            timely = loop.time() - unit.started < self._settle_seconds
+            if refused and len(refused) == len(mine) and timely:
+                self._send_back(unit, refused[0])
+            else:
+                unit.done([*mine, confirmed] if unit.confirm else mine, None)
+        for slot in {unit.slot for unit in units}:
+            self._release(slot)
+
+    def _finished(self, slot: int) -> None:
+        node, count = self._in_flight[slot]
+        if count > 1:
+            self._in_flight[slot] = (node, count - 1)
+        else:
+            del self._in_flight[slot]
+
+    def _send_back(self, unit: Unit, refusal: BaseException) -> None:
+        """Hold a refused unit ahead of its slot's later units, to go where Redis said."""
+        self.redirects += 1
+        unit.asking = None
+        pause = 0.0
+        if isinstance(refusal, redis.exceptions.MovedError):
+            self._moved[unit.slot] = refusal.node_addr[0] + ':' + str(refusal.node_addr[1])
+        elif isinstance(refusal, redis.exceptions.AskError):
+            unit.asking = refusal.node_addr[0] + ':' + str(refusal.node_addr[1])
+        else:
+            pause = next((p for kind, p in PAUSE_SECONDS.items() if isinstance(refusal, kind)), 0.1)
+            self._refresh_soon()
+        held = self._held.setdefault(unit.slot, [])
+        held.insert(self._sent_back[unit.slot], unit)
+        self._sent_back[unit.slot] += 1
+        if pause and unit.slot not in self._paused:
+            self._paused.add(unit.slot)
+            asyncio.get_running_loop().call_later(pause, self._resume, unit.slot)
+
+    def _resume(self, slot: int) -> None:
+        self._paused.discard(slot)
+        self._release(slot)
+
+    def _release(self, slot: int) -> None:
+        """Send what waits for ``slot`` once nothing of it is in flight and it is not paused."""
+        if slot in self._paused or slot in self._in_flight or not self._held.get(slot):
+            return
+        units = self._held.pop(slot)
+        self._sent_back.pop(slot, None)
+        self._background(self.send(units))
+
+    def _refresh_soon(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._refreshing is None and loop.time() - self._refreshed_at >= REFRESH_SECONDS:
+            self._refreshed_at = loop.time()
+            self._refreshing = loop.create_task(self._refresh(), name='cluster-slot-map')
+
+    async def _refresh(self) -> None:
+        try:
+            await self._cluster.nodes_manager.initialize()
+            self._moved.clear()
+        except (*CONNECTION_ERRORS, redis.exceptions.RedisClusterException) as exc:
+            logger.debug('slot map not refreshed: %s', exc)
+        finally:
+            self._refreshing = None
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop: units still waiting to be sent again are answered with an error."""
+        for task in [*self._tasks, *([self._refreshing] if self._refreshing else [])]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        held, self._held = self._held, {}
+        for units in held.values():
+            for unit in units:
+                unit.done(None, redis.exceptions.ConnectionError('the lanes are closed'))
+        for lane in self._lanes.values():
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await lane.close()

@@ -1,0 +1,192 @@
+"""
+Which of the store's Lua scripts a Redis Cluster can run: the checklist of the key layout
+(docs/redis-modes.md#the-key-layout).
+
+Each script runs on a real cluster of three primaries and three replicas with the KEYS its caller
+passes, built through store/keys.py, sent to the node serving the first key's slot: Redis itself
+answers CROSSSLOT when they span slots. A script known to span slots today is marked xfail
+(strict), so laying its keys out for the cluster turns it into a failure until the mark goes.
+A script added to lua/ without a case here fails ``test_every_script_has_a_case``.
+"""
+
+import re
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import pytest
+import redis
+from redisclusters import ClusterGroup
+
+from shoal_broker.store import keys, scripts
+from shoal_broker.store.replicas import renewal_keys
+
+ADDRESS = 'orders'
+TOPIC = 'prices'
+GROUP = keys.QUEUE_GROUP
+SUBSCRIPTION = 'durable:client:app-1:watch'
+REPLICA = 'replica-a'
+A = keys.AddressKeys.of(ADDRESS)
+T = keys.AddressKeys.of(TOPIC)
+S = keys.SubscriptionKeys.of(SUBSCRIPTION)
+RECORD = keys.commit_record(REPLICA, 3, 'c0ffee')
+MESSAGE = (b'\x00Sp\xc0\x01\x00', b'\x00Sw\xa1\x02hi', '0', '')
+"""One message as the publishing scripts take it: header, rest, expiry, origin."""
+
+CROSS_SLOT = pytest.mark.xfail(
+    strict=True,
+    raises=redis.exceptions.ClusterCrossSlotError,
+    reason='spans hash slots today: the layout in docs/redis-modes.md puts it on one',
+)
+"""Only CROSSSLOT is expected: any other error of the script fails the test."""
+
+
+@dataclass(frozen=True)
+class Case:
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+    cross_slot: bool = False
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+CASES = [
+    # an address and its subscriptions: the queue's group first, so the later ones find it
+    Case('create_address', (keys.ADDRESSES, *A.streams, A.groups), (ADDRESS, 'queue', GROUP),
+         cross_slot=True),
+    Case('create_group', (*A.streams, A.groups), (GROUP, '0')),
+    Case('create_group', (*T.streams, T.groups), (SUBSCRIPTION, '$')),
+    # the message path
+    Case('publish', (A.streams[0], A.groups, A.watchers),
+         ('queue', A.notify, REPLICA, *MESSAGE)),
+    Case('publish_limited', (A.streams[0], A.groups, *A.streams, A.watchers),
+         ('queue', 100, 'reject-publish', A.notify, REPLICA, *MESSAGE)),
+    Case('publish_claim', (A.streams[0], A.groups), (GROUP, REPLICA, 0, *MESSAGE)),
+    Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP)),
+         (GROUP, REPLICA, 10, '1', 1, 10, A.notify)),
+    Case('browse', (A.streams[0],), (GROUP, '0-0', 10)),
+    Case('notify', (A.watchers,), (A.notify, REPLICA)),
+    Case('schedule', (A.scheduled, A.scheduled_messages),
+         (now_ms(), f'{now_ms()}-m1', 0, *MESSAGE[:2], '0', '')),
+    Case('release_due', (A.scheduled, A.scheduled_messages, *A.streams, A.groups),
+         (now_ms() + 60_000, 100, 'queue')),
+    Case('reclaim', (A.streams[0], A.returned(GROUP), A.delivery_counts(GROUP)),
+         (GROUP, 'replica-dead', 0, 100, '1')),
+    Case('trim', (A.streams[0],), (1000,)),
+    # named subscriptions (JMS) and their declarations (the operator)
+    Case('join', (S.definition, S.consumers, keys.SUBSCRIPTIONS),
+         ('c1', REPLICA, SUBSCRIPTION, '1', '1', 'client', 'app-1', 'watch', TOPIC, '', '0', 0),
+         cross_slot=True),
+    Case('leave', (S.definition, S.consumers, keys.SUBSCRIPTIONS), ('c1', SUBSCRIPTION),
+         cross_slot=True),
+    Case('unsubscribe', (S.definition, S.consumers, keys.SUBSCRIPTIONS), ('c1', SUBSCRIPTION),
+         cross_slot=True),
+    Case('reap_consumers', (S.definition, S.consumers, keys.SUBSCRIPTIONS),
+         ('replica-dead', SUBSCRIPTION), cross_slot=True),
+    Case('provision_subscription',
+         (S.definition, S.consumers, keys.SUBSCRIPTIONS, keys.PROVISIONED),
+         (SUBSCRIPTION, 'watch', 'client', 'app-1', '1', TOPIC, '', '', 'ns/watch', '1', '0'),
+         cross_slot=True),
+    Case('deprovision_subscription',
+         (S.definition, S.consumers, keys.SUBSCRIPTIONS, keys.PROVISIONED),
+         (SUBSCRIPTION, 'ns/watch', 'delete'), cross_slot=True),
+    Case('delete_group',
+         (*T.streams, T.groups, T.returned(SUBSCRIPTION), T.delivery_counts(SUBSCRIPTION),
+          T.shares(SUBSCRIPTION), T.delivered(SUBSCRIPTION)),
+         (SUBSCRIPTION,)),
+    # ClientIDs and the replicas' liveness
+    Case('release_client', (keys.CLIENTS,), ('app-1', f'{REPLICA}|1')),
+    Case('release_clients', (keys.CLIENTS,), ('replica-dead',)),
+    Case('renew_lease', renewal_keys(REPLICA), ('token', 5000, REPLICA), cross_slot=True),
+    # cross-shard commits (store/commits.py) and the indexes kept outside the scripts
+    Case('commit_record', (RECORD, keys.commit_index(REPLICA, 3)), ('replica', REPLICA, 'n', 0)),
+    Case('commit_apply', (A.commit_markers, *A.streams, A.groups, A.watchers),
+         (RECORD, 'queue', A.notify, REPLICA, 0, 0)),
+    Case('commit_forget', (RECORD, keys.commit_index(REPLICA, 3)), ()),
+    Case('index_forget', (keys.ADDRESSES,), ('gone', 'queue:e1')),
+]  # fmt: skip
+
+
+def _lua_names() -> set[str]:
+    """Every script the store runs: the files of lua/ that no other file includes."""
+    names = {p.name[:-4] for p in resources.files('shoal_broker.store').joinpath('lua').iterdir()}
+    included = set()
+    for name in names:
+        text = resources.files('shoal_broker.store').joinpath('lua', f'{name}.lua').read_text()
+        included |= set(re.findall(r'^--! include (\w+)', text, re.MULTILINE))
+    return names - included
+
+
+@pytest.fixture
+def cluster(redis_cluster: ClusterGroup) -> ClusterGroup:
+    return redis_cluster
+
+
+def _run(cluster: ClusterGroup, case: Case) -> Any:
+    """EVAL on the node serving the first key's slot (a plain client: no client-side check)."""
+    node = cluster.node(cluster.owner_of_slot(cluster.keyslot(case.keys[0])))
+    client = node.client()
+    try:
+        return client.eval(scripts.source(case.script), len(case.keys), *case.keys, *case.args)
+    finally:
+        client.close()
+
+
+def test_every_script_has_a_case() -> None:
+    assert {case.script for case in CASES} == _lua_names()
+
+
+@pytest.mark.parametrize(
+    'case',
+    [
+        pytest.param(
+            case,
+            id=f'{case.script}-{i}',
+            marks=[CROSS_SLOT] if case.cross_slot else [],
+        )
+        for i, case in enumerate(CASES)
+    ],
+)
+def test_the_script_runs_on_one_slot(cluster: ClusterGroup, case: Case) -> None:
+    _run(cluster, case)  # Redis answers CROSSSLOT (ClusterCrossSlotError) for keys of two slots
+    assert len({cluster.keyslot(key) for key in case.keys}) == 1
+
+
+def test_a_commit_over_two_addresses_is_not_one_transaction(cluster: ClusterGroup) -> None:
+    """What ``RedisStore.commit`` sends today (MULTI/EXEC over every address of the transaction)
+    is refused: the cross-shard commit record (docs/redis-modes.md) replaces it."""
+    node = cluster.node(cluster.owner_of_slot(cluster.keyslot(A.streams[0])))
+    client = node.client()
+    try:
+        pipe = client.pipeline(transaction=True)
+        pipe.xack(A.streams[0], GROUP, '0-1')
+        pipe.xack(T.streams[0], SUBSCRIPTION, '0-1')
+        with pytest.raises(redis.exceptions.ResponseError) as refused:
+            pipe.execute()
+        # the other address's slot is on another node (MOVED) or on this one (CROSSSLOT)
+        assert isinstance(refused.value, redis.exceptions.MovedError) or (
+            'CROSSSLOT' in str(refused.value)
+        )
+    finally:
+        client.close()
+
+
+def test_the_cluster_clients_reach_every_node(cluster: ClusterGroup) -> None:
+    """The ``redis+cluster://`` URL's sync client (the lease thread's) finds all three primaries
+    from one seed and follows MOVED to the right one."""
+    from shoal_broker.store import connect
+
+    seed = cluster.nodes[-1]
+    client = connect.sync_cluster_client(f'redis+cluster://127.0.0.1:{seed.port}')
+    try:
+        assert len(client.get_primaries()) == 3
+        for address in ('a', 'b', 'c', 'd'):
+            key = keys.AddressKeys.of(address).groups
+            client.sadd(key, GROUP)
+            assert client.smembers(key) == {GROUP.encode()}
+    finally:
+        client.close()

@@ -1,0 +1,171 @@
+"""
+Transactions across the shards of a real Redis Cluster (store/commits.py): a commit record
+decides, each address applies its part once, and a committer that dies part-way is completed by
+another replica with nothing lost and nothing applied twice.
+"""
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+from redisclusters import ClusterGroup
+
+from shoal_broker.routing.storage import Entry, OutgoingMessage
+from shoal_broker.settings import AddressKind
+from shoal_broker.store import connect, keys
+from shoal_broker.store.commits import ClusterNodes, CommitLog, plan, spans_slots
+
+GROUP = keys.QUEUE_GROUP
+
+
+@pytest.fixture
+async def cluster_client(redis_cluster: ClusterGroup) -> AsyncIterator[redis.asyncio.RedisCluster]:
+    client = connect.cluster_client(redis_cluster.url)
+    await client.initialize()
+    yield client
+    await connect.close(client)
+
+
+@pytest.fixture
+async def nodes(
+    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster
+) -> AsyncIterator[ClusterNodes]:
+    url = redis_cluster.url
+    found = ClusterNodes(cluster_client, lambda host, port: connect.node_pool(url, host, port))
+    yield found
+    await found.aclose()
+
+
+def queues_on_every_primary(cluster: ClusterGroup) -> list[str]:
+    found: dict[int, str] = {}
+    while len(found) < 3:
+        address = f'txq-{uuid.uuid4().hex[:8]}'
+        found.setdefault(cluster.primary_of(keys.AddressKeys.of(address).groups).port, address)
+    return list(found.values())
+
+
+async def make_queue(client: redis.asyncio.RedisCluster, address: str) -> None:
+    k = keys.AddressKeys.of(address)
+    for stream in k.streams:
+        await client.xgroup_create(stream, GROUP, '0', mkstream=True)
+    await client.sadd(k.groups, GROUP)
+
+
+async def delivered(client: redis.asyncio.RedisCluster, address: str) -> Entry:
+    """Put one message in the queue and take it as replica-a's, as a fetch would."""
+    stream = keys.AddressKeys.of(address).streams[0]
+    await client.xadd(stream, {'h': b'h0', 'r': b'r0'})
+    reply = await client.xreadgroup(GROUP, 'replica-a', {stream: '>'}, count=1)
+    entry_id = reply[0][1][0][0].decode()
+    return Entry(entry_id, 0, b'h0', b'r0', 0, 0)
+
+
+def message(text: str) -> OutgoingMessage:
+    return OutgoingMessage(0, b'header', text.encode())
+
+
+async def bodies(client: redis.asyncio.RedisCluster, address: str) -> list[bytes]:
+    entries = await client.xrange(keys.AddressKeys.of(address).streams[0])
+    return [fields[b'r'] for _, fields in entries]
+
+
+async def pending(client: redis.asyncio.RedisCluster, address: str) -> int:
+    info = await client.xpending(keys.AddressKeys.of(address).streams[0], GROUP)
+    return int(info['pending'])
+
+
+async def records_left(client: redis.asyncio.RedisCluster, replica: str) -> int:
+    return sum(
+        [await client.scard(keys.commit_index(replica, b)) for b in range(keys.COMMIT_BUCKETS)]
+    )
+
+
+async def test_a_commit_over_three_shards_applies_everywhere(
+    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes
+) -> None:
+    first, second, acked = queues_on_every_primary(redis_cluster)
+    for address in (first, second, acked):
+        await make_queue(cluster_client, address)
+    entry = await delivered(cluster_client, acked)
+    sends = [
+        (first, AddressKind.QUEUE, message('a1')),
+        (second, AddressKind.QUEUE, message('b1')),
+        (first, AddressKind.QUEUE, message('a2')),
+    ]
+    acks = [(acked, GROUP, entry)]
+    assert spans_slots(plan(sends, acks))
+
+    log = CommitLog(nodes, 'replica-a', replicated=True)  # each primary has a replica to WAIT on
+    await log.commit(sends, acks)
+
+    assert await bodies(cluster_client, first) == [b'a1', b'a2']
+    assert await bodies(cluster_client, second) == [b'b1']
+    assert await pending(cluster_client, acked) == 0
+    assert await records_left(cluster_client, 'replica-a') == 0
+
+
+async def test_a_committer_dying_part_way_is_completed_once(
+    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes
+) -> None:
+    first, second, acked = queues_on_every_primary(redis_cluster)
+    for address in (first, second, acked):
+        await make_queue(cluster_client, address)
+    entry = await delivered(cluster_client, acked)
+    parts = plan(
+        [(first, AddressKind.QUEUE, message('a1')), (second, AddressKind.QUEUE, message('b1'))],
+        [(acked, GROUP, entry)],
+    )
+    committer = CommitLog(nodes, 'replica-dying')
+    record = await committer.record(uuid.uuid4().hex, parts)
+    assert await committer.apply(record, parts[0])
+    # the committer dies here: what a consumer sees meanwhile is the first address's part alone
+    assert await bodies(cluster_client, first) == [b'a1']
+    assert await bodies(cluster_client, second) == []
+    assert await pending(cluster_client, acked) == 1
+
+    reaper = CommitLog(nodes, 'replica-reaper')
+    assert await reaper.complete('replica-dying') == 1
+
+    assert await bodies(cluster_client, first) == [b'a1']  # not applied twice
+    assert await bodies(cluster_client, second) == [b'b1']
+    assert await pending(cluster_client, acked) == 0
+    assert await records_left(cluster_client, 'replica-dying') == 0
+    assert not await committer.apply(record, parts[1])  # a late apply from the dead committer
+    assert await bodies(cluster_client, second) == [b'b1']
+
+
+async def test_a_commit_that_never_recorded_leaves_nothing(
+    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes
+) -> None:
+    """A committer that dies before its record is durable: nothing to complete, nothing seen."""
+    first, second, _ = queues_on_every_primary(redis_cluster)
+    for address in (first, second):
+        await make_queue(cluster_client, address)
+    reaper = CommitLog(nodes, 'replica-reaper')
+    assert await reaper.complete('replica-never-recorded') == 0
+    assert await bodies(cluster_client, first) == []
+    assert await bodies(cluster_client, second) == []
+
+
+async def test_markers_outlive_their_record_by_the_grace_period(
+    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes
+) -> None:
+    first, second, _ = queues_on_every_primary(redis_cluster)
+    for address in (first, second):
+        await make_queue(cluster_client, address)
+    parts = plan(
+        [(first, AddressKind.QUEUE, message('a1')), (second, AddressKind.QUEUE, message('b1'))],
+        [],
+    )
+    log = CommitLog(nodes, 'replica-a')
+    record = await log.record(uuid.uuid4().hex, parts)
+    for part in parts:
+        await log.apply(record, part)
+    later = 10**15  # far past any grace period
+    assert await log.sweep_markers(first, now_ms=later) == 0  # the record is not forgotten yet
+    await log.forget(record)
+    assert await log.sweep_markers(first) == 0  # within the grace period
+    assert await log.sweep_markers(first, now_ms=later) == 1
+    markers = keys.AddressKeys.of(second).commit_markers
+    assert await cluster_client.hexists(markers, record)
