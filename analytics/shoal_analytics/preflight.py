@@ -8,14 +8,18 @@ has been written.
 """
 
 import os
-from urllib.parse import urlsplit, urlunsplit
+import urllib.parse
 
 import redis
 
 from shoal_analytics.errors import AnalysisError, AnalyticsError
 from shoal_analytics.lake import Lake
+from shoal_broker.store.connect import SyncRedis, sync_client_of_any_mode
 
 CONNECT_TIMEOUT_SECONDS = 5
+REDIS_FAILURES = (redis.RedisError, redis.exceptions.RedisClusterException)
+"""What an unreachable Redis raises; a Cluster client raises the second while it is created, as
+it asks a seed for the slot map then."""
 
 
 def writable_lake(lake: Lake) -> None:
@@ -36,34 +40,41 @@ def ingested_lake(lake: Lake) -> None:
 
 
 def split_password(redis_url: str) -> tuple[str, str | None]:
-    """The URL without its password (options appear in plans and logs) and the password."""
-    parts = urlsplit(redis_url)
-    if parts.password is None:
+    """The URL without its password (options appear in plans and logs) and the password. The
+    user name stays; any of the URL forms (``redis://``, ``redis+sentinel://`` and
+    ``redis+cluster://`` with several hosts) keeps its hosts as written."""
+    scheme, sep, rest = redis_url.partition('://')
+    netloc, slash, path = rest.partition('/')
+    userinfo, at, hosts = netloc.rpartition('@')
+    user, colon, password = userinfo.partition(':')
+    if not (sep and at and colon):
         return redis_url, None
-    host = parts.hostname or ''
-    netloc = f'{host}:{parts.port}' if parts.port else host
-    return urlunsplit(parts._replace(netloc=netloc)), parts.password
+    kept = f'{user}@' if user else ''
+    return f'{scheme}{sep}{kept}{hosts}{slash}{path}', urllib.parse.unquote(password)
 
 
-def client(redis_url: str, *, decode_responses: bool = False) -> redis.Redis:
+def client(redis_url: str, *, decode_responses: bool = False) -> SyncRedis:
     """A client that gives up on an unreachable Redis after a few seconds, not minutes."""
-    return redis.Redis.from_url(
+    return sync_client_of_any_mode(
         redis_url, decode_responses=decode_responses,
         socket_connect_timeout=CONNECT_TIMEOUT_SECONDS, socket_timeout=CONNECT_TIMEOUT_SECONDS,
     )  # fmt: skip
 
 
-def unreachable(redis_url: str, exc: redis.RedisError) -> str:
+def unreachable(redis_url: str, exc: Exception) -> str:
     """The one line for a Redis that did not answer (the URL shown without its password)."""
     return f'cannot reach Redis at {split_password(redis_url)[0]}: {exc}'
 
 
 def reachable_redis(redis_url: str) -> None:
     """Redis at ``redis_url`` answers a PING."""
-    probe = client(redis_url)
+    try:
+        probe = client(redis_url)
+    except REDIS_FAILURES as exc:
+        raise AnalyticsError(unreachable(redis_url, exc)) from exc
     try:
         probe.ping()
-    except redis.RedisError as exc:
+    except REDIS_FAILURES as exc:
         raise AnalyticsError(unreachable(redis_url, exc)) from exc
     finally:
         probe.close()

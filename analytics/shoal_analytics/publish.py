@@ -5,14 +5,13 @@ The operator judges staleness from ``generated_at_ms``; an older summary is over
 merged, so a flag that cleared disappears.
 """
 
-import redis
-
 from shoal_analytics import preflight
 from shoal_analytics.errors import AnalyticsError
 from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
+from shoal_broker.store.connect import SyncRedis
 
 
-def publish_summary(client: redis.Redis, summary: AnalyticsSummary) -> None:
+def publish_summary(client: SyncRedis, summary: AnalyticsSummary) -> None:
     with client.pipeline(transaction=True) as pipe:
         pipe.delete(ANALYTICS_SUMMARY_KEY)
         for field, value in summary.to_fields().items():
@@ -22,11 +21,18 @@ def publish_summary(client: redis.Redis, summary: AnalyticsSummary) -> None:
 
 def publish_to(redis_url: str, summary: AnalyticsSummary) -> None:
     """Publish over a connection of its own; a Redis gone since the analysis started is one line."""
-    client = preflight.client(redis_url, decode_responses=True)
+    try:
+        client = preflight.client(redis_url, decode_responses=True)
+    except preflight.REDIS_FAILURES as exc:
+        raise _not_published(redis_url, exc) from exc
     try:
         publish_summary(client, summary)
-    except redis.RedisError as exc:
-        problem = preflight.unreachable(redis_url, exc)
-        raise AnalyticsError(f'the analysis is in the lake, not published: {problem}') from exc
+    except preflight.REDIS_FAILURES as exc:
+        raise _not_published(redis_url, exc) from exc
     finally:
         client.close()
+
+
+def _not_published(redis_url: str, exc: Exception) -> AnalyticsError:
+    problem = preflight.unreachable(redis_url, exc)
+    return AnalyticsError(f'the analysis is in the lake, not published: {problem}')

@@ -35,6 +35,7 @@ from pyspark.sql.types import StructType
 
 from shoal_analytics.offsets import Offset, StreamId, check_not_trimmed, split_range
 from shoal_analytics.rows import RAW_DDL, RawRow, raw_row
+from shoal_broker.store.connect import SyncRedis, sync_client_of_any_mode
 from shoal_broker.store.keys import METRICS
 
 NAME = 'redis_stream'
@@ -55,18 +56,21 @@ class _Options:
     def stream(self) -> str:
         return self.get('stream', METRICS)
 
-    def connect(self) -> redis.Redis:
+    def connect(self) -> SyncRedis:
         url = self.get('url', '')
         if not url:
             raise ValueError('redis_stream needs the option url (redis://host:port/db)')
         password = os.environ.get(self.get('passwordEnv', DEFAULT_PASSWORD_ENV)) or None
-        return redis.Redis.from_url(url, password=password, decode_responses=True)
+        arguments: dict[str, Any] = {'decode_responses': True}
+        if password is not None:
+            arguments['password'] = password
+        return sync_client_of_any_mode(url, **arguments)
 
 
 Entry = tuple[str, dict[str, str]]
 
 
-def _xrange(client: redis.Redis, stream: str, low: str, high: str, count: int) -> list[Entry]:
+def _xrange(client: SyncRedis, stream: str, low: str, high: str, count: int) -> list[Entry]:
     # decode_responses=True: ids and fields are str (redis-py types replies as bytes | str).
     return cast(list[Entry], client.xrange(stream, min=low, max=high, count=count))
 
@@ -97,7 +101,7 @@ def _read_slice(options: _Options, part: _Slice) -> Iterator[RawRow]:
 class _Tail:
     """Where the stream stands, read atomically with one XINFO STREAM."""
 
-    def __init__(self, client: redis.Redis, stream: str) -> None:
+    def __init__(self, client: SyncRedis, stream: str) -> None:
         try:
             info: dict[str, Any] = client.xinfo_stream(stream)
         except redis.ResponseError as exc:
@@ -118,11 +122,11 @@ class _Tail:
 class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: _Options) -> None:
         self.options = options
-        self._client: redis.Redis | None = None
+        self._client: SyncRedis | None = None
         self._cap: Offset | None = None
 
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> SyncRedis:
         if self._client is None:
             self._client = self.options.connect()
         return self._client

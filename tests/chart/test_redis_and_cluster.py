@@ -200,8 +200,26 @@ def test_sentinel_mode_secret_url_and_example_cluster_name_the_sentinels() -> No
     assert 'password' not in open_url.sentinel
 
 
-def test_a_quorum_above_the_sentinels_and_analytics_on_sentinel_are_refused() -> None:
+def test_the_analytics_job_on_sentinel_reads_the_sentinel_url_and_may_reach_the_sentinels() -> None:
+    manifests = render(
+        {'redis': {'mode': 'sentinel'}, 'analytics': {'enabled': True},
+         'networkPolicy': {'enabled': True}}
+    )  # fmt: skip
+    secret = one(manifests, 'Secret')
+    job = one(manifests, 'CronJob')['spec']['jobTemplate']['spec']['template']['spec']
+    reference = env(container(job, 'analytics'))['SHOAL_REDIS_URL']['secretKeyRef']
+    assert reference['name'] == secret['metadata']['name']
+    assert secret_value(secret, reference['key']).startswith('redis+sentinel://')
+    (policy,) = [
+        p for p in find(manifests, 'NetworkPolicy')
+        if p['spec']['podSelector']['matchLabels'].get('app.kubernetes.io/component') == 'analytics'
+    ]  # fmt: skip
+    egress_ports = {
+        port['port'] for rule in policy['spec']['egress'] for port in rule.get('ports', [])
+    }
+    assert 26379 in egress_ports
+
+
+def test_a_quorum_above_the_sentinels_is_refused() -> None:
     with pytest.raises(HelmRenderError, match='quorum must not exceed'):
         render_raw({'redis': {'mode': 'sentinel', 'sentinel': {'replicas': 1}}})
-    with pytest.raises(HelmRenderError, match='takes redis:// URLs only'):
-        render_raw({'redis': {'mode': 'sentinel'}, 'analytics': {'enabled': True}})

@@ -246,6 +246,19 @@ def sync_cluster_client(url: str, **kwargs: Any) -> redis.cluster.RedisCluster:
     return redis.cluster.RedisCluster(startup_nodes=seeds, **_cluster_kwargs(parsed, kwargs))
 
 
+SyncRedis = redis.Redis | redis.cluster.RedisCluster
+"""A synchronous client of any of the three modes."""
+
+
+def sync_client_of_any_mode(url: str, **kwargs: Any) -> SyncRedis:
+    """A synchronous client for a standalone, Sentinel or Cluster URL, for tools whose commands
+    each name one key (the analytics job reads the metrics stream and writes one summary hash):
+    a Cluster client sends each to the node serving the key's slot."""
+    if is_cluster_url(url):
+        return sync_cluster_client(url, **kwargs)
+    return sync_client(url, **kwargs)
+
+
 def node_pool(url: str, host: str, port: int, **kwargs: Any) -> ConnectionPool:
     """A connection pool to one node of the cluster of a ``redis+cluster://`` URL, with the
     URL's credentials, TLS and options: for connections that stay on one node (a sharded
