@@ -123,7 +123,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     )
     await store.start()
     await store.check_durability()
-    store.limit_backlog(
+    store.upkeep.limit_backlog(
         settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
     )
     await _check_memory_watch(store, settings.security.redis_memory_high_watermark)
@@ -263,7 +263,7 @@ async def _check_memory_watch(store: RedisStore, watermark: float) -> None:
     if watermark <= 0:
         return
     try:
-        await store.memory()
+        await store.upkeep.memory()
     except StoreCommandDenied as exc:
         raise StoreCommandDenied(
             exc.command,
@@ -274,7 +274,7 @@ async def _check_memory_watch(store: RedisStore, watermark: float) -> None:
 
 WATCHES_PER_RENEWAL = 256
 """Watched addresses a lease renewal lists this replica under again (all of them within
-ceil(n / 256) renewals); see RedisStore.assert_watches."""
+ceil(n / 256) renewals); see Watching.assert_watches."""
 
 
 def lease_reporter(
@@ -313,7 +313,7 @@ async def _assert_watches_forever(liveness: Liveness) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            await liveness.store.assert_watches(WATCHES_PER_RENEWAL)
+            await liveness.store.watching.assert_watches(WATCHES_PER_RENEWAL)
         except StoreUnavailable as exc:
             logger.warning('watchers not renewed: %s', exc)
 
@@ -499,7 +499,7 @@ async def _record_metrics(
         try:
             owners = await registry.declared_owners(store.client)  # resources declaring them
             batch = [registry.labelled(record, owners) for record in batch]
-            await store.append_records(
+            await store.upkeep.append_records(
                 [r.to_fields() for r in batch], settings.store.metrics_stream_length
             )
         except StoreUnavailable as exc:
@@ -551,7 +551,7 @@ async def _release_scheduled(store: RedisStore) -> None:
     while True:
         await asyncio.sleep(SCHEDULE_TICK_SECONDS)
         try:
-            await store.release_due(int(time.time() * 1000))
+            await store.upkeep.release_due(int(time.time() * 1000))
         except StoreUnavailable as exc:
             logger.warning('scheduled messages not moved: %s', exc)
 
@@ -564,13 +564,13 @@ Queue/SharedSubscription ``delivery{}``/``retention{}`` reaches every live repli
 async def _refresh_policies(store: RedisStore, broker: Broker) -> None:
     """Hand the declared policies to the broker's subscriptions and the store's publish limits."""
     try:
-        policies = await store.policies()
+        policies = await store.registry.policies()
     except StoreUnavailable as exc:
         BACKGROUND_FAILURES.labels('policies').inc()
         logger.error('declared policies not refreshed: %s', exc)
         return
     broker.apply_policies(policies)
-    store.limit_address_backlogs({
+    store.upkeep.limit_address_backlogs({
         entity.removeprefix('queue:'): (policy.max_messages, policy.overflow.value)
         for entity, policy in policies.items()
         if entity.startswith('queue:') and policy.max_messages
@@ -587,7 +587,7 @@ async def _trim_forever(store: RedisStore, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            removed = await store.trim()
+            removed = await store.upkeep.trim()
         except StoreUnavailable as exc:
             BACKGROUND_FAILURES.labels('trim').inc()
             logger.error('trim skipped: %s', exc)

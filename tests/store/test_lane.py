@@ -181,8 +181,8 @@ async def test_an_address_is_created_with_its_queue_group_in_one_step(
         await store.start()
     name = f'addr-{uuid.uuid4().hex[:10]}'
     kinds = await asyncio.gather(
-        stores[0].create_address(name, AddressKind.QUEUE),
-        stores[1].create_address(name, AddressKind.TOPIC),
+        stores[0].registry.create_address(name, AddressKind.QUEUE),
+        stores[1].registry.create_address(name, AddressKind.TOPIC),
     )
     assert kinds[0] is kinds[1]  # whoever came first decided the kind for both
     if kinds[0] is AddressKind.QUEUE:  # and a queue's group exists as soon as the address does

@@ -28,6 +28,10 @@ CLIENTS = f'{PREFIX}:clients'
 METRICS = f'{PREFIX}:metrics'
 """STREAM of metric records (``metrics/records.py``), bounded; read by the analytics job."""
 
+ANALYTICS_SUMMARY = f'{PREFIX}:analytics:summary'
+"""HASH the analytics job replaces after each analysis and the operator reads: ``v`` (schema),
+``summary`` (``metrics.records.AnalyticsSummary`` as JSON)."""
+
 SCHEDULED = f'{PREFIX}:scheduled'
 """SET of addresses that have (or had) messages waiting for their delivery time."""
 
@@ -43,6 +47,23 @@ def lease(replica_id: str) -> str:
     return f'{PREFIX}:lease:{replica_id}'
 
 
+def replica_channel(replica_id: str) -> str:
+    """Pub/sub channel of one replica: subscribed at start so that the notification connection
+    exists before any address is watched."""
+    return f'{PREFIX}:__replica__:{replica_id}'
+
+
+_NOTIFY_HEAD = f'{PREFIX}:{{a:'.encode()
+_NOTIFY_TAIL = b'}:notify'
+
+
+def notified_address(channel: bytes) -> str | None:
+    """The address whose ``AddressKeys.notify`` channel this is; None for any other channel."""
+    if channel.startswith(_NOTIFY_HEAD) and channel.endswith(_NOTIFY_TAIL):
+        return channel[len(_NOTIFY_HEAD) : -len(_NOTIFY_TAIL)].decode()
+    return None
+
+
 def reaping(replica_id: str) -> str:
     """STRING with a TTL: one live replica is cleaning up after ``replica_id``."""
     return f'{PREFIX}:reaping:{replica_id}'
@@ -50,6 +71,7 @@ def reaping(replica_id: str) -> str:
 
 __all__ = [
     'ADDRESSES',
+    'ANALYTICS_SUMMARY',
     'CLIENTS',
     'QUEUE_GROUP',
     'RECLAIMED',
@@ -61,7 +83,9 @@ __all__ = [
     'entry_field',
     'entry_member',
     'lease',
+    'notified_address',
     'reaping',
+    'replica_channel',
 ]  # fmt: skip
 
 
@@ -113,7 +137,7 @@ class AddressKeys:
 
     def delivered(self, group: str) -> str:
         """HASH replica id -> messages it delivered for the group since the group exists, added
-        from each replica's metric records (``RedisStore.append_records``): the per-replica
+        from each replica's metric records (``Upkeep.append_records``): the per-replica
         share the CLI and the operator show."""
         return f'{self.tag}:delivered:{group}'
 

@@ -23,7 +23,7 @@ import redis.asyncio
 import redis.exceptions
 
 from shoal_broker.errors import BrokerError, StoreUnavailable
-from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary, MetricRecord
+from shoal_broker.metrics.records import AnalyticsSummary, MetricRecord
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy, entity_field
 from shoal_broker.routing.storage import QUEUE_GROUP
@@ -339,7 +339,7 @@ class Registry(Inspector):
 
     async def analytics_summary(self) -> AnalyticsSummary | None:
         """The analytics job's latest summary; None when there is none. ValueError if malformed."""
-        fields = await self._call(self._client.hgetall(ANALYTICS_SUMMARY_KEY))
+        fields = await self._call(self._client.hgetall(keys.ANALYTICS_SUMMARY))
         return AnalyticsSummary.from_fields(fields) if fields else None
 
     # -- plumbing ---------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from shoal_broker.store import connect, keys, scripts
-from shoal_broker.store.redisstore import RedisStore, as_text
+from shoal_broker.store.calls import as_text
+from shoal_broker.store.redisstore import RedisStore
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class Liveness:
             self.replica_id, ReapReport(self.replica_id), failed=False
         )
         for address in touched:
-            await self.store.announce(address)
+            await self.store.watching.announce(address)
         client = self.store.client
         await self.store.call(client.srem(keys.REPLICAS, self.replica_id))
         await self.store.evalsha('release_clients', (keys.CLIENTS,), (self.replica_id,))
@@ -176,7 +177,7 @@ class Liveness:
         )
         await self.store.call(client.srem(keys.REPLICAS, dead))
         for address in touched:
-            await self.store.announce(address)
+            await self.store.watching.announce(address)
         logger.warning(
             'replica %s is gone: %d in-flight entries returned, %d consumers removed, '
             '%d subscriptions deleted, %d ClientIDs released', dead, report.entries_returned,
@@ -213,7 +214,7 @@ class Liveness:
             for group in await self.store.call(client.xinfo_groups(stream)):
                 name = as_text(group['name'])
                 if name.startswith(private_prefix):
-                    await self.store.delete_subscription(address, name)
+                    await self.store.registry.delete_subscription(address, name)
                     report.subscriptions_deleted += 1
                     continue
                 await self.store.call(client.hdel(k.shares(name), dead))  # out of the sharing
@@ -244,5 +245,5 @@ class Liveness:
             left, topic = int(reply[0]), as_text(reply[1])
             report.consumers_removed += max(0, int(before) - left)
             if topic:
-                await self.store.delete_subscription(topic, subscription_id)
+                await self.store.registry.delete_subscription(topic, subscription_id)
                 report.subscriptions_deleted += 1
