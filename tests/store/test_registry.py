@@ -12,15 +12,15 @@ from shoal_broker.routing.policies import NO_POLICY, EntityPolicy
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.settings import AddressKind, Overflow
 from shoal_broker.store import keys
-from shoal_broker.store.redisstore import RedisStore
-from shoal_broker.store.registry import (
+from shoal_broker.store.declarations import (
     OnDeletion,
     ProvisionConflict,
     Provisioned,
-    Registry,
     Removal,
     SubscriptionDeclaration,
 )
+from shoal_broker.store.redisstore import RedisStore
+from shoal_broker.store.registry import Registry
 
 
 @pytest.fixture

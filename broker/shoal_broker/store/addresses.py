@@ -14,7 +14,7 @@ import redis.asyncio
 from shoal_broker.errors import AddressNotFound, NotAllowed, ResourceLimitExceeded, ResourceLocked
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.routing.policies import EntityPolicy
-from shoal_broker.routing.storage import JoinOutcome
+from shoal_broker.routing.storage import QUEUE_GROUP, JoinOutcome
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
 from shoal_broker.store.calls import Scripts, as_text, call
@@ -51,7 +51,7 @@ class AddressRegistry:
     async def create_address(self, address: str, kind: AddressKind) -> AddressKind:
         k = keys.AddressKeys.of(address)
         script_keys = (keys.ADDRESSES, *k.streams, k.groups)
-        args = (address, kind.value, keys.QUEUE_GROUP)
+        args = (address, kind.value, QUEUE_GROUP)
         actual = AddressKind(
             as_text(await self._scripts.evalsha('create_address', script_keys, args))
         )

@@ -6,13 +6,12 @@ Cluster: all keys of one script live in one slot and are passed in KEYS, never b
 script. The address registry is the one global key.
 
 Layout (DESIGN.md §4): every address is a stream per priority band; every subscription is a
-consumer group on those streams (a queue has exactly one, named ``QUEUE_GROUP``); the broker
-replicas are the consumers of each group.
+consumer group on those streams (a queue has exactly one, named ``routing.storage.QUEUE_GROUP``);
+the broker replicas are the consumers of each group. This module imports nothing of the broker,
+so the analytics job reads the metric stream's key without the broker's semantics.
 """
 
 import dataclasses
-
-from shoal_broker.routing.storage import QUEUE_GROUP
 
 PREFIX = 'shoal'
 
@@ -73,7 +72,6 @@ __all__ = [
     'ADDRESSES',
     'ANALYTICS_SUMMARY',
     'CLIENTS',
-    'QUEUE_GROUP',
     'RECLAIMED',
     'REPLICAS',
     'SCHEDULED',
