@@ -11,7 +11,7 @@ from processes import RedisServer
 from shoal_broker.errors import AddressNotFound, BrokerError, StoreUnavailable
 from shoal_broker.routing.storage import QUEUE_GROUP, BrowseCursor, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import scripts
+from shoal_broker.store import keys, scripts
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.upkeep import TRIM_STEP_ENTRIES
 
@@ -85,9 +85,7 @@ async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_
     await store.registry.create_address(name, AddressKind.QUEUE)
     for i in range(20):
         await store.messages.publish(name, AddressKind.QUEUE, msg(b'warm-%d' % i))
-    for entry in await store.messages.fetch(
-        name, QUEUE_GROUP, 20
-    ):  # big: the next fetch is in bulk
+    for entry in await store.messages.fetch(name, QUEUE_GROUP, 20):  # the next fetch is in bulk
         await store.messages.ack(name, QUEUE_GROUP, entry)
     for i in range(20):
         expiry, origin = (4_102_444_800_000 + i, f'conn-{i}') if i % 2 else (0, '')
@@ -131,9 +129,7 @@ async def test_a_fetch_started_by_a_bulk_fetchs_callback_finds_what_it_gave_back
     await store.registry.create_address(name, AddressKind.QUEUE)
     for i in range(20):
         await store.messages.publish(name, AddressKind.QUEUE, msg(b'warm-%d' % i))
-    for entry in await store.messages.fetch(
-        name, QUEUE_GROUP, 20
-    ):  # big: the next fetches are in bulk
+    for entry in await store.messages.fetch(name, QUEUE_GROUP, 20):  # the next fetches are in bulk
         await store.messages.ack(name, QUEUE_GROUP, entry)
     await store.messages.publish(name, AddressKind.QUEUE, msg(b'returned'))
     (entry,) = await store.messages.fetch(name, QUEUE_GROUP, 1)
@@ -221,9 +217,8 @@ async def test_messages_published_in_one_cycle_share_one_script_call_and_keep_th
     def elsewhere(labels: list[str], kept: bool | None, error: BrokerError | None) -> None:
         answers.append((['elsewhere', *labels], kept))
 
-    store.messages.publish_then(
-        name, AddressKind.QUEUE, msg(b'f'), elsewhere, 'f'
-    )  # not d-e's callback
+    # not d-e's callback
+    store.messages.publish_then(name, AddressKind.QUEUE, msg(b'f'), elsewhere, 'f')
     assert await between is True
     await store.flush()
     # one answer per op, and an op answers one callback
@@ -271,20 +266,20 @@ async def test_acks_that_nobody_waits_for_go_out_as_one_xack_per_cycle(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
     entries = await queue_then_fetch(store, name, published=5, fetched=5)
-    await store.messages.release(
-        name, QUEUE_GROUP, entries[4], delivery_failed=True
-    )  # counted once
+    # counted once
+    await store.messages.release(name, QUEUE_GROUP, entries[4], delivery_failed=True)
     entries[4:] = await store.messages.fetch(name, QUEUE_GROUP, 1)
     assert entries[4].delivery_count == 1
     client = redis.asyncio.Redis.from_url(redis_server.url)
-    assert await client.hlen(f'shoal:{{a:{name}}}:dc:{QUEUE_GROUP}') == 1
+    k = keys.AddressKeys.of(name)
+    assert await client.hlen(k.delivery_counts(QUEUE_GROUP)) == 1
     sent = store.cycles.commands
     store.messages.ack_nowait(name, QUEUE_GROUP, entries[:1])
     store.messages.ack_nowait(name, QUEUE_GROUP, entries[1:])  # a consumer's fetch, say
     await store.flush()
     assert store.cycles.commands - sent == 2  # one XACK of five ids, one HDEL of the counted one
-    assert (await client.xpending(f'shoal:{{a:{name}}}:s:0', QUEUE_GROUP))['pending'] == 0
-    assert await client.hlen(f'shoal:{{a:{name}}}:dc:{QUEUE_GROUP}') == 0
+    assert (await client.xpending(k.streams[0], QUEUE_GROUP))['pending'] == 0
+    assert await client.hlen(k.delivery_counts(QUEUE_GROUP)) == 0
     await client.aclose()
     assert await store.messages.fetch(name, QUEUE_GROUP, 10) == []
 
@@ -371,10 +366,10 @@ async def test_deleting_an_address_removes_its_keys(
     await store.registry.delete_address(name)
     assert await store.registry.address_kind(name) is None
     client = redis.asyncio.Redis.from_url(redis_server.url)
-    assert await client.keys(f'shoal:{{a:{name}}}:*') == []
+    assert await client.keys(keys.AddressKeys.of(name).tag + ':*') == []
     with pytest.raises(AddressNotFound):  # a replica that still thinks it exists is told
         await store.messages.publish(name, AddressKind.QUEUE, msg(b'too late'))
-    assert await client.keys(f'shoal:{{a:{name}}}:*') == []
+    assert await client.keys(keys.AddressKeys.of(name).tag + ':*') == []
     await client.aclose()
 
 

@@ -1073,9 +1073,8 @@ class Broker:
         except (BrokerError, codec.DecodeError) as exc:
             logger.warning('could not move %s from %s to %s: %s', entry.id, address, target, exc)
             if isinstance(exc, codec.DecodeError):
-                await self.store.messages.ack(
-                    address, group, entry
-                )  # cannot be annotated: drop, counted
+                # cannot be annotated: drop, counted
+                await self.store.messages.ack(address, group, entry)
             else:
                 self.release(address, group, entry, delivery_failed=False)
 
