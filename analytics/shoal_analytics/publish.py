@@ -1,5 +1,5 @@
 """
-Hand the summary to the operator: the HASH at ``ANALYTICS_SUMMARY_KEY``, replaced atomically.
+Hand the summary to the operator: the HASH at ``keys.ANALYTICS_SUMMARY``, replaced atomically.
 
 The operator judges staleness from ``generated_at_ms``; an older summary is overwritten, never
 merged, so a flag that cleared disappears.
@@ -7,15 +7,16 @@ merged, so a flag that cleared disappears.
 
 from shoal_analytics import preflight
 from shoal_analytics.errors import AnalyticsError
-from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
+from shoal_broker.metrics.records import AnalyticsSummary
+from shoal_broker.store import keys
 from shoal_broker.store.connect import SyncRedis
 
 
 def publish_summary(client: SyncRedis, summary: AnalyticsSummary) -> None:
     with client.pipeline(transaction=True) as pipe:
-        pipe.delete(ANALYTICS_SUMMARY_KEY)
+        pipe.delete(keys.ANALYTICS_SUMMARY)
         for field, value in summary.to_fields().items():
-            pipe.hset(ANALYTICS_SUMMARY_KEY, field, value)
+            pipe.hset(keys.ANALYTICS_SUMMARY, field, value)
         pipe.execute()
 
 

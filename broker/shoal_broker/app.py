@@ -102,7 +102,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     )
     await store.start()
     await store.check_durability()
-    store.limit_backlog(
+    store.upkeep.limit_backlog(
         settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
     )
     await _check_memory_watch(store, settings.security.redis_memory_high_watermark)
@@ -195,7 +195,7 @@ async def _check_memory_watch(store: RedisStore, watermark: float) -> None:
     if watermark <= 0:
         return
     try:
-        await store.memory()
+        await store.upkeep.memory()
     except StoreCommandDenied as exc:
         raise StoreCommandDenied(
             exc.command,

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_broker.store.registry import OnDeletion, Registry, Removal
+from shoal_broker.store.declarations import OnDeletion, Removal
+from shoal_broker.store.registry import Registry
 from shoal_operator import conditions, k8s, metrics, provisioning
 from shoal_operator.entities import parse
 from shoal_operator.models import (

@@ -9,12 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_broker.store.registry import (
-    EntityState,
-    ProvisionConflict,
-    Provisioned,
-    Registry,
-)
+from shoal_broker.store.declarations import EntityState, ProvisionConflict, Provisioned
+from shoal_broker.store.registry import Registry
 from shoal_operator import conditions, metrics, provisioning, status
 from shoal_operator.models import (
     InvalidSpec,

@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from shoal_broker.store.registry import Provisioned
+from shoal_broker.store.declarations import Provisioned
 from shoal_operator import clusters, deletion, entities, k8s, metrics, status
 from shoal_operator.models import GROUP, VERSION, BrokerCluster, InvalidSpec
 from shoal_operator.runtime import Runtime

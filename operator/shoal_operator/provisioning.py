@@ -14,7 +14,7 @@ import enum
 from shoal_broker import selector as selectors
 from shoal_broker.errors import BrokerError
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
-from shoal_broker.store.registry import OnDeletion, SubscriptionDeclaration
+from shoal_broker.store.declarations import OnDeletion, SubscriptionDeclaration
 from shoal_operator.models import DeletionPolicy, InvalidSpec, Queue, SharedSubscription
 
 

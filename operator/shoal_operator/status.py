@@ -11,7 +11,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shoal_broker.store.registry import EntityState, RedisInfo
+from shoal_broker.store.declarations import EntityState, RedisInfo
 from shoal_operator import conditions
 from shoal_operator.conditions import Condition
 from shoal_operator.models import BrokerCluster, ManagementPolicy, Queue, SharedSubscription

@@ -43,7 +43,7 @@ async def _create_idle_queues(url: str, count: int) -> None:
     try:
         for start in range(0, count, 500):
             await asyncio.gather(*(
-                store.create_address(f'idle-{n:05d}', AddressKind.QUEUE)
+                store.registry.create_address(f'idle-{n:05d}', AddressKind.QUEUE)
                 for n in range(start, min(count, start + 500))
             ))  # fmt: skip
     finally:

@@ -19,7 +19,8 @@ from shoal_analytics.params import AnalysisParams
 from shoal_analytics.publish import publish_summary, publish_to
 from shoal_analytics.quantiles import BUCKETS, bucket_column, bucket_columns, with_quantiles
 from shoal_analytics.synthetic import PLANTS, Synthetic, write_raw
-from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
+from shoal_broker.metrics.records import AnalyticsSummary
+from shoal_broker.store import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # the first also starts the JVM
 
@@ -136,9 +137,9 @@ def test_the_summary_reaches_the_operator_hash(
 ) -> None:
     _, _, analysis = planted
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.hset(ANALYTICS_SUMMARY_KEY, 'stale', 'field of an older writer')
+    client.hset(keys.ANALYTICS_SUMMARY, 'stale', 'field of an older writer')
     publish_summary(client, analysis.summary)
-    fields = client.hgetall(ANALYTICS_SUMMARY_KEY)
+    fields = client.hgetall(keys.ANALYTICS_SUMMARY)
     client.close()
     assert set(fields) == {'v', 'summary'}
     assert AnalyticsSummary.from_fields(fields) == analysis.summary

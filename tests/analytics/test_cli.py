@@ -22,7 +22,8 @@ from processes import RedisServer, broker, free_port
 from proton import Delivery
 
 from shoal_analytics.lake import Lake
-from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary, MetricRecord
+from shoal_broker.metrics.records import AnalyticsSummary, MetricRecord
+from shoal_broker.store import keys
 from shoal_broker.store.keys import METRICS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # two JVMs start in the first test
@@ -138,7 +139,7 @@ def test_analyze_prints_the_recommendation_and_publishes_it_for_the_operator(run
 
     client = redis.Redis.from_url(run.redis_url, decode_responses=True)
     try:
-        published = AnalyticsSummary.from_fields(client.hgetall(ANALYTICS_SUMMARY_KEY))
+        published = AnalyticsSummary.from_fields(client.hgetall(keys.ANALYTICS_SUMMARY))
     finally:
         client.close()
     assert published.records == len(run.stream_ids)

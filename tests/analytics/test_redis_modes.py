@@ -13,7 +13,8 @@ from sentinels import SentinelGroup
 from shoal_analytics import preflight, source
 from shoal_analytics.errors import AnalyticsError
 from shoal_analytics.publish import publish_to
-from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary
+from shoal_broker.metrics.records import AnalyticsSummary
+from shoal_broker.store import keys
 from shoal_broker.store.keys import METRICS
 
 PASSWORD = 'p@ss:word'
@@ -70,7 +71,7 @@ def test_probe_read_and_publish_reach_the_store(url: str, monkeypatch: pytest.Mo
     preflight.reachable_redis(url)
     writer = preflight.client(url, decode_responses=True)
     try:
-        writer.delete(METRICS, ANALYTICS_SUMMARY_KEY)
+        writer.delete(METRICS, keys.ANALYTICS_SUMMARY)
         ids = [writer.xadd(METRICS, {'n': str(n)}) for n in range(3)]
 
         stripped, password = preflight.split_password(url)
@@ -84,7 +85,7 @@ def test_probe_read_and_publish_reach_the_store(url: str, monkeypatch: pytest.Mo
         assert [entry_id for entry_id, _ in read] == ids
 
         publish_to(url, summary())
-        assert AnalyticsSummary.from_fields(writer.hgetall(ANALYTICS_SUMMARY_KEY)) == summary()
+        assert AnalyticsSummary.from_fields(writer.hgetall(keys.ANALYTICS_SUMMARY)) == summary()
     finally:
         writer.close()
 

@@ -25,7 +25,8 @@ from proton import Delivery, Message
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.settings import Overflow
-from shoal_broker.store.registry import Registry, SubscriptionDeclaration
+from shoal_broker.store.declarations import SubscriptionDeclaration
+from shoal_broker.store.registry import Registry
 
 TOPIC = Capabilities('topic')
 DURABLE_SHARED = JmsSource('shared', 'global', 'topic', durable=True)

@@ -17,7 +17,8 @@ from proton import Message
 
 from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
-from shoal_broker.store.registry import Registry, SubscriptionDeclaration
+from shoal_broker.store.declarations import SubscriptionDeclaration
+from shoal_broker.store.registry import Registry
 
 TOPIC = Capabilities('topic')
 SHARED_GLOBAL = ('shared', 'global', 'topic')

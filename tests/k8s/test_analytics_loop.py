@@ -11,7 +11,8 @@ import redis
 from kubeemulator import Kube, cluster_body, condition
 from processes import RedisServer
 
-from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary, Anomaly
+from shoal_broker.metrics.records import AnalyticsSummary, Anomaly
+from shoal_broker.store import keys
 from shoal_operator import analytics
 from shoal_operator.models import BrokerCluster
 
@@ -74,9 +75,9 @@ def test_the_status_section_condition_and_events_of_a_summary() -> None:
 @pytest.fixture
 def summary_in_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.hset(ANALYTICS_SUMMARY_KEY, mapping=summary(5, BACKLOG).to_fields())
+    client.hset(keys.ANALYTICS_SUMMARY, mapping=summary(5, BACKLOG).to_fields())
     yield client
-    client.delete(ANALYTICS_SUMMARY_KEY)
+    client.delete(keys.ANALYTICS_SUMMARY)
     client.close()
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from shoal_broker.routing.jms_subscriptions import Scope
-from shoal_broker.store.registry import EntityState, RedisInfo
+from shoal_broker.store.declarations import EntityState, RedisInfo
 from shoal_operator import conditions, provisioning, status
 from shoal_operator.models import BrokerCluster, DeletionPolicy, InvalidSpec, SharedSubscription
 

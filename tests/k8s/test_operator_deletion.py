@@ -18,7 +18,8 @@ from proton import Message
 
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.store import keys
-from shoal_broker.store.registry import Registry, SubscriptionDeclaration
+from shoal_broker.store.declarations import SubscriptionDeclaration
+from shoal_broker.store.registry import Registry
 
 
 def definition_key(name: str) -> str:

@@ -19,12 +19,13 @@ import pytest
 import redis
 from redisclusters import ClusterGroup
 
+from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.store import keys, scripts
 from shoal_broker.store.replicas import renewal_keys
 
 ADDRESS = 'orders'
 TOPIC = 'prices'
-GROUP = keys.QUEUE_GROUP
+GROUP = QUEUE_GROUP
 SUBSCRIPTION = 'durable:client:app-1:watch'
 REPLICA = 'replica-a'
 A = keys.AddressKeys.of(ADDRESS)

@@ -13,6 +13,7 @@ from lanes import send
 from processes import RedisServer
 
 from shoal_broker.settings import AddressKind
+from shoal_broker.store import keys
 from shoal_broker.store.lane import BULK_HEADS, CACHED_BULK_HEADS, CRLF, Encoded, Lane, encode, pack
 from shoal_broker.store.redisstore import RedisStore
 
@@ -181,13 +182,13 @@ async def test_an_address_is_created_with_its_queue_group_in_one_step(
         await store.start()
     name = f'addr-{uuid.uuid4().hex[:10]}'
     kinds = await asyncio.gather(
-        stores[0].create_address(name, AddressKind.QUEUE),
-        stores[1].create_address(name, AddressKind.TOPIC),
+        stores[0].registry.create_address(name, AddressKind.QUEUE),
+        stores[1].registry.create_address(name, AddressKind.TOPIC),
     )
     assert kinds[0] is kinds[1]  # whoever came first decided the kind for both
     if kinds[0] is AddressKind.QUEUE:  # and a queue's group exists as soon as the address does
         for band in (0, 1):
-            groups = await client.xinfo_groups(f'shoal:{{a:{name}}}:s:{band}')
+            groups = await client.xinfo_groups(keys.AddressKeys.of(name).streams[band])
             assert [g['name'] for g in groups] == [b'queue']
     for store in stores:
         await store.close()

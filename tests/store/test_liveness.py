@@ -7,7 +7,8 @@ import uuid
 import redis.asyncio
 
 from shoal_broker.store import keys
-from shoal_broker.store.redisstore import RedisStore, as_text
+from shoal_broker.store.calls import as_text
+from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.replicas import Liveness, renewal_keys
 
 LEASE_MS = 60_000

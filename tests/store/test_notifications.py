@@ -97,7 +97,7 @@ async def test_a_publish_wakes_other_watching_replicas_and_only_them(
 ) -> None:
     (id_a, a), (id_b, b) = replicas
     address = f'addr-{uuid.uuid4().hex[:10]}'
-    await a.create_address(address, AddressKind.QUEUE)
+    await a.registry.create_address(address, AddressKind.QUEUE)
     channel = f'shoal:{{a:{address}}}:notify'
     await pubsub.subscribe(channel)  # an outside listener sees what is sent on the channel
     outside = NotificationReader(pubsub, idle_seconds=5)
@@ -105,22 +105,26 @@ async def test_a_publish_wakes_other_watching_replicas_and_only_them(
     woken_a: list[str] = []
     woken_b: asyncio.Queue[str] = asyncio.Queue()
 
-    a.watch(address, woken_a.append)
+    a.watching.watch(address, woken_a.append)
     await _until(lambda: _watchers(client, address), {id_a})
-    await a.publish(address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'only a listens', 0))
-    b.watch(address, woken_b.put_nowait)
+    await a.messages.publish(
+        address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'only a listens', 0)
+    )
+    b.watching.watch(address, woken_b.put_nowait)
     await _until(lambda: _watchers(client, address), {id_a, id_b})
     assert await asyncio.wait_for(woken_b.get(), 10) == address  # it looked once on watching
-    await a.publish(address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'b listens too', 0))
+    await a.messages.publish(
+        address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'b listens too', 0)
+    )
     assert await asyncio.wait_for(woken_b.get(), 10) == address
     # the first publish sent nothing (a alone watched); the second reached b and the outsider
     assert await _messages(outside, 1) == [(channel.encode(), id_a.encode())]
     assert woken_a == [address]  # its own look on watching; its own publishes wake it in-process
 
-    b.unwatch(address, woken_b.put_nowait)
+    b.watching.unwatch(address, woken_b.put_nowait)
     await _until(lambda: _watchers(client, address), {id_a})
     await client.delete(f'shoal:{{a:{address}}}:watchers')  # e.g. a Redis that restarted empty
-    await a.assert_watches()  # what a re-subscribe does (a renewal: a slice, tested below)
+    await a.watching.assert_watches()  # what a re-subscribe does (a renewal: a slice, tested below)
     assert await _watchers(client, address) == {id_a}
 
 
@@ -130,13 +134,13 @@ async def test_a_publish_into_a_bounded_backlog_wakes_other_replicas_too(
     # publish_limited.lua notifies like publish.lua
     (_, a), (id_b, b) = replicas
     address = f'addr-{uuid.uuid4().hex[:10]}'
-    a.limit_backlog(10, 'reject-publish')
-    await a.create_address(address, AddressKind.QUEUE)
+    a.upkeep.limit_backlog(10, 'reject-publish')
+    await a.registry.create_address(address, AddressKind.QUEUE)
     woken_b: asyncio.Queue[str] = asyncio.Queue()
-    b.watch(address, woken_b.put_nowait)
+    b.watching.watch(address, woken_b.put_nowait)
     await _until(lambda: _watchers(client, address), {id_b})
     assert await asyncio.wait_for(woken_b.get(), 10) == address  # its look on watching
-    assert await a.publish(address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'one', 0))
+    assert await a.messages.publish(address, AddressKind.QUEUE, OutgoingMessage(0, b'', b'one', 0))
     assert await asyncio.wait_for(woken_b.get(), 10) == address
 
 
@@ -146,8 +150,8 @@ async def test_a_partial_assert_relists_a_slice_and_the_next_ones_the_rest(
     (replica, store), _ = replicas
     addresses = [f'addr-{uuid.uuid4().hex[:10]}' for _ in range(5)]
     for address in addresses:
-        await store.create_address(address, AddressKind.QUEUE)
-        store.watch(address, lambda _: None)
+        await store.registry.create_address(address, AddressKind.QUEUE)
+        store.watching.watch(address, lambda _: None)
     for address in addresses:
         await _until(lambda address=address: _watchers(client, address), {replica})
     await client.delete(*(f'shoal:{{a:{address}}}:watchers' for address in addresses))
@@ -155,11 +159,11 @@ async def test_a_partial_assert_relists_a_slice_and_the_next_ones_the_rest(
     async def listed() -> int:
         return sum([replica in await _watchers(client, address) for address in addresses])
 
-    await store.assert_watches(2)  # what a lease renewal does, 2 at a time
+    await store.watching.assert_watches(2)  # what a lease renewal does, 2 at a time
     assert await listed() == 2
-    await store.assert_watches(2)
+    await store.watching.assert_watches(2)
     assert await listed() == 4
-    await store.assert_watches(2)  # wraps round to the first ones
+    await store.watching.assert_watches(2)  # wraps round to the first ones
     assert await listed() == 5
 
 

@@ -11,8 +11,9 @@ from processes import RedisServer
 from shoal_broker.errors import AddressNotFound, BrokerError, StoreUnavailable
 from shoal_broker.routing.storage import QUEUE_GROUP, BrowseCursor, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import scripts
-from shoal_broker.store.redisstore import TRIM_STEP_ENTRIES, RedisStore
+from shoal_broker.store import keys, scripts
+from shoal_broker.store.redisstore import RedisStore
+from shoal_broker.store.upkeep import TRIM_STEP_ENTRIES
 
 
 @pytest.fixture
@@ -28,34 +29,37 @@ async def queue_then_fetch(
     store: RedisStore, name: str, *, published: int, fetched: int
 ) -> list[Entry]:
     """A new queue ``name`` holding messages b'0', b'1', ...; the first ``fetched`` taken."""
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     for i in range(published):
-        await store.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
-    return list(await store.fetch(name, QUEUE_GROUP, fetched))
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
+    return list(await store.messages.fetch(name, QUEUE_GROUP, fetched))
 
 
 async def test_a_queue_hands_out_each_entry_once_returned_ones_first(
     store: RedisStore, name: str
 ) -> None:
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     for body in (b'a', b'b', b'c'):
-        assert await store.publish(name, AddressKind.QUEUE, msg(body)) is True
-    first = await store.fetch(name, QUEUE_GROUP, 2)
+        assert await store.messages.publish(name, AddressKind.QUEUE, msg(body)) is True
+    first = await store.messages.fetch(name, QUEUE_GROUP, 2)
     assert [e.rest for e in first] == [b'a', b'b']
-    await store.release(name, QUEUE_GROUP, first[1], delivery_failed=True)
-    await store.release(name, QUEUE_GROUP, first[0], delivery_failed=False)
-    again = await store.fetch(name, QUEUE_GROUP, 10)
+    await store.messages.release(name, QUEUE_GROUP, first[1], delivery_failed=True)
+    await store.messages.release(name, QUEUE_GROUP, first[0], delivery_failed=False)
+    again = await store.messages.fetch(name, QUEUE_GROUP, 10)
     assert [(e.rest, e.delivery_count) for e in again] == [(b'a', 0), (b'b', 1), (b'c', 0)]
     for entry in again:
-        await store.ack(name, QUEUE_GROUP, entry)
-    assert await store.fetch(name, QUEUE_GROUP, 10) == []
+        await store.messages.ack(name, QUEUE_GROUP, entry)
+    assert await store.messages.fetch(name, QUEUE_GROUP, 10) == []
 
 
 async def test_the_high_band_is_served_first(store: RedisStore, name: str) -> None:
-    await store.create_address(name, AddressKind.QUEUE)
-    await store.publish(name, AddressKind.QUEUE, msg(b'normal', band=0))
-    await store.publish(name, AddressKind.QUEUE, msg(b'high', band=1))
-    assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'high', b'normal']
+    await store.registry.create_address(name, AddressKind.QUEUE)
+    await store.messages.publish(name, AddressKind.QUEUE, msg(b'normal', band=0))
+    await store.messages.publish(name, AddressKind.QUEUE, msg(b'high', band=1))
+    assert [e.rest for e in await store.messages.fetch(name, QUEUE_GROUP, 10)] == [
+        b'high',
+        b'normal',
+    ]
 
 
 @pytest.fixture(params=['resp3', 'resp2'])
@@ -78,20 +82,20 @@ async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_
     fetch.lua. Every field survives that read. When returned entries turn up, the new entries
     read with them go back behind them, and the fetches after that are the script's alone."""
     store = any_protocol_store
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     for i in range(20):
-        await store.publish(name, AddressKind.QUEUE, msg(b'warm-%d' % i))
-    for entry in await store.fetch(name, QUEUE_GROUP, 20):  # big: the next fetch is in bulk
-        await store.ack(name, QUEUE_GROUP, entry)
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'warm-%d' % i))
+    for entry in await store.messages.fetch(name, QUEUE_GROUP, 20):  # the next fetch is in bulk
+        await store.messages.ack(name, QUEUE_GROUP, entry)
     for i in range(20):
         expiry, origin = (4_102_444_800_000 + i, f'conn-{i}') if i % 2 else (0, '')
-        await store.publish(
+        await store.messages.publish(
             name, AddressKind.QUEUE, OutgoingMessage(0, b'h%d' % i, b'%d' % i, expiry, origin)
         )
 
-    sent = store.commands
-    bulk = await store.fetch(name, QUEUE_GROUP, 20)
-    assert store.commands - sent == 2  # the script, then the plain XREADGROUP
+    sent = store.cycles.commands
+    bulk = await store.messages.fetch(name, QUEUE_GROUP, 20)
+    assert store.cycles.commands - sent == 2  # the script, then the plain XREADGROUP
 
     assert [(e.band, e.header, e.rest, e.expiry_ms, e.origin, e.delivery_count) for e in bulk] == [
         (0, b'h%d' % i, b'%d' % i, 4_102_444_800_000 + i if i % 2 else 0,
@@ -99,20 +103,20 @@ async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_
         for i in range(20)
     ]  # fmt: skip
     for entry in bulk[3:]:
-        await store.ack(name, QUEUE_GROUP, entry)
+        await store.messages.ack(name, QUEUE_GROUP, entry)
     for entry in bulk[:3]:
-        await store.release(name, QUEUE_GROUP, entry, delivery_failed=True)
-    await store.publish(name, AddressKind.QUEUE, msg(b'high', band=1))
+        await store.messages.release(name, QUEUE_GROUP, entry, delivery_failed=True)
+    await store.messages.publish(name, AddressKind.QUEUE, msg(b'high', band=1))
     for body in (b'new-1', b'new-2'):
-        await store.publish(name, AddressKind.QUEUE, msg(body))
+        await store.messages.publish(name, AddressKind.QUEUE, msg(body))
 
-    returned = await store.fetch(name, QUEUE_GROUP, 2)
-    rest = await store.fetch(name, QUEUE_GROUP, 20)
+    returned = await store.messages.fetch(name, QUEUE_GROUP, 2)
+    rest = await store.messages.fetch(name, QUEUE_GROUP, 20)
 
     assert [(e.rest, e.delivery_count) for e in returned] == [(b'0', 1), (b'1', 1)]
     assert [e.rest for e in rest if e.band == 0] == [b'2', b'new-1', b'new-2']
     assert [e.rest for e in rest if e.band == 1] == [b'high']
-    assert await store.fetch(name, QUEUE_GROUP, 20) == []
+    assert await store.messages.fetch(name, QUEUE_GROUP, 20) == []
 
 
 async def test_a_fetch_started_by_a_bulk_fetchs_callback_finds_what_it_gave_back_first(
@@ -122,16 +126,16 @@ async def test_a_fetch_started_by_a_bulk_fetchs_callback_finds_what_it_gave_back
     New entries that a fetch in bulk read beside a returned one go back behind it; that next
     fetch must find them there, not newer entries first (test_limits once saw entry 123
     delivered before 100-122)."""
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     for i in range(20):
-        await store.publish(name, AddressKind.QUEUE, msg(b'warm-%d' % i))
-    for entry in await store.fetch(name, QUEUE_GROUP, 20):  # big: the next fetches are in bulk
-        await store.ack(name, QUEUE_GROUP, entry)
-    await store.publish(name, AddressKind.QUEUE, msg(b'returned'))
-    (entry,) = await store.fetch(name, QUEUE_GROUP, 1)
-    await store.release(name, QUEUE_GROUP, entry, delivery_failed=False)
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'warm-%d' % i))
+    for entry in await store.messages.fetch(name, QUEUE_GROUP, 20):  # the next fetches are in bulk
+        await store.messages.ack(name, QUEUE_GROUP, entry)
+    await store.messages.publish(name, AddressKind.QUEUE, msg(b'returned'))
+    (entry,) = await store.messages.fetch(name, QUEUE_GROUP, 1)
+    await store.messages.release(name, QUEUE_GROUP, entry, delivery_failed=False)
     for body in (b'd', b'e', b'f', b'g'):
-        await store.publish(name, AddressKind.QUEUE, msg(body))
+        await store.messages.publish(name, AddressKind.QUEUE, msg(body))
 
     second: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
 
@@ -140,9 +144,9 @@ async def test_a_fetch_started_by_a_bulk_fetchs_callback_finds_what_it_gave_back
 
     def fetched(entries: Sequence[Entry] | None, error: BrokerError | None) -> None:
         assert [e.rest for e in entries or ()] == [b'returned']  # d, e, f went back
-        store.fetch_then(name, QUEUE_GROUP, 10, fetched_again)  # as LocalSubscription.kick
+        store.messages.fetch_then(name, QUEUE_GROUP, 10, fetched_again)  # as LocalSubscription.kick
 
-    store.fetch_then(name, QUEUE_GROUP, 3, fetched)
+    store.messages.fetch_then(name, QUEUE_GROUP, 3, fetched)
     assert await second == [b'd', b'e', b'f', b'g']
 
 
@@ -152,12 +156,12 @@ async def test_another_replica_can_take_a_returned_entry(
     other = RedisStore.from_url(redis_server.url, 'other-replica')
     await other.start()
     try:
-        await store.create_address(name, AddressKind.QUEUE)
-        await store.publish(name, AddressKind.QUEUE, msg(b'x'))
-        (entry,) = await store.fetch(name, QUEUE_GROUP, 1)
-        assert await other.fetch(name, QUEUE_GROUP, 1) == []  # held by the first replica
-        await store.release(name, QUEUE_GROUP, entry, delivery_failed=False)
-        taken = await other.fetch(name, QUEUE_GROUP, 1)
+        await store.registry.create_address(name, AddressKind.QUEUE)
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'x'))
+        (entry,) = await store.messages.fetch(name, QUEUE_GROUP, 1)
+        assert await other.messages.fetch(name, QUEUE_GROUP, 1) == []  # held by the first replica
+        await store.messages.release(name, QUEUE_GROUP, entry, delivery_failed=False)
+        taken = await other.messages.fetch(name, QUEUE_GROUP, 1)
         assert [e.rest for e in taken] == [b'x']
     finally:
         await other.close()
@@ -166,30 +170,30 @@ async def test_another_replica_can_take_a_returned_entry(
 async def test_a_topic_keeps_nothing_without_subscriptions_and_new_ones_see_only_later_messages(
     store: RedisStore, name: str
 ) -> None:
-    await store.create_address(name, AddressKind.TOPIC)
-    assert await store.publish(name, AddressKind.TOPIC, msg(b'lost')) is False
-    await store.create_subscription(name, 'early', from_start=False)
-    await store.publish(name, AddressKind.TOPIC, msg(b'one'))
-    await store.create_subscription(name, 'late', from_start=False)
-    await store.publish(name, AddressKind.TOPIC, msg(b'two'))
-    assert [e.rest for e in await store.fetch(name, 'early', 10)] == [b'one', b'two']
-    assert [e.rest for e in await store.fetch(name, 'late', 10)] == [b'two']
+    await store.registry.create_address(name, AddressKind.TOPIC)
+    assert await store.messages.publish(name, AddressKind.TOPIC, msg(b'lost')) is False
+    await store.registry.create_subscription(name, 'early', from_start=False)
+    await store.messages.publish(name, AddressKind.TOPIC, msg(b'one'))
+    await store.registry.create_subscription(name, 'late', from_start=False)
+    await store.messages.publish(name, AddressKind.TOPIC, msg(b'two'))
+    assert [e.rest for e in await store.messages.fetch(name, 'early', 10)] == [b'one', b'two']
+    assert [e.rest for e in await store.messages.fetch(name, 'late', 10)] == [b'two']
 
 
 async def test_browsing_skips_consumed_entries_and_consumes_nothing(
     store: RedisStore, name: str
 ) -> None:
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     for body in (b'1', b'2', b'3', b'4'):
-        await store.publish(name, AddressKind.QUEUE, msg(body))
-    taken = await store.fetch(name, QUEUE_GROUP, 2)
-    await store.ack(name, QUEUE_GROUP, taken[0])  # 1 consumed, 2 in flight
-    seen, cursor = await store.browse(name, QUEUE_GROUP, BrowseCursor(), 2)
+        await store.messages.publish(name, AddressKind.QUEUE, msg(body))
+    taken = await store.messages.fetch(name, QUEUE_GROUP, 2)
+    await store.messages.ack(name, QUEUE_GROUP, taken[0])  # 1 consumed, 2 in flight
+    seen, cursor = await store.messages.browse(name, QUEUE_GROUP, BrowseCursor(), 2)
     assert [e.rest for e in seen] == [b'2', b'3']
-    seen, cursor = await store.browse(name, QUEUE_GROUP, cursor, 10)
+    seen, cursor = await store.messages.browse(name, QUEUE_GROUP, cursor, 10)
     assert [e.rest for e in seen] == [b'4']
-    assert (await store.browse(name, QUEUE_GROUP, cursor, 10))[0] == []
-    assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'3', b'4']
+    assert (await store.messages.browse(name, QUEUE_GROUP, cursor, 10))[0] == []
+    assert [e.rest for e in await store.messages.fetch(name, QUEUE_GROUP, 10)] == [b'3', b'4']
 
 
 async def test_messages_published_in_one_cycle_share_one_script_call_and_keep_their_order(
@@ -197,29 +201,30 @@ async def test_messages_published_in_one_cycle_share_one_script_call_and_keep_th
 ) -> None:
     """publish_then joins the cycle's op for its address and band; a publish() between them
     (awaited by its caller) starts a new one, so nobody's message overtakes another's."""
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     answers: list[tuple[list[str], bool | None]] = []
 
     def stored(labels: list[str], kept: bool | None, error: BrokerError | None) -> None:
         answers.append((list(labels), kept if error is None else None))
 
-    sent = store.commands
+    sent = store.cycles.commands
     for label in ('a', 'b'):
-        store.publish_then(name, AddressKind.QUEUE, msg(label.encode()), stored, label)
-    between = store.publish(name, AddressKind.QUEUE, msg(b'c'))
+        store.messages.publish_then(name, AddressKind.QUEUE, msg(label.encode()), stored, label)
+    between = store.messages.publish(name, AddressKind.QUEUE, msg(b'c'))
     for label in ('d', 'e'):
-        store.publish_then(name, AddressKind.QUEUE, msg(label.encode()), stored, label)
+        store.messages.publish_then(name, AddressKind.QUEUE, msg(label.encode()), stored, label)
 
     def elsewhere(labels: list[str], kept: bool | None, error: BrokerError | None) -> None:
         answers.append((['elsewhere', *labels], kept))
 
-    store.publish_then(name, AddressKind.QUEUE, msg(b'f'), elsewhere, 'f')  # not d-e's callback
+    # not d-e's callback
+    store.messages.publish_then(name, AddressKind.QUEUE, msg(b'f'), elsewhere, 'f')
     assert await between is True
     await store.flush()
     # one answer per op, and an op answers one callback
     assert answers == [(['a', 'b'], True), (['d', 'e'], True), (['elsewhere', 'f'], True)]
-    assert store.commands - sent == 1  # the four ops of one address and band: one EVAL
-    entries = await store.fetch(name, QUEUE_GROUP, 10)
+    assert store.cycles.commands - sent == 1  # the four ops of one address and band: one EVAL
+    entries = await store.messages.fetch(name, QUEUE_GROUP, 10)
     assert [e.rest for e in entries] == [b'a', b'b', b'c', b'd', b'e', b'f']
 
 
@@ -229,7 +234,7 @@ async def test_every_field_of_the_messages_of_one_cycle_is_stored_as_sent(
     """A cycle's messages go to the publish script as arguments encoded while they arrive: any
     header, body (empty, or longer than the cached bulk-string heads), expiry and origin comes
     back from a fetch byte for byte, in order, whichever op of the cycle carried it."""
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     expiry = 4_102_444_800_000  # 2100-01-01: not expired when fetched
     sent = [
         OutgoingMessage(0, b'\x00Sp\xc0\x02\x01\x41', b'x' * 1024, 0, 'conn-a'),
@@ -244,14 +249,14 @@ async def test_every_field_of_the_messages_of_one_cycle_is_stored_as_sent(
         answered.append((list(indexes), kept, error))
 
     for i in (0, 1):
-        store.publish_then(name, AddressKind.QUEUE, sent[i], stored, i)
-    between = store.publish(name, AddressKind.QUEUE, sent[2])  # an op of its own
+        store.messages.publish_then(name, AddressKind.QUEUE, sent[i], stored, i)
+    between = store.messages.publish(name, AddressKind.QUEUE, sent[2])  # an op of its own
     for i in (3, 4):
-        store.publish_then(name, AddressKind.QUEUE, sent[i], stored, i)
+        store.messages.publish_then(name, AddressKind.QUEUE, sent[i], stored, i)
     assert await between is True
     await store.flush()
     assert answered == [([0, 1], True, None), ([3, 4], True, None)]
-    entries = await store.fetch(name, QUEUE_GROUP, 10)
+    entries = await store.messages.fetch(name, QUEUE_GROUP, 10)
     assert [(e.header, e.rest, e.expiry_ms, e.origin) for e in entries] == [
         (m.header, m.rest, m.expiry_ms, m.origin) for m in sent
     ]
@@ -261,53 +266,55 @@ async def test_acks_that_nobody_waits_for_go_out_as_one_xack_per_cycle(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
     entries = await queue_then_fetch(store, name, published=5, fetched=5)
-    await store.release(name, QUEUE_GROUP, entries[4], delivery_failed=True)  # counted once
-    entries[4:] = await store.fetch(name, QUEUE_GROUP, 1)
+    # counted once
+    await store.messages.release(name, QUEUE_GROUP, entries[4], delivery_failed=True)
+    entries[4:] = await store.messages.fetch(name, QUEUE_GROUP, 1)
     assert entries[4].delivery_count == 1
     client = redis.asyncio.Redis.from_url(redis_server.url)
-    assert await client.hlen(f'shoal:{{a:{name}}}:dc:{QUEUE_GROUP}') == 1
-    sent = store.commands
-    store.ack_nowait(name, QUEUE_GROUP, entries[:1])
-    store.ack_nowait(name, QUEUE_GROUP, entries[1:])  # a consumer's fetch, say
+    k = keys.AddressKeys.of(name)
+    assert await client.hlen(k.delivery_counts(QUEUE_GROUP)) == 1
+    sent = store.cycles.commands
+    store.messages.ack_nowait(name, QUEUE_GROUP, entries[:1])
+    store.messages.ack_nowait(name, QUEUE_GROUP, entries[1:])  # a consumer's fetch, say
     await store.flush()
-    assert store.commands - sent == 2  # one XACK of five ids, one HDEL of the counted one
-    assert (await client.xpending(f'shoal:{{a:{name}}}:s:0', QUEUE_GROUP))['pending'] == 0
-    assert await client.hlen(f'shoal:{{a:{name}}}:dc:{QUEUE_GROUP}') == 0
+    assert store.cycles.commands - sent == 2  # one XACK of five ids, one HDEL of the counted one
+    assert (await client.xpending(k.streams[0], QUEUE_GROUP))['pending'] == 0
+    assert await client.hlen(k.delivery_counts(QUEUE_GROUP)) == 0
     await client.aclose()
-    assert await store.fetch(name, QUEUE_GROUP, 10) == []
+    assert await store.messages.fetch(name, QUEUE_GROUP, 10) == []
 
 
 async def test_acks_of_both_bands_in_one_call_reach_each_bands_stream(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     for body, band in ((b'n0', 0), (b'h0', 1), (b'n1', 0), (b'h1', 1)):
-        await store.publish(name, AddressKind.QUEUE, msg(body, band=band))
-    entries = list(await store.fetch(name, QUEUE_GROUP, 10))
+        await store.messages.publish(name, AddressKind.QUEUE, msg(body, band=band))
+    entries = list(await store.messages.fetch(name, QUEUE_GROUP, 10))
     by_body = {e.rest: e for e in entries}
-    sent = store.commands
-    store.ack_nowait(name, QUEUE_GROUP, [by_body[b] for b in (b'n0', b'h0', b'n1', b'h1')])
+    sent = store.cycles.commands
+    store.messages.ack_nowait(name, QUEUE_GROUP, [by_body[b] for b in (b'n0', b'h0', b'n1', b'h1')])
     await store.flush()
-    assert store.commands - sent == 2  # one XACK per band's stream
+    assert store.cycles.commands - sent == 2  # one XACK per band's stream
     client = redis.asyncio.Redis.from_url(redis_server.url)
     for band in (0, 1):
         stream = f'shoal:{{a:{name}}}:s:{band}'
         assert (await client.xpending(stream, QUEUE_GROUP))['pending'] == 0
     await client.aclose()
-    assert await store.fetch(name, QUEUE_GROUP, 10) == []
+    assert await store.messages.fetch(name, QUEUE_GROUP, 10) == []
 
 
 async def test_trimming_removes_only_what_every_subscription_is_done_with(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
     entries = await queue_then_fetch(store, name, published=5, fetched=3)
-    await store.ack(name, QUEUE_GROUP, entries[0])
-    await store.ack(name, QUEUE_GROUP, entries[2])  # entry 1 still pending
-    await store.trim()
+    await store.messages.ack(name, QUEUE_GROUP, entries[0])
+    await store.messages.ack(name, QUEUE_GROUP, entries[2])  # entry 1 still pending
+    await store.upkeep.trim()
     client = redis.asyncio.Redis.from_url(redis_server.url)
     assert await client.xlen(f'shoal:{{a:{name}}}:s:0') == 4  # only the oldest went
     await client.aclose()
-    assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 10)] == [b'3', b'4']
+    assert [e.rest for e in await store.messages.fetch(name, QUEUE_GROUP, 10)] == [b'3', b'4']
 
 
 async def test_a_big_consumed_backlog_is_trimmed_in_bounded_steps(
@@ -316,25 +323,25 @@ async def test_a_big_consumed_backlog_is_trimmed_in_bounded_steps(
     """One trim.lua call removes at most its limit (whole stream nodes); ``trim`` calls again
     until everything consumed is gone."""
     count = 2 * TRIM_STEP_ENTRIES + 500
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     for start in range(0, count, 500):
         await asyncio.gather(
             *(
-                store.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
+                store.messages.publish(name, AddressKind.QUEUE, msg(b'%d' % i))
                 for i in range(start, start + 500)
             )
         )
     fetched: list[Entry] = []
     while len(fetched) < count:
-        fetched += await store.fetch(name, QUEUE_GROUP, 500)
-    await asyncio.gather(*(store.ack(name, QUEUE_GROUP, entry) for entry in fetched))
+        fetched += await store.messages.fetch(name, QUEUE_GROUP, 500)
+    await asyncio.gather(*(store.messages.ack(name, QUEUE_GROUP, entry) for entry in fetched))
     stream = f'shoal:{{a:{name}}}:s:0'
     client = redis.asyncio.Redis.from_url(redis_server.url)
     try:
         one_step = int(await client.eval(scripts.source('trim'), 1, stream, TRIM_STEP_ENTRIES))
         assert 0 < one_step <= TRIM_STEP_ENTRIES
         assert await client.xlen(stream) == count - one_step
-        assert await store.trim() >= count - one_step  # other tests may leave some too
+        assert await store.upkeep.trim() >= count - one_step  # other tests may leave some too
         assert await client.xlen(stream) == 0
     finally:
         await client.aclose()
@@ -343,26 +350,26 @@ async def test_a_big_consumed_backlog_is_trimmed_in_bounded_steps(
 async def test_scripts_are_reloaded_after_redis_forgets_them(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
-    await store.create_address(name, AddressKind.QUEUE)
+    await store.registry.create_address(name, AddressKind.QUEUE)
     client = redis.asyncio.Redis.from_url(redis_server.url)
     await client.script_flush()
     await client.aclose()
-    assert await store.publish(name, AddressKind.QUEUE, msg(b'after flush')) is True
-    assert [e.rest for e in await store.fetch(name, QUEUE_GROUP, 1)] == [b'after flush']
+    assert await store.messages.publish(name, AddressKind.QUEUE, msg(b'after flush')) is True
+    assert [e.rest for e in await store.messages.fetch(name, QUEUE_GROUP, 1)] == [b'after flush']
 
 
 async def test_deleting_an_address_removes_its_keys(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
-    await store.create_address(name, AddressKind.QUEUE)
-    await store.publish(name, AddressKind.QUEUE, msg(b'x'))
-    await store.delete_address(name)
-    assert await store.address_kind(name) is None
+    await store.registry.create_address(name, AddressKind.QUEUE)
+    await store.messages.publish(name, AddressKind.QUEUE, msg(b'x'))
+    await store.registry.delete_address(name)
+    assert await store.registry.address_kind(name) is None
     client = redis.asyncio.Redis.from_url(redis_server.url)
-    assert await client.keys(f'shoal:{{a:{name}}}:*') == []
+    assert await client.keys(keys.AddressKeys.of(name).tag + ':*') == []
     with pytest.raises(AddressNotFound):  # a replica that still thinks it exists is told
-        await store.publish(name, AddressKind.QUEUE, msg(b'too late'))
-    assert await client.keys(f'shoal:{{a:{name}}}:*') == []
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'too late'))
+    assert await client.keys(keys.AddressKeys.of(name).tag + ':*') == []
     await client.aclose()
 
 
@@ -370,10 +377,10 @@ async def test_an_unreachable_redis_fails_operations_instead_of_pretending() -> 
     down = RedisServer()
     s = RedisStore.from_url(down.url, 'r')
     await s.start()
-    await s.create_address('q', AddressKind.QUEUE)
+    await s.registry.create_address('q', AddressKind.QUEUE)
     down.stop()
     with pytest.raises(StoreUnavailable):
-        await s.publish('q', AddressKind.QUEUE, msg(b'nowhere'))
+        await s.messages.publish('q', AddressKind.QUEUE, msg(b'nowhere'))
     with pytest.raises(StoreUnavailable):
-        await s.address_kind('never-seen')
+        await s.registry.address_kind('never-seen')
     await s.close()

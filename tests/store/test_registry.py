@@ -12,15 +12,15 @@ from shoal_broker.routing.policies import NO_POLICY, EntityPolicy
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.settings import AddressKind, Overflow
 from shoal_broker.store import keys
-from shoal_broker.store.redisstore import RedisStore
-from shoal_broker.store.registry import (
+from shoal_broker.store.declarations import (
     OnDeletion,
     ProvisionConflict,
     Provisioned,
-    Registry,
     Removal,
     SubscriptionDeclaration,
 )
+from shoal_broker.store.redisstore import RedisStore
+from shoal_broker.store.registry import Registry
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ async def test_a_selector_change_needs_recreate_and_drops_the_backlog(
     registry: Registry, store: RedisStore, topic: str
 ) -> None:
     await registry.declare_subscription(declared(topic, selector='a = 1'), recreate=False)
-    await store.publish(topic, AddressKind.TOPIC, message(b'old'))
+    await store.messages.publish(topic, AddressKind.TOPIC, message(b'old'))
     assert (await registry.subscription_state(declared(topic).key)).backlog == 1
     with pytest.raises(ProvisionConflict, match='selectorChangePolicy=Recreate'):
         await registry.declare_subscription(declared(topic, selector='a = 2'), recreate=False)
@@ -77,7 +77,7 @@ async def test_an_app_created_subscription_is_adopted_and_another_owner_is_refus
 ) -> None:
     key = declared(topic).key
     spec = SubscriptionSpec(key=key, shared=True, topic=topic)
-    await store.join_subscription(spec, 'replica|conn|link', 0)
+    await store.registry.join_subscription(spec, 'replica|conn|link', 0)
     assert (
         await registry.declare_subscription(declared(topic), recreate=False) is Provisioned.ADOPTED
     )
@@ -93,17 +93,21 @@ async def test_the_state_counts_deliveries_per_replica_from_their_metric_records
     declaration = declared(topic)
     await registry.declare_subscription(declaration, recreate=False)
     key = declaration.key
-    await store.join_subscription(SubscriptionSpec(key=key, shared=True, topic=topic), 'c1', 0)
+    await store.registry.join_subscription(
+        SubscriptionSpec(key=key, shared=True, topic=topic), 'c1', 0
+    )
 
     def record(replica: str, delivered: int, subscription: str = key.id) -> dict[str, str]:
         fields = {'address': topic, 'subscription': subscription, 'replica': replica}
         return {**fields, 'delivered': str(delivered)}
 
-    await store.append_records(
+    await store.upkeep.append_records(
         [record('replica-a', 30), record('replica-b', 10), record('replica-a', 5, 'private')],
         max_length=1000,
     )
-    await store.append_records([record('replica-a', 7), record('replica-b', 0)], max_length=1000)
+    await store.upkeep.append_records(
+        [record('replica-a', 7), record('replica-b', 0)], max_length=1000
+    )
     state = await registry.subscription_state(key)
     assert state.delivered == {'replica-a': 37, 'replica-b': 10}
     assert list(state.consumers_per_replica.values()) == [1]  # this store's replica
@@ -115,10 +119,12 @@ async def test_removal_waits_for_consumers_and_if_asked_for_an_empty_backlog(
     declaration = declared(topic)
     key = declaration.key
     await registry.declare_subscription(declaration, recreate=False)
-    await store.join_subscription(SubscriptionSpec(key=key, shared=True, topic=topic), 'c1', 0)
+    await store.registry.join_subscription(
+        SubscriptionSpec(key=key, shared=True, topic=topic), 'c1', 0
+    )
     assert await registry.remove_subscription(key, 'ns/sub', delete=True) is Removal.IN_USE
-    await store.leave_subscription(key, 'c1')
-    await store.publish(topic, AddressKind.TOPIC, message(b'waiting'))
+    await store.registry.leave_subscription(key, 'c1')
+    await store.messages.publish(topic, AddressKind.TOPIC, message(b'waiting'))
     state = await registry.subscription_state(key)
     assert state.backlog == 1
     assert state.oldest_age_seconds is not None
@@ -143,7 +149,7 @@ async def test_a_released_subscription_stays_undeclared_and_may_be_unsubscribed(
     state = await registry.subscription_state(declaration.key)
     assert state.exists
     assert state.owner == ''
-    await store.unsubscribe(declaration.key, '')
+    await store.registry.unsubscribe(declaration.key, '')
     assert not (await registry.subscription_state(declaration.key)).exists
 
 
@@ -155,13 +161,13 @@ async def test_a_declared_queue_keeps_messages_and_is_removed_only_when_empty_if
     assert await registry.declare_queue(queue, 'ns/q') is Provisioned.UNCHANGED
     with pytest.raises(ProvisionConflict, match='already declared by ns/q'):
         await registry.declare_queue(queue, 'other/q')
-    await store.publish(queue, AddressKind.QUEUE, message(b'kept'))
+    await store.messages.publish(queue, AddressKind.QUEUE, message(b'kept'))
     state = await registry.queue_state(queue)
     assert (state.exists, state.backlog, state.ready) == (True, 1, 1)
     assert await registry.remove_queue(queue, 'ns/q', delete=True, only_if_empty=True) is (
         Removal.IN_USE)  # fmt: skip
-    [entry] = await store.fetch(queue, QUEUE_GROUP, 10)
-    await store.ack(queue, QUEUE_GROUP, entry)
+    [entry] = await store.messages.fetch(queue, QUEUE_GROUP, 10)
+    await store.messages.ack(queue, QUEUE_GROUP, entry)
     await store.flush()
     assert await registry.remove_queue(queue, 'ns/q', delete=True, only_if_empty=True) is (
         Removal.DELETED)  # fmt: skip
@@ -183,17 +189,17 @@ async def test_a_subscription_policy_is_written_updated_read_by_replicas_and_rem
     assert await registry.declare_subscription(first, recreate=False) is Provisioned.CREATED
     assert (await registry.subscription_state(first.key)).policy == policy
     entity = keys.provisioned_subscription(first.key.id)
-    assert (await store.policies())[entity] == policy  # what every replica reads
+    assert (await store.registry.policies())[entity] == policy  # what every replica reads
     assert await registry.declare_subscription(first, recreate=False) is Provisioned.UNCHANGED
     changed = declared(topic, policy=EntityPolicy(max_delivery_attempts=5), generation=2)
     assert await registry.declare_subscription(changed, recreate=False) is Provisioned.UPDATED
-    assert (await store.policies())[entity] == EntityPolicy(max_delivery_attempts=5)
+    assert (await store.registry.policies())[entity] == EntityPolicy(max_delivery_attempts=5)
     cleared = declared(topic, generation=3)
     assert await registry.declare_subscription(cleared, recreate=False) is Provisioned.UPDATED
-    assert entity not in await store.policies()
+    assert entity not in await store.registry.policies()
     await registry.declare_subscription(changed, recreate=False)
     assert await registry.remove_subscription(first.key, 'ns/sub', delete=True) is Removal.DELETED
-    assert entity not in await store.policies()
+    assert entity not in await store.registry.policies()
 
 
 async def test_a_queue_policy_is_written_updated_and_released_with_the_queue(
@@ -204,13 +210,13 @@ async def test_a_queue_policy_is_written_updated_and_released_with_the_queue(
     assert await registry.declare_queue(address, 'ns/q', limited) is Provisioned.CREATED
     assert (await registry.queue_state(address)).policy == limited
     entity = keys.provisioned_queue(address)
-    assert (await store.policies())[entity] == limited
+    assert (await store.registry.policies())[entity] == limited
     assert await registry.declare_queue(address, 'ns/q', limited) is Provisioned.UNCHANGED
     assert await registry.declare_queue(address, 'ns/q') is Provisioned.UPDATED
     assert (await registry.queue_state(address)).policy == NO_POLICY
     await registry.declare_queue(address, 'ns/q', limited)
     assert await registry.remove_queue(address, 'ns/q', delete=False) is Removal.RELEASED
-    assert entity not in await store.policies()
+    assert entity not in await store.registry.policies()
 
 
 async def test_an_unreadable_policy_is_left_out_rather_than_misapplied(
@@ -220,7 +226,7 @@ async def test_an_unreadable_policy_is_left_out_rather_than_misapplied(
     await registry.declare_queue(address, 'ns/q', EntityPolicy(max_messages=3))
     entity = keys.provisioned_queue(address)
     await store.client.hset(keys.POLICIES, entity, '{"max_messages": 3, "overflow": "Sideways"}')
-    assert entity not in await store.policies()
+    assert entity not in await store.registry.policies()
     assert (await registry.queue_state(address)).policy == NO_POLICY
     await registry.remove_queue(address, 'ns/q', delete=True)
 

@@ -106,7 +106,7 @@ async def _temporary(
     """Create a dynamic node (JMS temporary queue or topic) owned by ``owner``'s link."""
     kind = requested or AddressKind.QUEUE
     address = addresses.temporary_address(kind)
-    await broker.store.create_address(address, kind)
+    await broker.store.registry.create_address(address, kind)
     broker.kinds[address] = kind
     owner.owned_temporary = address
     return address, kind
@@ -255,15 +255,17 @@ async def _subscribe(
         )
         await broker.guard.check_subscription_room(broker.store, consumer.address, consumer.group)
         consumer.owned_group = True
-        await broker.store.create_subscription(consumer.address, consumer.group, from_start=False)
+        await broker.store.registry.create_subscription(
+            consumer.address, consumer.group, from_start=False
+        )
         return
     if spec.shared and broker.settings.routing.declared_subscriptions_only:
-        definition = await broker.store.subscription_definition(spec.key)
+        definition = await broker.store.registry.subscription_definition(spec.key)
         jms_subscriptions.check_declared(spec, definition)
     if (
         spec.key.durable
         and (denied := broker.guard.refusal(consumer.conn, Operation.MANAGE, consumer.address))
-        and await broker.store.subscription_definition(spec.key) is None
+        and await broker.store.registry.subscription_definition(spec.key) is None
     ):
         metrics.AUTHORIZATION_FAILURES.labels(Operation.MANAGE).inc()
         raise denied  # creating a durable subscription needs manage; joining one, consume
@@ -273,7 +275,7 @@ async def _subscribe(
     consumer.consumer_key = (
         f'{broker.settings.replica_id}|{consumer.conn.id}|{consumer.name}|{broker.next_serial()}'
     )
-    await broker.store.join_subscription(
+    await broker.store.registry.join_subscription(
         spec, consumer.consumer_key, broker.settings.routing.max_consumers_per_subscription
     )
 
@@ -289,7 +291,7 @@ async def lookup(
     placeholder = conn.links[link]
     shared_global = {'shared', 'global'} if name.endswith('|global') else set()
     key = jms_subscriptions.lookup_key(name, conn.container_id, shared_global)
-    definition = await broker.store.subscription_definition(key)
+    definition = await broker.store.registry.subscription_definition(key)
     if definition is None:
         raise AddressNotFound(f'no durable subscription named {key.name!r}')
     broker.guard.authorize(conn, Operation.MANAGE, definition.get('topic', ''))
@@ -319,9 +321,9 @@ async def lookup(
 async def _undo(broker: 'Broker', state: LinkState) -> None:
     """The peer left while we were preparing its link: remove what was made for it."""
     if isinstance(state, ConsumerLink) and state.owned_group:
-        await broker.store.delete_subscription(state.address, state.group)
+        await broker.store.registry.delete_subscription(state.address, state.group)
     if isinstance(state, ConsumerLink) and state.named is not None:
-        await broker.store.leave_subscription(state.named, state.consumer_key)
+        await broker.store.registry.leave_subscription(state.named, state.consumer_key)
     if state.owned_temporary:
         await broker.delete_temporary(state.owned_temporary)
 

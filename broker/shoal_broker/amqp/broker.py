@@ -151,7 +151,7 @@ class Broker:
 
     async def _release_client(self, client_id: str, holder: str) -> None:
         try:
-            await self.store.release_client(client_id, holder)
+            await self.store.registry.release_client(client_id, holder)
         except BrokerError as exc:  # held until this replica's lease ends and it is reaped
             logger.warning('ClientID %r not released: %s', client_id, exc)
 
@@ -246,7 +246,7 @@ class Broker:
         """Enforce sole-connection-for-container: one connection per ClientID, cluster-wide."""
         holder = f'{self.settings.replica_id}|{conn.id}'
         try:
-            claimed = await self.store.claim_client(client_id, holder)
+            claimed = await self.store.registry.claim_client(client_id, holder)
         except BrokerError as exc:
             conn.opened.set()
             if conn.alive:
@@ -256,7 +256,7 @@ class Broker:
             return
         if not conn.alive:
             if claimed:
-                await self.store.release_client(client_id, holder)
+                await self.store.registry.release_client(client_id, holder)
             return
         conn.opened.set()  # from here on attaches may be answered (or refused with the Close)
         if claimed:
@@ -439,7 +439,7 @@ class Broker:
     ) -> None:
         error: BrokerError | None = None
         try:
-            await self.store.unsubscribe(key, consumer)
+            await self.store.registry.unsubscribe(key, consumer)
         except BrokerError as exc:
             error = exc
         if conn.alive:
@@ -486,7 +486,7 @@ class Broker:
             self.by_address[sub.address].remove(sub)
             if not self.by_address[sub.address]:
                 del self.by_address[sub.address]
-            self.store.unwatch(sub.address, sub.on_notify)
+            self.store.watching.unwatch(sub.address, sub.on_notify)
         return left
 
     async def _leave(
@@ -496,11 +496,11 @@ class Broker:
         may be deleted with its last consumer, and must not get entries returned afterwards)."""
         await asyncio.gather(*(r for r in returned if r is not None), return_exceptions=True)
         with contextlib.suppress(BrokerError):
-            await self.store.leave_subscription(key, consumer)
+            await self.store.registry.leave_subscription(key, consumer)
 
     async def _drop_subscription(self, address: str, group: str) -> None:
         with contextlib.suppress(StoreUnavailable):
-            await self.store.delete_subscription(address, group)
+            await self.store.registry.delete_subscription(address, group)
 
     async def delete_temporary(self, address: str) -> None:
         """Delete a dynamic node; its consumers on this replica are detached."""
@@ -511,7 +511,7 @@ class Broker:
                     self.mark_dirty(conn)
         self.kinds.pop(address, None)
         with contextlib.suppress(StoreUnavailable):
-            await self.store.delete_address(address)
+            await self.store.registry.delete_address(address)
 
     def subscription(self, address: str, group: str) -> LocalSubscription:
         sub = self.subscriptions.get((address, group))
@@ -520,7 +520,7 @@ class Broker:
             sub.apply(self.policy(address, group), self.settings.routing)
             self.subscriptions[(address, group)] = sub
             self.by_address.setdefault(address, []).append(sub)
-            self.store.watch(address, sub.on_notify)
+            self.store.watching.watch(address, sub.on_notify)
         return sub
 
     def policy(self, address: str, group: str) -> EntityPolicy:
@@ -549,13 +549,13 @@ class Broker:
         known = self.kinds.get(address)
         if known is not None and (requested is None or requested == known):
             return known
-        existing = known or await self.store.address_kind(address)
+        existing = known or await self.store.registry.address_kind(address)
         decision = addresses.resolve(address, requested, existing, self.settings.routing)
         kind = decision.kind
         if decision.create:
             if creator is not None:
                 self.guard.check_creation_room(creator)
-            kind = await self.store.create_address(address, decision.kind)
+            kind = await self.store.registry.create_address(address, decision.kind)
             if creator is not None:
                 self.guard.address_created(creator)
             addresses.resolve(address, requested, kind, self.settings.routing)  # lost a race?
@@ -717,7 +717,7 @@ class Broker:
                 and not stored.expiry_ms
                 and stored.band == NORMAL_BAND
                 and (consumer := sub.ahead()) is not None
-                and self.store.can_claim(address)
+                and self.store.messages.can_claim(address)
             ):
                 self._send_ahead(producer, message, address, sub, consumer, stored)
                 return
@@ -725,12 +725,12 @@ class Broker:
         if message.settled:  # pre-settled by the peer: nothing to answer, free it now
             lib.pn_delivery_settle(message.delivery)
         if isinstance(due, int) and due > time.time() * 1000:
-            future = self.store.schedule(address, stored, due)  # JMS delivery delay
+            future = self.store.messages.schedule(address, stored, due)  # JMS delivery delay
             future.add_done_callback(  # type: ignore[attr-defined]
                 lambda f: self._stored([(producer, message, address)], *_outcome_of(f))
             )
         else:
-            self.store.publish_then(
+            self.store.messages.publish_then(
                 address, kind, stored, self._on_stored, (producer, message, address)
             )
         # Local consumers of this address fetch in the same pipeline, right after the publish:
@@ -758,7 +758,7 @@ class Broker:
         consumer.deliveries.count += 1
         self.mark_delivering(consumer.conn)
         token = (producer, message, address, sub, consumer, ahead)
-        self.store.claim_then(address, QUEUE_GROUP, stored, self._on_claimed, token)
+        self.store.messages.claim_then(address, QUEUE_GROUP, stored, self._on_claimed, token)
 
     def _claimed(
         self,
@@ -813,7 +813,7 @@ class Broker:
         """Messages a subscription held for hand-over go to the store after all, in order."""
         for producer, message, stored in held:
             producer.in_store += 1
-            self.store.publish_then(
+            self.store.messages.publish_then(
                 sub.address,
                 AddressKind.QUEUE,
                 stored,
@@ -908,7 +908,7 @@ class Broker:
         self.counters.delivered(consumer.address, consumer.group, len(entries))
         consumer.deliveries.count += len(entries)
         if consumer.presettled:  # at-most-once: consumed the moment it is sent
-            self.store.ack_nowait(consumer.address, consumer.group, entries)
+            self.store.messages.ack_nowait(consumer.address, consumer.group, entries)
         self.mark_delivering(consumer.conn)
 
     def on_accepts(self, conn: AmqpConnection, accepts: Ptr, count: int) -> None:
@@ -941,7 +941,7 @@ class Broker:
         # seconds since each entry was appended: stream ids start with their time in ms
         ages = [now - int(entry.id.partition('-')[0] or 0) / 1000 for entry in entries]
         self.counters.accepted_all(consumer.address, consumer.group, ages)
-        self.store.ack_nowait(consumer.address, consumer.group, entries)
+        self.store.messages.ack_nowait(consumer.address, consumer.group, entries)
 
     def _disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:
         code = wire.shoal_outcome(delivery)  # settles a terminal outcome
@@ -1011,7 +1011,7 @@ class Broker:
         reach) is tried again with a growing pause: the entry is pending on this replica and
         nothing else would ever return it while the replica lives."""
         released = asyncio.ensure_future(
-            self.store.release(address, group, entry, delivery_failed=delivery_failed)
+            self.store.messages.release(address, group, entry, delivery_failed=delivery_failed)
         )
 
         def check(done: 'asyncio.Future[None]') -> None:
@@ -1035,7 +1035,7 @@ class Broker:
     def filtered(self, address: str, group: str, entry: Entry) -> None:
         """An entry a subscription's selector or no-local filter excludes: consumed unseen."""
         self.counters.filtered(address, group)
-        self.store.ack_nowait(address, group, (entry,))
+        self.store.messages.ack_nowait(address, group, (entry,))
 
     def expire(self, address: str, group: str, entry: Entry) -> None:
         self.counters.expired(address, group)
@@ -1043,7 +1043,7 @@ class Broker:
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, 'expired'))
         else:
-            self.store.ack_nowait(address, group, (entry,))
+            self.store.messages.ack_nowait(address, group, (entry,))
 
     def dead_letter(self, address: str, group: str, entry: Entry, reason: str) -> None:
         self.counters.dead_lettered(address, group)
@@ -1052,7 +1052,7 @@ class Broker:
         if target and target != address:
             self.spawn(self._move(address, group, entry, target, reason))
         else:
-            self.store.ack_nowait(address, group, (entry,))
+            self.store.messages.ack_nowait(address, group, (entry,))
 
     async def _move(self, address: str, group: str, entry: Entry, target: str, why: str) -> None:
         """Copy an entry to another queue (dead letters, expiries), then consume the original."""
@@ -1064,16 +1064,17 @@ class Broker:
             )
             header = codec.delivery_header(entry.header, entry.delivery_count)
             moved = OutgoingMessage(entry.band, header, rest, 0)
-            await self.store.publish(target, AddressKind.QUEUE, moved)
+            await self.store.messages.publish(target, AddressKind.QUEUE, moved)
             # the publish notifies other replicas only (as in _publish): wake ours, or a consumer
             # already attached here to the dead-letter or expiry queue would wait for the next one
             for sub in self.by_address.get(target, ()):
                 sub.kick()
-            await self.store.ack(address, group, entry)
+            await self.store.messages.ack(address, group, entry)
         except (BrokerError, codec.DecodeError) as exc:
             logger.warning('could not move %s from %s to %s: %s', entry.id, address, target, exc)
             if isinstance(exc, codec.DecodeError):
-                await self.store.ack(address, group, entry)  # cannot be annotated: drop, counted
+                # cannot be annotated: drop, counted
+                await self.store.messages.ack(address, group, entry)
             else:
                 self.release(address, group, entry, delivery_failed=False)
 
@@ -1091,7 +1092,7 @@ class Broker:
             else:
                 raise StoreUnavailable('a fetch is still unanswered')
             held = sub.held() | self.coordinator.held(sub.address, sub.group)
-            returned = await self.store.return_stranded(sub.address, sub.group, held)
+            returned = await self.store.messages.return_stranded(sub.address, sub.group, held)
         except BrokerError as exc:
             sub.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, sub.retry_delay * 2))
             logger.warning('recovery of %s/%s postponed: %s', sub.address, sub.group, exc)
@@ -1117,7 +1118,7 @@ class Broker:
     def leave_sharing(self, sub: LocalSubscription) -> None:
         """The subscription's last consumer here left: out of its sharing between replicas
         (queued now, so a consumer attaching right after registers again behind it)."""
-        self.spawn(self._quietly(self.store.leave_sharing(sub.address, sub.group)))
+        self.spawn(self._quietly(self.store.messages.leave_sharing(sub.address, sub.group)))
 
     async def _quietly(self, done: Awaitable[None]) -> None:
         with contextlib.suppress(BrokerError):
@@ -1139,7 +1140,7 @@ class Broker:
             return
         browser.busy, browser.again = True, False
         asked = min(credit, MAX_FETCH)
-        future = self.store.browse(browser.address, QUEUE_GROUP, browser.cursor, asked)
+        future = self.store.messages.browse(browser.address, QUEUE_GROUP, browser.cursor, asked)
         future.add_done_callback(  # type: ignore[attr-defined]
             lambda f: self._browsed(browser, asked, f)
         )

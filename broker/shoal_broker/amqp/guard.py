@@ -224,7 +224,7 @@ class Guard:
         """Refuse a subscription that would exceed ``max_subscriptions_per_topic``. Checked, not
         reserved: attaches racing on several replicas may pass it together."""
         limit = self.settings.max_subscriptions_per_topic
-        if limit and not await store.subscription_room(address, group, limit):
+        if limit and not await store.registry.subscription_room(address, group, limit):
             raise ResourceLimitExceeded(f'topic {address!r} has its limit of {limit} subscriptions')
 
     def check_creation_room(self, user: str) -> None:
@@ -274,7 +274,7 @@ class Guard:
         failing = False
         while True:
             try:
-                used, limit = await store.memory()
+                used, limit = await store.upkeep.memory()
             except BrokerError as exc:
                 BACKGROUND_FAILURES.labels('store_memory').inc()
                 if isinstance(exc, StoreCommandDenied):

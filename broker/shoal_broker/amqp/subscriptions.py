@@ -45,7 +45,7 @@ Sending ahead (``ahead``): an at-least-once message published here to a queue wh
 consumers all settle and are unfiltered (and are its only consumers cluster-wide) goes to a
 consumer with credit before Redis has it, under the same rule of order (``_exhausted``, no
 fetch in flight, nothing parked), while the store appends it and claims it for this replica in
-one script (``RedisStore.claim_then``). Redis leaves the path from producer to consumer, which is
+one script (``Messages.claim_then``). Redis leaves the path from producer to consumer, which is
 what the latency at a trickle was made of; the producer is still answered only once Redis has the
 message, and what the consumer decides before the entry has an id waits on the delivery
 (``links.Ahead``). ``SHOAL_DELIVER_AHEAD=false`` turns it off.
@@ -348,7 +348,7 @@ class LocalSubscription:
             return
         self._fetching = True
         self._again = False
-        self.broker.store.fetch_then(
+        self.broker.store.messages.fetch_then(
             self.address,
             self.group,
             want,

@@ -154,7 +154,7 @@ class Coordinator:
             await self.rollback(txn)
         else:
             try:
-                await self.broker.store.commit(txn.sends, txn.acks)
+                await self.broker.store.messages.commit(txn.sends, txn.acks)
             except BrokerError as exc:
                 await self.rollback(txn)
                 error = TransactionError(f'the commit could not be applied: {exc}')

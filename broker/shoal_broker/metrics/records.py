@@ -121,12 +121,6 @@ def bucket_index(seconds: float) -> int:
     return len(LATENCY_BOUNDS)
 
 
-# What the analytics job hands to the operator (DESIGN §7, issue #6 "closing the loop"): one Redis
-# HASH per cluster, written by ``shoal_analytics`` after each analysis, read by the operator.
-ANALYTICS_SUMMARY_KEY = 'shoal:analytics:summary'
-"""HASH: ``v`` (schema), ``summary`` (``AnalyticsSummary`` as JSON)."""
-
-
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Anomaly:
     flag: str
@@ -143,6 +137,9 @@ class Anomaly:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AnalyticsSummary:
+    """What the analytics job hands the operator after each analysis: one HASH per cluster
+    (``store.keys.ANALYTICS_SUMMARY``), read by the operator."""
+
     generated_at_ms: int
     window_start_ms: int
     window_end_ms: int
@@ -154,7 +151,7 @@ class AnalyticsSummary:
     anomalies: tuple[Anomaly, ...] = ()
 
     def to_fields(self) -> dict[str, str]:
-        """The HASH fields stored at ``ANALYTICS_SUMMARY_KEY``."""
+        """The HASH fields stored at ``store.keys.ANALYTICS_SUMMARY``."""
         return {'v': str(SUMMARY_SCHEMA_VERSION), 'summary': json.dumps(dataclasses.asdict(self))}
 
     @classmethod

@@ -1,10 +1,11 @@
 """
-The persistence port: what the protocol edge needs from the store.
+The persistence ports: what the protocol edge needs from the store, one port per role.
 
-Implemented by :mod:`shoal_broker.store.redisstore`; the AMQP edge is handed an instance by
-:mod:`shoal_broker.app` and never imports the implementation. Calls that sit on the per-message
-path (``publish``, ``fetch``, ``ack``, ``release``) return awaitables and are batched by the store
-into one Redis round trip per event-loop turn; none of them costs a round trip of its own.
+Implemented by :mod:`shoal_broker.store.redisstore` and its parts; the AMQP edge is handed an
+instance by :mod:`shoal_broker.app` and never imports the implementation, and each of its
+modules depends on the ports it uses. Calls that sit on the per-message path (``publish``,
+``fetch``, ``ack``, ``release``) return awaitables and are batched by the store into one Redis
+round trip per event-loop turn; none of them costs a round trip of its own.
 """
 
 import dataclasses
@@ -103,34 +104,8 @@ ClaimCallback = Callable[[list[T], tuple[list[str], list[Entry]] | None, BrokerE
 (None, error)."""
 
 
-class MessageStore(Protocol):
-    async def address_kind(self, address: str) -> AddressKind | None:
-        """The kind of an existing address, or None when it does not exist."""
-        ...
-
-    async def create_address(self, address: str, kind: AddressKind) -> AddressKind:
-        """Create the address if absent; return the kind it has (which may be another)."""
-        ...
-
-    async def delete_address(self, address: str) -> None:
-        """Remove the address with its messages and subscriptions."""
-        ...
-
-    async def create_subscription(self, address: str, group: str, *, from_start: bool) -> None:
-        """Create a subscription; ``from_start`` sees stored messages, else only later ones."""
-        ...
-
-    async def delete_subscription(self, address: str, group: str) -> None:
-        """Remove a subscription and everything it still held."""
-        ...
-
-    async def subscription_room(self, address: str, group: str, limit: int) -> bool:
-        """Whether ``group`` exists on the address or fewer than ``limit`` groups do."""
-        ...
-
-    async def memory(self) -> tuple[int, int]:
-        """The store's memory in use and its limit (0: none), in bytes."""
-        ...
+class MessagePort(Protocol):
+    """The messages: storing, handing out and settling them (``store/messages.py``)."""
 
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
         """Append a message; resolves False when a topic had no subscription to keep it, and
@@ -165,6 +140,19 @@ class MessageStore(Protocol):
         of the sharing (a group no other replica reads)."""
         ...
 
+    def fetch_then(
+        self,
+        address: str,
+        group: str,
+        count: int,
+        callback: Callable[[Fetched | None, BrokerError | None], None],
+        consumers: int = 0,
+        credit: int = 0,
+    ) -> None:
+        """``fetch`` for the per-message path: ``callback(entries, None)`` or ``callback(None,
+        error)`` as the replies are read, not a loop turn later through a future."""
+        ...
+
     def leave_sharing(self, address: str, group: str) -> Awaitable[None]:
         """This replica has no consumers of the subscription any more: it leaves the sharing
         (what was reserved for it goes back to the others)."""
@@ -186,19 +174,6 @@ class MessageStore(Protocol):
         and claimed for this replica at once, with whatever of ``group`` is unread ahead of it.
         Answered ``callback(tokens, (ids, entries read ahead), None)``, the ids in token order,
         or ``callback(tokens, None, error)``."""
-        ...
-
-    def fetch_then(
-        self,
-        address: str,
-        group: str,
-        count: int,
-        callback: Callable[[Fetched | None, BrokerError | None], None],
-        consumers: int = 0,
-        credit: int = 0,
-    ) -> None:
-        """``fetch`` for the per-message path: ``callback(entries, None)`` or ``callback(None,
-        error)`` as the replies are read, not a loop turn later through a future."""
         ...
 
     def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
@@ -230,6 +205,39 @@ class MessageStore(Protocol):
         """Apply a transaction's sends and acks all at once, or not at all (StoreUnavailable)."""
         ...
 
+    async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:
+        """Return this replica's claimed entries of a subscription that it does not hold (a
+        fetch whose reply was lost); returns how many."""
+        ...
+
+
+class RegistryPort(Protocol):
+    """Addresses, subscriptions and ClientIDs, cluster-wide (``store/addresses.py``)."""
+
+    async def address_kind(self, address: str) -> AddressKind | None:
+        """The kind of an existing address, or None when it does not exist."""
+        ...
+
+    async def create_address(self, address: str, kind: AddressKind) -> AddressKind:
+        """Create the address if absent; return the kind it has (which may be another)."""
+        ...
+
+    async def delete_address(self, address: str) -> None:
+        """Remove the address with its messages and subscriptions."""
+        ...
+
+    async def create_subscription(self, address: str, group: str, *, from_start: bool) -> None:
+        """Create a subscription; ``from_start`` sees stored messages, else only later ones."""
+        ...
+
+    async def delete_subscription(self, address: str, group: str) -> None:
+        """Remove a subscription and everything it still held."""
+        ...
+
+    async def subscription_room(self, address: str, group: str, limit: int) -> bool:
+        """Whether ``group`` exists on the address or fewer than ``limit`` groups do."""
+        ...
+
     async def join_subscription(
         self, spec: SubscriptionSpec, consumer: str, default_max_consumers: int
     ) -> JoinOutcome:
@@ -257,13 +265,36 @@ class MessageStore(Protocol):
 
     async def release_client(self, client_id: str, holder: str) -> None: ...
 
-    async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:
-        """Return this replica's claimed entries of a subscription that it does not hold (a
-        fetch whose reply was lost); returns how many."""
+
+class UpkeepPort(Protocol):
+    """The store's resources as the edge watches them (``store/upkeep.py``)."""
+
+    async def memory(self) -> tuple[int, int]:
+        """The store's memory in use and its limit (0: none), in bytes."""
         ...
+
+
+class WatchPort(Protocol):
+    """Wake-ups when other replicas add or return entries (``store/watching.py``)."""
 
     def watch(self, address: str, notify: Notify) -> None:
         """Call ``notify(address)`` when another replica adds or returns entries there."""
         ...
 
     def unwatch(self, address: str, notify: Notify) -> None: ...
+
+
+class MessageStore(Protocol):
+    """The store the protocol edge is handed: one object per role, each behind its port."""
+
+    @property
+    def messages(self) -> MessagePort: ...
+
+    @property
+    def registry(self) -> RegistryPort: ...
+
+    @property
+    def upkeep(self) -> UpkeepPort: ...
+
+    @property
+    def watching(self) -> WatchPort: ...

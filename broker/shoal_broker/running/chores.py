@@ -82,7 +82,7 @@ async def assert_watches_forever(liveness: Liveness) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            await liveness.store.assert_watches(WATCHES_PER_RENEWAL)
+            await liveness.store.watching.assert_watches(WATCHES_PER_RENEWAL)
         except StoreUnavailable as exc:
             logger.warning('watchers not renewed: %s', exc)
 
@@ -121,7 +121,7 @@ async def release_scheduled(store: RedisStore) -> None:
     while True:
         await asyncio.sleep(SCHEDULE_TICK_SECONDS)
         try:
-            await store.release_due(int(time.time() * 1000))
+            await store.upkeep.release_due(int(time.time() * 1000))
         except StoreUnavailable as exc:
             logger.warning('scheduled messages not moved: %s', exc)
 
@@ -134,13 +134,13 @@ Queue/SharedSubscription ``delivery{}``/``retention{}`` reaches every live repli
 async def refresh_policies(store: RedisStore, broker: Broker) -> None:
     """Hand the declared policies to the broker's subscriptions and the store's publish limits."""
     try:
-        policies = await store.policies()
+        policies = await store.registry.policies()
     except StoreUnavailable as exc:
         BACKGROUND_FAILURES.labels('policies').inc()
         logger.error('declared policies not refreshed: %s', exc)
         return
     broker.apply_policies(policies)
-    store.limit_address_backlogs({
+    store.upkeep.limit_address_backlogs({
         entity.removeprefix('queue:'): (policy.max_messages, policy.overflow.value)
         for entity, policy in policies.items()
         if entity.startswith('queue:') and policy.max_messages
@@ -157,7 +157,7 @@ async def trim_forever(store: RedisStore, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            removed = await store.trim()
+            removed = await store.upkeep.trim()
         except StoreUnavailable as exc:
             BACKGROUND_FAILURES.labels('trim').inc()
             logger.error('trim skipped: %s', exc)

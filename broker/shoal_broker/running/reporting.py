@@ -110,7 +110,7 @@ async def record_metrics(
         try:
             owners = await registry.declared_owners(store.client)  # resources declaring them
             batch = [registry.labelled(record, owners) for record in batch]
-            await store.append_records(
+            await store.upkeep.append_records(
                 [r.to_fields() for r in batch], settings.store.metrics_stream_length
             )
         except StoreUnavailable as exc:

@@ -25,6 +25,7 @@ import redis.exceptions
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.jms_subscriptions import Scope
+from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import connect, keys
 
@@ -180,7 +181,7 @@ class Inspector:
 
     async def queues(self) -> list[QueueInfo]:
         names = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
-        groups = [(name, keys.QUEUE_GROUP) for name in names]
+        groups = [(name, QUEUE_GROUP) for name in names]
         found = await self._backlogs(groups)
         per_replica = await self._per_replica(groups)
         return [

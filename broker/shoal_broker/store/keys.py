@@ -6,13 +6,12 @@ Cluster: all keys of one script live in one slot and are passed in KEYS, never b
 script. The address registry is the one global key.
 
 Layout (DESIGN.md §4): every address is a stream per priority band; every subscription is a
-consumer group on those streams (a queue has exactly one, named ``QUEUE_GROUP``); the broker
-replicas are the consumers of each group.
+consumer group on those streams (a queue has exactly one, named ``routing.storage.QUEUE_GROUP``);
+the broker replicas are the consumers of each group. This module imports nothing of the broker,
+so the analytics job reads the metric stream's key without the broker's semantics.
 """
 
 import dataclasses
-
-from shoal_broker.routing.storage import QUEUE_GROUP
 
 PREFIX = 'shoal'
 
@@ -27,6 +26,10 @@ CLIENTS = f'{PREFIX}:clients'
 
 METRICS = f'{PREFIX}:metrics'
 """STREAM of metric records (``metrics/records.py``), bounded; read by the analytics job."""
+
+ANALYTICS_SUMMARY = f'{PREFIX}:analytics:summary'
+"""HASH the analytics job replaces after each analysis and the operator reads: ``v`` (schema),
+``summary`` (``metrics.records.AnalyticsSummary`` as JSON)."""
 
 SCHEDULED = f'{PREFIX}:scheduled'
 """SET of addresses that have (or had) messages waiting for their delivery time."""
@@ -43,6 +46,23 @@ def lease(replica_id: str) -> str:
     return f'{PREFIX}:lease:{replica_id}'
 
 
+def replica_channel(replica_id: str) -> str:
+    """Pub/sub channel of one replica: subscribed at start so that the notification connection
+    exists before any address is watched."""
+    return f'{PREFIX}:__replica__:{replica_id}'
+
+
+_NOTIFY_HEAD = f'{PREFIX}:{{a:'.encode()
+_NOTIFY_TAIL = b'}:notify'
+
+
+def notified_address(channel: bytes) -> str | None:
+    """The address whose ``AddressKeys.notify`` channel this is; None for any other channel."""
+    if channel.startswith(_NOTIFY_HEAD) and channel.endswith(_NOTIFY_TAIL):
+        return channel[len(_NOTIFY_HEAD) : -len(_NOTIFY_TAIL)].decode()
+    return None
+
+
 def reaping(replica_id: str) -> str:
     """STRING with a TTL: one live replica is cleaning up after ``replica_id``."""
     return f'{PREFIX}:reaping:{replica_id}'
@@ -50,9 +70,9 @@ def reaping(replica_id: str) -> str:
 
 __all__ = [
     'ADDRESSES',
+    'ANALYTICS_SUMMARY',
     'CLIENTS',
     'COMMIT_BUCKETS',
-    'QUEUE_GROUP',
     'RECLAIMED',
     'REPLICAS',
     'SCHEDULED',
@@ -66,7 +86,9 @@ __all__ = [
     'entry_field',
     'entry_member',
     'lease',
+    'notified_address',
     'reaping',
+    'replica_channel',
 ]  # fmt: skip
 
 
@@ -118,7 +140,7 @@ class AddressKeys:
 
     def delivered(self, group: str) -> str:
         """HASH replica id -> messages it delivered for the group since the group exists, added
-        from each replica's metric records (``RedisStore.append_records``): the per-replica
+        from each replica's metric records (``Upkeep.append_records``): the per-replica
         share the CLI and the operator show."""
         return f'{self.tag}:delivered:{group}'
 

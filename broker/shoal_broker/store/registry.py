@@ -14,7 +14,6 @@ Redis failures become ``StoreUnavailable``; a refused declaration becomes ``Prov
 """
 
 import dataclasses
-import enum
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,95 +21,25 @@ from typing import Any
 import redis.asyncio
 import redis.exceptions
 
-from shoal_broker.errors import BrokerError, StoreUnavailable
-from shoal_broker.metrics.records import ANALYTICS_SUMMARY_KEY, AnalyticsSummary, MetricRecord
+from shoal_broker.errors import StoreUnavailable
+from shoal_broker.metrics.records import AnalyticsSummary, MetricRecord
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy, entity_field
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys, scripts
+from shoal_broker.store.declarations import (
+    EntityState,
+    OnDeletion,
+    ProvisionConflict,
+    Provisioned,
+    RedisInfo,
+    Removal,
+    SubscriptionDeclaration,
+)
 from shoal_broker.store.inspect import Inspector
 
 _SCRIPTS = ('provision_subscription', 'deprovision_subscription', 'create_group', 'delete_group')
-
-
-class ProvisionConflict(BrokerError):
-    """Redis holds something the declaration may not replace (the detail says what)."""
-
-    condition = 'amqp:resource-locked'
-
-
-class Provisioned(enum.StrEnum):
-    CREATED = 'created'
-    ADOPTED = 'adopted'
-    """It existed (created by an app, or left behind by a retained resource) and is now declared."""
-    UPDATED = 'updated'
-    UNCHANGED = 'unchanged'
-    RECREATED = 'recreated'
-    """The topic or selector changed: the old backlog was dropped."""
-
-
-class Removal(enum.StrEnum):
-    DELETED = 'deleted'
-    RELEASED = 'released'
-    """Left in Redis, no longer declared."""
-    MISSING = 'missing'
-    FOREIGN = 'foreign'
-    """Declared by another resource: left alone."""
-    IN_USE = 'in-use'
-    """Consumers are attached (or, when asked to delete only if empty, messages are waiting)."""
-
-
-class OnDeletion(enum.StrEnum):
-    """What the declaring resource's ``deletionPolicy`` asks for when it is deleted."""
-
-    RETAIN = 'Retain'
-    DELETE = 'Delete'
-    DELETE_IF_EMPTY = 'DeleteIfEmpty'
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SubscriptionDeclaration:
-    """A SharedSubscription as the broker keeps it."""
-
-    key: SubscriptionKey
-    topic: str
-    selector: str | None
-    max_consumers: int | None
-    owner: str
-    """``<namespace>/<name>`` of the declaring resource."""
-    generation: int
-    policy: EntityPolicy = NO_POLICY
-    """Its ``delivery{}`` and ``retention{}``; the broker-wide settings where unset."""
-    on_deletion: OnDeletion = OnDeletion.RETAIN
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EntityState:
-    """What Redis holds for a declared queue or subscription right now."""
-
-    exists: bool
-    owner: str = ''
-    definition: dict[str, str] = dataclasses.field(default_factory=dict)
-    consumers: int = 0
-    consumer_replicas: int = 0
-    """Broker replicas serving at least one of the consumers."""
-    consumers_per_replica: dict[str, int] = dataclasses.field(default_factory=dict)
-    delivered: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Messages each replica delivered (``AddressKeys.delivered``)."""
-    backlog: int = 0
-    ready: int = 0
-    in_flight: int = 0
-    oldest_age_seconds: float | None = None
-    """Age of the oldest message not yet consumed; None when there is none."""
-    policy: EntityPolicy = NO_POLICY
-    """The delivery and retention policy Redis holds for it (empty: none)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RedisInfo:
-    latency_ms: float
-    server_version: str
 
 
 class Registry(Inspector):
@@ -339,7 +268,7 @@ class Registry(Inspector):
 
     async def analytics_summary(self) -> AnalyticsSummary | None:
         """The analytics job's latest summary; None when there is none. ValueError if malformed."""
-        fields = await self._call(self._client.hgetall(ANALYTICS_SUMMARY_KEY))
+        fields = await self._call(self._client.hgetall(keys.ANALYTICS_SUMMARY))
         return AnalyticsSummary.from_fields(fields) if fields else None
 
     # -- plumbing ---------------------------------------------------------------------------------

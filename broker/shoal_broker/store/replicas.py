@@ -21,7 +21,8 @@ from typing import Any
 import redis
 
 from shoal_broker.store import connect, keys, scripts
-from shoal_broker.store.redisstore import RedisStore, as_text
+from shoal_broker.store.calls import as_text
+from shoal_broker.store.redisstore import RedisStore
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class Liveness:
             self.replica_id, ReapReport(self.replica_id), failed=False
         )
         for address in touched:
-            await self.store.announce(address)
+            await self.store.watching.announce(address)
         client = self.store.client
         await self.store.call(client.srem(keys.REPLICAS, self.replica_id))
         await self.store.evalsha('release_clients', (keys.CLIENTS,), (self.replica_id,))
@@ -180,7 +181,7 @@ class Liveness:
         )
         await self.store.call(client.srem(keys.REPLICAS, dead))
         for address in touched:
-            await self.store.announce(address)
+            await self.store.watching.announce(address)
         logger.warning(
             'replica %s is gone: %d in-flight entries returned, %d consumers removed, '
             '%d subscriptions deleted, %d ClientIDs released', dead, report.entries_returned,
@@ -259,7 +260,7 @@ class Liveness:
             stream = k.streams[band]
             name = as_text(group['name'])
             if name.startswith(private_prefix):
-                await self.store.delete_subscription(address, name)
+                await self.store.registry.delete_subscription(address, name)
                 report.subscriptions_deleted += 1
                 continue
             if not int(group['pending']):
@@ -289,7 +290,7 @@ class Liveness:
             left, topic = int(reply[0]), as_text(reply[1])
             report.consumers_removed += max(0, int(before) - left)
             if topic:
-                await self.store.delete_subscription(topic, subscription_id)
+                await self.store.registry.delete_subscription(topic, subscription_id)
                 report.subscriptions_deleted += 1
 
 

@@ -7,13 +7,5 @@ local fields = redis.call('HGETALL', KEYS[2])
 for i = 1, #fields, 2 do
   if fields[i + 1] == ARGV[1] then redis.call('HDEL', KEYS[2], fields[i]) end
 end
-local left = redis.call('HLEN', KEYS[2])
--- a volatile subscription declared by a SharedSubscription resource (field ``owner``) stays
-if left == 0 and redis.call('HGET', KEYS[1], 'durable') == '0'
-    and redis.call('HEXISTS', KEYS[1], 'owner') == 0 then
-  local topic = redis.call('HGET', KEYS[1], 'topic')
-  redis.call('DEL', KEYS[1], KEYS[2])
-  redis.call('SREM', KEYS[3], ARGV[2])
-  return {0, topic}
-end
-return {left, ''}
+--! include last_consumer
+return last_consumer()

@@ -1,0 +1,67 @@
+"""
+What the store's parts share to reach Redis: failures as ``StoreUnavailable``, the Lua scripts
+by name, and replies as text.
+
+A script goes by hash (EVALSHA) where sending it again is harmless; where a forgotten script
+must not reorder or half-apply anything (publish, a commit, a fetch in bulk) the part sends the
+source it keeps here (``Scripts.source``), which Redis caches by its SHA1 all the same.
+"""
+
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions
+
+from shoal_broker.errors import StoreUnavailable
+from shoal_broker.store import scripts
+
+REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+SCRIPTS = (
+    'publish', 'create_address', 'create_group', 'delete_group', 'fetch', 'browse', 'trim',
+    'join', 'leave', 'unsubscribe', 'release_client', 'release_clients', 'reclaim',
+    'reap_consumers', 'renew_lease', 'schedule', 'release_due', 'publish_limited', 'notify',
+    'publish_claim',
+)  # fmt: skip
+
+
+async def call(awaitable: Awaitable[Any]) -> Any:
+    """Await a Redis call, turning a connection failure into StoreUnavailable."""
+    try:
+        return await awaitable
+    except REDIS_DOWN as exc:
+        raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
+
+
+def as_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Scripts:
+    """The store's Lua scripts: their source, and their hashes once loaded into Redis."""
+
+    def __init__(self, client: 'redis.asyncio.Redis') -> None:
+        self._client = client
+        self.sha: dict[str, str] = {}
+        self.source: dict[str, str] = {}
+
+    async def load(self) -> None:
+        for name in SCRIPTS:
+            self.source[name] = scripts.source(name)
+            self.sha[name] = as_text(await self._client.script_load(self.source[name]))
+
+    def command(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The EVALSHA command of a script, for a pipeline."""
+        return ('EVALSHA', self.sha[name], len(keys_), *keys_, *args)
+
+    async def evalsha(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a script by name, loading the scripts again if Redis forgot them."""
+        return await call(self._evalsha(name, keys_, args))
+
+    async def _evalsha(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._client.evalsha(self.sha[name], len(keys_), *keys_, *args)
+        except redis.exceptions.NoScriptError:
+            await self.load()
+            return await self._client.evalsha(self.sha[name], len(keys_), *keys_, *args)

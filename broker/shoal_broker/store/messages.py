@@ -1,0 +1,460 @@
+"""
+Messages: publish, fetch, ack, release, browse, claim, schedule and commit.
+
+The per-message calls (``publish_then``, ``claim_then``, ``fetch_then``, ``ack_nowait``) only
+queue an op for the next cycle (``cycles.py``); one pipeline carries a cycle's ops and one
+callback answers each batch, so no message costs a round trip of its own. A transaction's commit
+and the return of stranded entries are direct calls: rare, and atomic on their own.
+"""
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import redis.asyncio
+
+from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull, StoreUnavailable
+from shoal_broker.routing.storage import (
+    NORMAL_BAND,
+    BrowseCursor,
+    ClaimCallback,
+    Entry,
+    Fetched,
+    OutgoingMessage,
+    PublishCallback,
+    T,
+)
+from shoal_broker.settings import AddressKind, Durability
+from shoal_broker.store import keys
+from shoal_broker.store.backlogs import BacklogLimits
+from shoal_broker.store.calls import Scripts, as_text, call
+from shoal_broker.store.cycles import Cycles
+from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
+from shoal_broker.store.ops import Op, Tokens, no_result
+from shoal_broker.store.replies import entries_of, new_entries
+
+logger = logging.getLogger(__name__)
+
+BULK_FETCH_ENTRIES = 16
+"""A fetch this big, with nothing returned or high-band in it, makes the next fetches of its
+subscription read the normal band directly (``_fetch_op``), until one finds returned or
+high-band entries or comes back short and smaller. An empty fetch says nothing (under load it
+finds the stream just drained), nor does a full small one (it was asked for little: credit)."""
+
+MAX_BULK_FETCHES = 10_000
+"""Bound on the subscriptions remembered as fetching in bulk (each is dropped by its next small
+fetch; one deleted mid-burst would otherwise stay)."""
+
+GIVE_BACK_MAX_PAUSE = 2.0
+"""Longest pause between attempts to return entries a fetch in bulk must not deliver."""
+
+MAX_CACHED_TAILS = 4096
+"""Encoded (no expiry, origin) pairs kept (``Messages._encoded``): one per producing
+connection, so the cache is cleared when it fills rather than grown."""
+
+Announce = Callable[[str], Awaitable[None]]
+
+
+class Messages:
+    """Implements ``routing.storage.MessagePort``."""
+
+    def __init__(
+        self,
+        client: 'redis.asyncio.Redis',
+        scripts: Scripts,
+        cycles: Cycles,
+        replica_id: str,
+        *,
+        kinds: dict[str, AddressKind],
+        backlogs: BacklogLimits,
+        announce: Announce,
+        durability: Durability = Durability.MEMORY,
+        replication_timeout_ms: int = 1000,
+    ) -> None:
+        self._client = client
+        self._scripts = scripts
+        self._cycles = cycles
+        self._replica_id = replica_id
+        self._kinds = kinds
+        """Address kinds known (shared with the registry): a publish to a deleted address
+        forgets it."""
+        self._backlogs = backlogs
+        self._announce = announce
+        self._durability = durability
+        self._replication_timeout_ms = replication_timeout_ms
+        # the cycles' queue, open batches and wake-up, held here: the per-message calls reach
+        # them with one lookup each
+        self._enqueue = cycles.queued.append
+        self._open_publishes = cycles.open_publishes
+        self._open_acks = cycles.open_acks
+        self._wake = cycles.wakeup.set
+        self._wake_lazily = cycles.wake_lazily
+        self._queue = cycles.queue
+        self._script = scripts.command
+        self._tails: dict[str, bytes] = {}
+        """The encoded expiry and origin of messages without an expiry, by origin."""
+        self._bulk_fetches: set[tuple[str, str]] = set()
+        """(address, group) whose last fetch was big and found nothing returned or high-band."""
+        self._shared: set[tuple[str, str]] = set()
+        """(address, group) whose last fetch found other replicas serving it too."""
+
+    def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
+        future: asyncio.Future[bool] = (
+            self._cycles.loop or asyncio.get_running_loop()
+        ).create_future()
+        self._queue_publish(address, kind, message, future, None)
+        return future
+
+    def _encoded(self, message: OutgoingMessage) -> tuple[bytes, ...]:
+        """A message's four script arguments (header, rest, expiry, origin) as the
+        PARTS_PER_MESSAGE parts of an ``Encoded``. The last two are the same for every message
+        of a producing connection that sets no expiry, so those are encoded once."""
+        header, rest, expiry_ms, origin = (
+            message.header, message.rest, message.expiry_ms, message.origin
+        )  # fmt: skip
+        if expiry_ms:
+            tail = encode(b'%d' % expiry_ms, origin.encode())
+        else:
+            known = self._tails.get(origin)
+            if known is None:
+                if len(self._tails) >= MAX_CACHED_TAILS:
+                    self._tails.clear()
+                known = self._tails[origin] = encode(b'0', origin.encode())
+            tail = known
+        return (BULK_HEADS[len(header)], header, CRLF, BULK_HEADS[len(rest)], rest, CRLF, tail)
+
+    def publish_then(
+        self,
+        address: str,
+        kind: AddressKind,
+        message: OutgoingMessage,
+        callback: PublishCallback[T],
+        token: T,
+    ) -> None:
+        batched = self._open_publishes.get(('publish', address, message.band, kind))
+        # this cycle's op for the address and band takes the message, if it answers the same
+        # callback (written out here: this runs once per message)
+        if batched is not None and batched.callback is callback:
+            batched.args += self._encoded(message)
+            batched.tokens.append(token)
+            return
+        self._queue_publish(address, kind, message, None, callback, token)
+
+    def _queue_publish(
+        self,
+        address: str,
+        kind: AddressKind,
+        message: OutgoingMessage,
+        future: asyncio.Future[bool] | None,
+        callback: PublishCallback[Any] | None,
+        token: Any = None,
+    ) -> None:
+        """A new publish op; one with a ``callback`` stays open for the cycle (``publish_then``)."""
+        key = ('publish', address, message.band, kind)  # kind: a StrEnum, a str
+        args = list(self._encoded(message))
+        if callback is None:  # a later message for the same key must not overtake this one
+            self._open_publishes.pop(key, None)
+
+        def finish(replies: list[Any]) -> bool:
+            if replies[0] == -1:
+                self._kinds.pop(address, None)
+                raise AddressNotFound(f'{address!r} no longer exists')
+            if replies[0] == -2:
+                limit = self._backlogs.limit(address)
+                raise StoreFull(f'{address!r} holds its limit of {limit} messages', 'address_limit')
+            return bool(replies[0])
+
+        answer = None
+        if callback is not None:  # the op stays open for the cycle: its arguments grow
+            answer = self._open_publishes[key] = Tokens(callback, token, args)
+        op = Op(
+            [],
+            finish,
+            future,
+            None,  # notify: publish.lua wakes other replicas itself
+            False,  # notify_local
+            key,  # batch
+            args,  # batch_args
+            answer,  # callback
+        )
+        self._enqueue(op)
+        self._wake()
+
+    def leave_sharing(self, address: str, group: str) -> Awaitable[None]:
+        self._shared.discard((address, group))
+        shares = keys.AddressKeys.of(address).shares(group)
+        return self._queue([('HDEL', shares, self._replica_id)], no_result)
+
+    def can_claim(self, address: str) -> bool:
+        """Whether ``claim_then`` may take a message to ``address``: not when the address has a
+        backlog limit, which could refuse it after a consumer has it."""
+        return self._backlogs.of(address) is None
+
+    def claim_then(
+        self,
+        address: str,
+        group: str,
+        message: OutgoingMessage,
+        callback: ClaimCallback[T],
+        token: T,
+    ) -> None:
+        """Publish a message a consumer on this replica already has, and claim it for this replica
+        in the same script (publish_claim.lua), with whatever of the group is unread ahead of it.
+        The callback gets (ids of the messages in token order, entries read ahead of them)."""
+        # the callback in the key: ops never share a script unless one Tokens answers them all
+        key = ('claim', address, message.band, group, callback)
+        batched = self._open_publishes.get(key)
+        if batched is not None:
+            batched.args += self._encoded(message)
+            batched.tokens.append(token)
+            return
+        args = list(self._encoded(message))
+
+        def finish(replies: list[Any]) -> tuple[list[str], list[Entry]]:
+            head = replies[0]
+            if head == -1:
+                self._kinds.pop(address, None)
+                raise AddressNotFound(f'{address!r} no longer exists')
+            count = int(head[0])
+            return [raw.decode() for raw in head[1 : count + 1]], entries_of(head, count + 1)
+
+        answer = self._open_publishes[key] = Tokens(callback, token, args)
+        self._enqueue(Op([], finish, None, None, False, key, args, answer))
+        self._wake()
+
+    def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:
+        """Hold a message until ``due_ms``; any replica moves it into the stream then."""
+        k = keys.AddressKeys.of(address)
+        member = f'{due_ms}-{uuid.uuid4().hex}'
+        args = (due_ms, member, message.band, message.header, message.rest,
+                str(message.expiry_ms), message.origin)  # fmt: skip
+        commands: list[tuple[Any, ...]] = [
+            self._script('schedule', (k.scheduled, k.scheduled_messages), args),
+            ('SADD', keys.SCHEDULED, address),
+        ]
+        return self._queue(commands, lambda r: True)
+
+    def fetch(
+        self, address: str, group: str, count: int, consumers: int = 0, credit: int = 0
+    ) -> Awaitable[Fetched]:
+        return self._queue(*self._fetch_op(address, group, count, consumers, credit or count))
+
+    def fetch_then(
+        self,
+        address: str,
+        group: str,
+        count: int,
+        callback: Callable[[Fetched | None, BrokerError | None], None],
+        consumers: int = 0,
+        credit: int = 0,
+    ) -> None:
+        commands, finish = self._fetch_op(address, group, count, consumers, credit or count)
+        self._enqueue(Op(commands, finish, None, None, False, None, (), callback))
+        self._wake()
+
+    def _fetch_op(
+        self, address: str, group: str, count: int, consumers: int, credit: int
+    ) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], Fetched]]:
+        """The commands of one fetch and what makes entries of their replies. A subscription
+        fetching in bulk (BULK_FETCH_ENTRIES) has its normal band read by a plain XREADGROUP:
+        handed back through Lua, an entry costs Redis ~3 µs more
+        (docs/performance.md#bulk-fetch). At a trickle one EVALSHA stays cheaper. A subscription
+        other replicas serve too is never read in bulk: only the script knows this replica's
+        share."""
+        k = keys.AddressKeys.of(address)
+        script_keys = (
+            *k.streams, k.returned(group), k.delivery_counts(group), k.shares(group)
+        )  # fmt: skip
+        subscription = (address, group)
+        sharing = (consumers, credit, k.notify)
+        if subscription in self._bulk_fetches and subscription not in self._shared:
+            # fetch.lua takes returned and high-band entries; the normal band is read directly.
+            # The script goes as source: if Redis had forgotten it, a retry would send the
+            # XREADGROUP again, stranding what the first one claimed.
+            commands = [
+                ('EVAL', self._scripts.source['fetch'], 5, *script_keys,
+                 group, self._replica_id, count, '0', *sharing),
+                ('XREADGROUP', 'GROUP', group, self._replica_id, 'COUNT', count,
+                 'STREAMS', k.streams[NORMAL_BAND], '>'),
+            ]  # fmt: skip
+        else:
+            commands = [
+                self._script('fetch', script_keys, (group, self._replica_id, count, '1', *sharing))
+            ]
+
+        def finish(replies: list[Any]) -> Fetched:
+            head = replies[0]
+            entries = Fetched(entries_of(head, 2), int(head[1]))
+            if entries.shared:
+                if len(self._shared) < MAX_BULK_FETCHES:
+                    self._shared.add(subscription)
+            else:
+                self._shared.discard(subscription)
+            if len(replies) > 1:
+                new = new_entries(replies[1])
+                if not head[0]:
+                    entries += new
+                elif new:  # more returned entries may wait: the new ones must not overtake them
+                    # their releases are queued now, before any fetch the caller's callback
+                    # starts: queued from the background task, they went after it, and that
+                    # fetch handed out newer entries first
+                    releases = [self.release(address, group, e, delivery_failed=False) for e in new]
+                    self._cycles.background(self._give_back(address, group, new, releases))
+            if head[0] or 0 < len(entries) < min(count, BULK_FETCH_ENTRIES):
+                self._bulk_fetches.discard(subscription)
+            elif len(entries) >= BULK_FETCH_ENTRIES and len(self._bulk_fetches) < MAX_BULK_FETCHES:
+                self._bulk_fetches.add(subscription)
+            return entries
+
+        return commands, finish
+
+    def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
+        counted = keys.entry_field(entry.band, entry.id) if entry.delivery_count else None
+        return self._queue(
+            [],
+            no_result,
+            batch=('ack', address, entry.band, group),
+            batch_args=(entry.id, counted),
+            lazy=True,
+        )
+
+    def ack_nowait(self, address: str, group: str, entries: Iterable[Entry]) -> None:
+        open_acks = self._open_acks
+        band: int | None = None
+        args: list[Any] = []
+        for entry in entries:
+            if entry.band != band:  # this cycle's op for the address, band and group takes it
+                band = entry.band
+                key = ('ack', address, band, group)
+                batched = open_acks.get(key)
+                if batched is None:
+                    batched = open_acks[key] = Op([], no_result, None, None, False, key, [])
+                    self._enqueue(batched)
+                    self._wake_lazily()  # as _queue's lazy ops: ride with the next pipeline
+                args = batched.batch_args  # type: ignore[assignment]
+            if entry.delivery_count:
+                args += (entry.id, keys.entry_field(band, entry.id))
+            else:
+                args += (entry.id, None)
+
+    async def _give_back(
+        self, address: str, group: str, entries: list[Entry], releases: list[Awaitable[None]]
+    ) -> None:
+        """See that the releases ``_fetch_op`` queued for new entries a fetch in bulk read beside
+        returned or high-band ones are done. A refusal is tried again with a growing pause, as
+        ``Broker.release`` does: the entries are pending on this replica, and nothing else would
+        return them while it lives."""
+        pause = 0.0
+        while True:
+            try:  # in one cycle, in order; a release already done is only done again
+                await asyncio.gather(*releases)
+                return
+            except BrokerError as exc:
+                if self._cycles.closed:  # pending on a replica that stops: reclaimed like a crash's
+                    return
+                pause = min(GIVE_BACK_MAX_PAUSE, max(0.25, pause * 2))
+                logger.warning('returning %d entries to %s/%s failed (%s); again in %.2f s',
+                               len(entries), address, group, exc, pause)  # fmt: skip
+                await asyncio.sleep(pause)
+                releases = [self.release(address, group, e, delivery_failed=False) for e in entries]
+
+    def release(
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool
+    ) -> Awaitable[None]:
+        k = keys.AddressKeys.of(address)
+        commands: list[tuple[Any, ...]] = []
+        if delivery_failed:
+            # count first: a replica fetching between the two commands must see the new count
+            field = keys.entry_field(entry.band, entry.id)
+            commands.append(('HINCRBY', k.delivery_counts(group), field, 1))
+        member = keys.entry_member(entry.band, entry.id)
+        commands.append(('ZADD', k.returned(group), 0, member))
+        return self._queue(commands, lambda r: None, notify=address, notify_local=True)
+
+    def browse(
+        self, address: str, group: str, cursor: BrowseCursor, count: int
+    ) -> Awaitable[tuple[Sequence[Entry], BrowseCursor]]:
+        k = keys.AddressKeys.of(address)
+        commands = [
+            self._script('browse', (k.streams[band],), (group, position, count))
+            for band, position in cursor.positions
+        ]
+
+        def finish(replies: list[Any]) -> tuple[Sequence[Entry], BrowseCursor]:
+            # bands are read independently, highest first; show at most ``count`` in all
+            shown: list[Entry] = []
+            positions = []
+            for (band, position), reply in zip(cursor.positions, replies, strict=True):
+                found = [
+                    Entry(as_text(reply[i]), band, reply[i + 1], reply[i + 2], int(reply[i + 3]), 0)
+                    for i in range(1, len(reply), 4)
+                ]
+                room = count - len(shown)
+                if len(found) <= room:
+                    positions.append((band, as_text(reply[0])))
+                    shown += found
+                else:
+                    shown += found[:room]
+                    positions.append((band, found[room - 1].id if room else position))
+            return shown, BrowseCursor(tuple(positions))
+
+        return self._queue(commands, finish)
+
+    async def commit(
+        self,
+        sends: Sequence[tuple[str, AddressKind, OutgoingMessage]],
+        acks: Sequence[tuple[str, str, Entry]],
+    ) -> None:
+        """Apply a transaction's sends and acks atomically (MULTI/EXEC), across any addresses.
+
+        The publish script is sent as text (EVAL), not by hash: inside MULTI a NOSCRIPT error
+        would fail that one command while the others apply, half-applying the commit.
+        """
+        if not sends and not acks:
+            return
+        pipe = self._client.pipeline(transaction=True)
+        for address, kind, message in sends:
+            k = keys.AddressKeys.of(address)
+            pipe.eval(
+                self._scripts.source['publish'], 3, k.streams[message.band], k.groups, k.watchers,
+                kind.value, '', self._replica_id,  # announced below, once committed (and WAITed)
+                message.header, message.rest, str(message.expiry_ms), message.origin,
+            )  # fmt: skip
+        for address, group, entry in acks:
+            k = keys.AddressKeys.of(address)
+            pipe.xack(k.streams[entry.band], group, entry.id)
+            if entry.delivery_count:
+                pipe.hdel(k.delivery_counts(group), keys.entry_field(entry.band, entry.id))
+        replies = await call(pipe.execute(raise_on_error=False))
+        errors = [r for r in replies if isinstance(r, Exception)]
+        if errors:
+            raise StoreUnavailable(f'Redis refused part of a commit: {errors[0]}')
+        if self._durability is Durability.REPLICATED:
+            confirmed = await call(self._client.wait(1, self._replication_timeout_ms))
+            if confirmed < 1:
+                raise StoreUnavailable('no Redis replica confirmed the commit in time')
+        for address in {address for address, _, _ in sends}:
+            await self._announce(address)
+
+    async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:
+        """Return this replica's pending entries of a subscription that it does not hold (a lost
+        fetch reply left them claimed but undelivered); their count is unchanged."""
+        k = keys.AddressKeys.of(address)
+        returned = 0
+        for band, stream in enumerate(k.streams):
+            pending = await call(
+                self._client.xpending_range(stream, group, '-', '+', 10_000, self._replica_id)
+            )
+            members = [
+                keys.entry_member(band, as_text(p['message_id']))
+                for p in pending
+                if (band, as_text(p['message_id'])) not in held
+            ]
+            if members:
+                await call(self._client.zadd(k.returned(group), dict.fromkeys(members, 0)))
+                returned += len(members)
+        if returned:
+            await self._announce(address)
+        return returned

@@ -1,0 +1,155 @@
+"""
+Wake-ups between replicas: who is told that an address has entries to fetch.
+
+A cycle that added or returned entries publishes one notification per address (``cycles.py``,
+publish.lua); replicas with hungry consumers fetch on it instead of polling. A replica with
+consumers of an address lists itself in the address's watchers, after subscribing to its channel
+and before looking once more, so the notification is sent only when another replica is listening.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+import redis.asyncio
+
+from shoal_broker.errors import StoreUnavailable
+from shoal_broker.routing.storage import Notify
+from shoal_broker.stopping import cancel_and_wait
+from shoal_broker.store import keys
+from shoal_broker.store.calls import REDIS_DOWN, call
+from shoal_broker.store.notifications import NotificationReader
+
+logger = logging.getLogger(__name__)
+
+NOTIFICATION_IDLE_SECONDS = 30.0
+"""A notification channel quiet this long is pinged; quiet for twice as long, it is dead."""
+
+
+class Watching:
+    """Implements ``routing.storage.WatchPort``."""
+
+    def __init__(self, client: 'redis.asyncio.Redis', replica_id: str) -> None:
+        self._client = client
+        self._replica_id = replica_id
+        self._watchers: dict[str, list[Notify]] = {}
+        self._watch_lock = asyncio.Lock()
+        self._watch_cursor = 0
+        """Where the next partial ``assert_watches`` starts in the watched addresses."""
+        self._pubsub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._pending_tasks: set[asyncio.Future[None]] = set()
+        self.resubscribes = 0
+        """Times the notification channel was lost and subscribed again (a metric)."""
+
+    async def subscribe(self) -> None:
+        """Open the notification channel (raises what redis raises; the store says why)."""
+        self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.subscribe(keys.replica_channel(self._replica_id))
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name='store-notifications')
+
+    async def close(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+        if self._pubsub is not None:
+            with contextlib.suppress(*REDIS_DOWN):
+                await self._pubsub.aclose()
+
+    def watch(self, address: str, notify: Notify) -> None:
+        watchers = self._watchers.setdefault(address, [])
+        watchers.append(notify)
+        if len(watchers) == 1 and self._pubsub is not None:
+            self._background(self._sync_watch(address))
+
+    def unwatch(self, address: str, notify: Notify) -> None:
+        watchers = self._watchers.get(address, [])
+        if notify in watchers:
+            watchers.remove(notify)
+        if not watchers and address in self._watchers:
+            del self._watchers[address]
+            if self._pubsub is not None:
+                self._background(self._sync_watch(address))
+
+    async def announce(self, address: str) -> None:
+        """Tell every replica (this one included) that ``address`` has entries to fetch."""
+        await call(self._client.publish(keys.AddressKeys.of(address).notify, 'reaper'))
+        self.notify_local(address)
+
+    def notify_local(self, address: str) -> None:
+        """Wake this replica's own watchers of ``address``."""
+        for notify in list(self._watchers.get(address, ())):
+            notify(address)
+
+    async def assert_watches(self, limit: int | None = None) -> None:
+        """List this replica again among the watchers of the addresses it watches: a listing
+        lost to a Redis error, restart or flush would otherwise leave its consumers unwoken by
+        other replicas' publishes. With ``limit``, only that many, taking up where the last
+        call stopped: each lease renewal re-lists a slice (one HSET per address every ~1.7 s
+        was a Redis write load growing with the addresses a replica watches), and a re-subscribe
+        after a lost connection re-lists them all."""
+        async with self._watch_lock:
+            addresses = list(self._watchers)
+            if not addresses:
+                return
+            if limit is not None and limit < len(addresses):
+                start = self._watch_cursor % len(addresses)
+                addresses = (addresses[start:] + addresses[:start])[:limit]
+                self._watch_cursor = start + limit
+            pipe = self._client.pipeline(transaction=False)
+            for address in addresses:
+                pipe.hset(keys.AddressKeys.of(address).watchers, self._replica_id, 1)
+            await call(pipe.execute())
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._pending_tasks.add(task)
+        task.add_done_callback(self._pending_tasks.discard)
+
+    async def _sync_watch(self, address: str) -> None:
+        """Make Redis match whether this replica watches ``address`` now (changes are applied
+        one at a time, each to the latest wish, so a quick unwatch and watch end up watched)."""
+        k = keys.AddressKeys.of(address)
+        async with self._watch_lock:
+            with contextlib.suppress(*REDIS_DOWN):
+                if address in self._watchers:
+                    await self._pubsub.subscribe(k.notify)
+                    await self._client.hset(k.watchers, self._replica_id, 1)
+                    # anything published before other replicas could see us: look once more
+                    self.notify_local(address)
+                else:
+                    await self._client.hdel(k.watchers, self._replica_id)
+                    await self._pubsub.unsubscribe(k.notify)
+
+    async def _listen(self) -> None:
+        own = self._replica_id.encode()
+        reader = NotificationReader(self._pubsub, NOTIFICATION_IDLE_SECONDS)
+        while True:
+            try:
+                messages = await reader.messages()
+            except REDIS_DOWN as exc:
+                logger.warning('notification channel lost: %s; resubscribing', exc)
+                await asyncio.sleep(0.5)
+                await self._resubscribe()
+                continue
+            for channel, data in messages:
+                if data == own:
+                    continue  # our own cycle already woke our consumers
+                address = keys.notified_address(channel)
+                if address is not None:
+                    self.notify_local(address)
+
+    async def _resubscribe(self) -> None:
+        with contextlib.suppress(*REDIS_DOWN, StoreUnavailable):
+            await self._pubsub.connect()  # reconnecting re-subscribes every channel it had
+            self.resubscribes += 1
+            channels = [keys.AddressKeys.of(a).notify for a in self._watchers]
+            if channels:
+                await self._pubsub.subscribe(*channels)
+            await self.assert_watches()  # a Redis that restarted forgot the watchers
+            # anything published while we were away: let every watcher look once
+            for address in list(self._watchers):
+                self.notify_local(address)

@@ -1,0 +1,28 @@
+"""Key names the store builds and reads back: a notification channel names its address."""
+
+import pytest
+
+from shoal_broker.store import keys
+
+
+@pytest.mark.parametrize('address', ['orders', 'a:b}{c', 'ünïcode/queue', ''])
+def test_a_notify_channel_names_its_address(address: str) -> None:
+    channel = keys.AddressKeys.of(address).notify.encode()
+    assert keys.notified_address(channel) == address
+
+
+@pytest.mark.parametrize(
+    'channel',
+    [
+        keys.replica_channel('replica-1').encode(),
+        keys.AddressKeys.of('orders').watchers.encode(),
+        b'other:{a:orders}:notify',
+    ],
+)
+def test_other_channels_name_no_address(channel: bytes) -> None:
+    assert keys.notified_address(channel) is None
+
+
+def test_the_analytics_summary_key_stays_what_running_jobs_write() -> None:
+    # an analytics job and an operator of different releases meet at this key
+    assert keys.ANALYTICS_SUMMARY == 'shoal:analytics:summary'
