@@ -53,20 +53,17 @@ message, and what the consumer decides before the entry has an id waits on the d
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
 
+from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.engine import lib
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
 from shoal_broker.errors import BrokerError
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.sharing import LAPSE_MS
-from shoal_broker.routing.storage import QUEUE_GROUP, Entry, Fetched, OutgoingMessage
+from shoal_broker.routing.storage import QUEUE_GROUP, Entry, Fetched, MessageStore, OutgoingMessage
 from shoal_broker.settings import RoutingSettings
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from shoal_broker.amqp.broker import Broker
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +105,48 @@ PRIVATE_GROUP_PREFIX = 'nd:'
 it stays out of the sharing between replicas."""
 
 
+class Outlet(Protocol):
+    """Where a local subscription's entries go and what it schedules (``consuming.Consuming``)."""
+
+    @property
+    def store(self) -> MessageStore: ...
+
+    def sent(self, consumer: ConsumerLink, entries: list[Entry]) -> None: ...
+
+    def handed(self, consumer: ConsumerLink, count: int) -> None: ...
+
+    def release(
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, retry: float = 0.0
+    ) -> Awaitable[None]: ...
+
+    def expire(self, address: str, group: str, entry: Entry) -> None: ...
+
+    def filtered(self, address: str, group: str, entry: Entry) -> None: ...
+
+    def mark_dirty(self, conn: AmqpConnection) -> None: ...
+
+    def schedule_recovery(self, sub: 'LocalSubscription', delay: float) -> None: ...
+
+    def schedule_spill(self, sub: 'LocalSubscription', delay: float) -> None: ...
+
+    def schedule_park_check(self, sub: 'LocalSubscription', delay: float) -> None: ...
+
+    def schedule_share_check(self, sub: 'LocalSubscription', delay: float) -> None: ...
+
+    def leave_sharing(self, sub: 'LocalSubscription') -> None: ...
+
+
+class Intake(Protocol):
+    """Where messages held for hand-over go when they must be stored after all
+    (``producing.Producing``)."""
+
+    def store_held(self, sub: 'LocalSubscription', held: list[Held]) -> None: ...
+
+
 class LocalSubscription:
-    def __init__(self, broker: 'Broker', address: str, group: str) -> None:
-        self.broker = broker
+    def __init__(self, outlet: Outlet, intake: Intake, address: str, group: str) -> None:
+        self.outlet = outlet
+        self.intake = intake
         self.address = address
         self.group = group
         self.consumers: list[ConsumerLink] = []
@@ -178,7 +214,7 @@ class LocalSubscription:
         if not self.consumers:
             self.spill()  # behind the fetch in flight: what it returns is given back first
             if not self.private:
-                self.broker.leave_sharing(self)
+                self.outlet.leave_sharing(self)
         if self._parked and not self.consumers:
             self.return_parked(everything=True)
         elif self._parked:
@@ -200,7 +236,7 @@ class LocalSubscription:
 
     def ahead(self) -> ConsumerLink | None:
         """The consumer an at-least-once message published here may be sent to before the store
-        has it (``Broker._send_ahead``), or None when it must wait for a fetch (see the module
+        has it (``Producing._send_ahead``), or None when it must wait for a fetch (see the module
         doc). One claim at a time: under load a fetch batches better, and with claims in flight
         back to back nothing ever fetched, so nothing batched (1→4 competing fell from ~77k to
         ~48k msg/s, docs/performance.md#send-ahead); at a trickle the claim is long answered when
@@ -217,7 +253,7 @@ class LocalSubscription:
             return self._with_credit()
         return None
 
-    def claimed(self, entries: 'Sequence[Entry]') -> None:
+    def claimed(self, entries: Sequence[Entry]) -> None:
         """Entries a claim read ahead of messages sent ahead: other replicas' messages, dealt
         after them like a fetch's."""
         if not entries:
@@ -226,7 +262,7 @@ class LocalSubscription:
             self._deal(entries)
         else:  # everyone left meanwhile
             for entry in entries:
-                self.broker.release(self.address, self.group, entry, delivery_failed=False)
+                self.outlet.release(self.address, self.group, entry, delivery_failed=False)
 
     def take(
         self, producer: ProducerLink, message: PendingMessage, stored: OutgoingMessage
@@ -246,12 +282,12 @@ class LocalSubscription:
                 consumer = self._with_credit()
                 if consumer is not None:
                     consumer.hand((stored,))
-                    self.broker.handed(consumer, 1)
+                    self.outlet.handed(consumer, 1)
                     return True
                 if not self.hold_seconds:
                     return False
                 self._held_since = time.monotonic()
-                self.broker.schedule_spill(self, self.hold_seconds)
+                self.outlet.schedule_spill(self, self.hold_seconds)
         elif not self._fetching or self.recovering:
             return False
         self._held.append((producer, message, stored))  # behind the fetch, or waiting for credit
@@ -263,7 +299,7 @@ class LocalSubscription:
         if self._held:
             held, self._held = self._held, []
             self._held_bytes = 0
-            self.broker.store_held(self, held)
+            self.intake.store_held(self, held)
 
     def spill_stale(self) -> None:
         """Held messages that have waited ``hold_seconds`` for credit go where any replica's
@@ -274,7 +310,7 @@ class LocalSubscription:
         if waited >= self.hold_seconds:
             self.spill()
         else:  # the loop's clock ran ahead of ours, or credit came and ran out again since
-            self.broker.schedule_spill(self, self.hold_seconds - waited)
+            self.outlet.schedule_spill(self, self.hold_seconds - waited)
 
     def _with_credit(self) -> ConsumerLink | None:
         """The next consumer in the round robin with credit left."""
@@ -303,7 +339,7 @@ class LocalSubscription:
             handed[consumer] = handed.get(consumer, 0) + 1
             sent += 1
         for consumer, count in handed.items():
-            self.broker.handed(consumer, count)
+            self.outlet.handed(consumer, count)
         if sent == len(held):
             self._held = []
             self._held_bytes = 0
@@ -311,7 +347,7 @@ class LocalSubscription:
             del held[:sent]
             self._held_bytes = sum(len(stored.rest) for _, _, stored in held)
             self._held_since = time.monotonic()
-            self.broker.schedule_spill(self, self.hold_seconds)
+            self.outlet.schedule_spill(self, self.hold_seconds)
 
     def check_share(self) -> None:
         """Look again after leaving entries to other replicas: what they did not come for has
@@ -348,7 +384,7 @@ class LocalSubscription:
             return
         self._fetching = True
         self._again = False
-        self.broker.store.fetch_then(
+        self.outlet.store.fetch_then(
             self.address,
             self.group,
             want,
@@ -366,7 +402,7 @@ class LocalSubscription:
             self.spill()  # the stranded entries come back ahead of them
             self._finish_drains()
             self.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, self.retry_delay * 2))
-            self.broker.schedule_recovery(self, self.retry_delay)
+            self.outlet.schedule_recovery(self, self.retry_delay)
             return
         self.retry_delay = 0.0
         self.shared = entries.shared
@@ -383,14 +419,14 @@ class LocalSubscription:
             self._finish_drains()
             if not self._share_check:
                 self._share_check = True
-                self.broker.schedule_share_check(self, SHARE_CHECK_SECONDS)
+                self.outlet.schedule_share_check(self, SHARE_CHECK_SECONDS)
         else:
             self._exhausted = True
             if self._held:
                 self._hand_held()
             self._finish_drains()
 
-    def _deal(self, entries: 'Sequence[Entry]') -> None:
+    def _deal(self, entries: Sequence[Entry]) -> None:
         now_ms = int(time.time() * 1000)
         # retention.maxAge: a stream id starts with its enqueue time in ms
         enqueued_before = now_ms - self.max_age_ms if self.max_age_ms else 0
@@ -403,7 +439,7 @@ class LocalSubscription:
         dealt: dict[ConsumerLink, list[Entry]] = {}
         for entry in entries:
             if _expired(entry, now_ms, enqueued_before):
-                self.broker.expire(self.address, self.group, entry)
+                self.outlet.expire(self.address, self.group, entry)
                 continue
             wanting = self._wanting(entry, identifiers) if filtering else self.consumers
             if not wanting:
@@ -423,10 +459,10 @@ class LocalSubscription:
                 self._park(entry)
         for consumer, sent in dealt.items():  # each consumer's in the order they were fetched
             consumer.send(sent)
-            self.broker.sent(consumer, sent)
+            self.outlet.sent(consumer, sent)
 
     def _deal_to_one(
-        self, consumer: ConsumerLink, entries: 'Sequence[Entry]', now_ms: int, enqueued_before: int
+        self, consumer: ConsumerLink, entries: Sequence[Entry], now_ms: int, enqueued_before: int
     ) -> None:
         """``_deal`` for a lone consumer without filters: what ``_pick`` would decide for each
         entry, without its round robin and credit table."""
@@ -435,7 +471,7 @@ class LocalSubscription:
         sent: list[Entry] = []
         for entry in entries:
             if _expired(entry, now_ms, enqueued_before):
-                self.broker.expire(self.address, self.group, entry)
+                self.outlet.expire(self.address, self.group, entry)
             elif excluded and entry.key in excluded:
                 self._park(entry)  # undeliverable-here: keep it from the consumer that said so
             elif left > 0:
@@ -445,7 +481,7 @@ class LocalSubscription:
                 self._park(entry)
         if sent:
             consumer.send(sent)
-            self.broker.sent(consumer, sent)
+            self.outlet.sent(consumer, sent)
 
     def _wanting(self, entry: Entry, identifiers: Identifiers) -> list[ConsumerLink]:
         return [c for c in self.consumers if not c.filtered or c.wants(entry, identifiers)]
@@ -453,15 +489,15 @@ class LocalSubscription:
     def _refused(self, entry: Entry) -> None:
         """No local consumer's selector or no-local filter takes the entry."""
         if not self.consumers:  # they all left while the fetch was out: not a filter decision
-            self.broker.release(self.address, self.group, entry, delivery_failed=False)
+            self.outlet.release(self.address, self.group, entry, delivery_failed=False)
         elif self.filters_consume:
-            self.broker.filtered(self.address, self.group, entry)  # not for this subscription
+            self.outlet.filtered(self.address, self.group, entry)  # not for this subscription
         else:
             self._park(entry)  # a queue: another consumer, here or on another replica, may want it
 
     def _park(self, entry: Entry) -> None:
         self._parked.append((time.monotonic() + PARK_SECONDS, entry))
-        self.broker.schedule_park_check(self, PARK_SECONDS)
+        self.outlet.schedule_park_check(self, PARK_SECONDS)
 
     def _pick(
         self, entry: Entry, candidates: list[ConsumerLink], credit: dict[ConsumerLink, int]
@@ -493,7 +529,7 @@ class LocalSubscription:
             if consumer is not None:
                 credit[consumer] -= 1
                 consumer.send((entry,))
-                self.broker.sent(consumer, [entry])
+                self.outlet.sent(consumer, [entry])
             else:
                 self._parked.append((deadline, entry))
 
@@ -516,18 +552,18 @@ class LocalSubscription:
         keep = []
         for deadline, entry in self._parked:
             if everything or deadline <= now:
-                self.broker.release(self.address, self.group, entry, delivery_failed=False)
+                self.outlet.release(self.address, self.group, entry, delivery_failed=False)
             else:
                 keep.append((deadline, entry))
         self._parked = keep
         if keep:
-            self.broker.schedule_park_check(self, PARK_SECONDS)
+            self.outlet.schedule_park_check(self, PARK_SECONDS)
 
     def _finish_drains(self) -> None:
         for consumer in self.consumers:
             if consumer.alive and consumer.opened and lib.pn_link_get_drain(consumer.ptr):
                 lib.pn_link_drained(consumer.ptr)
-                self.broker.mark_dirty(consumer.conn)
+                self.outlet.mark_dirty(consumer.conn)
 
 
 def _expired(entry: Entry, now_ms: int, enqueued_before: int) -> bool:
