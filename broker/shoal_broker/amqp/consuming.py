@@ -10,8 +10,8 @@ and ``returns.py`` carries it out. An outcome inside a transaction is held by th
 until discharge. A delivery sent ahead of the store (``links.Ahead``) has no entry yet: its
 outcome waits on it.
 
-This is also what local subscriptions schedule through (``subscriptions.Outlet``): recovery after
-a failed fetch, and the checks of held, parked and shared entries.
+This is also what local subscriptions report to and schedule through (``outlets.Outlet``), and
+where a subscription whose fetch failed recovers the entries Redis may have handed it.
 """
 
 import asyncio
@@ -27,8 +27,9 @@ from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.amqp.links import ConsumerLink
 from shoal_broker.amqp.nodes import Nodes
+from shoal_broker.amqp.outlets import Fed
 from shoal_broker.amqp.returns import Returns
-from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS, LocalSubscription
+from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import BrokerError, StoreUnavailable
 from shoal_broker.metrics.registry import Counters
@@ -77,13 +78,14 @@ class Consuming:
         self.turns = turns
         self.nodes = nodes
         self.coordinator = coordinator
-        # what subscriptions call, bound once (``subscriptions.Outlet``)
+        # what subscriptions call, bound once (``outlets.Outlet``)
         self.release = returns.release
         self.expire = returns.expire
         self.filtered = returns.filtered
         self.dead_letter = returns.dead_letter
         self.mark_dirty = turns.mark_dirty
         self.mark_delivering = turns.mark_delivering
+        self.call_later = turns.call_later
 
     # -- what went out -------------------------------------------------------------------------
 
@@ -212,11 +214,11 @@ class Consuming:
 
     # -- what subscriptions schedule -------------------------------------------------------------
 
-    def schedule_recovery(self, sub: LocalSubscription, delay: float) -> None:
+    def schedule_recovery(self, sub: Fed, delay: float) -> None:
         """After a failed fetch: return entries Redis handed us but we never got, then fetch."""
         self.turns.call_later(delay, lambda: self.turns.spawn(self._recover(sub)))
 
-    async def _recover(self, sub: LocalSubscription) -> None:
+    async def _recover(self, sub: Fed) -> None:
         sub.recovering = True  # no new fetch until the stranded entries are back
         try:
             for _ in range(RECOVERY_WAIT_STEPS):  # a fetch started meanwhile must land first
@@ -240,19 +242,10 @@ class Consuming:
         if (sub.address, sub.group) in self.nodes.subscriptions:
             sub.kick()
 
-    def schedule_spill(self, sub: LocalSubscription, delay: float) -> None:
-        self.turns.call_later(delay, sub.spill_stale)
-
-    def schedule_park_check(self, sub: LocalSubscription, delay: float) -> None:
-        self.turns.call_later(delay, sub.return_parked)
-
-    def schedule_share_check(self, sub: LocalSubscription, delay: float) -> None:
-        self.turns.call_later(delay, sub.check_share)
-
-    def leave_sharing(self, sub: LocalSubscription) -> None:
+    def leave_sharing(self, address: str, group: str) -> None:
         """The subscription's last consumer here left: out of its sharing between replicas
         (queued now, so a consumer attaching right after registers again behind it)."""
-        self.turns.spawn(_quietly(self.store.leave_sharing(sub.address, sub.group)))
+        self.turns.spawn(_quietly(self.store.leave_sharing(address, group)))
 
 
 async def _quietly(done: Awaitable[None]) -> None:

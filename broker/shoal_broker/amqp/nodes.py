@@ -11,7 +11,8 @@ subscriptions are given once, when the broker is put together (``feed``).
 import itertools
 
 from shoal_broker.amqp.guard import Guard
-from shoal_broker.amqp.subscriptions import Intake, LocalSubscription, Outlet
+from shoal_broker.amqp.outlets import Intake, Outlet
+from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.routing import addresses
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy, entity_field
 from shoal_broker.routing.storage import MessageStore

@@ -24,7 +24,8 @@ from shoal_broker.amqp.guard import Guard, user_name
 from shoal_broker.amqp.linking import Linking
 from shoal_broker.amqp.links import Ahead, ConsumerLink, PendingMessage, ProducerLink, close_link
 from shoal_broker.amqp.nodes import Nodes
-from shoal_broker.amqp.subscriptions import Held, LocalSubscription
+from shoal_broker.amqp.outlets import Fed, Held
+from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import (
     AddressNotFound,
@@ -288,7 +289,7 @@ class Producing:
                 self.release(address, QUEUE_GROUP, entry, delivery_failed=True)
         sub.claimed(read_ahead)
 
-    def store_held(self, sub: LocalSubscription, held: list[Held]) -> None:
+    def store_held(self, sub: Fed, held: list[Held]) -> None:
         """Messages a subscription held for hand-over go to the store after all, in order."""
         for producer, message, stored in held:
             producer.in_store += 1

@@ -24,45 +24,34 @@ Drain (jms-amqp-facts §6.3): when a fetch comes back short, the store had nothi
 replica, so every consumer that asked to drain is answered with ``drained`` (credit consumed,
 flow sent), even when nothing was sent.
 
-Hand-over (``take``): an at-most-once message (sent pre-settled, no expiry, no delivery delay)
-published on this replica to a queue whose local consumers are all pre-settled and unfiltered (and
-its only consumers cluster-wide) never needs Redis when the queue has nothing stored for them: it
-goes straight to a consumer with credit. Nobody can settle, release or redeliver it, so Redis would
-have held it only to hand it back (5.5 µs of Redis and 1.7 µs of broker CPU per message,
-docs/performance.md#hand-over). The one rule that keeps this faithful is order: a message is
-handed over only when nothing this replica stored for the queue is still unread, which a short
-fetch with nothing announced since proves (``_exhausted``). While a fetch is in flight such
-messages wait here behind it, and go out after what it returns; with no credit left they wait for
-credit, ``hold_seconds`` at most (``SHOAL_HANDOVER_HOLD_SECONDS``, 0.1 s; ``_held``, bounded by
-MAX_HELD and MAX_HELD_BYTES). Anything that would break the rule (a message that must be stored,
-consumers that change or all leave, a fetch that fails or leaves more behind it, the wait running
-out) sends the held messages to the store first, in order, as if they had never been held
-(``spill``). Under a closed-loop load whose consumer's credit runs out now and then, the wait for
-credit is what keeps the stream of messages on this path: with only the wait behind a fetch, 82 %
-of them ended up stored. ``SHOAL_HANDOVER=false`` turns the hand-over off.
-
-Sending ahead (``ahead``): an at-least-once message published here to a queue whose local
-consumers all settle and are unfiltered (and are its only consumers cluster-wide) goes to a
-consumer with credit before Redis has it, under the same rule of order (``_exhausted``, no
-fetch in flight, nothing parked), while the store appends it and claims it for this replica in
-one script (``RedisStore.claim_then``). Redis leaves the path from producer to consumer, which is
-what the latency at a trickle was made of; the producer is still answered only once Redis has the
-message, and what the consumer decides before the entry has an id waits on the delivery
-(``links.Ahead``). ``SHOAL_DELIVER_AHEAD=false`` turns it off.
+Hand-over (``take``) and sending ahead (``ahead``) let a message published here skip Redis on
+its way to a local consumer; the rules, and why each keeps the queue's order, are in
+``routing/dispatch.py``. What they hold is theirs to give back: ``spill`` sends held messages to
+the store in order, as if they had never been held.
 """
 
 import logging
 import time
-from collections.abc import Awaitable, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
-from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.engine import lib
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
+from shoal_broker.amqp.outlets import Held, Intake, Outlet
 from shoal_broker.errors import BrokerError
+from shoal_broker.routing import dispatch
+from shoal_broker.routing.dispatch import MAX_HELD as MAX_HELD
+from shoal_broker.routing.dispatch import MAX_HELD_BYTES as MAX_HELD_BYTES
+from shoal_broker.routing.dispatch import (
+    MAX_PARKED,
+    SHARE_CHECK_SECONDS,
+    Take,
+    Unwanted,
+    expired,
+    next_with_room,
+)
+from shoal_broker.routing.dispatch import PARK_SECONDS as PARK_SECONDS
 from shoal_broker.routing.policies import EntityPolicy
-from shoal_broker.routing.sharing import LAPSE_MS
-from shoal_broker.routing.storage import QUEUE_GROUP, Entry, Fetched, MessageStore, OutgoingMessage
+from shoal_broker.routing.storage import Entry, Fetched, OutgoingMessage
 from shoal_broker.settings import RoutingSettings
 
 logger = logging.getLogger(__name__)
@@ -70,77 +59,12 @@ logger = logging.getLogger(__name__)
 MAX_FETCH = 500
 """Entries per fetch script call: bounds how long one Lua script holds Redis."""
 
-MAX_PARKED = 1000
-"""Entries a replica holds that none of its consumers can take now (selectors on a queue,
-undeliverable-here, credit a consumer took back while a fetch was out) before it stops fetching
-more."""
-
 MAX_RETRY_SECONDS = 2.0
 """Longest pause between fetches that failed (Redis down or unreachable)."""
-
-MAX_HELD = 1000
-MAX_HELD_BYTES = 1024 * 1024
-"""At-most-once messages (and their bytes) held to be handed over (``take``); past either bound
-they go to the store."""
-
-Held = tuple[ProducerLink, PendingMessage, OutgoingMessage]
-"""A message ``take`` holds: its producer and delivery (for the store, should it go there) and
-what would be stored."""
-
-PARK_SECONDS = 5.0
-"""How long a parked entry (every local consumer refused it, or none had credit left for it)
-stays with this replica before it is returned for other replicas' consumers. An entry fetched
-beyond the credit a consumer then took back (a receiver may lower its credit with a flow) used
-to be released at once: when that release failed (Redis at maxmemory) and waited to be tried
-again, the next fetch handed out newer entries first (tests/security/test_limits.py, 5 of 15
-runs on a busy 2-vCPU VM). Parked, it goes out first when credit comes back."""
-
-
-SHARE_CHECK_SECONDS = LAPSE_MS / 1000 + 0.1
-"""After a fetch that left entries reserved for other replicas, when to look again: by then a
-reservation its replica did not collect has lapsed, and this replica may take it."""
 
 PRIVATE_GROUP_PREFIX = 'nd:'
 """A plain topic subscriber's own consumer group (``attach.py``): only its replica reads it, so
 it stays out of the sharing between replicas."""
-
-
-class Outlet(Protocol):
-    """Where a local subscription's entries go and what it schedules (``consuming.Consuming``)."""
-
-    @property
-    def store(self) -> MessageStore: ...
-
-    def sent(self, consumer: ConsumerLink, entries: list[Entry]) -> None: ...
-
-    def handed(self, consumer: ConsumerLink, count: int) -> None: ...
-
-    def release(
-        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, retry: float = 0.0
-    ) -> Awaitable[None]: ...
-
-    def expire(self, address: str, group: str, entry: Entry) -> None: ...
-
-    def filtered(self, address: str, group: str, entry: Entry) -> None: ...
-
-    def mark_dirty(self, conn: AmqpConnection) -> None: ...
-
-    def schedule_recovery(self, sub: 'LocalSubscription', delay: float) -> None: ...
-
-    def schedule_spill(self, sub: 'LocalSubscription', delay: float) -> None: ...
-
-    def schedule_park_check(self, sub: 'LocalSubscription', delay: float) -> None: ...
-
-    def schedule_share_check(self, sub: 'LocalSubscription', delay: float) -> None: ...
-
-    def leave_sharing(self, sub: 'LocalSubscription') -> None: ...
-
-
-class Intake(Protocol):
-    """Where messages held for hand-over go when they must be stored after all
-    (``producing.Producing``)."""
-
-    def store_held(self, sub: 'LocalSubscription', held: list[Held]) -> None: ...
 
 
 class LocalSubscription:
@@ -160,9 +84,7 @@ class LocalSubscription:
         (what it claims would look stranded, be returned and then delivered twice)."""
         self._parked: list[tuple[float, Entry]] = []
         self.retry_delay = 0.0
-        self.filters_consume = group != QUEUE_GROUP
-        """On a topic subscription, an entry its consumers' filters refuse is consumed (it is not
-        for this subscription); on a queue it stays for other consumers."""
+        self.filters_consume = dispatch.filters_consume(group)
         self.max_delivery_attempts = 0
         self.dead_letter_address = ''
         self.max_age_ms = 0
@@ -214,25 +136,16 @@ class LocalSubscription:
         if not self.consumers:
             self.spill()  # behind the fetch in flight: what it returns is given back first
             if not self.private:
-                self.outlet.leave_sharing(self)
+                self.outlet.leave_sharing(self.address, self.group)
         if self._parked and not self.consumers:
             self.return_parked(everything=True)
         elif self._parked:
             self.kick()
 
     def _consumers_changed(self) -> None:
-        self.hands_over = (
-            self.handover_allowed
-            and self.group == QUEUE_GROUP
-            and bool(self.consumers)
-            and all(c.presettled and not c.filtered for c in self.consumers)
-        )
-        self.sends_ahead = (
-            self.ahead_allowed
-            and self.group == QUEUE_GROUP
-            and bool(self.consumers)
-            and all(not c.presettled and not c.filtered for c in self.consumers)
-        )
+        traits = [(c.presettled, c.filtered) for c in self.consumers]
+        self.hands_over = dispatch.hands_over(self.handover_allowed, self.group, traits)
+        self.sends_ahead = dispatch.sends_ahead(self.ahead_allowed, self.group, traits)
 
     def ahead(self) -> ConsumerLink | None:
         """The consumer an at-least-once message published here may be sent to before the store
@@ -241,14 +154,14 @@ class LocalSubscription:
         back to back nothing ever fetched, so nothing batched (1→4 competing fell from ~77k to
         ~48k msg/s, docs/performance.md#send-ahead); at a trickle the claim is long answered when
         the next message comes."""
-        if (
-            self.sends_ahead
-            and not self.shared
-            and self._exhausted
-            and not self.claims
-            and not self._fetching
-            and not self._parked
-            and not self.recovering
+        if dispatch.may_send_ahead(
+            self.sends_ahead,
+            self.shared,
+            self._exhausted,
+            self.claims,
+            self._fetching,
+            bool(self._parked),
+            self.recovering,
         ):
             return self._with_credit()
         return None
@@ -269,27 +182,28 @@ class LocalSubscription:
     ) -> bool:
         """Hand an at-most-once message published here to a local consumer without the store, or
         hold it until it may go; False when it must be stored (see the module doc)."""
-        if (
-            not self.hands_over
-            or self.shared
-            or self._parked
-            or len(self._held) >= MAX_HELD
-            or self._held_bytes >= MAX_HELD_BYTES
-        ):
+        verdict = dispatch.take(
+            self.hands_over,
+            self.shared,
+            bool(self._parked),
+            len(self._held),
+            self._held_bytes,
+            self._exhausted,
+            self._fetching,
+            self.recovering,
+        )
+        if verdict is Take.STORE:
             return False
-        if self._exhausted:  # nothing stored is unread: it may go first
-            if not self._held:
-                consumer = self._with_credit()
-                if consumer is not None:
-                    consumer.hand((stored,))
-                    self.outlet.handed(consumer, 1)
-                    return True
-                if not self.hold_seconds:
-                    return False
-                self._held_since = time.monotonic()
-                self.outlet.schedule_spill(self, self.hold_seconds)
-        elif not self._fetching or self.recovering:
-            return False
+        if verdict is Take.FIRST:  # nothing stored is unread: it may go first
+            consumer = self._with_credit()
+            if consumer is not None:
+                consumer.hand((stored,))
+                self.outlet.handed(consumer, 1)
+                return True
+            if not self.hold_seconds:
+                return False
+            self._held_since = time.monotonic()
+            self.outlet.call_later(self.hold_seconds, self.spill_stale)
         self._held.append((producer, message, stored))  # behind the fetch, or waiting for credit
         self._held_bytes += len(stored.rest)
         return True
@@ -310,17 +224,16 @@ class LocalSubscription:
         if waited >= self.hold_seconds:
             self.spill()
         else:  # the loop's clock ran ahead of ours, or credit came and ran out again since
-            self.outlet.schedule_spill(self, self.hold_seconds - waited)
+            self.outlet.call_later(self.hold_seconds - waited, self.spill_stale)
 
     def _with_credit(self) -> ConsumerLink | None:
         """The next consumer in the round robin with credit left."""
         consumers = self.consumers
-        for _ in range(len(consumers)):
-            self._next = (self._next + 1) % len(consumers)
-            consumer = consumers[self._next]
-            if consumer.credit() > 0:
-                return consumer
-        return None
+        index = next_with_room(self._next, [c.credit() for c in consumers])
+        if index < 0:
+            return None
+        self._next = index
+        return consumers[index]
 
     def _hand_held(self) -> None:
         """Nothing stored is unread: the held messages go out as credit allows; the rest wait for
@@ -347,7 +260,7 @@ class LocalSubscription:
             del held[:sent]
             self._held_bytes = sum(len(stored.rest) for _, _, stored in held)
             self._held_since = time.monotonic()
-            self.outlet.schedule_spill(self, self.hold_seconds)
+            self.outlet.call_later(self.hold_seconds, self.spill_stale)
 
     def check_share(self) -> None:
         """Look again after leaving entries to other replicas: what they did not come for has
@@ -419,7 +332,7 @@ class LocalSubscription:
             self._finish_drains()
             if not self._share_check:
                 self._share_check = True
-                self.outlet.schedule_share_check(self, SHARE_CHECK_SECONDS)
+                self.outlet.call_later(SHARE_CHECK_SECONDS, self.check_share)
         else:
             self._exhausted = True
             if self._held:
@@ -428,8 +341,7 @@ class LocalSubscription:
 
     def _deal(self, entries: Sequence[Entry]) -> None:
         now_ms = int(time.time() * 1000)
-        # retention.maxAge: a stream id starts with its enqueue time in ms
-        enqueued_before = now_ms - self.max_age_ms if self.max_age_ms else 0
+        enqueued_before = dispatch.enqueued_before(now_ms, self.max_age_ms)  # retention.maxAge
         filtering = any(c.filtered for c in self.consumers)
         if len(self.consumers) == 1 and not filtering:  # every non-durable topic subscriber
             self._deal_to_one(self.consumers[0], entries, now_ms, enqueued_before)
@@ -438,7 +350,7 @@ class LocalSubscription:
         credit: dict[ConsumerLink, int] = {}
         dealt: dict[ConsumerLink, list[Entry]] = {}
         for entry in entries:
-            if _expired(entry, now_ms, enqueued_before):
+            if expired(entry.expiry_ms, entry.id, now_ms, enqueued_before):
                 self.outlet.expire(self.address, self.group, entry)
                 continue
             wanting = self._wanting(entry, identifiers) if filtering else self.consumers
@@ -470,7 +382,7 @@ class LocalSubscription:
         excluded = consumer.excluded
         sent: list[Entry] = []
         for entry in entries:
-            if _expired(entry, now_ms, enqueued_before):
+            if expired(entry.expiry_ms, entry.id, now_ms, enqueued_before):
                 self.outlet.expire(self.address, self.group, entry)
             elif excluded and entry.key in excluded:
                 self._park(entry)  # undeliverable-here: keep it from the consumer that said so
@@ -488,16 +400,17 @@ class LocalSubscription:
 
     def _refused(self, entry: Entry) -> None:
         """No local consumer's selector or no-local filter takes the entry."""
-        if not self.consumers:  # they all left while the fetch was out: not a filter decision
+        verdict = dispatch.unwanted(bool(self.consumers), self.filters_consume)
+        if verdict is Unwanted.RELEASE:
             self.outlet.release(self.address, self.group, entry, delivery_failed=False)
-        elif self.filters_consume:
-            self.outlet.filtered(self.address, self.group, entry)  # not for this subscription
+        elif verdict is Unwanted.CONSUME:
+            self.outlet.filtered(self.address, self.group, entry)
         else:
-            self._park(entry)  # a queue: another consumer, here or on another replica, may want it
+            self._park(entry)
 
     def _park(self, entry: Entry) -> None:
         self._parked.append((time.monotonic() + PARK_SECONDS, entry))
-        self.outlet.schedule_park_check(self, PARK_SECONDS)
+        self.outlet.call_later(PARK_SECONDS, self.return_parked)
 
     def _pick(
         self, entry: Entry, candidates: list[ConsumerLink], credit: dict[ConsumerLink, int]
@@ -506,19 +419,20 @@ class LocalSubscription:
         each has left in this deal (read from proton once per deal: only our sends change it
         meanwhile, and the caller counts those)."""
         consumers = self.consumers
-        for _ in range(len(consumers)):
-            self._next = (self._next + 1) % len(consumers)
-            consumer = consumers[self._next]
+        rooms = []
+        for consumer in consumers:
             left = credit.get(consumer)
             if left is None:
                 left = credit[consumer] = consumer.credit()
-            if (
-                left > 0
-                and (not consumer.excluded or entry.key not in consumer.excluded)
-                and (candidates is consumers or consumer in candidates)
-            ):
-                return consumer
-        return None
+            may = (not consumer.excluded or entry.key not in consumer.excluded) and (
+                candidates is consumers or consumer in candidates
+            )
+            rooms.append(left if may else 0)
+        index = next_with_room(self._next, rooms)
+        if index < 0:
+            return None
+        self._next = index
+        return consumers[index]
 
     def _deliver_parked(self) -> None:
         parked, self._parked = self._parked, []
@@ -548,27 +462,15 @@ class LocalSubscription:
 
     def return_parked(self, *, everything: bool = False) -> None:
         """Give parked entries back to the subscription for other replicas' consumers."""
-        now = time.monotonic()
-        keep = []
-        for deadline, entry in self._parked:
-            if everything or deadline <= now:
-                self.outlet.release(self.address, self.group, entry, delivery_failed=False)
-            else:
-                keep.append((deadline, entry))
+        due, keep = dispatch.due_parked(self._parked, time.monotonic(), everything)
+        for entry in due:
+            self.outlet.release(self.address, self.group, entry, delivery_failed=False)
         self._parked = keep
         if keep:
-            self.outlet.schedule_park_check(self, PARK_SECONDS)
+            self.outlet.call_later(PARK_SECONDS, self.return_parked)
 
     def _finish_drains(self) -> None:
         for consumer in self.consumers:
             if consumer.alive and consumer.opened and lib.pn_link_get_drain(consumer.ptr):
                 lib.pn_link_drained(consumer.ptr)
                 self.outlet.mark_dirty(consumer.conn)
-
-
-def _expired(entry: Entry, now_ms: int, enqueued_before: int) -> bool:
-    """Past its expiry, or enqueued before the subscription's retention.maxAge allows (a stream
-    id starts with its enqueue time in ms)."""
-    return bool(entry.expiry_ms and entry.expiry_ms <= now_ms) or bool(
-        enqueued_before and int(entry.id.partition('-')[0]) < enqueued_before
-    )
