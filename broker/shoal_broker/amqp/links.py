@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from shoal_broker import selector as selectors
-from shoal_broker.amqp import codec, engine
+from shoal_broker.amqp import codec, engine, recode
 from shoal_broker.amqp.connection import LinkState as LinkState
 from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.metrics.registry import LinkDeliveries
@@ -44,7 +44,7 @@ def transfer(
         serial += 1
         header = entry.header
         if entry.delivery_count:  # a first delivery sends the stored bytes unchanged
-            header = codec.delivery_header(header, entry.delivery_count)
+            header = recode.delivery_header(header, entry.delivery_count)
         rest = entry.rest
         delivery = send(link, serial, header, len(header), rest, len(rest), settle)
         if unacked is not None:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 
-from shoal_broker.amqp import codec
+from shoal_broker.amqp import codec, recode
 from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS
 from shoal_broker.amqp.turns import Turns
@@ -94,11 +94,11 @@ class Returns:
         """Copy an entry to another queue (dead letters, expiries), then consume the original."""
         try:
             await self.nodes.resolve(target, AddressKind.QUEUE)
-            rest = codec.with_annotations(
+            rest = recode.with_annotations(
                 entry.rest,
                 {'x-opt-shoal-original-address': address, 'x-opt-shoal-reason': why},
             )
-            header = codec.delivery_header(entry.header, entry.delivery_count)
+            header = recode.delivery_header(entry.header, entry.delivery_count)
             moved = OutgoingMessage(entry.band, header, rest, 0)
             await self.store.publish(target, AddressKind.QUEUE, moved)
             # the publish notifies other replicas only (as in producing.py): wake ours, or a
