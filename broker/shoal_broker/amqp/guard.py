@@ -1,8 +1,9 @@
 """
 The broker's door: SASL on each new connection, connection/session/link limits, permissions.
 
-Everything here is called from small hooks in ``connection.py``, ``broker.py`` and ``attach.py``
-so that the security decisions live in one place. The pure parts (SCRAM, users file, permission
+Everything here is called from small hooks in ``connection.py``, ``connecting.py``,
+``linking.py``, ``producing.py`` and ``attach.py`` so that the security decisions live in one
+place. The pure parts (SCRAM, users file, permission
 patterns) are in ``shoal_broker.security``; the SASL frames in ``amqp/sasl.py``.
 """
 

@@ -88,7 +88,7 @@ class Ahead:
     message: OutgoingMessage
     settle: 'Callable[[Entry], object] | None' = None
     answered: 'asyncio.Future[None] | None' = None
-    """Resolved once the store answered (``Broker._claimed``), for a transaction to wait on."""
+    """Resolved once the store answered (``Producing._claimed``), for a transaction to wait on."""
 
 
 class Feed(Protocol):

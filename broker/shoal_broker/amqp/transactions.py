@@ -59,7 +59,7 @@ class Transaction:
     acks: list[tuple[str, str, Entry]] = dataclasses.field(default_factory=list)
     naming: list['asyncio.Future[None]'] = dataclasses.field(default_factory=list)
     """Accepts of deliveries sent ahead whose entries the store has not named yet: a discharge
-    waits for them, or a commit would miss them (``Broker._transactional_ack``)."""
+    waits for them, or a commit would miss them (``Consuming._transactional_ack``)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
