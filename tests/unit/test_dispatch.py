@@ -13,7 +13,7 @@ from shoal_broker.routing.dispatch import (
     expired,
     next_with_room,
 )
-from shoal_broker.routing.storage import QUEUE_GROUP
+from shoal_broker.routing.storage import QUEUE_GROUP, Entry
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,8 @@ def test_round_robin_deals_evenly() -> None:
     ],
 )
 def test_expiry_at_dispatch(expiry_ms: int, entry_id: str, before_ms: int, expected: bool) -> None:
-    assert expired(expiry_ms, entry_id, 2000, before_ms) is expected
+    entry = Entry(entry_id, 0, b'', b'', expiry_ms, 0)
+    assert expired(entry, 2000, before_ms) is expected
 
 
 def test_retention_limit_is_counted_back_from_now() -> None:
@@ -113,64 +114,59 @@ def test_which_queues_hand_over_or_send_ahead(
     assert dispatch.sends_ahead(allowed, group, consumers) is ahead
 
 
+def _lane(**state: object) -> dispatch.Lane[str]:
+    """A queue's lane that hands over and sends ahead, nothing stored unread, then ``state``
+    (the Lane's attributes by name, without their leading underscore)."""
+    lane: dispatch.Lane[str] = dispatch.Lane(QUEUE_GROUP)
+    lane.hands_over = lane.sends_ahead = True
+    lane._exhausted = True
+    for name, value in state.items():
+        attribute = name if hasattr(lane, name) else f'_{name}'
+        assert hasattr(lane, attribute), name
+        setattr(lane, attribute, value)
+    return lane
+
+
 def test_send_ahead_only_when_nothing_stored_is_unread_and_nothing_is_in_the_way() -> None:
-    ready = {
-        'eligible': True,
-        'shared': False,
-        'exhausted': True,
-        'claims': 0,
-        'fetching': False,
-        'parked': False,
-        'recovering': False,
-    }
-    assert dispatch.may_send_ahead(**ready)
+    assert _lane().may_send_ahead()
     for blocker, value in [
-        ('eligible', False),
+        ('sends_ahead', False),
         ('shared', True),  # other replicas' consumers: the store decides who takes it
         ('exhausted', False),  # something stored may be unread: order first
         ('claims', 1),  # one claim at a time
         ('fetching', True),
-        ('parked', True),
+        ('parked', [(1.0, Entry('1-0', 0, b'', b'', 0, 0))]),
         ('recovering', True),
     ]:
-        assert not dispatch.may_send_ahead(**{**ready, blocker: value}), blocker
-
-
-def _take(**changes: object) -> Take:
-    state: dict[str, object] = {
-        'eligible': True,
-        'shared': False,
-        'parked': False,
-        'held': 0,
-        'held_bytes': 0,
-        'exhausted': True,
-        'fetching': False,
-        'recovering': False,
-    }
-    state.update(changes)
-    return dispatch.take(**state)  # type: ignore[arg-type]
+        assert not _lane(**{blocker: value}).may_send_ahead(), blocker
 
 
 def test_hand_over_goes_first_when_nothing_stored_is_unread() -> None:
-    assert _take() is Take.FIRST
-    assert _take(held=3, held_bytes=3000) is Take.HOLD  # behind those already held
+    assert _lane().take_rule() is Take.FIRST
+    assert _lane(held=['m'] * 3, held_bytes=3000).take_rule() is Take.HOLD  # behind held ones
 
 
 def test_hand_over_waits_behind_a_fetch_in_flight() -> None:
-    assert _take(exhausted=False, fetching=True) is Take.HOLD
-    assert _take(exhausted=False, fetching=True, recovering=True) is Take.STORE
-    assert _take(exhausted=False, fetching=False) is Take.STORE  # unread entries may be stored
+    assert _lane(exhausted=False, fetching=True).take_rule() is Take.HOLD
+    assert _lane(exhausted=False, fetching=True, recovering=True).take_rule() is Take.STORE
+    assert _lane(exhausted=False).take_rule() is Take.STORE  # unread entries may be stored
 
 
 @pytest.mark.parametrize(
-    'changes',
+    'state',
     [
-        {'eligible': False},
+        {'hands_over': False},
         {'shared': True},
-        {'parked': True},
-        {'held': MAX_HELD},
+        {'parked': [(1.0, Entry('1-0', 0, b'', b'', 0, 0))]},
+        {'held': ['m'] * MAX_HELD},
         {'held_bytes': MAX_HELD_BYTES},
     ],
 )
-def test_hand_over_stores_what_it_may_not_hold(changes: dict[str, object]) -> None:
-    assert _take(**changes) is Take.STORE
+def test_hand_over_stores_what_it_may_not_hold(state: dict[str, object]) -> None:
+    assert _lane(**state).take_rule() is Take.STORE
+
+
+def test_a_new_lane_neither_hands_over_nor_sends_ahead() -> None:
+    lane: dispatch.Lane[str] = dispatch.Lane(QUEUE_GROUP)
+    assert lane.take_rule() is Take.STORE
+    assert not lane.may_send_ahead()

@@ -39,16 +39,17 @@ from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, P
 from shoal_broker.amqp.outlets import Held, Intake, Outlet
 from shoal_broker.errors import BrokerError
 from shoal_broker.routing import dispatch
-from shoal_broker.routing.dispatch import MAX_HELD as MAX_HELD
-from shoal_broker.routing.dispatch import MAX_HELD_BYTES as MAX_HELD_BYTES
 from shoal_broker.routing.dispatch import (
+    FIRST,
     MAX_PARKED,
     SHARE_CHECK_SECONDS,
-    Take,
+    STORE,
     Unwanted,
     expired,
     next_with_room,
 )
+from shoal_broker.routing.dispatch import MAX_HELD as MAX_HELD
+from shoal_broker.routing.dispatch import MAX_HELD_BYTES as MAX_HELD_BYTES
 from shoal_broker.routing.dispatch import PARK_SECONDS as PARK_SECONDS
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import Entry, Fetched, OutgoingMessage
@@ -67,45 +68,27 @@ PRIVATE_GROUP_PREFIX = 'nd:'
 it stays out of the sharing between replicas."""
 
 
-class LocalSubscription:
+class LocalSubscription(dispatch.Lane[Held]):
+    """This replica's consumers of one subscription: fetches for their credit, deals to them."""
+
     def __init__(self, outlet: Outlet, intake: Intake, address: str, group: str) -> None:
+        super().__init__(group)
         self.outlet = outlet
         self.intake = intake
         self.address = address
-        self.group = group
         self.consumers: list[ConsumerLink] = []
-        self._next = 0
-        self._fetching = False
         self._again = False
-        self._exhausted = False
-        """The last fetch came back short and nothing announced entries since."""
-        self.recovering = False
-        """Returning stranded entries after a failed fetch: no fetch may be in flight meanwhile
-        (what it claims would look stranded, be returned and then delivered twice)."""
-        self._parked: list[tuple[float, Entry]] = []
         self.retry_delay = 0.0
         self.filters_consume = dispatch.filters_consume(group)
         self.max_delivery_attempts = 0
         self.dead_letter_address = ''
         self.max_age_ms = 0
         """Entries enqueued longer ago expire at dispatch; 0 = no limit."""
-        self.hands_over = False
-        """A queue whose local consumers are all pre-settled and unfiltered (``take``)."""
         self.handover_allowed = False
-        self.sends_ahead = False
-        """A queue whose local consumers all settle and are unfiltered (``ahead``)."""
         self.ahead_allowed = False
-        self.claims = 0
-        """Messages sent ahead of the store whose claims Redis has not answered yet."""
         self.hold_seconds = 0.0
-        self._held: list[Held] = []
-        self._held_bytes = 0
         self._held_since = 0.0
         self.private = group.startswith(PRIVATE_GROUP_PREFIX)
-        self.shared = False
-        """The last fetch found consumers of the subscription on other replicas: every message
-        goes through the store, where the sharing rule (``routing/sharing.py``) decides which
-        replica takes it, so nothing is handed over or sent ahead here."""
         self._share_check = False
 
     def apply(self, policy: EntityPolicy, defaults: RoutingSettings) -> None:
@@ -154,15 +137,7 @@ class LocalSubscription:
         back to back nothing ever fetched, so nothing batched (1→4 competing fell from ~77k to
         ~48k msg/s, docs/performance.md#send-ahead); at a trickle the claim is long answered when
         the next message comes."""
-        if dispatch.may_send_ahead(
-            self.sends_ahead,
-            self.shared,
-            self._exhausted,
-            self.claims,
-            self._fetching,
-            bool(self._parked),
-            self.recovering,
-        ):
+        if self.may_send_ahead():
             return self._with_credit()
         return None
 
@@ -182,19 +157,10 @@ class LocalSubscription:
     ) -> bool:
         """Hand an at-most-once message published here to a local consumer without the store, or
         hold it until it may go; False when it must be stored (see the module doc)."""
-        verdict = dispatch.take(
-            self.hands_over,
-            self.shared,
-            bool(self._parked),
-            len(self._held),
-            self._held_bytes,
-            self._exhausted,
-            self._fetching,
-            self.recovering,
-        )
-        if verdict is Take.STORE:
+        verdict = self.take_rule()
+        if verdict is STORE:
             return False
-        if verdict is Take.FIRST:  # nothing stored is unread: it may go first
+        if verdict is FIRST:  # nothing stored is unread: it may go first
             consumer = self._with_credit()
             if consumer is not None:
                 consumer.hand((stored,))
@@ -229,6 +195,9 @@ class LocalSubscription:
     def _with_credit(self) -> ConsumerLink | None:
         """The next consumer in the round robin with credit left."""
         consumers = self.consumers
+        if len(consumers) == 1:  # next_with_room for one, without its list: once per message
+            self._next = 0
+            return consumers[0] if consumers[0].credit() > 0 else None
         index = next_with_room(self._next, [c.credit() for c in consumers])
         if index < 0:
             return None
@@ -350,7 +319,7 @@ class LocalSubscription:
         credit: dict[ConsumerLink, int] = {}
         dealt: dict[ConsumerLink, list[Entry]] = {}
         for entry in entries:
-            if expired(entry.expiry_ms, entry.id, now_ms, enqueued_before):
+            if expired(entry, now_ms, enqueued_before):
                 self.outlet.expire(self.address, self.group, entry)
                 continue
             wanting = self._wanting(entry, identifiers) if filtering else self.consumers
@@ -382,7 +351,7 @@ class LocalSubscription:
         excluded = consumer.excluded
         sent: list[Entry] = []
         for entry in entries:
-            if expired(entry.expiry_ms, entry.id, now_ms, enqueued_before):
+            if expired(entry, now_ms, enqueued_before):
                 self.outlet.expire(self.address, self.group, entry)
             elif excluded and entry.key in excluded:
                 self._park(entry)  # undeliverable-here: keep it from the consumer that said so
