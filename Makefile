@@ -50,7 +50,7 @@ system-deps: .stamp-system
 venv: $(VENV)/.installed
 # Installing also compiles the broker's C hot path (scripts/hatch_build.py), hence its sources.
 $(VENV)/.installed: pyproject.toml .stamp-system broker/shoal_broker/amqp/_wire.c broker/shoal_broker/amqp/_wire.h \
-		scripts/build_wire.py scripts/hatch_build.py
+		broker/shoal_broker/amqp/outcome_codes.py scripts/build_wire.py scripts/hatch_build.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[broker,operator,analytics,dev]'

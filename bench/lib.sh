@@ -99,7 +99,9 @@ build_wire() {  # build_wire BROKER_SOURCE_ROOT [PYTHON]: compile a source tree'
   local src=$1 py=${2:-$BROKER_PY} so
   [[ -f $src/shoal_broker/amqp/_wire.c ]] || return 0
   for so in "$src"/shoal_broker/amqp/_wire.*.so; do
-    [[ -f $so && $so -nt $src/shoal_broker/amqp/_wire.c ]] && return 0
+    [[ -f $so && $so -nt $src/shoal_broker/amqp/_wire.c ]] || continue
+    [[ ! -f $src/shoal_broker/amqp/outcome_codes.py || $so -nt $src/shoal_broker/amqp/outcome_codes.py ]] \
+        && return 0
   done
   "$py" "$ROOT/scripts/build_wire.py" "$src" > /dev/null
 }

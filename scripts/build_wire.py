@@ -2,11 +2,14 @@
 Compile ``broker/shoal_broker/amqp/_wire.c`` into the extension ``shoal_broker.amqp._wire``.
 
 cffi in API mode: the C source is compiled with the declarations of ``_wire.h`` beside it, which
-are all Python sees. Run by the package build (scripts/hatch_build.py) and by benchmarks that put
-a source tree on PYTHONPATH (``python scripts/build_wire.py BROKER_SOURCE_ROOT``). Needs a C
-compiler and the Python headers, which python-qpid-proton's own build needs as well.
+are all Python sees, and with ``_wire_outcomes.h``, written here from the outcome table in
+``amqp/outcome_codes.py`` (the one source of the outcome codes C and Python share). Run by the
+package build (scripts/hatch_build.py) and by benchmarks that put a source tree on PYTHONPATH
+(``python scripts/build_wire.py BROKER_SOURCE_ROOT``). Needs a C compiler and the Python
+headers, which python-qpid-proton's own build needs as well.
 """
 
+import importlib.util
 import shutil
 import sys
 import tempfile
@@ -15,6 +18,21 @@ from pathlib import Path
 import cffi
 
 MODULE = 'shoal_broker.amqp._wire'
+OUTCOMES_HEADER = '_wire_outcomes.h'
+
+
+def outcomes_header(package: Path) -> str | None:
+    """The C text of ``package``'s outcome table, or None for a tree from before it had one."""
+    table = package / 'outcome_codes.py'
+    if not table.exists():
+        return None
+    spec = importlib.util.spec_from_file_location('shoal_outcome_codes', table)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text: str = module.c_header()
+    return text
 
 
 def build(source_root: Path) -> Path:
@@ -22,13 +40,17 @@ def build(source_root: Path) -> Path:
     package = source_root / 'shoal_broker' / 'amqp'
     ffi = cffi.FFI()
     ffi.cdef((package / '_wire.h').read_text())
-    ffi.set_source(
-        MODULE,
-        (package / '_wire.c').read_text(),
-        include_dirs=[str(package)],
-        extra_compile_args=['-O2', '-Wall', '-std=c11'],
-    )
     with tempfile.TemporaryDirectory(prefix='shoal-wire-') as tmp:
+        generated = Path(tmp) / 'include'
+        generated.mkdir()
+        if (header := outcomes_header(package)) is not None:
+            (generated / OUTCOMES_HEADER).write_text(header)
+        ffi.set_source(
+            MODULE,
+            (package / '_wire.c').read_text(),
+            include_dirs=[str(package), str(generated)],
+            extra_compile_args=['-O2', '-Wall', '-std=c11'],
+        )
         built = Path(ffi.compile(tmpdir=tmp, verbose=False))
         for stale in package.glob('_wire.*.so'):
             stale.unlink()

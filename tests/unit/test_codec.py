@@ -13,7 +13,7 @@ from typing import Any
 import proton
 import pytest
 
-from shoal_broker.amqp import codec, engine
+from shoal_broker.amqp import codec, engine, recode
 
 MA = proton.symbol
 JMS_MSG_TYPE = MA('x-opt-jms-msg-type')
@@ -363,11 +363,11 @@ def test_the_c_skip_agrees_with_skip() -> None:
 
 def test_delivery_header_on_a_first_delivery_is_the_stored_bytes_themselves() -> None:
     header = codec.parse(encode_message(durable=True, priority=6, delivery_count=2)).header_bytes
-    assert codec.delivery_header(header, 0) is header
+    assert recode.delivery_header(header, 0) is header
 
 
 def test_delivery_header_of_no_header_on_a_first_delivery_is_empty() -> None:
-    assert codec.delivery_header(b'', 0) == b''
+    assert recode.delivery_header(b'', 0) == b''
 
 
 @pytest.mark.parametrize('failed', [1, 2, 9, 300])
@@ -388,7 +388,7 @@ def test_delivery_header_raises_the_count_and_keeps_the_other_fields(
     original = decode_message(buf)
     view = codec.parse(buf)
 
-    redelivered = decode_message(codec.delivery_header(view.header_bytes, failed) + view.rest)
+    redelivered = decode_message(recode.delivery_header(view.header_bytes, failed) + view.rest)
 
     assert redelivered.delivery_count == original.delivery_count + failed
     assert redelivered.durable == original.durable
@@ -401,15 +401,15 @@ def test_delivery_header_raises_the_count_and_keeps_the_other_fields(
 
 def test_delivery_header_without_a_stored_header_counts_from_zero() -> None:
     rest = codec.parse(encode_message()).rest
-    redelivered = decode_message(codec.delivery_header(b'', 3) + rest)
+    redelivered = decode_message(recode.delivery_header(b'', 3) + rest)
     assert redelivered.delivery_count == 3
     assert redelivered.priority == 4
     assert redelivered.durable is False
 
 
 def test_encode_header_leaves_out_trailing_defaults() -> None:
-    assert codec.encode_header(codec.Header()) == b'\x00\x53\x70\x45'
-    assert codec.encode_header(codec.Header(durable=True)) == b'\x00\x53\x70\xc0\x02\x01\x41'
+    assert recode.encode_header(codec.Header()) == b'\x00\x53\x70\x45'
+    assert recode.encode_header(codec.Header(durable=True)) == b'\x00\x53\x70\xc0\x02\x01\x41'
 
 
 # -- with_annotations -------------------------------------------------------------------------
@@ -425,7 +425,7 @@ def test_with_annotations_keeps_existing_annotations_and_their_types() -> None:
     )
     view = codec.parse(buf)
 
-    moved = decode_message(view.header_bytes + codec.with_annotations(view.rest, DEAD_LETTER))
+    moved = decode_message(view.header_bytes + recode.with_annotations(view.rest, DEAD_LETTER))
 
     annotations = moved.annotations
     assert annotations == {'x-opt-jms-msg-type': 5, 'x-opt-n': -3, **DEAD_LETTER}
@@ -443,7 +443,7 @@ def test_with_annotations_leaves_the_bare_message_byte_for_byte() -> None:
     rest = codec.parse(buf).rest
     bare = tail_from_first(buf, {codec.PROPERTIES})
 
-    annotated = codec.with_annotations(rest, DEAD_LETTER)
+    annotated = recode.with_annotations(rest, DEAD_LETTER)
 
     assert annotated.endswith(bare)
     assert sections(annotated)[0][0] == codec.MESSAGE_ANNOTATIONS
@@ -455,7 +455,7 @@ def test_with_annotations_adds_a_section_when_there_is_none() -> None:
     rest = codec.parse(buf).rest
     assert section_bytes(rest, codec.MESSAGE_ANNOTATIONS) == b''
 
-    annotated = codec.with_annotations(rest, DEAD_LETTER)
+    annotated = recode.with_annotations(rest, DEAD_LETTER)
 
     assert annotated.endswith(rest)
     moved = decode_message(annotated)
@@ -466,7 +466,7 @@ def test_with_annotations_adds_a_section_when_there_is_none() -> None:
 
 
 def test_with_annotations_on_an_empty_rest_is_just_the_section() -> None:
-    annotated = codec.with_annotations(b'', {'k': 'v'})
+    annotated = recode.with_annotations(b'', {'k': 'v'})
     assert [code for code, _, _ in sections(annotated)] == [codec.MESSAGE_ANNOTATIONS]
     assert codec.parse(annotated).annotations == {'k': 'v'}
 
@@ -477,7 +477,7 @@ def test_with_annotations_extends_a_map8_section() -> None:
     rest = b'\x00\x53\x72' + map8 + body
     assert decode_message(rest).annotations == {'a': 5}
 
-    moved = decode_message(codec.with_annotations(rest, {'b': 'c'}))
+    moved = decode_message(recode.with_annotations(rest, {'b': 'c'}))
 
     assert moved.annotations == {'a': 5, 'b': 'c'}
     assert type(moved.annotations['a']) is proton.byte
@@ -487,7 +487,7 @@ def test_with_annotations_extends_a_map8_section() -> None:
 def test_with_annotations_adds_a_long_value() -> None:
     reason = 'r' * 300
     rest = codec.parse(encode_message()).rest
-    assert decode_message(codec.with_annotations(rest, {'why': reason})).annotations == {
+    assert decode_message(recode.with_annotations(rest, {'why': reason})).annotations == {
         'why': reason
     }
 
@@ -495,7 +495,7 @@ def test_with_annotations_adds_a_long_value() -> None:
 def test_with_annotations_replaces_a_key_that_is_already_there() -> None:
     rest = codec.parse(encode_message(annotations={MA('x-opt-shoal-reason'): 'expired'})).rest
 
-    annotated = codec.with_annotations(rest, {'x-opt-shoal-reason': 'rejected'})
+    annotated = recode.with_annotations(rest, {'x-opt-shoal-reason': 'rejected'})
 
     assert decode_message(annotated).annotations == {'x-opt-shoal-reason': 'rejected'}
     keys = map_keys(section_bytes(annotated, codec.MESSAGE_ANNOTATIONS))
@@ -711,9 +711,9 @@ def test_malformed_messages_raise_decode_error(buf: bytes) -> None:
 
 def test_with_annotations_rejects_a_rest_that_is_not_a_section() -> None:
     with pytest.raises(codec.DecodeError):
-        codec.with_annotations(b'\x41', {'k': 'v'})
+        recode.with_annotations(b'\x41', {'k': 'v'})
 
 
 def test_delivery_header_rejects_bytes_that_are_not_a_header() -> None:
     with pytest.raises(codec.DecodeError):
-        codec.delivery_header(b'\x00\x53\x70\xa1\x01x', 1)
+        recode.delivery_header(b'\x00\x53\x70\xa1\x01x', 1)

@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include "_wire.h"
+#include "_wire_outcomes.h" /* generated from amqp/outcome_codes.py */
 
 typedef struct { size_t size; const char *start; } shoal_bytes_t; /* proton's pn_bytes_t */
 
@@ -92,7 +93,6 @@ int shoal_bind(void *const *f, size_t count, int delivery)
 
 /* -- events ------------------------------------------------------------------------------- */
 
-#define PN_ACCEPTED 0x24
 #define ACCEPTS_FULL -1
 
 /* The connection's next engine event, once the one before it is popped (``pop_first``): its type,
@@ -394,7 +394,6 @@ int shoal_scan(const char *data, size_t size, int64_t *out)
 #define RECEIVED_SETTLED 2
 #define RECEIVED_SHORT 4
 #define RECEIVED_TRANSACTIONAL 8
-#define TRANSACTIONAL_STATE 0x34
 
 /* A complete incoming message, ``shoal_pending`` bytes, read into ``data``, the link advanced
  * and the sections walked into ``out``: shoal_scan's verdict, plus RECEIVED_SETTLED if the peer
@@ -415,18 +414,7 @@ int shoal_receive(void *link, void *delivery, char *data, size_t size, int64_t *
 
 /* -- a consumer's outcome ------------------------------------------------------------------ */
 
-#define OUTCOME_NONE 0          /* not updated, or not terminal yet (e.g. received) */
-#define OUTCOME_TRANSACTIONAL 1 /* left unsettled: the transaction code reads it */
-#define OUTCOME_ACCEPTED 2
-#define OUTCOME_REJECTED 3
-#define OUTCOME_RELEASED 4
-#define OUTCOME_MODIFIED 5
-#define MODIFIED_FAILED 8
-#define MODIFIED_UNDELIVERABLE 16
-
-#define PN_REJECTED 0x25
-#define PN_RELEASED 0x26
-#define PN_MODIFIED 0x27
+/* The codes (OUTCOME_*, PN_*, SHOAL_OUTCOMES) come from the table in amqp/outcome_codes.py. */
 
 /* The peer's outcome for one of our transfers: settled here unless it is transactional or
  * not final yet. A settlement with no outcome counts as accepted (the peer is done with it). */
@@ -440,28 +428,23 @@ int shoal_outcome(void *delivery)
     switch (state) {
     case TRANSACTIONAL_STATE:
         return OUTCOME_TRANSACTIONAL;
-    case PN_ACCEPTED:
-        outcome = OUTCOME_ACCEPTED;
+#define OUTCOME_CASE(descriptor, code)                                                            \
+    case descriptor:                                                                              \
+        outcome = code;                                                                           \
         break;
-    case PN_REJECTED:
-        outcome = OUTCOME_REJECTED;
-        break;
-    case PN_RELEASED:
-        outcome = OUTCOME_RELEASED;
-        break;
-    case PN_MODIFIED: {
-        void *remote = pn_delivery_remote(delivery);
-        outcome = OUTCOME_MODIFIED;
-        if (pn_disposition_is_failed(remote))
-            outcome |= MODIFIED_FAILED;
-        if (pn_disposition_is_undeliverable(remote))
-            outcome |= MODIFIED_UNDELIVERABLE;
-        break;
-    }
+        SHOAL_OUTCOMES(OUTCOME_CASE)
+#undef OUTCOME_CASE
     default:
         if (!settled)
             return OUTCOME_NONE;
         outcome = OUTCOME_ACCEPTED;
+    }
+    if (outcome == OUTCOME_MODIFIED) {
+        void *remote = pn_delivery_remote(delivery);
+        if (pn_disposition_is_failed(remote))
+            outcome |= MODIFIED_FAILED;
+        if (pn_disposition_is_undeliverable(remote))
+            outcome |= MODIFIED_UNDELIVERABLE;
     }
     pn_delivery_settle(delivery);
     return outcome;

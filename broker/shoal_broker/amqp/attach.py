@@ -7,13 +7,24 @@ has the node ready. A refusal is an attach with a null terminus on the broker's 
 a detach carrying the error, as Artemis does and Qpid JMS expects (jms-amqp-facts §2.1).
 """
 
-from typing import TYPE_CHECKING
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from shoal_broker.amqp import engine
+from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.engine import Ptr, lib
-from shoal_broker.amqp.guard import user_name
-from shoal_broker.amqp.links import BrowserLink, ConsumerLink, LinkState, LookupLink, ProducerLink
+from shoal_broker.amqp.guard import Guard, user_name
+from shoal_broker.amqp.links import (
+    BrowserLink,
+    ConsumerLink,
+    LinkState,
+    LookupLink,
+    ProducerLink,
+    close_link,
+)
 from shoal_broker.amqp.selector_offload import compile_off_loop
+from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.transactions import COORDINATOR_CAPABILITIES, CoordinatorLink
 from shoal_broker.errors import (
     AddressNotFound,
@@ -24,13 +35,42 @@ from shoal_broker.errors import (
 )
 from shoal_broker.metrics import registry as metrics
 from shoal_broker.routing import addresses, jms_subscriptions
-from shoal_broker.routing.storage import QUEUE_GROUP
+from shoal_broker.routing.storage import QUEUE_GROUP, MessageStore
 from shoal_broker.security.permissions import Operation
-from shoal_broker.settings import AddressKind
+from shoal_broker.settings import AddressKind, BrokerSettings
 
-if TYPE_CHECKING:
-    from shoal_broker.amqp.broker import Broker
-    from shoal_broker.amqp.connection import AmqpConnection
+
+class Attaching(Protocol):
+    """What answering an attach uses of the broker's parts (``linking.Linking``)."""
+
+    @property
+    def settings(self) -> BrokerSettings: ...
+
+    @property
+    def store(self) -> MessageStore: ...
+
+    @property
+    def guard(self) -> Guard: ...
+
+    @property
+    def kinds(self) -> dict[str, AddressKind]: ...
+
+    async def resolve(
+        self, address: str, requested: AddressKind | None, creator: str | None = None
+    ) -> AddressKind: ...
+
+    def top_up(self, producer: ProducerLink) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> 'asyncio.Future[None]': ...
+
+    def add_browser(self, browser: BrowserLink) -> None: ...
+
+    def subscription(self, address: str, group: str) -> LocalSubscription: ...
+
+    def next_serial(self) -> int: ...
+
+    async def delete_temporary(self, address: str) -> None: ...
+
 
 SELECTOR_DESCRIPTORS = {0x0000468C00000004, 'apache.org:selector-filter:string'}
 NO_LOCAL_DESCRIPTORS = {0x0000468C00000003, 'apache.org:no-local-filter:list'}
@@ -41,7 +81,7 @@ REPLY_OVERHEAD = 512
 link name, handle, role, settle modes, delivery count, maximum message size), rounded up."""
 
 
-def reply_refusal(conn: 'AmqpConnection', link: Ptr) -> FrameSizeTooSmall | None:
+def reply_refusal(conn: AmqpConnection, link: Ptr) -> FrameSizeTooSmall | None:
     """The error for an attach whose reply would not fit in the peer's maximum frame size.
 
     The reply mirrors the peer's termini (a 40 KB selector comes back in the source's filter),
@@ -81,15 +121,6 @@ def refuse(link: Ptr, error: BrokerError) -> None:
     close_link(link, error.condition, str(error))
 
 
-def close_link(link: Ptr, condition: str, description: str) -> None:
-    if lib.pn_link_state(link) & lib.PN_LOCAL_CLOSED:
-        return
-    engine.set_condition(lib.pn_link_condition(link), condition, description)
-    if lib.pn_link_state(link) & lib.PN_LOCAL_UNINIT:
-        lib.pn_link_open(link)
-    lib.pn_link_close(link)
-
-
 def _open(link: Ptr, *, address: str | None = None) -> None:
     mirror_termini(link)
     if address is not None:
@@ -101,13 +132,13 @@ def _open(link: Ptr, *, address: str | None = None) -> None:
 
 
 async def _temporary(
-    broker: 'Broker', owner: LinkState, requested: AddressKind | None
+    parts: Attaching, owner: LinkState, requested: AddressKind | None
 ) -> tuple[str, AddressKind]:
     """Create a dynamic node (JMS temporary queue or topic) owned by ``owner``'s link."""
     kind = requested or AddressKind.QUEUE
     address = addresses.temporary_address(kind)
-    await broker.store.registry.create_address(address, kind)
-    broker.kinds[address] = kind
+    await parts.store.registry.create_address(address, kind)
+    parts.kinds[address] = kind
     owner.owned_temporary = address
     return address, kind
 
@@ -116,34 +147,34 @@ def _still_wanted(state: LinkState) -> bool:
     return state.alive and state.conn.alive
 
 
-async def producer(broker: 'Broker', state: ProducerLink) -> LinkState | None:
+async def producer(parts: Attaching, state: ProducerLink) -> LinkState | None:
     """A peer's sender: resolve (or create) the target node, then grant credit."""
     link = state.ptr
     target = lib.pn_link_remote_target(link)
     if lib.pn_terminus_get_type(target) == lib.PN_COORDINATOR:
-        return _coordinator(broker, state)
+        return _coordinator(parts, state)
     capabilities = engine.symbols(lib.pn_terminus_capabilities(target))
     requested = addresses.kind_from_capabilities(capabilities)
     address = engine.terminus_address(target)
     dynamic = bool(lib.pn_terminus_is_dynamic(target))
     if dynamic:
-        address, kind = await _temporary(broker, state, requested)
+        address, kind = await _temporary(parts, state, requested)
     elif address is not None:
-        broker.guard.authorize(state.conn, Operation.SEND, address)
-        kind = await broker.resolve(address, requested, user_name(state.conn))
+        parts.guard.authorize(state.conn, Operation.SEND, address)
+        kind = await parts.resolve(address, requested, user_name(state.conn))
     else:
         kind = None  # anonymous relay: checked per message
     if not _still_wanted(state):
         return None
     state.address, state.kind = address, kind
     _open(link, address=address if dynamic else None)
-    lib.pn_link_set_max_message_size(link, broker.settings.amqp.max_message_size)
+    lib.pn_link_set_max_message_size(link, parts.settings.amqp.max_message_size)
     state.opened = True
-    broker.top_up(state)  # the first credit (none while over the memory ceiling)
+    parts.top_up(state)  # the first credit (none while over the memory ceiling)
     return state
 
 
-def _coordinator(broker: 'Broker', state: ProducerLink) -> LinkState | None:
+def _coordinator(parts: Attaching, state: ProducerLink) -> LinkState | None:
     """A transaction controller's link: answered with a coordinator target, and credit."""
     if not _still_wanted(state):
         return None
@@ -165,14 +196,14 @@ CONTROL_CREDIT = 100
 
 
 async def consumer(
-    broker: 'Broker', conn: 'AmqpConnection', link: Ptr, name: str
+    parts: Attaching, conn: AmqpConnection, link: Ptr, name: str
 ) -> LinkState | None:
     """A peer's receiver: a queue consumer, a queue browser or a topic subscriber."""
     placeholder = conn.links.get(link)
     assert placeholder is not None
     source = lib.pn_link_remote_source(link)
     if lib.pn_terminus_get_type(source) == lib.PN_UNSPECIFIED:
-        return await lookup(broker, conn, link, name)
+        return await lookup(parts, conn, link, name)
     capabilities = set(engine.symbols(lib.pn_terminus_capabilities(source)))
     selector_text, no_local = source_filters(source)
     requested = addresses.kind_from_capabilities(capabilities)
@@ -180,12 +211,12 @@ async def consumer(
     copy = lib.pn_terminus_get_distribution_mode(source) == lib.PN_DIST_MODE_COPY
     address = None if dynamic else addresses.check_name(engine.terminus_address(source))
     if address is not None:  # permission first: a refused peer costs no selector compilation
-        broker.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
+        parts.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
     selector = await compile_off_loop(selector_text) if selector_text else None
     if address is None:
-        address, kind = await _temporary(broker, placeholder, requested)
+        address, kind = await _temporary(parts, placeholder, requested)
     else:
-        kind = await _resolve_to_receive(broker, conn, copy, address, requested)
+        kind = await _resolve_to_receive(parts, conn, copy, address, requested)
     presettled = lib.pn_link_remote_snd_settle_mode(link) == lib.PN_SND_SETTLED
     state: LinkState
     if kind is AddressKind.QUEUE and copy:
@@ -196,42 +227,42 @@ async def consumer(
             selector=selector, no_local=no_local,
         )  # fmt: skip
         if kind is AddressKind.TOPIC:
-            await _subscribe(broker, consumer, source, capabilities, selector_text)
+            await _subscribe(parts, consumer, source, capabilities, selector_text)
         state = consumer
     state.owned_temporary = placeholder.owned_temporary
     if not _still_wanted(placeholder):
         state.alive = False
-        broker.spawn(_undo(broker, state))
+        parts.spawn(_undo(parts, state))
         return None
     _open(link, address=address if dynamic else None)
     state.opened = True
     conn.links[link] = state
     if isinstance(state, BrowserLink):
-        broker.add_browser(state)
+        parts.add_browser(state)
     elif isinstance(state, ConsumerLink):
         state.deliveries = metrics.link_attached(state.address, state.group, state.name)
-        broker.subscription(state.address, state.group).add(state)
+        parts.subscription(state.address, state.group).add(state)
     return state
 
 
 async def _resolve_to_receive(
-    broker: 'Broker',
-    conn: 'AmqpConnection',
+    parts: Attaching,
+    conn: AmqpConnection,
     copy: bool,
     address: str,
     requested: AddressKind | None,
 ) -> AddressKind:
     """Resolve a consumer's address, its permission checked before the address may be created
     (browsing a queue needs browse or consume; anything else consume)."""
-    broker.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
-    kind = await broker.resolve(address, requested, user_name(conn))
+    parts.guard.authorize(conn, Operation.BROWSE if copy else Operation.CONSUME, address)
+    kind = await parts.resolve(address, requested, user_name(conn))
     if kind is AddressKind.TOPIC or not copy:
-        broker.guard.authorize(conn, Operation.CONSUME, address)
+        parts.guard.authorize(conn, Operation.CONSUME, address)
     return kind
 
 
 async def _subscribe(
-    broker: 'Broker',
+    parts: Attaching,
     consumer: ConsumerLink,
     source: Ptr,
     capabilities: set[str],
@@ -250,39 +281,35 @@ async def _subscribe(
         no_local=consumer.no_local,
     )
     if spec is None:
-        consumer.group = (
-            f'nd:{broker.settings.replica_id}:{consumer.conn.id}:{broker.next_serial()}'
-        )
-        await broker.guard.check_subscription_room(broker.store, consumer.address, consumer.group)
+        consumer.group = f'nd:{parts.settings.replica_id}:{consumer.conn.id}:{parts.next_serial()}'
+        await parts.guard.check_subscription_room(parts.store, consumer.address, consumer.group)
         consumer.owned_group = True
-        await broker.store.registry.create_subscription(
+        await parts.store.registry.create_subscription(
             consumer.address, consumer.group, from_start=False
         )
         return
-    if spec.shared and broker.settings.routing.declared_subscriptions_only:
-        definition = await broker.store.registry.subscription_definition(spec.key)
+    if spec.shared and parts.settings.routing.declared_subscriptions_only:
+        definition = await parts.store.registry.subscription_definition(spec.key)
         jms_subscriptions.check_declared(spec, definition)
     if (
         spec.key.durable
-        and (denied := broker.guard.refusal(consumer.conn, Operation.MANAGE, consumer.address))
-        and await broker.store.registry.subscription_definition(spec.key) is None
+        and (denied := parts.guard.refusal(consumer.conn, Operation.MANAGE, consumer.address))
+        and await parts.store.registry.subscription_definition(spec.key) is None
     ):
         metrics.AUTHORIZATION_FAILURES.labels(Operation.MANAGE).inc()
         raise denied  # creating a durable subscription needs manage; joining one, consume
-    await broker.guard.check_subscription_room(broker.store, consumer.address, spec.key.id)
+    await parts.guard.check_subscription_room(parts.store, consumer.address, spec.key.id)
     consumer.named = spec.key
     consumer.group = spec.key.id
     consumer.consumer_key = (
-        f'{broker.settings.replica_id}|{consumer.conn.id}|{consumer.name}|{broker.next_serial()}'
+        f'{parts.settings.replica_id}|{consumer.conn.id}|{consumer.name}|{parts.next_serial()}'
     )
-    await broker.store.registry.join_subscription(
-        spec, consumer.consumer_key, broker.settings.routing.max_consumers_per_subscription
+    await parts.store.registry.join_subscription(
+        spec, consumer.consumer_key, parts.settings.routing.max_consumers_per_subscription
     )
 
 
-async def lookup(
-    broker: 'Broker', conn: 'AmqpConnection', link: Ptr, name: str
-) -> LinkState | None:
+async def lookup(parts: Attaching, conn: AmqpConnection, link: Ptr, name: str) -> LinkState | None:
     """A null-source attach: Qpid JMS looking up a durable subscription to unsubscribe it.
 
     proton-c does not expose a link's desired capabilities, so the global namespace is
@@ -291,10 +318,10 @@ async def lookup(
     placeholder = conn.links[link]
     shared_global = {'shared', 'global'} if name.endswith('|global') else set()
     key = jms_subscriptions.lookup_key(name, conn.container_id, shared_global)
-    definition = await broker.store.registry.subscription_definition(key)
+    definition = await parts.store.registry.subscription_definition(key)
     if definition is None:
         raise AddressNotFound(f'no durable subscription named {key.name!r}')
-    broker.guard.authorize(conn, Operation.MANAGE, definition.get('topic', ''))
+    parts.guard.authorize(conn, Operation.MANAGE, definition.get('topic', ''))
     if not _still_wanted(placeholder):
         return None
     lib.pn_terminus_copy(lib.pn_link_target(link), lib.pn_link_remote_target(link))
@@ -318,14 +345,14 @@ async def lookup(
     return state
 
 
-async def _undo(broker: 'Broker', state: LinkState) -> None:
+async def _undo(parts: Attaching, state: LinkState) -> None:
     """The peer left while we were preparing its link: remove what was made for it."""
     if isinstance(state, ConsumerLink) and state.owned_group:
-        await broker.store.registry.delete_subscription(state.address, state.group)
+        await parts.store.registry.delete_subscription(state.address, state.group)
     if isinstance(state, ConsumerLink) and state.named is not None:
-        await broker.store.registry.leave_subscription(state.named, state.consumer_key)
+        await parts.store.registry.leave_subscription(state.named, state.consumer_key)
     if state.owned_temporary:
-        await broker.delete_temporary(state.owned_temporary)
+        await parts.delete_temporary(state.owned_temporary)
 
 
 def source_filters(source: Ptr) -> tuple[str | None, bool]:

@@ -7,6 +7,8 @@ the properties, so this module walks the encoded sections, decodes those three s
 skips everything else by its encoded width. Decoding a whole message through proton's ``Message``
 would cost tens of microseconds and re-encoding it would lose fidelity.
 
+Re-encoding the header and annotations the broker may change is ``recode.py``'s.
+
 Written by hand, not through proton's ``Data``: this runs once per message on the hot path, and
 the walk is the part of AMQP's type system that never changes (Part 1 §1.6).
 """
@@ -341,7 +343,7 @@ def view(buf: Any, at: Sequence[int]) -> RoutingView:
 
 def _new_header(section: bytes, value_at: int) -> Header:
     """Decode a header section seen for the first time, and remember it if there is room."""
-    header = _header(decode(section, value_at)[0])
+    header = header_from_fields(decode(section, value_at)[0])
     if len(_HEADERS) < MAX_CACHED_HEADERS and len(section) <= MAX_CACHED_SECTION_BYTES:
         _HEADERS[section] = header
     return header
@@ -384,7 +386,8 @@ def _list_items(buf: bytes | bytearray, pos: int, end: int, wanted: tuple[int, .
     return found
 
 
-def _header(fields: Any) -> Header:
+def header_from_fields(fields: Any) -> Header:
+    """The header section's decoded list as a ``Header``, absent fields at their defaults."""
     if not isinstance(fields, list):
         raise DecodeError('header section is not a list')
     f = [*fields, None, None, None, None, None][:5]
@@ -395,101 +398,6 @@ def _header(fields: Any) -> Header:
         first_acquirer=bool(f[3]),
         delivery_count=f[4] if isinstance(f[4], int) else 0,
     )
-
-
-def encode_header(header: Header) -> bytes:
-    """Encode a header section, leaving trailing default fields out as AMQP allows."""
-    fields = [
-        b'\x41' if header.durable else b'\x42',
-        b'\x50' + bytes([header.priority]),
-        b'\x40' if header.ttl is None else b'\x70' + header.ttl.to_bytes(4, 'big'),
-        b'\x41' if header.first_acquirer else b'\x42',
-        b'\x70' + header.delivery_count.to_bytes(4, 'big'),
-    ]
-    defaults = [b'\x42', b'\x50\x04', b'\x40', b'\x42', b'\x70\x00\x00\x00\x00']
-    while fields and fields[-1] == defaults[len(fields) - 1]:
-        fields.pop()
-    body = b''.join(fields)
-    return b'\x00\x53\x70' + _list(body, len(fields))
-
-
-def delivery_header(header_bytes: bytes, failed_attempts: int) -> bytes:
-    """
-    The header to send: the stored bytes unchanged on a first delivery, else with
-    delivery-count raised by the broker's count of failed attempts.
-    """
-    if failed_attempts == 0:
-        return header_bytes
-    header = Header()
-    if header_bytes:
-        _, vpos = section_code(header_bytes, 0)
-        header = _header(decode(header_bytes, vpos)[0])
-    count = header.delivery_count + failed_attempts
-    return encode_header(dataclasses.replace(header, delivery_count=count, first_acquirer=False))
-
-
-def _list(body: bytes, count: int) -> bytes:
-    if count == 0:
-        return b'\x45'
-    if len(body) + 1 < 256 and count < 256:
-        return b'\xc0' + bytes([len(body) + 1, count]) + body
-    return b'\xd0' + (len(body) + 4).to_bytes(4, 'big') + count.to_bytes(4, 'big') + body
-
-
-def encode_symbol(text: str) -> bytes:
-    raw = text.encode()
-    if len(raw) < 256:
-        return b'\xa3' + bytes([len(raw)]) + raw
-    return b'\xb3' + len(raw).to_bytes(4, 'big') + raw
-
-
-def encode_string(text: str) -> bytes:
-    raw = text.encode()
-    if len(raw) < 256:
-        return b'\xa1' + bytes([len(raw)]) + raw
-    return b'\xb1' + len(raw).to_bytes(4, 'big') + raw
-
-
-def with_annotations(rest: bytes, extra: dict[str, str]) -> bytes:
-    """
-    Set symbol-keyed string annotations in the message-annotations section of ``rest``.
-
-    Other entries are copied as encoded bytes, so their AMQP types are unchanged; an entry with
-    one of the keys being set is replaced (a map may not repeat a key). The bare message after the
-    section is untouched. Used when dead-lettering or expiring a message.
-    """
-    pairs: list[bytes] = []
-    pos = 0
-    if rest:
-        code, vpos = section_code(rest, 0)
-        if code == MESSAGE_ANNOTATIONS:
-            end = skip(rest, vpos)
-            pairs = [raw for raw in _map_pairs(rest, vpos, end) if _key_of(raw) not in extra]
-            pos = end
-    pairs += [encode_symbol(key) + encode_string(value) for key, value in extra.items()]
-    body = b''.join(pairs)
-    count = 2 * len(pairs)
-    encoded = b'\xd1' + (len(body) + 4).to_bytes(4, 'big') + count.to_bytes(4, 'big') + body
-    return b'\x00\x53\x72' + encoded + rest[pos:]
-
-
-def _map_pairs(buf: bytes, pos: int, end: int) -> list[bytes]:
-    """The encoded key+value byte strings of the map at ``pos``."""
-    code = buf[pos]
-    if code not in (0xC1, 0xD1):
-        raise DecodeError('message-annotations section is not a map')
-    p = pos + (3 if code == 0xC1 else 9)
-    pairs = []
-    while p < end:
-        value_at = skip(buf, p)
-        after = skip(buf, value_at)
-        pairs.append(bytes(buf[p:after]))
-        p = after
-    return pairs
-
-
-def _key_of(pair: bytes) -> Any:
-    return decode(pair, 0)[0]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -510,7 +418,7 @@ def selection_view(header_bytes: bytes, rest: bytes) -> SelectionView:
     header = Header()
     if header_bytes:
         _, vpos = section_code(header_bytes, 0)
-        header = _header(decode(header_bytes, vpos)[0])
+        header = header_from_fields(decode(header_bytes, vpos)[0])
     sections: dict[int, Any] = {}
     pos = 0
     while pos < len(rest):

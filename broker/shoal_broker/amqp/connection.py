@@ -3,7 +3,8 @@ One TCP connection: bytes between an asyncio transport and a proton engine trans
 
 asyncio owns the socket; proton owns the AMQP state machine. ``data_received`` pushes bytes into
 proton (in slices: ``pn_transport_push`` takes at most ``capacity()``; amqp/_wire.c), ``process``
-dispatches the engine's events to the broker, and ``flush`` ticks (heartbeats, idle timeout) and
+dispatches the engine's events to the node it serves (``Node``: the broker's switchboard), and
+``flush`` ticks (heartbeats, idle timeout) and
 then writes out everything proton has produced (in chunks, so it loops).
 See reference/engine-spike.md §4 for the pitfalls this code is shaped by.
 
@@ -12,19 +13,16 @@ leaves every other connection alone.
 """
 
 import asyncio
+import dataclasses
 import itertools
 import logging
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from shoal_broker.amqp import engine
-from shoal_broker.amqp.engine import ffi, lib, wire
+from shoal_broker.amqp.engine import Ptr, ffi, lib, wire
 from shoal_broker.amqp.sasl import SaslHandshake
 from shoal_broker.errors import BrokerError
 from shoal_broker.security.authenticator import Identity
-
-if TYPE_CHECKING:
-    from shoal_broker.amqp.broker import Broker
-    from shoal_broker.amqp.links import LinkState
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +33,53 @@ _next_event = wire.shoal_next_event
 ACCEPTS_CAP, ACCEPTS_FULL = engine.ACCEPTS_CAP, engine.ACCEPTS_FULL
 
 
+@dataclasses.dataclass(eq=False, slots=True)
+class LinkState:
+    """What the broker remembers about one attached link (the kinds of link: ``links.py``)."""
+
+    conn: 'AmqpConnection'
+    ptr: Ptr
+    name: str
+    alive: bool = True
+    opened: bool = False
+    owned_temporary: str | None = None
+    """A dynamic node created by this link, deleted when the link goes."""
+
+
+class Door(Protocol):
+    """What a connection asks of the broker's door (``guard.Guard``) as bytes come and go."""
+
+    def connection_made(self, conn: 'AmqpConnection', socket: asyncio.BaseTransport) -> None: ...
+
+    def handshake_input(self, conn: 'AmqpConnection', data: bytes) -> bytes: ...
+
+    def connection_lost(self, conn: 'AmqpConnection') -> None: ...
+
+
+class Node(Protocol):
+    """What a connection hands its engine's events to (``broker.Broker``)."""
+
+    @property
+    def guard(self) -> Door: ...
+
+    @property
+    def max_frame_size(self) -> int: ...
+
+    def connection_opened(self, conn: 'AmqpConnection') -> None: ...
+
+    def connection_lost(self, conn: 'AmqpConnection') -> None: ...
+
+    def on_accepts(self, conn: 'AmqpConnection', accepts: Ptr, count: int) -> None: ...
+
+    def on_delivery(self, conn: 'AmqpConnection', delivery: Ptr, link: Ptr) -> None: ...
+
+    def dispatch(self, conn: 'AmqpConnection', kind: int, event: Ptr) -> None: ...
+
+
 class AmqpConnection(asyncio.Protocol):
     """The engine-side state of one peer connection."""
 
-    def __init__(self, broker: 'Broker') -> None:
+    def __init__(self, broker: Node) -> None:
         self.broker = broker
         self.id = next(_ids)
         self.peer = '?'
@@ -64,7 +105,7 @@ class AmqpConnection(asyncio.Protocol):
         """The peer hung up (EOF or a dropped socket), as opposed to the engine refusing input."""
         t = self.transport = lib.pn_transport()
         lib.pn_transport_set_server(t)
-        lib.pn_transport_set_max_frame(t, broker.settings.amqp.max_frame_size)
+        lib.pn_transport_set_max_frame(t, broker.max_frame_size)
         # SASL is ours (amqp/sasl.py, via amqp/guard.py): proton gets the bytes after it
         self.handshake: SaslHandshake | None = None
         self.identity: Identity | None = None

@@ -59,15 +59,6 @@ IN_ABORTED: Final = -1
 IN_TOO_BIG: Final = -2
 IN_PARTIAL: Final = -3
 
-# shoal_outcome's answers: a terminal outcome (settled by then) or why there is none to act on
-OUTCOME_NONE: Final = 0
-OUTCOME_TRANSACTIONAL: Final = 1
-OUTCOME_ACCEPTED: Final = 2
-OUTCOME_REJECTED: Final = 3
-OUTCOME_RELEASED: Final = 4
-OUTCOME_MODIFIED: Final = 5
-MODIFIED_FAILED: Final = 8
-MODIFIED_UNDELIVERABLE: Final = 16
 
 RECEIVE_BUFFER_BYTES: Final = 256 * 1024
 """Messages up to this size are read into one buffer the loop reuses; a bigger one gets its own

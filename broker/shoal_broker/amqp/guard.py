@@ -1,8 +1,9 @@
 """
 The broker's door: SASL on each new connection, connection/session/link limits, permissions.
 
-Everything here is called from small hooks in ``connection.py``, ``broker.py`` and ``attach.py``
-so that the security decisions live in one place. The pure parts (SCRAM, users file, permission
+Everything here is called from small hooks in ``connection.py``, ``connecting.py``,
+``linking.py``, ``producing.py`` and ``attach.py`` so that the security decisions live in one
+place. The pure parts (SCRAM, users file, permission
 patterns) are in ``shoal_broker.security``; the SASL frames in ``amqp/sasl.py``.
 """
 
@@ -11,7 +12,7 @@ import collections
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from shoal_broker.amqp import engine, sasl
 from shoal_broker.amqp.engine import Ptr, lib
@@ -30,7 +31,6 @@ from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import SecuritySettings
 
 if TYPE_CHECKING:
-    from shoal_broker.amqp.broker import Broker
     from shoal_broker.amqp.connection import AmqpConnection
     from shoal_broker.routing.storage import MessageStore
 
@@ -48,10 +48,19 @@ MEMORY_RELIEF = 0.9
 logger = logging.getLogger(__name__)
 
 
+class Producers(Protocol):
+    """What the memory ceiling needs to give producers their credit back (``broker.Broker``)."""
+
+    @property
+    def connections(self) -> 'set[AmqpConnection]': ...
+
+    def top_up(self, producer: ProducerLink) -> None: ...
+
+
 class Guard:
-    def __init__(self, settings: SecuritySettings, broker: 'Broker') -> None:
+    def __init__(self, settings: SecuritySettings, producers: Producers) -> None:
         self.settings = settings
-        self.broker = broker
+        self.producers = producers
         users = UsersSource(settings.users_file) if settings.users_file else None
         self.authenticator = Authenticator(
             AuthPolicy(allow_anonymous=settings.allow_anonymous, users=users)
@@ -64,7 +73,7 @@ class Guard:
         self.admitted = 0
         self._timers: dict[int, list[asyncio.TimerHandle]] = {}
         self.memory_high = False
-        """Resident memory is over the ceiling: producers get no credit (``Broker.top_up``)."""
+        """Resident memory is over the ceiling: producers get no credit (``Turns.top_up``)."""
         self.store_full: StoreFull | None = None
         """Redis is at its high watermark: publishes are refused with this error."""
         self.store_memory_denied: StoreCommandDenied | None = None
@@ -247,7 +256,7 @@ class Guard:
         if not ceiling:
             return
         loop = asyncio.get_running_loop()
-        broker = self.broker
+        producers = self.producers
 
         def sample() -> None:
             rss = resident_bytes()
@@ -258,10 +267,10 @@ class Guard:
             elif self.memory_high and rss < ceiling * MEMORY_RELIEF:
                 self.memory_high = False
                 logger.warning('resident memory %d MiB: producers resume', rss >> 20)
-                for conn in list(broker.connections):
+                for conn in list(producers.connections):
                     for state in list(conn.links.values()):
                         if isinstance(state, ProducerLink) and state.opened and state.alive:
-                            broker.top_up(state)
+                            producers.top_up(state)
             loop.call_later(MEMORY_SAMPLE_SECONDS, sample)
 
         sample()

@@ -1,29 +1,27 @@
 """
 What the broker remembers about each attached link, and how a message leaves on one.
 
-Keyed by the link's cffi pointer in ``AmqpConnection.links``. ``alive`` turns False the moment the
-link, its session or its connection goes away; store replies that arrive later check it before
-touching proton, because by then the pointer may be freed.
+Keyed by the link's cffi pointer in ``AmqpConnection.links``; each kind extends
+``connection.LinkState``. ``alive`` turns False the moment the link, its session or its connection
+goes away; store replies that arrive later check it before touching proton, because by then the
+pointer may be freed. ``close_link`` closes our end of one with an error.
 """
 
 import asyncio
 import collections
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from shoal_broker import selector as selectors
-from shoal_broker.amqp import codec
+from shoal_broker.amqp import codec, engine, recode
+from shoal_broker.amqp.connection import LinkState as LinkState
 from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.metrics.registry import LinkDeliveries
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.outcomes import Disposition, Outcome
 from shoal_broker.routing.storage import BrowseCursor, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
-
-if TYPE_CHECKING:
-    from shoal_broker.amqp.connection import AmqpConnection
-    from shoal_broker.amqp.subscriptions import LocalSubscription
 
 # Deliveries still unsettled when a consumer link goes away get the outcome Qpid JMS declares as
 # its source's default-outcome: modified(delivery-failed). proton-c does not expose the peer's
@@ -46,23 +44,12 @@ def transfer(
         serial += 1
         header = entry.header
         if entry.delivery_count:  # a first delivery sends the stored bytes unchanged
-            header = codec.delivery_header(header, entry.delivery_count)
+            header = recode.delivery_header(header, entry.delivery_count)
         rest = entry.rest
         delivery = send(link, serial, header, len(header), rest, len(rest), settle)
         if unacked is not None:
             unacked[delivery] = entry
     return serial
-
-
-@dataclasses.dataclass(eq=False, slots=True)
-class LinkState:
-    conn: 'AmqpConnection'
-    ptr: Ptr
-    name: str
-    alive: bool = True
-    opened: bool = False
-    owned_temporary: str | None = None
-    """A dynamic node created by this link, deleted when the link goes."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -101,7 +88,23 @@ class Ahead:
     message: OutgoingMessage
     settle: 'Callable[[Entry], object] | None' = None
     answered: 'asyncio.Future[None] | None' = None
-    """Resolved once the store answered (``Broker._claimed``), for a transaction to wait on."""
+    """Resolved once the store answered (``Producing._claimed``), for a transaction to wait on."""
+
+
+class Feed(Protocol):
+    """What a consumer link knows of the local subscription feeding it
+    (``subscriptions.LocalSubscription``)."""
+
+    address: str
+    group: str
+    consumers: 'list[ConsumerLink]'
+    max_delivery_attempts: int
+
+    def credit_added(self, consumer: 'ConsumerLink') -> None: ...
+
+    def remove(self, consumer: 'ConsumerLink') -> None: ...
+
+    def on_notify(self, address: str) -> None: ...
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -111,7 +114,7 @@ class ConsumerLink(LinkState):
     address: str = ''
     group: str = ''
     presettled: bool = False
-    subscription: 'LocalSubscription | None' = None
+    subscription: Feed | None = None
     unacked: dict[Ptr, Entry] = dataclasses.field(default_factory=dict)
     ahead: dict[Ptr, Ahead] = dataclasses.field(default_factory=dict)
     """Deliveries sent ahead of the store, unsettled, whose entry ids are not known yet."""
@@ -211,3 +214,13 @@ class BrowserLink(LinkState):
 
     def send(self, entries: Iterable[Entry]) -> None:
         self._tag = transfer(self.ptr, self._tag, entries, None)  # browsing is settled
+
+
+def close_link(link: Ptr, condition: str, description: str) -> None:
+    """Close our end of an attached link with an error; the peer's detach frees it."""
+    if lib.pn_link_state(link) & lib.PN_LOCAL_CLOSED:
+        return
+    engine.set_condition(lib.pn_link_condition(link), condition, description)
+    if lib.pn_link_state(link) & lib.PN_LOCAL_UNINIT:
+        lib.pn_link_open(link)
+    lib.pn_link_close(link)

@@ -24,130 +24,71 @@ Drain (jms-amqp-facts §6.3): when a fetch comes back short, the store had nothi
 replica, so every consumer that asked to drain is answered with ``drained`` (credit consumed,
 flow sent), even when nothing was sent.
 
-Hand-over (``take``): an at-most-once message (sent pre-settled, no expiry, no delivery delay)
-published on this replica to a queue whose local consumers are all pre-settled and unfiltered (and
-its only consumers cluster-wide) never needs Redis when the queue has nothing stored for them: it
-goes straight to a consumer with credit. Nobody can settle, release or redeliver it, so Redis would
-have held it only to hand it back (5.5 µs of Redis and 1.7 µs of broker CPU per message,
-docs/performance.md#hand-over). The one rule that keeps this faithful is order: a message is
-handed over only when nothing this replica stored for the queue is still unread, which a short
-fetch with nothing announced since proves (``_exhausted``). While a fetch is in flight such
-messages wait here behind it, and go out after what it returns; with no credit left they wait for
-credit, ``hold_seconds`` at most (``SHOAL_HANDOVER_HOLD_SECONDS``, 0.1 s; ``_held``, bounded by
-MAX_HELD and MAX_HELD_BYTES). Anything that would break the rule (a message that must be stored,
-consumers that change or all leave, a fetch that fails or leaves more behind it, the wait running
-out) sends the held messages to the store first, in order, as if they had never been held
-(``spill``). Under a closed-loop load whose consumer's credit runs out now and then, the wait for
-credit is what keeps the stream of messages on this path: with only the wait behind a fetch, 82 %
-of them ended up stored. ``SHOAL_HANDOVER=false`` turns the hand-over off.
-
-Sending ahead (``ahead``): an at-least-once message published here to a queue whose local
-consumers all settle and are unfiltered (and are its only consumers cluster-wide) goes to a
-consumer with credit before Redis has it, under the same rule of order (``_exhausted``, no
-fetch in flight, nothing parked), while the store appends it and claims it for this replica in
-one script (``Messages.claim_then``). Redis leaves the path from producer to consumer, which is
-what the latency at a trickle was made of; the producer is still answered only once Redis has the
-message, and what the consumer decides before the entry has an id waits on the delivery
-(``links.Ahead``). ``SHOAL_DELIVER_AHEAD=false`` turns it off.
+Hand-over (``take``) and sending ahead (``ahead``) let a message published here skip Redis on
+its way to a local consumer; the rules, and why each keeps the queue's order, are in
+``routing/dispatch.py``. What they hold is theirs to give back: ``spill`` sends held messages to
+the store in order, as if they had never been held.
 """
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from shoal_broker.amqp.engine import lib
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
+from shoal_broker.amqp.outlets import Held, Intake, Outlet
 from shoal_broker.errors import BrokerError
+from shoal_broker.routing import dispatch
+from shoal_broker.routing.dispatch import (
+    FIRST,
+    MAX_PARKED,
+    SHARE_CHECK_SECONDS,
+    STORE,
+    Unwanted,
+    expired,
+    next_with_room,
+)
+from shoal_broker.routing.dispatch import MAX_HELD as MAX_HELD
+from shoal_broker.routing.dispatch import MAX_HELD_BYTES as MAX_HELD_BYTES
+from shoal_broker.routing.dispatch import PARK_SECONDS as PARK_SECONDS
 from shoal_broker.routing.policies import EntityPolicy
-from shoal_broker.routing.sharing import LAPSE_MS
-from shoal_broker.routing.storage import QUEUE_GROUP, Entry, Fetched, OutgoingMessage
+from shoal_broker.routing.storage import Entry, Fetched, OutgoingMessage
 from shoal_broker.settings import RoutingSettings
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from shoal_broker.amqp.broker import Broker
 
 logger = logging.getLogger(__name__)
 
 MAX_FETCH = 500
 """Entries per fetch script call: bounds how long one Lua script holds Redis."""
 
-MAX_PARKED = 1000
-"""Entries a replica holds that none of its consumers can take now (selectors on a queue,
-undeliverable-here, credit a consumer took back while a fetch was out) before it stops fetching
-more."""
-
 MAX_RETRY_SECONDS = 2.0
 """Longest pause between fetches that failed (Redis down or unreachable)."""
-
-MAX_HELD = 1000
-MAX_HELD_BYTES = 1024 * 1024
-"""At-most-once messages (and their bytes) held to be handed over (``take``); past either bound
-they go to the store."""
-
-Held = tuple[ProducerLink, PendingMessage, OutgoingMessage]
-"""A message ``take`` holds: its producer and delivery (for the store, should it go there) and
-what would be stored."""
-
-PARK_SECONDS = 5.0
-"""How long a parked entry (every local consumer refused it, or none had credit left for it)
-stays with this replica before it is returned for other replicas' consumers. An entry fetched
-beyond the credit a consumer then took back (a receiver may lower its credit with a flow) used
-to be released at once: when that release failed (Redis at maxmemory) and waited to be tried
-again, the next fetch handed out newer entries first (tests/security/test_limits.py, 5 of 15
-runs on a busy 2-vCPU VM). Parked, it goes out first when credit comes back."""
-
-
-SHARE_CHECK_SECONDS = LAPSE_MS / 1000 + 0.1
-"""After a fetch that left entries reserved for other replicas, when to look again: by then a
-reservation its replica did not collect has lapsed, and this replica may take it."""
 
 PRIVATE_GROUP_PREFIX = 'nd:'
 """A plain topic subscriber's own consumer group (``attach.py``): only its replica reads it, so
 it stays out of the sharing between replicas."""
 
 
-class LocalSubscription:
-    def __init__(self, broker: 'Broker', address: str, group: str) -> None:
-        self.broker = broker
+class LocalSubscription(dispatch.Lane[Held]):
+    """This replica's consumers of one subscription: fetches for their credit, deals to them."""
+
+    def __init__(self, outlet: Outlet, intake: Intake, address: str, group: str) -> None:
+        super().__init__(group)
+        self.outlet = outlet
+        self.intake = intake
         self.address = address
-        self.group = group
         self.consumers: list[ConsumerLink] = []
-        self._next = 0
-        self._fetching = False
         self._again = False
-        self._exhausted = False
-        """The last fetch came back short and nothing announced entries since."""
-        self.recovering = False
-        """Returning stranded entries after a failed fetch: no fetch may be in flight meanwhile
-        (what it claims would look stranded, be returned and then delivered twice)."""
-        self._parked: list[tuple[float, Entry]] = []
         self.retry_delay = 0.0
-        self.filters_consume = group != QUEUE_GROUP
-        """On a topic subscription, an entry its consumers' filters refuse is consumed (it is not
-        for this subscription); on a queue it stays for other consumers."""
+        self.filters_consume = dispatch.filters_consume(group)
         self.max_delivery_attempts = 0
         self.dead_letter_address = ''
         self.max_age_ms = 0
         """Entries enqueued longer ago expire at dispatch; 0 = no limit."""
-        self.hands_over = False
-        """A queue whose local consumers are all pre-settled and unfiltered (``take``)."""
         self.handover_allowed = False
-        self.sends_ahead = False
-        """A queue whose local consumers all settle and are unfiltered (``ahead``)."""
         self.ahead_allowed = False
-        self.claims = 0
-        """Messages sent ahead of the store whose claims Redis has not answered yet."""
         self.hold_seconds = 0.0
-        self._held: list[Held] = []
-        self._held_bytes = 0
         self._held_since = 0.0
         self.private = group.startswith(PRIVATE_GROUP_PREFIX)
-        self.shared = False
-        """The last fetch found consumers of the subscription on other replicas: every message
-        goes through the store, where the sharing rule (``routing/sharing.py``) decides which
-        replica takes it, so nothing is handed over or sent ahead here."""
         self._share_check = False
 
     def apply(self, policy: EntityPolicy, defaults: RoutingSettings) -> None:
@@ -178,46 +119,29 @@ class LocalSubscription:
         if not self.consumers:
             self.spill()  # behind the fetch in flight: what it returns is given back first
             if not self.private:
-                self.broker.leave_sharing(self)
+                self.outlet.leave_sharing(self.address, self.group)
         if self._parked and not self.consumers:
             self.return_parked(everything=True)
         elif self._parked:
             self.kick()
 
     def _consumers_changed(self) -> None:
-        self.hands_over = (
-            self.handover_allowed
-            and self.group == QUEUE_GROUP
-            and bool(self.consumers)
-            and all(c.presettled and not c.filtered for c in self.consumers)
-        )
-        self.sends_ahead = (
-            self.ahead_allowed
-            and self.group == QUEUE_GROUP
-            and bool(self.consumers)
-            and all(not c.presettled and not c.filtered for c in self.consumers)
-        )
+        traits = [(c.presettled, c.filtered) for c in self.consumers]
+        self.hands_over = dispatch.hands_over(self.handover_allowed, self.group, traits)
+        self.sends_ahead = dispatch.sends_ahead(self.ahead_allowed, self.group, traits)
 
     def ahead(self) -> ConsumerLink | None:
         """The consumer an at-least-once message published here may be sent to before the store
-        has it (``Broker._send_ahead``), or None when it must wait for a fetch (see the module
+        has it (``Producing._send_ahead``), or None when it must wait for a fetch (see the module
         doc). One claim at a time: under load a fetch batches better, and with claims in flight
         back to back nothing ever fetched, so nothing batched (1→4 competing fell from ~77k to
         ~48k msg/s, docs/performance.md#send-ahead); at a trickle the claim is long answered when
         the next message comes."""
-        if (
-            self.sends_ahead
-            and not self.shared
-            and self._exhausted
-            and not self.claims
-            and not self._fetching
-            and not self._parked
-            and not self.recovering
-        ):
+        if self.may_send_ahead():
             return self._with_credit()
         return None
 
-    def claimed(self, entries: 'Sequence[Entry]') -> None:
+    def claimed(self, entries: Sequence[Entry]) -> None:
         """Entries a claim read ahead of messages sent ahead: other replicas' messages, dealt
         after them like a fetch's."""
         if not entries:
@@ -226,34 +150,26 @@ class LocalSubscription:
             self._deal(entries)
         else:  # everyone left meanwhile
             for entry in entries:
-                self.broker.release(self.address, self.group, entry, delivery_failed=False)
+                self.outlet.release(self.address, self.group, entry, delivery_failed=False)
 
     def take(
         self, producer: ProducerLink, message: PendingMessage, stored: OutgoingMessage
     ) -> bool:
         """Hand an at-most-once message published here to a local consumer without the store, or
         hold it until it may go; False when it must be stored (see the module doc)."""
-        if (
-            not self.hands_over
-            or self.shared
-            or self._parked
-            or len(self._held) >= MAX_HELD
-            or self._held_bytes >= MAX_HELD_BYTES
-        ):
+        verdict = self.take_rule()
+        if verdict is STORE:
             return False
-        if self._exhausted:  # nothing stored is unread: it may go first
-            if not self._held:
-                consumer = self._with_credit()
-                if consumer is not None:
-                    consumer.hand((stored,))
-                    self.broker.handed(consumer, 1)
-                    return True
-                if not self.hold_seconds:
-                    return False
-                self._held_since = time.monotonic()
-                self.broker.schedule_spill(self, self.hold_seconds)
-        elif not self._fetching or self.recovering:
-            return False
+        if verdict is FIRST:  # nothing stored is unread: it may go first
+            consumer = self._with_credit()
+            if consumer is not None:
+                consumer.hand((stored,))
+                self.outlet.handed(consumer, 1)
+                return True
+            if not self.hold_seconds:
+                return False
+            self._held_since = time.monotonic()
+            self.outlet.call_later(self.hold_seconds, self.spill_stale)
         self._held.append((producer, message, stored))  # behind the fetch, or waiting for credit
         self._held_bytes += len(stored.rest)
         return True
@@ -263,7 +179,7 @@ class LocalSubscription:
         if self._held:
             held, self._held = self._held, []
             self._held_bytes = 0
-            self.broker.store_held(self, held)
+            self.intake.store_held(self, held)
 
     def spill_stale(self) -> None:
         """Held messages that have waited ``hold_seconds`` for credit go where any replica's
@@ -274,17 +190,19 @@ class LocalSubscription:
         if waited >= self.hold_seconds:
             self.spill()
         else:  # the loop's clock ran ahead of ours, or credit came and ran out again since
-            self.broker.schedule_spill(self, self.hold_seconds - waited)
+            self.outlet.call_later(self.hold_seconds - waited, self.spill_stale)
 
     def _with_credit(self) -> ConsumerLink | None:
         """The next consumer in the round robin with credit left."""
         consumers = self.consumers
-        for _ in range(len(consumers)):
-            self._next = (self._next + 1) % len(consumers)
-            consumer = consumers[self._next]
-            if consumer.credit() > 0:
-                return consumer
-        return None
+        if len(consumers) == 1:  # next_with_room for one, without its list: once per message
+            self._next = 0
+            return consumers[0] if consumers[0].credit() > 0 else None
+        index = next_with_room(self._next, [c.credit() for c in consumers])
+        if index < 0:
+            return None
+        self._next = index
+        return consumers[index]
 
     def _hand_held(self) -> None:
         """Nothing stored is unread: the held messages go out as credit allows; the rest wait for
@@ -303,7 +221,7 @@ class LocalSubscription:
             handed[consumer] = handed.get(consumer, 0) + 1
             sent += 1
         for consumer, count in handed.items():
-            self.broker.handed(consumer, count)
+            self.outlet.handed(consumer, count)
         if sent == len(held):
             self._held = []
             self._held_bytes = 0
@@ -311,7 +229,7 @@ class LocalSubscription:
             del held[:sent]
             self._held_bytes = sum(len(stored.rest) for _, _, stored in held)
             self._held_since = time.monotonic()
-            self.broker.schedule_spill(self, self.hold_seconds)
+            self.outlet.call_later(self.hold_seconds, self.spill_stale)
 
     def check_share(self) -> None:
         """Look again after leaving entries to other replicas: what they did not come for has
@@ -348,7 +266,7 @@ class LocalSubscription:
             return
         self._fetching = True
         self._again = False
-        self.broker.store.messages.fetch_then(
+        self.outlet.store.messages.fetch_then(
             self.address,
             self.group,
             want,
@@ -366,7 +284,7 @@ class LocalSubscription:
             self.spill()  # the stranded entries come back ahead of them
             self._finish_drains()
             self.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, self.retry_delay * 2))
-            self.broker.schedule_recovery(self, self.retry_delay)
+            self.outlet.schedule_recovery(self, self.retry_delay)
             return
         self.retry_delay = 0.0
         self.shared = entries.shared
@@ -383,17 +301,16 @@ class LocalSubscription:
             self._finish_drains()
             if not self._share_check:
                 self._share_check = True
-                self.broker.schedule_share_check(self, SHARE_CHECK_SECONDS)
+                self.outlet.call_later(SHARE_CHECK_SECONDS, self.check_share)
         else:
             self._exhausted = True
             if self._held:
                 self._hand_held()
             self._finish_drains()
 
-    def _deal(self, entries: 'Sequence[Entry]') -> None:
+    def _deal(self, entries: Sequence[Entry]) -> None:
         now_ms = int(time.time() * 1000)
-        # retention.maxAge: a stream id starts with its enqueue time in ms
-        enqueued_before = now_ms - self.max_age_ms if self.max_age_ms else 0
+        enqueued_before = dispatch.enqueued_before(now_ms, self.max_age_ms)  # retention.maxAge
         filtering = any(c.filtered for c in self.consumers)
         if len(self.consumers) == 1 and not filtering:  # every non-durable topic subscriber
             self._deal_to_one(self.consumers[0], entries, now_ms, enqueued_before)
@@ -402,8 +319,8 @@ class LocalSubscription:
         credit: dict[ConsumerLink, int] = {}
         dealt: dict[ConsumerLink, list[Entry]] = {}
         for entry in entries:
-            if _expired(entry, now_ms, enqueued_before):
-                self.broker.expire(self.address, self.group, entry)
+            if expired(entry, now_ms, enqueued_before):
+                self.outlet.expire(self.address, self.group, entry)
                 continue
             wanting = self._wanting(entry, identifiers) if filtering else self.consumers
             if not wanting:
@@ -423,10 +340,10 @@ class LocalSubscription:
                 self._park(entry)
         for consumer, sent in dealt.items():  # each consumer's in the order they were fetched
             consumer.send(sent)
-            self.broker.sent(consumer, sent)
+            self.outlet.sent(consumer, sent)
 
     def _deal_to_one(
-        self, consumer: ConsumerLink, entries: 'Sequence[Entry]', now_ms: int, enqueued_before: int
+        self, consumer: ConsumerLink, entries: Sequence[Entry], now_ms: int, enqueued_before: int
     ) -> None:
         """``_deal`` for a lone consumer without filters: what ``_pick`` would decide for each
         entry, without its round robin and credit table."""
@@ -434,8 +351,8 @@ class LocalSubscription:
         excluded = consumer.excluded
         sent: list[Entry] = []
         for entry in entries:
-            if _expired(entry, now_ms, enqueued_before):
-                self.broker.expire(self.address, self.group, entry)
+            if expired(entry, now_ms, enqueued_before):
+                self.outlet.expire(self.address, self.group, entry)
             elif excluded and entry.key in excluded:
                 self._park(entry)  # undeliverable-here: keep it from the consumer that said so
             elif left > 0:
@@ -445,23 +362,24 @@ class LocalSubscription:
                 self._park(entry)
         if sent:
             consumer.send(sent)
-            self.broker.sent(consumer, sent)
+            self.outlet.sent(consumer, sent)
 
     def _wanting(self, entry: Entry, identifiers: Identifiers) -> list[ConsumerLink]:
         return [c for c in self.consumers if not c.filtered or c.wants(entry, identifiers)]
 
     def _refused(self, entry: Entry) -> None:
         """No local consumer's selector or no-local filter takes the entry."""
-        if not self.consumers:  # they all left while the fetch was out: not a filter decision
-            self.broker.release(self.address, self.group, entry, delivery_failed=False)
-        elif self.filters_consume:
-            self.broker.filtered(self.address, self.group, entry)  # not for this subscription
+        verdict = dispatch.unwanted(bool(self.consumers), self.filters_consume)
+        if verdict is Unwanted.RELEASE:
+            self.outlet.release(self.address, self.group, entry, delivery_failed=False)
+        elif verdict is Unwanted.CONSUME:
+            self.outlet.filtered(self.address, self.group, entry)
         else:
-            self._park(entry)  # a queue: another consumer, here or on another replica, may want it
+            self._park(entry)
 
     def _park(self, entry: Entry) -> None:
         self._parked.append((time.monotonic() + PARK_SECONDS, entry))
-        self.broker.schedule_park_check(self, PARK_SECONDS)
+        self.outlet.call_later(PARK_SECONDS, self.return_parked)
 
     def _pick(
         self, entry: Entry, candidates: list[ConsumerLink], credit: dict[ConsumerLink, int]
@@ -470,19 +388,20 @@ class LocalSubscription:
         each has left in this deal (read from proton once per deal: only our sends change it
         meanwhile, and the caller counts those)."""
         consumers = self.consumers
-        for _ in range(len(consumers)):
-            self._next = (self._next + 1) % len(consumers)
-            consumer = consumers[self._next]
+        rooms = []
+        for consumer in consumers:
             left = credit.get(consumer)
             if left is None:
                 left = credit[consumer] = consumer.credit()
-            if (
-                left > 0
-                and (not consumer.excluded or entry.key not in consumer.excluded)
-                and (candidates is consumers or consumer in candidates)
-            ):
-                return consumer
-        return None
+            may = (not consumer.excluded or entry.key not in consumer.excluded) and (
+                candidates is consumers or consumer in candidates
+            )
+            rooms.append(left if may else 0)
+        index = next_with_room(self._next, rooms)
+        if index < 0:
+            return None
+        self._next = index
+        return consumers[index]
 
     def _deliver_parked(self) -> None:
         parked, self._parked = self._parked, []
@@ -493,7 +412,7 @@ class LocalSubscription:
             if consumer is not None:
                 credit[consumer] -= 1
                 consumer.send((entry,))
-                self.broker.sent(consumer, [entry])
+                self.outlet.sent(consumer, [entry])
             else:
                 self._parked.append((deadline, entry))
 
@@ -512,27 +431,15 @@ class LocalSubscription:
 
     def return_parked(self, *, everything: bool = False) -> None:
         """Give parked entries back to the subscription for other replicas' consumers."""
-        now = time.monotonic()
-        keep = []
-        for deadline, entry in self._parked:
-            if everything or deadline <= now:
-                self.broker.release(self.address, self.group, entry, delivery_failed=False)
-            else:
-                keep.append((deadline, entry))
+        due, keep = dispatch.due_parked(self._parked, time.monotonic(), everything)
+        for entry in due:
+            self.outlet.release(self.address, self.group, entry, delivery_failed=False)
         self._parked = keep
         if keep:
-            self.broker.schedule_park_check(self, PARK_SECONDS)
+            self.outlet.call_later(PARK_SECONDS, self.return_parked)
 
     def _finish_drains(self) -> None:
         for consumer in self.consumers:
             if consumer.alive and consumer.opened and lib.pn_link_get_drain(consumer.ptr):
                 lib.pn_link_drained(consumer.ptr)
-                self.broker.mark_dirty(consumer.conn)
-
-
-def _expired(entry: Entry, now_ms: int, enqueued_before: int) -> bool:
-    """Past its expiry, or enqueued before the subscription's retention.maxAge allows (a stream
-    id starts with its enqueue time in ms)."""
-    return bool(entry.expiry_ms and entry.expiry_ms <= now_ms) or bool(
-        enqueued_before and int(entry.id.partition('-')[0]) < enqueued_before
-    )
+                self.outlet.mark_dirty(consumer.conn)

@@ -8,7 +8,8 @@ addresses and is never half-applied. If the replica dies before the commit, noth
 the held sends are gone and the acked entries, still pending under the dead replica, are
 redelivered by the reaper with delivery-count + 1 — a rollback. Rollback does the same at once.
 
-python-qpid-proton 0.40 has no constants for these dispositions, so they are used by number.
+python-qpid-proton 0.40 has no constants for these dispositions, so they are used by number (the
+outcomes' numbers from the table in ``outcome_codes.py``).
 """
 
 import asyncio
@@ -17,27 +18,26 @@ import itertools
 import logging
 import os
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import proton
 
 from shoal_broker.amqp import codec, engine
 from shoal_broker.amqp.engine import Ptr, lib
 from shoal_broker.amqp.links import LinkState
+from shoal_broker.amqp.nodes import Nodes
+from shoal_broker.amqp.outcome_codes import ACCEPTED
+from shoal_broker.amqp.returns import Returns
+from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import BrokerError
-from shoal_broker.routing.storage import Entry, OutgoingMessage
+from shoal_broker.routing.storage import Entry, MessageStore, OutgoingMessage
 from shoal_broker.settings import AddressKind
-
-if TYPE_CHECKING:
-    from shoal_broker.amqp.broker import Broker
 
 logger = logging.getLogger(__name__)
 
 DECLARE: Final = 0x31
 DISCHARGE: Final = 0x32
 DECLARED: Final = 0x33
-TRANSACTIONAL_STATE: Final = 0x34
-ACCEPTED: Final = 0x24
 COORDINATOR_CAPABILITIES: Final = [
     'amqp:local-transactions', 'amqp:multi-txns-per-ssn', 'amqp:multi-ssns-per-txn',
 ]  # fmt: skip
@@ -59,7 +59,7 @@ class Transaction:
     acks: list[tuple[str, str, Entry]] = dataclasses.field(default_factory=list)
     naming: list['asyncio.Future[None]'] = dataclasses.field(default_factory=list)
     """Accepts of deliveries sent ahead whose entries the store has not named yet: a discharge
-    waits for them, or a commit would miss them (``Broker._transactional_ack``)."""
+    waits for them, or a commit would miss them (``Consuming._transactional_ack``)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -106,8 +106,11 @@ def accepted_in(txn_id: bytes) -> list[Any]:
 class Coordinator:
     """Declares, discharges and rolls back the transactions of this replica's connections."""
 
-    def __init__(self, broker: 'Broker') -> None:
-        self.broker = broker
+    def __init__(self, store: MessageStore, turns: Turns, nodes: Nodes, returns: Returns) -> None:
+        self.store = store
+        self.turns = turns
+        self.nodes = nodes
+        self.returns = returns
         self.open: dict[bytes, Transaction] = {}
 
     def control(self, link: CoordinatorLink, delivery: Ptr) -> None:
@@ -133,10 +136,10 @@ class Coordinator:
         elif descriptor == DISCHARGE and fields:
             txn_id = bytes(fields[0]) if isinstance(fields[0], bytes | memoryview) else b''
             fail = bool(fields[1]) if len(fields) > 1 else False
-            self.broker.spawn(self._discharge(link, delivery, txn_id, fail))
+            self.turns.spawn(self._discharge(link, delivery, txn_id, fail))
         else:
             _reject(delivery, BrokerError('expected a declare or a discharge'))
-        self.broker.mark_dirty(link.conn)
+        self.turns.mark_dirty(link.conn)
 
     async def _discharge(
         self, link: CoordinatorLink, delivery: Ptr, txn_id: bytes, fail: bool
@@ -154,7 +157,7 @@ class Coordinator:
             await self.rollback(txn)
         else:
             try:
-                await self.broker.store.messages.commit(txn.sends, txn.acks)
+                await self.store.messages.commit(txn.sends, txn.acks)
             except BrokerError as exc:
                 await self.rollback(txn)
                 error = TransactionError(f'the commit could not be applied: {exc}')
@@ -166,17 +169,16 @@ class Coordinator:
                 lib.pn_delivery_settle(delivery)
             else:
                 _reject(delivery, error)
-            self.broker.mark_dirty(link.conn)
+            self.turns.mark_dirty(link.conn)
 
     def _committed(self, txn: Transaction) -> None:
         for address in {address for address, _, _ in txn.sends}:
-            for sub in self.broker.by_address.get(address, ()):
-                sub.kick()
+            self.nodes.kick(address)
 
     async def rollback(self, txn: Transaction) -> None:
         """Drop the sends; return the acked entries (delivery-count + 1, a new transfer)."""
         returned: list[Awaitable[None]] = [
-            self.broker.release(address, group, entry, delivery_failed=True)
+            self.returns.release(address, group, entry, delivery_failed=True)
             for address, group, entry in txn.acks
         ]
         txn.sends.clear()
@@ -191,7 +193,7 @@ class Coordinator:
         """Session or connection ended with transactions open: they roll back."""
         for txn in list(link.transactions.values()):
             self.open.pop(txn.id, None)
-            self.broker.spawn(self.rollback(txn))
+            self.turns.spawn(self.rollback(txn))
         link.transactions.clear()
 
     def held(self, address: str, group: str) -> set[tuple[int, str]]:

@@ -1,0 +1,229 @@
+"""
+Connections and sessions come and go: the Open answered (with this replica's capabilities, or a
+refusal the client can read), sole-connection-for-container held cluster-wide, pipelined Begins
+answered after our Open, and every link of an ended session or connection forgotten.
+
+proton sends no per-link events when a session or connection ends (``sweep``), and stops reading
+some malformed input without a word (``on_transport_tail_closed``): both are answered here.
+"""
+
+import logging
+from typing import Any
+
+from shoal_broker.amqp import engine
+from shoal_broker.amqp.connection import AmqpConnection
+from shoal_broker.amqp.consuming import Consuming
+from shoal_broker.amqp.engine import Ptr, lib
+from shoal_broker.amqp.guard import Guard
+from shoal_broker.amqp.linking import Linking
+from shoal_broker.amqp.links import ConsumerLink
+from shoal_broker.amqp.turns import Turns
+from shoal_broker.errors import BrokerError
+from shoal_broker.metrics import registry as metrics
+from shoal_broker.routing.storage import MessageStore
+from shoal_broker.settings import BrokerSettings
+
+logger = logging.getLogger(__name__)
+
+OFFERED_CAPABILITIES = [
+    'SHARED-SUBS',
+    'ANONYMOUS-RELAY',
+    'DELAYED_DELIVERY',
+    'sole-connection-for-container',
+]
+PRODUCT = 'shoal'
+
+
+class Connecting:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        version: str,
+        store: MessageStore,
+        guard: Guard,
+        turns: Turns,
+        linking: Linking,
+        consuming: Consuming,
+        connections: set[AmqpConnection],
+    ) -> None:
+        self.settings = settings
+        self.version = version
+        self.container_id = f'shoal:{settings.replica_id}'
+        self.store = store
+        self.guard = guard
+        self.turns = turns
+        self.linking = linking
+        self.consuming = consuming
+        self.connections = connections
+        self.mark_dirty = turns.mark_dirty
+        self.spawn = turns.spawn
+
+    def connection_opened(self, conn: AmqpConnection) -> None:
+        self.connections.add(conn)
+        logger.debug('connection %d from %s', conn.id, conn.peer)
+
+    def connection_lost(self, conn: AmqpConnection) -> None:
+        self.sweep(conn, session=None)
+        self.connections.discard(conn)
+        self.turns.forget(conn)
+        if conn.claimed_client is not None:
+            client_id, holder = conn.claimed_client
+            conn.claimed_client = None
+            self.spawn(self._release_client(client_id, holder))
+
+    async def _release_client(self, client_id: str, holder: str) -> None:
+        try:
+            await self.store.registry.release_client(client_id, holder)
+        except BrokerError as exc:  # held until this replica's lease ends and it is reaped
+            logger.warning('ClientID %r not released: %s', client_id, exc)
+
+    def on_connection_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
+        c = conn.connection
+        conn.container_id = engine.remote_container(c)
+        if conn.refusal is not None:  # a connection limit (amqp/guard.py)
+            metrics.CONNECTIONS_REFUSED.labels(conn.refusal.condition).inc()
+            self._open_connection(conn, refused=True)
+            conn.fail(conn.refusal.condition, str(conn.refusal))
+            return
+        desired = engine.symbols(lib.pn_connection_remote_desired_capabilities(c))
+        if (
+            'sole-connection-for-container' in desired
+            and conn.container_id
+            and self.turns.accepting
+        ):
+            self.spawn(self._claim_then_open(conn, conn.container_id))
+        else:
+            self._open_connection(conn)
+
+    def _open_connection(self, conn: AmqpConnection, *, refused: bool = False) -> None:
+        c = conn.connection
+        engine.set_container(c, self.container_id)
+        engine.put_symbols(lib.pn_connection_offered_capabilities(c), OFFERED_CAPABILITIES)
+        properties: dict[str, Any] = {'product': PRODUCT, 'version': self.version}
+        if refused:  # Qpid JMS then waits for our Close and reads its error (facts §1.5)
+            properties['amqp:connection-establishment-failed'] = True
+        engine.put_map(lib.pn_connection_properties(c), properties)
+        # Set only now: before Open, Qpid JMS may legitimately stay silent for minutes.
+        idle_ms = int(self.settings.amqp.idle_timeout_seconds * 1000)
+        lib.pn_transport_set_idle_timeout(conn.transport, idle_ms)
+        if lib.pn_connection_state(c) & lib.PN_LOCAL_UNINIT:
+            lib.pn_connection_open(c)
+        for session in conn.pending_sessions:  # Begins that arrived while our Open was pending
+            if lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
+                lib.pn_session_open(session)
+        conn.pending_sessions.clear()
+        conn.opened.set()
+        if not self.turns.accepting:
+            conn.fail('amqp:connection:forced', 'broker is shutting down')
+
+    async def _claim_then_open(self, conn: AmqpConnection, client_id: str) -> None:
+        """Enforce sole-connection-for-container: one connection per ClientID, cluster-wide."""
+        holder = f'{self.settings.replica_id}|{conn.id}'
+        try:
+            claimed = await self.store.registry.claim_client(client_id, holder)
+        except BrokerError as exc:
+            conn.opened.set()
+            if conn.alive:
+                metrics.CONNECTIONS_REFUSED.labels(exc.condition).inc()
+                conn.fail(exc.condition, f'cannot check the ClientID: {exc}')
+                self.mark_dirty(conn)
+            return
+        if not conn.alive:
+            if claimed:
+                await self.store.registry.release_client(client_id, holder)
+            return
+        conn.opened.set()  # from here on attaches may be answered (or refused with the Close)
+        if claimed:
+            conn.claimed_client = (client_id, holder)
+            self._open_connection(conn)
+        else:
+            metrics.CONNECTIONS_REFUSED.labels('amqp:invalid-field').inc()
+            self._open_connection(conn, refused=True)
+            condition = lib.pn_connection_condition(conn.connection)
+            engine.set_condition(
+                condition, 'amqp:invalid-field', f'the ClientID {client_id!r} is already in use'
+            )
+            engine.set_condition_info(condition, {'invalid-field': 'container-id'})
+            lib.pn_connection_close(conn.connection)
+        self.mark_dirty(conn)
+
+    def on_connection_remote_close(self, conn: AmqpConnection, event: Ptr) -> None:
+        self.sweep(conn, session=None)
+        if conn.claimed_client is not None:
+            # release the ClientID before answering: a client that reconnects the moment it
+            # sees our Close must find it free
+            client_id, holder = conn.claimed_client
+            conn.claimed_client = None
+            self.spawn(self._release_then_close(conn, client_id, holder))
+        elif not lib.pn_connection_state(conn.connection) & lib.PN_LOCAL_CLOSED:
+            lib.pn_connection_close(conn.connection)
+
+    async def _release_then_close(self, conn: AmqpConnection, client_id: str, holder: str) -> None:
+        await self._release_client(client_id, holder)
+        if conn.alive and not lib.pn_connection_state(conn.connection) & lib.PN_LOCAL_CLOSED:
+            lib.pn_connection_close(conn.connection)
+            self.mark_dirty(conn)
+
+    def on_session_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
+        session = lib.pn_event_session(event)
+        if self.guard.session_refused(conn, session):
+            return
+        if not conn.opened.is_set():
+            conn.pending_sessions.append(session)  # pipelined Begin: answered after our Open
+        elif lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
+            lib.pn_session_open(session)
+
+    def on_session_remote_close(self, conn: AmqpConnection, event: Ptr) -> None:
+        session = lib.pn_event_session(event)
+        if session in conn.pending_sessions:
+            conn.pending_sessions.remove(session)
+        # JMS Session.close() sends `end` with no per-link detach: every link of the session
+        # ends here (jms-amqp-facts §2.2).
+        self.sweep(conn, session=session)
+        if not lib.pn_session_state(session) & lib.PN_LOCAL_CLOSED:
+            lib.pn_session_close(session)
+        lib.pn_session_free(session)
+
+    def on_transport_error(self, conn: AmqpConnection, event: Ptr) -> None:
+        if conn.handshake is not None and conn.handshake.failure is not None:
+            return  # refused during SASL (logged then): proton only saw no AMQP header arrive
+        condition = engine.condition_text(lib.pn_transport_condition(conn.transport))
+        logger.info('connection %d from %s: transport error %s', conn.id, conn.peer, condition)
+
+    def on_transport_tail_closed(self, conn: AmqpConnection, event: Ptr) -> None:
+        # proton stops reading some malformed input without an error and without writing a
+        # Close (measured: it writes our Open, then nothing), so the socket would hang. Unless
+        # the peer closed properly or hung up, try to say why, then hang up ourselves.
+        remote_closed = lib.pn_connection_state(conn.connection) & lib.PN_REMOTE_CLOSED
+        if not conn.input_ended and not remote_closed:
+            logger.info('connection %d from %s: malformed input, closing', conn.id, conn.peer)
+            conn.fail('amqp:connection:framing-error', 'malformed or truncated input')
+            conn.hang_up_when_flushed = True
+
+    def on_transport_closed(self, conn: AmqpConnection, event: Ptr) -> None:
+        self.sweep(conn, session=None)
+
+    def sweep(self, conn: AmqpConnection, session: Ptr | None) -> None:
+        """A session or connection ended: every link on it is gone (no per-link events come)."""
+        for ptr, state in list(conn.links.items()):
+            if session is None or lib.pn_link_session(ptr) == session:
+                del conn.links[ptr]
+                self.linking.link_gone(state)
+
+    def close_all(self, condition: str, description: str, *, stop_accepting: bool = True) -> None:
+        """Close every connection (clients fail over elsewhere); by default stop taking more."""
+        self.turns.accepting = not stop_accepting
+        for conn in list(self.connections):
+            for state in list(conn.links.values()):
+                if isinstance(state, ConsumerLink):
+                    # not a failure of the consumer: return without counting an attempt
+                    for entry in state.unacked.values():
+                        self.consuming.release(
+                            state.address, state.group, entry, delivery_failed=False
+                        )
+                    state.unacked.clear()
+                    for ahead in state.ahead.values():
+                        ahead.settle = self.consuming.returner(state)
+                    state.ahead.clear()
+            conn.fail(condition, description)
+            conn.process()

@@ -1,0 +1,380 @@
+"""
+The producers' side of a message's way: a transfer in, its store write, and the answer.
+
+A message arrives as a delivery on a producer's link (``incoming``; its sections walked by
+amqp/_wire.c), is checked (size, decode, the transaction it names, the address of an anonymous
+relay) and goes one of four ways (``_publish``): held by its transaction until discharge; handed
+to a local consumer without the store (an at-most-once message, ``LocalSubscription.take``); sent
+ahead to a local consumer while the store appends and claims it (``_send_ahead``); or appended
+(``store.messages.publish_then``, batched per loop turn and address). The producer is answered
+when the store is (``_stored``): accepted, or released on a store failure (it may send again),
+or rejected when it would be refused again; never an accept that is then lost. Credit comes back
+as messages are answered (``Turns.top_up``).
+"""
+
+import asyncio
+import logging
+import time
+
+from shoal_broker.amqp import codec, engine, transactions
+from shoal_broker.amqp import outcome_codes as codes
+from shoal_broker.amqp.consuming import Consuming
+from shoal_broker.amqp.engine import Ptr, lib, wire
+from shoal_broker.amqp.guard import Guard, user_name
+from shoal_broker.amqp.linking import Linking
+from shoal_broker.amqp.links import Ahead, ConsumerLink, PendingMessage, ProducerLink, close_link
+from shoal_broker.amqp.nodes import Nodes
+from shoal_broker.amqp.outlets import Fed, Held
+from shoal_broker.amqp.subscriptions import LocalSubscription
+from shoal_broker.amqp.turns import Turns
+from shoal_broker.errors import (
+    AddressNotFound,
+    BrokerError,
+    InvalidField,
+    MessageSizeExceeded,
+    StoreFull,
+    StoreUnavailable,
+)
+from shoal_broker.metrics import registry as metrics
+from shoal_broker.metrics.registry import Counters
+from shoal_broker.routing import addresses, outcomes
+from shoal_broker.routing.storage import (
+    NORMAL_BAND,
+    QUEUE_GROUP,
+    Entry,
+    MessageStore,
+    OutgoingMessage,
+)
+from shoal_broker.security.permissions import Operation
+from shoal_broker.settings import AddressKind
+
+logger = logging.getLogger(__name__)
+
+
+class Producing:
+    def __init__(
+        self,
+        max_message_size: int,
+        store: MessageStore,
+        guard: Guard,
+        counters: Counters,
+        turns: Turns,
+        nodes: Nodes,
+        coordinator: transactions.Coordinator,
+        consuming: Consuming,
+        linking: Linking,
+    ) -> None:
+        self.max_message_size = max_message_size
+        self.store = store
+        self.guard = guard
+        self.counters = counters
+        self.coordinator = coordinator
+        # bound once: these run for every message
+        self.kinds = nodes.kinds
+        self.subscriptions = nodes.subscriptions
+        self.by_address = nodes.by_address
+        self.resolve = nodes.resolve
+        self.mark_dirty = turns.mark_dirty
+        self.mark_delivering = turns.mark_delivering
+        self.top_up = turns.top_up
+        self.top_up_later = turns.top_up_later
+        self.spawn = turns.spawn
+        self.release = consuming.release
+        self.schedule_recovery = consuming.schedule_recovery
+        self.forget = linking.link_gone
+        self._on_stored = self._stored  # one bound method: publish_then batches by callback
+        self._on_claimed = self._claimed  # and so does claim_then
+
+    def incoming(self, producer: ProducerLink, delivery: Ptr) -> None:
+        size = wire.shoal_pending(delivery, self.max_message_size)
+        if size < 0:
+            if size == engine.IN_ABORTED:
+                lib.pn_delivery_settle(delivery)
+                self.top_up(producer)
+            elif size == engine.IN_TOO_BIG:
+                limit = self.max_message_size
+                self._fail_link(producer, MessageSizeExceeded(
+                    f'message exceeds the maximum size of {limit} bytes'))  # fmt: skip
+            return  # IN_PARTIAL: the rest of it is still to come
+        data, offsets, settled, transactional = engine.receive(producer.ptr, delivery, size)
+        try:
+            if data is None:
+                raise codec.DecodeError('the transfer held fewer bytes than it announced')
+            view = codec.parse(data[:]) if offsets is None else codec.view(data, offsets)
+        except codec.DecodeError as exc:
+            self.refuse(producer, delivery, settled, BrokerError(str(exc)), 'amqp:decode-error')
+            return
+        message = PendingMessage(delivery, view, settled)
+        if transactional:
+            txn_id, _ = transactions.transaction_of(lib.pn_delivery_remote(delivery))
+            message.transaction = self.coordinator.find(txn_id)
+            if message.transaction is None:
+                self.refuse(producer, delivery, settled, transactions.UnknownTransaction(
+                    'the send names no open transaction'))  # fmt: skip
+                return
+        if producer.address is not None and producer.kind is not None:
+            self._publish(producer, message, producer.address, producer.kind)
+        else:
+            self._relay(producer, message)
+
+    def _relay(self, producer: ProducerLink, message: PendingMessage) -> None:
+        """Anonymous relay: the message names its address; order is kept per producer."""
+        view = message.view
+        if view.to and (denied := self.guard.refusal(producer.conn, Operation.SEND, view.to)):
+            metrics.AUTHORIZATION_FAILURES.labels(Operation.SEND).inc()
+            self.refuse(producer, message.delivery, message.settled, denied)
+            return
+        known = self.kinds.get(view.to or '')
+        wanted = addresses.kind_from_jms_dest(view.annotations.get('x-opt-jms-dest'))
+        if not producer.waiting and view.to and known and wanted in (None, known):
+            self._publish(producer, message, view.to, known)
+            return
+        producer.waiting.append(message)
+        if not producer.resolving:
+            producer.resolving = True
+            self.spawn(self._resolve_waiting(producer))
+
+    async def _resolve_waiting(self, producer: ProducerLink) -> None:
+        try:
+            while producer.waiting and producer.alive:
+                message = producer.waiting[0]
+                view = message.view
+                try:
+                    if not view.to:
+                        raise InvalidField('a message on the anonymous relay needs a "to" address')
+                    wanted = addresses.kind_from_jms_dest(view.annotations.get('x-opt-jms-dest'))
+                    kind = await self.resolve(view.to, wanted, user_name(producer.conn))
+                except BrokerError as exc:
+                    producer.waiting.popleft()
+                    if producer.alive:
+                        self.refuse(producer, message.delivery, message.settled, exc)
+                    continue
+                producer.waiting.popleft()
+                if producer.alive:
+                    self._publish(producer, message, view.to, kind)
+        finally:
+            producer.resolving = False
+
+    def _publish(
+        self, producer: ProducerLink, message: PendingMessage, address: str, kind: AddressKind
+    ) -> None:
+        view = message.view
+        if (full := self.guard.store_full) is not None and message.transaction is None:
+            self.refuse(producer, message.delivery, message.settled, full)
+            return
+        header = view.header
+        stored = OutgoingMessage(  # positional: keyword construction costs ~2 µs per message
+            outcomes.priority_band(header.priority),  # band
+            view.header_bytes,
+            view.rest,
+            (  # expiry_ms
+                outcomes.expiry_ms(int(time.time() * 1000), header.ttl, view.absolute_expiry_time)
+                if header.ttl or view.absolute_expiry_time
+                else 0
+            ),
+            producer.conn.container_id or '',  # origin
+        )
+        if message.transaction is not None:  # held until the transaction is discharged
+            message.transaction.sends.append((address, kind, stored))
+            if message.settled:
+                lib.pn_delivery_settle(message.delivery)
+            else:
+                transactions.reply(
+                    message.delivery,
+                    codes.TRANSACTIONAL_STATE,
+                    transactions.accepted_in(message.transaction.id),
+                )
+            self.top_up(producer)
+            self.mark_dirty(producer.conn)
+            return
+        due = view.annotations.get('x-opt-delivery-time')
+        if kind is AddressKind.QUEUE and (sub := self.subscriptions.get((address, QUEUE_GROUP))):
+            if (
+                message.settled
+                and due is None
+                and not stored.expiry_ms
+                and sub.take(producer, message, stored)
+            ):  # handed to a consumer here, or held to be: never stored (subscriptions.py)
+                lib.pn_delivery_settle(message.delivery)
+                self.top_up_later(producer)
+                return
+            sub.spill()  # what it holds was published first
+            if (
+                not message.settled
+                and due is None
+                and not stored.expiry_ms
+                and stored.band == NORMAL_BAND
+                and (consumer := sub.ahead()) is not None
+                and self.store.messages.can_claim(address)
+            ):
+                self._send_ahead(producer, message, address, sub, consumer, stored)
+                return
+        producer.in_store += 1
+        if message.settled:  # pre-settled by the peer: nothing to answer, free it now
+            lib.pn_delivery_settle(message.delivery)
+        if isinstance(due, int) and due > time.time() * 1000:
+            future = self.store.messages.schedule(address, stored, due)  # JMS delivery delay
+            future.add_done_callback(  # type: ignore[attr-defined]
+                lambda f: self._stored([(producer, message, address)], *_outcome_of(f))
+            )
+        else:
+            self.store.messages.publish_then(
+                address, kind, stored, self._on_stored, (producer, message, address)
+            )
+        # Local consumers of this address fetch in the same pipeline, right after the publish:
+        # one Redis round trip from producer to consumer instead of two (other replicas hear of
+        # it through the notification the publish sends).
+        for sub in self.by_address.get(address, ()):
+            sub.kick()
+
+    def _send_ahead(
+        self,
+        producer: ProducerLink,
+        message: PendingMessage,
+        address: str,
+        sub: LocalSubscription,
+        consumer: ConsumerLink,
+        stored: OutgoingMessage,
+    ) -> None:
+        """An at-least-once message goes to a waiting local consumer while Redis stores and claims
+        it for this replica (``LocalSubscription.ahead``); the producer is answered by the store,
+        as ever."""
+        producer.in_store += 1
+        ahead = consumer.send_ahead(stored)
+        sub.claims += 1
+        self.counters.delivered(address, QUEUE_GROUP, 1)
+        consumer.deliveries.count += 1
+        self.mark_delivering(consumer.conn)
+        token = (producer, message, address, sub, consumer, ahead)
+        self.store.messages.claim_then(address, QUEUE_GROUP, stored, self._on_claimed, token)
+
+    def _claimed(
+        self,
+        claims: list[
+            tuple[ProducerLink, PendingMessage, str, LocalSubscription, ConsumerLink, Ahead]
+        ],
+        result: tuple[list[str], list[Entry]] | None,
+        error: BrokerError | None,
+    ) -> None:
+        """The store's answer for messages sent ahead: the producers are answered as for any
+        publish; each delivery becomes an entry its consumer holds, and what its consumer decided
+        meanwhile is applied. Refused, the messages were never stored: what the consumers do
+        with them no longer matters to Redis, and each producer may send its message again."""
+        self._stored([claim[:3] for claim in claims], True if error is None else None, error)
+        for claim in claims:
+            claim[3].claims -= 1
+        # the subscription now (its consumers may all have left and others come meanwhile)
+        address, latest = claims[0][2], claims[-1][3]
+        sub = self.subscriptions.get((address, QUEUE_GROUP), latest)
+        for *_, ahead in claims:  # whatever happens below, a discharge waits no longer
+            if ahead.answered is not None:
+                _answer(ahead.answered)  # its waiter resumes after this call: after the settle
+        if result is None:
+            for _, _, _, _, consumer, ahead in claims:
+                consumer.ahead.pop(ahead.delivery, None)
+            if isinstance(error, StoreUnavailable):  # the reply, not the script, may be lost
+                self.schedule_recovery(sub, max(0.25, sub.retry_delay))
+            else:
+                sub.kick()
+            return
+        ids, read_ahead = result
+        for (_, _, _, _, consumer, ahead), entry_id in zip(claims, ids, strict=True):
+            stored = ahead.message
+            entry = Entry(entry_id, stored.band, stored.header, stored.rest, 0, 0, stored.origin)
+            if ahead.settle is not None:  # settled meanwhile, or its link went
+                ahead.settle(entry)
+            elif consumer.ahead.pop(ahead.delivery, None) is not None:
+                consumer.unacked[ahead.delivery] = entry
+            else:  # nothing holds it any more: never leave an entry stranded here
+                self.release(address, QUEUE_GROUP, entry, delivery_failed=True)
+        sub.claimed(read_ahead)
+
+    def store_held(self, sub: Fed, held: list[Held]) -> None:
+        """Messages a subscription held for hand-over go to the store after all, in order."""
+        for producer, message, stored in held:
+            producer.in_store += 1
+            self.store.messages.publish_then(
+                sub.address,
+                AddressKind.QUEUE,
+                stored,
+                self._on_stored,
+                (producer, message, sub.address),
+            )
+        sub.kick()
+
+    def _stored(
+        self,
+        stored: list[tuple[ProducerLink, PendingMessage, str]],
+        kept: bool | None,
+        error: BrokerError | None,
+    ) -> None:
+        """The store's answer for messages to one address (``publish_then``: one call for a
+        cycle's messages to an address and band)."""
+        address = stored[0][2]
+        refusal: BrokerError | None = None
+        if error is None:
+            if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone
+                queue = self.kinds.get(address) is AddressKind.QUEUE
+                self.counters.enqueued(address, QUEUE_GROUP if queue else '', len(stored))
+            else:
+                self.counters.dropped(address, len(stored))
+            state = lib.PN_ACCEPTED
+        else:
+            if isinstance(error, AddressNotFound):
+                self.kinds.pop(address, None)
+            if isinstance(error, StoreFull | AddressNotFound):  # stays so if sent again
+                refusal = error  # refused, not released
+            # never an accept that is then lost: on a store failure the peer may send it again
+            state = lib.PN_RELEASED
+        for producer, message, _ in stored:
+            producer.in_store -= 1
+            if not producer.alive:
+                continue  # stored (or not) all the same; the peer will not hear of it
+            try:  # as when each message had its own callback: a failure leaves the others be
+                if not message.settled:
+                    if refusal is not None:
+                        self.refuse(producer, message.delivery, False, refusal)
+                        continue
+                    wire.shoal_settle_with(message.delivery, state)
+                self.top_up_later(producer)
+            except Exception:
+                logger.exception('answering a stored message on connection %d failed',
+                                 producer.conn.id)  # fmt: skip
+
+    def refuse(
+        self,
+        producer: ProducerLink,
+        delivery: Ptr,
+        settled: bool,
+        error: BrokerError,
+        condition: str | None = None,
+    ) -> None:
+        """Reject one message with the error's condition; the link stays open."""
+        metrics.publish_refused(error)
+        if not settled:
+            local = lib.pn_delivery_local(delivery)
+            engine.set_condition(
+                lib.pn_disposition_condition(local), condition or error.condition, str(error)
+            )
+            lib.pn_delivery_update(delivery, lib.PN_REJECTED)
+        lib.pn_delivery_settle(delivery)
+        self.top_up(producer)
+        self.mark_dirty(producer.conn)
+
+    def _fail_link(self, state: ProducerLink, error: BrokerError) -> None:
+        state.conn.links.pop(state.ptr, None)
+        self.forget(state)
+        close_link(state.ptr, error.condition, str(error))
+        self.mark_dirty(state.conn)
+
+
+def _answer(future: 'asyncio.Future[None]') -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _outcome_of(future: 'asyncio.Future[bool]') -> tuple[bool | None, BrokerError | None]:
+    try:
+        return future.result(), None
+    except BrokerError as exc:
+        return None, exc
