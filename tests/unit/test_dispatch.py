@@ -114,10 +114,17 @@ def test_which_queues_hand_over_or_send_ahead(
     assert dispatch.sends_ahead(allowed, group, consumers) is ahead
 
 
-def _lane(**state: object) -> dispatch.Lane[str]:
+class _Lane(dispatch.Lane[str, str]):
+    """A lane whose next consumer with credit is always there."""
+
+    def _with_credit(self) -> str:
+        return 'consumer'
+
+
+def _lane(**state: object) -> dispatch.Lane[str, str]:
     """A queue's lane that hands over and sends ahead, nothing stored unread, then ``state``
     (the Lane's attributes by name, without their leading underscore)."""
-    lane: dispatch.Lane[str] = dispatch.Lane(QUEUE_GROUP)
+    lane = _Lane(QUEUE_GROUP)
     lane.hands_over = lane.sends_ahead = True
     lane._exhausted = True
     for name, value in state.items():
@@ -128,7 +135,7 @@ def _lane(**state: object) -> dispatch.Lane[str]:
 
 
 def test_send_ahead_only_when_nothing_stored_is_unread_and_nothing_is_in_the_way() -> None:
-    assert _lane().may_send_ahead()
+    assert _lane().ahead() == 'consumer'
     for blocker, value in [
         ('sends_ahead', False),
         ('shared', True),  # other replicas' consumers: the store decides who takes it
@@ -138,7 +145,7 @@ def test_send_ahead_only_when_nothing_stored_is_unread_and_nothing_is_in_the_way
         ('parked', [(1.0, Entry('1-0', 0, b'', b'', 0, 0))]),
         ('recovering', True),
     ]:
-        assert not _lane(**{blocker: value}).may_send_ahead(), blocker
+        assert _lane(**{blocker: value}).ahead() is None, blocker
 
 
 def test_hand_over_goes_first_when_nothing_stored_is_unread() -> None:
@@ -167,6 +174,6 @@ def test_hand_over_stores_what_it_may_not_hold(state: dict[str, object]) -> None
 
 
 def test_a_new_lane_neither_hands_over_nor_sends_ahead() -> None:
-    lane: dispatch.Lane[str] = dispatch.Lane(QUEUE_GROUP)
+    lane: dispatch.Lane[str, str] = _Lane(QUEUE_GROUP)
     assert lane.take_rule() is Take.STORE
-    assert not lane.may_send_ahead()
+    assert lane.ahead() is None

@@ -68,7 +68,7 @@ PRIVATE_GROUP_PREFIX = 'nd:'
 it stays out of the sharing between replicas."""
 
 
-class LocalSubscription(dispatch.Lane[Held]):
+class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
     """This replica's consumers of one subscription: fetches for their credit, deals to them."""
 
     def __init__(self, outlet: Outlet, intake: Intake, address: str, group: str) -> None:
@@ -129,17 +129,6 @@ class LocalSubscription(dispatch.Lane[Held]):
         traits = [(c.presettled, c.filtered) for c in self.consumers]
         self.hands_over = dispatch.hands_over(self.handover_allowed, self.group, traits)
         self.sends_ahead = dispatch.sends_ahead(self.ahead_allowed, self.group, traits)
-
-    def ahead(self) -> ConsumerLink | None:
-        """The consumer an at-least-once message published here may be sent to before the store
-        has it (``Producing._send_ahead``), or None when it must wait for a fetch (see the module
-        doc). One claim at a time: under load a fetch batches better, and with claims in flight
-        back to back nothing ever fetched, so nothing batched (1→4 competing fell from ~77k to
-        ~48k msg/s, docs/performance.md#send-ahead); at a trickle the claim is long answered when
-        the next message comes."""
-        if self.may_send_ahead():
-            return self._with_credit()
-        return None
 
     def claimed(self, entries: Sequence[Entry]) -> None:
         """Entries a claim read ahead of messages sent ahead: other replicas' messages, dealt
