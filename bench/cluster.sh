@@ -83,10 +83,12 @@ fail() {  # fail CONFIG REASON: the configuration leaves the run, says why, and 
   # stop now rather than at exit (a broker stuck retrying would take CPU from the others' runs)
   FAILED[$1]=$2
   echo "FAILED ${NAME[$1]}: $2" | tee -a "$OUT/failures.txt" >&2
-  local all=("${STARTED_PIDS[@]}")
-  read -r -a STARTED_PIDS <<< "${BPID[$1]:-} ${NODE_PIDS[$1]:-}"
+  local all=("${STARTED_PIDS[@]}") gone pid
+  gone=" ${BPID[$1]:-} ${NODE_PIDS[$1]:-} "
+  read -r -a STARTED_PIDS <<< "$gone"
   stop_started || true
-  STARTED_PIDS=("${all[@]}")
+  STARTED_PIDS=()  # the exit's clean-up must not signal a stopped process's PID, perhaps reused
+  for pid in "${all[@]}"; do [[ $gone == *" $pid "* ]] || STARTED_PIDS+=("$pid"); done
 }
 
 cluster_ok() {  # cluster_ok SHARDS PORT...: every node sees the whole cluster, every slot served
@@ -167,20 +169,33 @@ start_config() {  # start_config CONFIG: Redis (a server or a cluster), then the
 }
 
 measure() {  # measure CONFIG REP PREFIX COUNT: one load run; a line in RESULTS unless REP is 0
-  local c=$1 rep=$2 prefix=$3 n=$4 pid b0 b1 p0 p1 k0 k1 out rate served i
+  local c=$1 rep=$2 prefix=$3 n=$4 pid b0 b1 p0 p1 k0 k1 out rate served status why
   local -a pids r0=() r1=()
   read -r -a pids <<< "${NODE_PIDS[c]}"
   b0=$(proc_cpu_s "${BPID[c]}")
   for pid in "${pids[@]}"; do r0+=("$(proc_cpu_s "$pid")"); done
   p0=$(metric "${HPORT[c]}" shoal_redis_pipeline_seconds_count)
   k0=$(cpu_ticks)
-  out=$(timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$HERE/load.py" run --port "${APORT[c]}" \
-        --timeout "$RUN_TIMEOUT" -a "$prefix" --addresses "$ADDRESSES" -n "$n" --size "$SIZE" \
-        --max-backlog "$BACKLOG" --label "${NAME[c]} rep $rep" \
-        --json "$OUT/${NAME[c]}/load.jsonl" 2>&1) || {
+  # in the background and waited for, so a TERM or INT stops the run at once (the clean-up
+  # stops the load with everything else); out of STARTED_PIDS again once it has ended
+  timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$HERE/load.py" run --port "${APORT[c]}" \
+      --timeout "$RUN_TIMEOUT" -a "$prefix" --addresses "$ADDRESSES" -n "$n" --size "$SIZE" \
+      --max-backlog "$BACKLOG" --label "${NAME[c]} rep $rep" \
+      --json "$OUT/${NAME[c]}/load.jsonl" > "$WORK/load.out" 2>&1 &
+  STARTED_PIDS+=("$!")
+  status=0
+  wait "$!" || status=$?
+  unset 'STARTED_PIDS[-1]'
+  out=$(< "$WORK/load.out")
+  ((status == 0)) || {
     echo "$out" >> "$OUT/log.txt"
-    fail "$c" "the load run of rep $rep failed: $(tail -n1 <<< "$out" | cut -c1-300)"
-    kill -0 "${BPID[c]}" 2>/dev/null || fail "$c" "the broker exited: $(broker_said "$c")"
+    why=$({ grep -m1 -o 'INCOMPLETE: .*' <<< "$out" || tail -n1 <<< "$out"; } | cut -c1-300)
+    if ! kill -0 "${BPID[c]}" 2>/dev/null; then
+      why="$why; the broker exited: $(broker_said "$c")"
+    elif grep -qE 'ERROR|CRITICAL' "$OUT/${NAME[c]}/broker.log"; then
+      why="$why; the broker logged: $(broker_said "$c")"
+    fi
+    fail "$c" "the load run of rep $rep failed (exit status $status): $why"
     return 0
   }
   k1=$(cpu_ticks)
@@ -226,10 +241,9 @@ for config in "${CONFIGS[@]}"; do
   esac
   FAILED[i]=""
   start_config "$i"
+  echo "${NODE_PIDS[i]:-} ${BPID[i]:-}" >> "$OUT/pids.txt"  # for a check afterwards: none is left
   i=$((i + 1))
 done
-
-echo "${STARTED_PIDS[*]}" > "$OUT/pids.txt"  # every process started, for a check afterwards
 
 shard_counts=()
 for ((c = 0; c < ${#NAME[@]}; c++)); do ((SHARDS[c] > 1)) && shard_counts+=("${SHARDS[c]}"); done
