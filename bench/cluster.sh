@@ -23,7 +23,7 @@
 # usage: bench/cluster.sh [OUTDIR]      (or: make bench-cluster; QUICK=1 for a short check)
 #
 # Environment (defaults in brackets; QUICK=1 changes them to the second value):
-#   N          messages per run                                    [40000 | 4000]
+#   N          messages per run                                    [100000 | 4000]
 #   REPS       measured repetitions (median reported)              [3 | 1]
 #   WARMUP     messages of the uncounted first run                 [5000 | 1000]
 #   ADDRESSES  addresses the row is spread over                    [16]
@@ -43,7 +43,7 @@ set -euo pipefail
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
 if [[ ${QUICK:-0} == 1 ]]; then N=${N:-4000}; REPS=${REPS:-1}; WARMUP=${WARMUP:-1000}; fi
-N=${N:-40000}; REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; ADDRESSES=${ADDRESSES:-16}
+N=${N:-100000}; REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; ADDRESSES=${ADDRESSES:-16}
 BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}; RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 read -r -a CONFIGS <<< "${CONFIGS:-standalone 1 2 3}"
 OUT=${1:-/tmp/shoal-bench/cluster-$(date +%Y%m%d-%H%M%S)}
@@ -67,8 +67,8 @@ WORK=$(mktemp -d /tmp/shoal-bench-cluster.XXXXXX)
 CLEANUP_MESSAGE="stopped everything started; results in $OUT"
 stop_on_exit
 
-# Per configuration (index c): its name, shard count (0: standalone), redis-server PIDs and
-# the broker's URL, PID and ports, and why it is out of the run (empty: still in).
+# Per configuration (index c): its name, shard count (0: standalone), redis-server PIDs, the
+# broker's URL, PID and ports, and why it is out of the run (empty: still in).
 declare -a NAME SHARDS NODE_PIDS URL BPID APORT HPORT FAILED
 RESULTS=$OUT/results.txt
 : > "$RESULTS"
