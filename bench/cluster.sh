@@ -301,6 +301,12 @@ if 'standalone' in medians and 'cluster-1' in medians:
     (b0, r0), (b1, r1) = medians['standalone'], medians['cluster-1']
     print(f'cluster of 1 shard against standalone, per message: broker {100 * (b1 / b0 - 1):+.1f} %,'
           f' Redis {100 * (r1 / r0 - 1):+.1f} % (issue 23 asks for at most +10 %)')
+    # the two runs of one repetition are adjacent: their ratios show how much the medians' moves
+    by = {(names[int(r[0])], r[1]): r for r in rows}
+    both = sorted({r[1] for r in rows if ('standalone', r[1]) in by and ('cluster-1', r[1]) in by})
+    for column, what in ((3, 'broker'), (4, 'Redis')):
+        ratios = [float(by['cluster-1', k][column]) / float(by['standalone', k][column]) for k in both]
+        print(f'  {what}, per repetition: ' + ', '.join(f'{100 * (v - 1):+.1f} %' for v in ratios))
 else:
     print('cluster of 1 shard against standalone: not measured (a configuration has no result)')
 EOF
