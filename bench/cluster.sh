@@ -16,9 +16,10 @@
 # (--addresses) whose names fall evenly on 2 and 3 shards (bench/slots.py pick). Printed per
 # configuration, medians over the repetitions: msg/s, broker CPU µs per message, Redis CPU µs
 # per message summed over its redis-servers and per shard (each shard's CPU over the messages
-# its addresses carried), pipelines per message (broker /metrics), the machine's busy share; then
-# the 1-shard cluster's overhead per message against standalone, broker and Redis side. CPU is
-# utime+stime from /proc/PID/stat over each run, as bench/cpu.sh takes it.
+# its addresses carried), Redis commands per message (INFO stats, all shards), pipelines per
+# message (broker /metrics), the machine's busy share; then the 1-shard cluster's overhead per
+# message against standalone, broker and Redis side. CPU is utime+stime from /proc/PID/stat over
+# each run, as bench/cpu.sh takes it.
 #
 # usage: bench/cluster.sh [OUTDIR]      (or: make bench-cluster; QUICK=1 for a short check)
 #
@@ -67,9 +68,9 @@ WORK=$(mktemp -d /tmp/shoal-bench-cluster.XXXXXX)
 CLEANUP_MESSAGE="stopped everything started; results in $OUT"
 stop_on_exit
 
-# Per configuration (index c): its name, shard count (0: standalone), redis-server PIDs, the
-# broker's URL, PID and ports, and why it is out of the run (empty: still in).
-declare -a NAME SHARDS NODE_PIDS URL BPID APORT HPORT FAILED
+# Per configuration (index c): its name, shard count (0: standalone), redis-server PIDs and
+# ports, the broker's URL, PID and ports, and why it is out of the run (empty: still in).
+declare -a NAME SHARDS NODE_PIDS NODE_PORTS URL BPID APORT HPORT FAILED
 RESULTS=$OUT/results.txt
 : > "$RESULTS"
 
@@ -79,16 +80,30 @@ metric() {  # sum of a Prometheus counter from the broker's /metrics (0 when it 
   curl -sf "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 ~ "^"m { s += $2 } END { print s + 0 }'
 }
 
+stop_pids() {  # stop_pids PID...: stop these now, in this order (lib.sh's stop_started), and
+  # drop them from STARTED_PIDS: the exit's clean-up must not signal a PID perhaps reused since
+  local all=("${STARTED_PIDS[@]}") gone=" $* " pid
+  STARTED_PIDS=("$@")
+  stop_started || true
+  STARTED_PIDS=()
+  for pid in "${all[@]}"; do [[ $gone == *" $pid "* ]] || STARTED_PIDS+=("$pid"); done
+}
+
 fail() {  # fail CONFIG REASON: the configuration leaves the run, says why, and its processes
   # stop now rather than at exit (a broker stuck retrying would take CPU from the others' runs)
   FAILED[$1]=$2
   echo "FAILED ${NAME[$1]}: $2" | tee -a "$OUT/failures.txt" >&2
-  local all=("${STARTED_PIDS[@]}") gone pid
-  gone=" ${BPID[$1]:-} ${NODE_PIDS[$1]:-} "
-  read -r -a STARTED_PIDS <<< "$gone"
-  stop_started || true
-  STARTED_PIDS=()  # the exit's clean-up must not signal a stopped process's PID, perhaps reused
-  for pid in "${all[@]}"; do [[ $gone == *" $pid "* ]] || STARTED_PIDS+=("$pid"); done
+  # shellcheck disable=SC2086  # PIDs are words
+  stop_pids ${BPID[$1]:-} ${NODE_PIDS[$1]:-}
+}
+
+redis_commands() {  # commands the given redis-servers have processed so far, summed
+  local port sum=0 n
+  for port in "$@"; do
+    n=$(rcli "$port" INFO stats | tr -d '\r' | awk -F: '$1 == "total_commands_processed" { print $2 }')
+    sum=$((sum + ${n:-0}))
+  done
+  echo "$sum"
 }
 
 cluster_ok() {  # cluster_ok SHARDS PORT...: every node sees the whole cluster, every slot served
@@ -112,7 +127,7 @@ make_cluster() {  # make_cluster CONFIG: its cluster-enabled redis-servers, each
     mkdir -p "$dir"
     start_redis "$port" "$dir" --appendonly no --cluster-enabled yes \
         --cluster-config-file nodes.conf --cluster-port "$bus" || return 1
-    NODE_PIDS[c]+="$REDIS_PID "; ports+=("$port"); buses+=("$bus")
+    NODE_PIDS[c]+="$REDIS_PID "; NODE_PORTS[c]+="$port "; ports+=("$port"); buses+=("$bus")
     rcli "$port" CLUSTER SET-CONFIG-EPOCH $((i + 1)) | grep -q OK || return 1
     rcli "$port" CLUSTER ADDSLOTSRANGE "${ranges[i]%-*}" "${ranges[i]#*-}" | grep -q OK || return 1
   done
@@ -156,7 +171,7 @@ start_config() {  # start_config CONFIG: Redis (a server or a cluster), then the
     mkdir -p "$OUT/${NAME[c]}/node-0"
     start_redis "$port" "$OUT/${NAME[c]}/node-0" --appendonly no \
       || { fail "$c" "redis-server did not start"; return 0; }
-    NODE_PIDS[c]=$REDIS_PID; URL[c]=redis://127.0.0.1:$port/0
+    NODE_PIDS[c]=$REDIS_PID; NODE_PORTS[c]=$port; URL[c]=redis://127.0.0.1:$port/0
   else
     make_cluster "$c" || {
       fail "$c" "the cluster did not form (see $OUT/${NAME[c]}/node-*/redis.log)"; return 0; }
@@ -169,12 +184,14 @@ start_config() {  # start_config CONFIG: Redis (a server or a cluster), then the
 }
 
 measure() {  # measure CONFIG REP PREFIX COUNT: one load run; a line in RESULTS unless REP is 0
-  local c=$1 rep=$2 prefix=$3 n=$4 pid b0 b1 p0 p1 k0 k1 out rate served status why
-  local -a pids r0=() r1=()
+  local c=$1 rep=$2 prefix=$3 n=$4 pid b0 b1 p0 p1 q0 q1 k0 k1 out rate served status why
+  local -a pids ports r0=() r1=()
   read -r -a pids <<< "${NODE_PIDS[c]}"
+  read -r -a ports <<< "${NODE_PORTS[c]}"
   b0=$(proc_cpu_s "${BPID[c]}")
   for pid in "${pids[@]}"; do r0+=("$(proc_cpu_s "$pid")"); done
   p0=$(metric "${HPORT[c]}" shoal_redis_pipeline_seconds_count)
+  q0=$(redis_commands "${ports[@]}")
   k0=$(cpu_ticks)
   # in the background and waited for, so a TERM or INT stops the run at once (the clean-up
   # stops the load with everything else); out of STARTED_PIDS again once it has ended
@@ -202,6 +219,7 @@ measure() {  # measure CONFIG REP PREFIX COUNT: one load run; a line in RESULTS 
   b1=$(proc_cpu_s "${BPID[c]}")
   for pid in "${pids[@]}"; do r1+=("$(proc_cpu_s "$pid")"); done
   p1=$(metric "${HPORT[c]}" shoal_redis_pipeline_seconds_count)
+  q1=$(redis_commands "${ports[@]}")
   echo "$out" >> "$OUT/log.txt"
   ((rep == 0)) && return 0
   rate=$(load_field "$OUT/${NAME[c]}/load.jsonl" msgs_per_s)
@@ -209,7 +227,7 @@ measure() {  # measure CONFIG REP PREFIX COUNT: one load run; a line in RESULTS 
   ((SHARDS[c] > 0)) && served=$("$PY" "$HERE/slots.py" spread "$prefix" "$ADDRESSES" "${SHARDS[c]}")
   # per shard: its CPU over the messages its addresses carried (the load deals them out evenly)
   awk -v c="$c" -v rep="$rep" -v n="$n" -v k="$ADDRESSES" -v rate="${rate:-0}" \
-      -v b="$(echo "${b1} - ${b0}" | bc)" -v p="$(echo "${p1} - ${p0}" | bc)" \
+      -v b="$(echo "${b1} - ${b0}" | bc)" -v p="$(echo "${p1} - ${p0}" | bc)" -v q=$((q1 - q0)) \
       -v r0="${r0[*]}" -v r1="${r1[*]}" -v served="$served" -v share="$(machine_share "$k0" "$k1")" \
       'BEGIN { split(r0, a); split(r1, z); split(served, s); split(share, m); total = 0
         per = ""; spread = ""
@@ -217,8 +235,8 @@ measure() {  # measure CONFIG REP PREFIX COUNT: one load run; a line in RESULTS 
           cpu = z[i] - a[i]; total += cpu; msgs = n * s[i] / k
           per = per (i > 1 ? "/" : "") (msgs > 0 ? sprintf("%.1f", 1e6 * cpu / msgs) : "-")
           spread = spread (i > 1 ? "/" : "") s[i] }
-        printf "%d %d %.0f %.1f %.1f %.3f %.0f %s %s\n", c, rep, rate, 1e6 * b / n,
-          1e6 * total / n, p / n, m[1], per, spread }' \
+        printf "%d %d %.0f %.1f %.1f %.3f %.0f %s %s %.2f\n", c, rep, rate, 1e6 * b / n,
+          1e6 * total / n, p / n, m[1], per, spread, q / n }' \
     | tee -a "$RESULTS"
 }
 
@@ -280,22 +298,26 @@ def shown(value):
 
 
 print('| configuration | msg/s | broker µs/msg | Redis µs/msg, all shards | Redis µs per message'
-      ' served, per shard | addresses per shard | pipelines/msg | machine busy % |')
-print('|---|---|---|---|---|---|---|---|')
+      ' served, per shard | addresses per shard | Redis commands/msg | pipelines/msg'
+      ' | machine busy % |')
+print('|---|---|---|---|---|---|---|---|---|')
 medians = {}
 for c, name in enumerate(names):
     mine = [r for r in rows if int(r[0]) == c]
     if not mine:
-        print(f'| {name} | no result | | | | | | |')
+        print(f'| {name} | no result | | | | | | | |')
         continue
     rate, broker, redis, pipelines, busy = (med([float(r[i]) for r in mine]) for i in range(2, 7))
+    commands = med([float(r[9]) for r in mine])
     shards = [r[7].split('/') for r in mine]
     per_shard = '/'.join(
         shown(med([float(s[i]) for s in shards if s[i] != '-'])) for i in range(len(shards[0]))
     )
     medians[name] = broker, redis
+    # a broker that counts no pipelines (shoal_redis_pipeline_seconds) shows none, not zero
+    pipelines_shown = f'{pipelines:.3f}' if pipelines else '-'
     print(f'| {name} | {rate:,.0f} | {broker:.1f} | {redis:.1f} | {per_shard} | {mine[-1][8]} '
-          f'| {pipelines:.3f} | {busy:.0f} |')
+          f'| {commands:.2f} | {pipelines_shown} | {busy:.0f} |')
 print()
 if 'standalone' in medians and 'cluster-1' in medians:
     (b0, r0), (b1, r1) = medians['standalone'], medians['cluster-1']
@@ -310,8 +332,12 @@ if 'standalone' in medians and 'cluster-1' in medians:
 else:
     print('cluster of 1 shard against standalone: not measured (a configuration has no result)')
 EOF
-echo "per run (config rep msg/s broker-us redis-us pipelines/msg busy% per-shard-us addresses):"
+echo "per run (config rep msg/s broker-us redis-us pipelines/msg busy% per-shard-us addresses" \
+     "redis-commands/msg):"
 cat "$RESULTS"
+# brokers first, while their Redis is still there to leave cleanly; Redis at exit
+# shellcheck disable=SC2046,SC2086  # PIDs are words
+stop_pids $(for ((c = 0; c < ${#NAME[@]}; c++)); do [[ -z ${FAILED[c]} ]] && echo ${BPID[c]:-}; done)
 errs=$(grep -c -E 'ERROR|CRITICAL|Traceback' "$OUT"/*/broker.log 2>/dev/null || true)
 echo "broker log lines with ERROR/CRITICAL/Traceback: $(echo "$errs" | tr '\n' ' ')"
 if [[ -s $OUT/failures.txt ]]; then
