@@ -316,7 +316,8 @@ for c, name in enumerate(names):
     medians[name] = broker, redis
     # a broker that counts no pipelines (shoal_redis_pipeline_seconds) shows none, not zero
     pipelines_shown = f'{pipelines:.3f}' if pipelines else '-'
-    print(f'| {name} | {rate:,.0f} | {broker:.1f} | {redis:.1f} | {per_shard} | {mine[-1][8]} '
+    spreads = ', '.join(dict.fromkeys(r[8] for r in mine))  # each repetition's names split anew
+    print(f'| {name} | {rate:,.0f} | {broker:.1f} | {redis:.1f} | {per_shard} | {spreads} '
           f'| {commands:.2f} | {pipelines_shown} | {busy:.0f} |')
 print()
 if 'standalone' in medians and 'cluster-1' in medians:
