@@ -9,7 +9,7 @@ PORT ?= 5672
 HTTP_PORT ?= 8080
 REDIS_URL ?=
 
-.PHONY: run test test-sentinel test-cluster lint unit system-deps venv node-deps bench bench-peers clean fuzz
+.PHONY: run test test-sentinel test-cluster lint unit system-deps venv node-deps bench bench-peers bench-cluster clean fuzz
 
 run: venv
 	$(VENV)/bin/shoal-broker --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP_PORT) \
@@ -78,6 +78,10 @@ bench: venv
 
 bench-peers: venv
 	bash bench/peers.sh
+
+# Redis Cluster of 1, 2 and 3 shards against standalone Redis, interleaved (bench/cluster.sh).
+bench-cluster: venv
+	bash bench/cluster.sh
 
 clean:
 	rm -rf $(VENV) .venv-bench .fuzz .stamp-system tests/rhea/node_modules .mypy_cache .ruff_cache .import_linter_cache

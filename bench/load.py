@@ -17,7 +17,10 @@ A row (``run``) is one producer and ``--consumers`` consumers, each in its own f
 - ``--max-backlog B`` closes the loop: the producer holds back while B messages are sent but not
   yet received (by the slowest subscriber in fan-out), so the row measures steady-state capacity
   and its latency is not queueing time; ``--rate R`` paces the producer at R msg/s instead (the
-  latency rows); ``--durable`` marks messages durable and asks for durable termini.
+  latency rows); ``--durable`` marks messages durable and asks for durable termini;
+- ``--addresses K`` spreads the row over K addresses (``<address>-0`` ... ``-<K-1>``): the
+  producer has one link to each and sends to them in turn, every consumer has one link from each
+  (load over many queues, for a store sharded by address).
 
 Each body is ``--size`` bytes: a marker, the sequence number and the send time (CLOCK_MONOTONIC,
 shared by the processes of one machine), then padding. Consumers record end-to-end latency and
@@ -89,7 +92,7 @@ class Endpoint:
         self.outbox_ptr = ffi.from_buffer(self.outbox)
         self.outbox_view = memoryview(self.outbox)
         self.error = ''
-        self.opened = False
+        self.opened = 0  # links the broker has attached
 
     def pending(self) -> int:
         return int(lib.pn_transport_pending(self.transport))
@@ -143,7 +146,7 @@ class Endpoint:
             if kind == lib.PN_DELIVERY:
                 on_delivery(lib.pn_event_delivery(event))
             elif kind == lib.PN_LINK_REMOTE_OPEN:
-                self.opened = True
+                self.opened += 1
             elif kind in (lib.PN_LINK_REMOTE_CLOSE, lib.PN_LINK_REMOTE_DETACH):
                 self.error = self.error or 'the broker closed the link: ' + condition(
                     lib.pn_link_remote_condition(lib.pn_event_link(event))
@@ -186,9 +189,9 @@ def cpu_s(pid: int) -> float:
 class Row:
     """What the processes of one repetition share: options, counters and signals."""
 
-    def __init__(self, opts: argparse.Namespace, address: str) -> None:
+    def __init__(self, opts: argparse.Namespace, addresses: list[str]) -> None:
         ctx = multiprocessing.get_context('fork')
-        self.opts, self.address = opts, address
+        self.opts, self.addresses = opts, addresses
         self.received = ctx.RawArray('q', opts.consumers)  # per consumer, for the closed loop
         self.go, self.stop = ctx.Event(), ctx.Event()
         self.results: Any = ctx.Queue()
@@ -226,12 +229,16 @@ class Producer:
         opts = self.opts = row.opts
         self.row = row
         self.end = Endpoint(opts.host, opts.port, f'shoal-bench-producer-{os.getpid()}')
-        self.link = link = lib.pn_sender(self.end.session, b'shoal-bench-producer')
-        terminus(lib.pn_link_target(link), row.address, opts.durable)
-        lib.pn_terminus_set_address(lib.pn_link_source(link), b'shoal-bench')
+        self.links = []
         settle_mode = lib.PN_SND_SETTLED if opts.presettled else lib.PN_SND_UNSETTLED
-        lib.pn_link_set_snd_settle_mode(link, settle_mode)
-        lib.pn_link_open(link)
+        for i, address in enumerate(row.addresses):
+            name = 'shoal-bench-producer' + (f'-{i}' if i else '')
+            link = lib.pn_sender(self.end.session, name.encode())
+            terminus(lib.pn_link_target(link), address, opts.durable)
+            lib.pn_terminus_set_address(lib.pn_link_source(link), b'shoal-bench')
+            lib.pn_link_set_snd_settle_mode(link, settle_mode)
+            lib.pn_link_open(link)
+            self.links.append(link)
         template = Message(body=MARK + bytes(STAMP.size), durable=opts.durable)
         template.body += b'.' * (opts.size - len(template.body))
         template.inferred = True  # bytes as a data section
@@ -260,7 +267,7 @@ class Producer:
         opts = self.opts
         if self.sent >= opts.count or self.end.pending() > HIGH_WATER:
             return 0
-        room = min(lib.pn_link_credit(self.link), opts.count - self.sent, BATCH)
+        room = min(self.credit(), opts.count - self.sent, BATCH)
         if opts.rate:
             due = int((time.monotonic_ns() - self.start_ns) * opts.rate / 1e9) + 1
             room = min(room, due - self.sent)
@@ -268,10 +275,19 @@ class Producer:
             room = min(room, opts.max_backlog - self.row.backlog(self.sent))
         return room
 
+    def credit(self) -> int:
+        """Messages that may go out on credit: message ``seq`` goes to link ``seq % K``, so
+        ``K`` times the smallest link credit never overruns a link."""
+        links = self.links
+        if len(links) == 1:
+            return int(lib.pn_link_credit(links[0]))
+        return len(links) * min(int(lib.pn_link_credit(link)) for link in links)
+
     def send(self, room: int) -> None:
         # the per-message loop: names bound locally, the tag and stamp packed in place
-        link, payload, payload_ptr, size, at = (
-            self.link,
+        links, spread, payload, payload_ptr, size, at = (
+            self.links,
+            len(self.links),
             self.payload,
             self.payload_ptr,
             len(self.payload),
@@ -287,6 +303,7 @@ class Producer:
         stamp, pack_tag, clock = STAMP.pack_into, TAG.pack_into, time.monotonic_ns
         self.first_ns = self.first_ns or clock()
         for seq in range(self.sent, self.sent + room):
+            link = links[seq % spread]
             pack_tag(tag, 0, seq)
             delivery = new(link, tag_arg)
             stamp(payload, at, seq, clock())
@@ -301,7 +318,7 @@ class Producer:
     def pause(self) -> float:
         """How long to wait for the socket before trying to send again."""
         opts = self.opts
-        if self.sent >= opts.count or lib.pn_link_credit(self.link) <= 0:
+        if self.sent >= opts.count or self.credit() <= 0:
             return 0.05
         if opts.rate:
             return max(
@@ -319,7 +336,7 @@ class Producer:
     def run(self, ready: Any) -> Fields:
         end, opts = self.end, self.opts
         deadline = time.monotonic() + opts.timeout
-        while not end.opened and not end.error and time.monotonic() < deadline:
+        while end.opened < len(self.links) and not end.error and time.monotonic() < deadline:
             end.wait(0.05)
             end.events(self.on_delivery)
         ready.set()
@@ -354,14 +371,16 @@ class Consumer:
         opts = self.opts = row.opts
         self.row, self.index = row, index
         self.end = Endpoint(opts.host, opts.port, f'shoal-bench-consumer-{index}-{os.getpid()}')
-        self.link = link = lib.pn_receiver(
-            self.end.session, f'shoal-bench-consumer-{index}'.encode()
-        )
-        terminus(lib.pn_link_source(link), row.address, opts.durable)
-        if opts.presettled:
-            lib.pn_link_set_snd_settle_mode(link, lib.PN_SND_SETTLED)
-        lib.pn_link_open(link)
-        lib.pn_link_flow(link, CREDIT)
+        self.links = []
+        for i, address in enumerate(row.addresses):
+            name = f'shoal-bench-consumer-{index}' + (f'-{i}' if i else '')
+            link = lib.pn_receiver(self.end.session, name.encode())
+            terminus(lib.pn_link_source(link), address, opts.durable)
+            if opts.presettled:
+                lib.pn_link_set_snd_settle_mode(link, lib.PN_SND_SETTLED)
+            lib.pn_link_open(link)
+            lib.pn_link_flow(link, CREDIT)
+            self.links.append(link)
         self.buffer = bytearray(max(65536, 2 * opts.size))
         self.buffer_ptr = ffi.from_buffer(self.buffer)
         self.filled = 0
@@ -372,7 +391,7 @@ class Consumer:
     def on_delivery(self, delivery: Any) -> None:
         if not lib.pn_delivery_readable(delivery):
             return
-        link, size = self.link, lib.pn_delivery_pending(delivery)
+        link, size = lib.pn_delivery_link(delivery), lib.pn_delivery_pending(delivery)
         if self.filled + size > len(self.buffer):
             self.buffer = self.buffer + bytearray(self.filled + size)
             self.buffer_ptr = ffi.from_buffer(self.buffer)
@@ -411,7 +430,7 @@ class Consumer:
         finished_at = 0.0
         while not end.error:
             now = time.monotonic()
-            if end.opened:
+            if end.opened >= len(self.links):
                 ready.set()
             if now >= deadline:
                 end.error = f'timed out after {self.opts.timeout:.0f} s with {self.got} received'
@@ -443,7 +462,9 @@ def one_rep(opts: argparse.Namespace, rep: int, count: int) -> Fields:
     """Run producer and consumers once on a fresh address; return this repetition's figures."""
     token = f'{os.getpid()}-{rep}-{time.time_ns() % 10**9}'
     address = opts.address.replace('{run}', token)
-    row = Row(argparse.Namespace(**{**vars(opts), 'count': count}), address)
+    spread = opts.addresses
+    addresses = [address] if spread == 1 else [f'{address}-{i}' for i in range(spread)]
+    row = Row(argparse.Namespace(**{**vars(opts), 'count': count}), addresses)
     processes = []
     for index in range(opts.consumers):
         ready = row.ctx.Event()
@@ -520,6 +541,7 @@ def figures(
     out: Fields = {
         'label': opts.label,
         'rep': rep,
+        'addresses': row.addresses,
         'count': count,
         'size': opts.size,
         'consumers': opts.consumers,
@@ -639,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument('-n', '--count', type=int, default=10000, help='messages per repetition')
     p.add_argument('-s', '--size', type=int, default=1024, help='body bytes')
     p.add_argument('-k', '--consumers', type=int, default=1)
+    p.add_argument('--addresses', type=int, default=1, help='spread over this many addresses')
     p.add_argument('--fanout', action='store_true', help='every consumer receives every message')
     p.add_argument('--presettled', action='store_true', help='at-most-once, settled on send')
     p.add_argument('--durable', action='store_true', help='durable messages and termini')
@@ -659,6 +682,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error('loopback hosts only')
     if opts.size < len(MARK) + STAMP.size + 16 or opts.count < 1 or opts.timeout <= 0:
         parser.error('--size >= 48, --count >= 1 and --timeout > 0')
+    if opts.addresses < 1:
+        parser.error('--addresses >= 1')
     return run(opts)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from exposition import samples, value
 from processes import BrokerProcess
 
 LOAD = Path(__file__).resolve().parents[2] / 'bench' / 'load.py'
@@ -50,6 +51,21 @@ def test_rows_count_every_message_once(
     assert rep['deliveries'] == rep['count']
     assert rep['p50_ms'] is not None
     assert rep['broker_cpu_s'] is None  # no --broker-pid given
+
+
+def test_a_row_spread_over_addresses_sends_to_each_in_turn(
+    broker: BrokerProcess, address: str, tmp_path: Path
+) -> None:
+    """--addresses 4: one link per address at each end, the messages dealt out evenly."""
+    status, record = run_row(
+        broker, tmp_path, '-a', address, '-n', '2000', '--max-backlog', '500', '--addresses', '4'
+    )
+    rep = record['reps'][0]
+    assert (status, rep['complete'], rep['missing'], rep['duplicates']) == (0, True, 0, 0)
+    names = [f'{address}-{i}' for i in range(4)]
+    assert rep['addresses'] == names
+    found = samples(broker)
+    assert [value(found, 'shoal_messages_enqueued_total', address=n) for n in names] == [500] * 4
 
 
 def test_fan_out_reaches_every_subscriber(
