@@ -52,7 +52,7 @@ def test_a_killed_replicas_claims_and_registrations_are_released(
     while time.monotonic() < deadline and client.hexists('shoal:clients', 'client-of-the-dead'):
         time.sleep(0.1)
     assert not client.hexists('shoal:clients', 'client-of-the-dead')
-    ids = {i.decode() for i in client.smembers('shoal:subscriptions')}
+    ids = {i.decode() for i in client.hkeys('shoal:subscription-index')}
     assert 'volatile:global:*:vol' not in ids  # deleted with its last (dead) consumer
     assert 'durable:client:client-of-the-dead:kept' in ids  # durable: kept, with no consumer
     assert client.hlen('shoal:{s:durable:client:client-of-the-dead:kept}:consumers') == 0
@@ -70,5 +70,6 @@ def test_a_replica_that_stops_cleanly_leaves_nothing_to_reap(
     assert client.sismember('shoal:replicas', 'clean-exit')
     assert b.stop() == 0
     assert not client.sismember('shoal:replicas', 'clean-exit')
-    assert not client.exists('shoal:lease:clean-exit')
+    assert not client.exists('shoal:lease:clean-exit', 'shoal:{r:clean-exit}:lease')
+    assert not client.exists('shoal:{r:clean-exit}:joined')
     client.close()

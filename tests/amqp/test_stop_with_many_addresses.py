@@ -15,7 +15,7 @@ import redis
 from amqpclient import Capabilities, connect, receive_all, receiver, send_all
 from processes import BrokerProcess, RedisServer
 
-from shoal_broker.routing.storage import AddressKind
+from shoal_broker.routing.storage import QUEUE_GROUP, AddressKind
 from shoal_broker.store import keys
 from shoal_broker.store.redisstore import RedisStore
 
@@ -74,7 +74,7 @@ def test_sigterm_with_ten_thousand_idle_addresses_exits_promptly_and_returns_wha
     try:
         k = keys.AddressKeys.of(address)
         assert not client.hexists(k.watchers, 'leaving')
-        assert not client.hexists(k.shares(keys.QUEUE_GROUP), 'leaving')
+        assert not client.hexists(k.shares(QUEUE_GROUP), 'leaving')
     finally:
         client.close()
     other = BrokerProcess(crowded_redis.url, replica_id='other')
@@ -127,7 +127,7 @@ def test_a_killed_replica_among_ten_thousand_idle_addresses_is_cleaned_up_by_a_s
         assert not any(g.startswith('nd:doomed:') for g in _groups(client, topic))
         for address in (queue, topic):
             assert not client.hexists(keys.AddressKeys.of(address).watchers, 'doomed')
-        assert not client.hexists(keys.AddressKeys.of(queue).shares(keys.QUEUE_GROUP), 'doomed')
+        assert not client.hexists(keys.AddressKeys.of(queue).shares(QUEUE_GROUP), 'doomed')
     finally:
         client.close()
         doomed.stop()

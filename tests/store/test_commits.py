@@ -11,12 +11,12 @@ import pytest
 import redis.asyncio
 from redisclusters import ClusterGroup
 
-from shoal_broker.routing.storage import Entry, OutgoingMessage
+from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import connect, keys
 from shoal_broker.store.commits import ClusterNodes, CommitLog, plan, spans_slots
 
-GROUP = keys.QUEUE_GROUP
+GROUP = QUEUE_GROUP
 
 
 @pytest.fixture

@@ -18,8 +18,9 @@ from typing import Any
 import redis.asyncio
 
 from shoal_broker.errors import StoreUnavailable
+from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind, Durability
-from shoal_broker.store import connect
+from shoal_broker.store import connect, layout
 from shoal_broker.store.addresses import AddressRegistry
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import REDIS_DOWN, Scripts, as_text, call
@@ -108,11 +109,19 @@ class RedisStore:
         """Load the scripts and start the pipeline and notification tasks."""
         try:
             await self._scripts.load()
+            await self.lay_out(wait=True)
             await self.watching.subscribe()
         except REDIS_DOWN as exc:
             raise StoreUnavailable(f'cannot reach Redis: {exc}') from exc
         self.cycles.start()
         self.watching.start()
+
+    async def lay_out(self, *, wait: bool = False) -> bool:
+        """Lay out keys an older version wrote (``layout.lay_out``); False when another replica
+        is doing it."""
+        return bool(await call(
+            layout.lay_out(self._client, self._scripts.evalsha, QUEUE_GROUP, wait=wait)
+        ))  # fmt: skip
 
     async def close(self) -> None:
         await self.watching.close()
