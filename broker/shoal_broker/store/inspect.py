@@ -139,7 +139,7 @@ class Inspector:
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 5.0) -> Self:
         """Raises ValueError for a URL redis-py cannot use."""
-        client = connect.client(
+        client = connect.client_of_any_mode(
             url, decode_responses=True, socket_connect_timeout=timeout, socket_timeout=timeout
         )
         return cls(client)

@@ -24,10 +24,12 @@ from shoal_broker.store import connect, layout
 from shoal_broker.store.addresses import AddressRegistry
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import REDIS_DOWN, Scripts, as_text, call
-from shoal_broker.store.cycles import Cycles
+from shoal_broker.store.cycles import PIPELINES_IN_FLIGHT, Cycles
+from shoal_broker.store.lanes import ClusterLanes
 from shoal_broker.store.messages import Messages
+from shoal_broker.store.notifications import ShardedNotifications
 from shoal_broker.store.upkeep import Upkeep
-from shoal_broker.store.watching import Watching
+from shoal_broker.store.watching import NOTIFICATION_IDLE_SECONDS, Watching
 
 MAX_REDIS_CONNECTIONS = 64
 """Redis connections per replica: the pipeline, the notification channel and cold-path calls."""
@@ -45,16 +47,22 @@ class RedisStore:
         replica_id: str,
         durability: Durability = Durability.MEMORY,
         replication_timeout_ms: int = 1000,
+        *,
+        lanes: ClusterLanes | None = None,
+        sharded: ShardedNotifications | None = None,
     ) -> None:
+        """``lanes`` and ``sharded``: on Redis Cluster (``client`` a cluster client), the
+        per-message pipelines and the wake-up channels of each primary."""
         self._client = client
+        self.cluster = lanes is not None
         self._durability = durability
         self._scripts = Scripts(client)
         backlogs = BacklogLimits()
         kinds: dict[str, AddressKind] = {}
-        self.watching = Watching(client, replica_id)
+        self.watching = Watching(client, replica_id, sharded)
         self.cycles = Cycles(
             client, self._scripts, replica_id, backlogs, self.watching.notify_local,
-            durability, replication_timeout_ms,
+            durability, replication_timeout_ms, lanes,
         )  # fmt: skip
         self.messages = Messages(
             client, self._scripts, self.cycles, replica_id, kinds=kinds, backlogs=backlogs,
@@ -75,6 +83,8 @@ class RedisStore:
         durability: Durability = Durability.MEMORY,
         replication_timeout_ms: int = 1000,
     ) -> 'RedisStore':
+        if connect.is_cluster_url(url):
+            return cls._on_cluster(url, replica_id, durability, replication_timeout_ms)
         # Blocking pool: a burst of attaches or closes waits for a connection instead of failing
         # with "Too many connections" (redis-py's default pool refuses past its size).
         pool = connect.connection_pool(
@@ -84,9 +94,31 @@ class RedisStore:
         client = redis.asyncio.Redis.from_pool(pool)  # owns the pool: aclose() closes it
         return cls(client, replica_id, durability, replication_timeout_ms)
 
+    @classmethod
+    def _on_cluster(
+        cls, url: str, replica_id: str, durability: Durability, replication_timeout_ms: int
+    ) -> 'RedisStore':
+        """The cold path on redis-py's cluster client, the message path on a lane per primary,
+        the wake-ups on each primary's shard channels (docs/redis-modes.md, "Redis Cluster")."""
+        cluster = connect.cluster_client(url, max_connections=MAX_REDIS_CONNECTIONS)
+
+        def pool_for(host: str, port: int) -> 'redis.asyncio.ConnectionPool':
+            return connect.node_pool(url, host, port)
+
+        lanes = ClusterLanes(
+            cluster, pool_for, PIPELINES_IN_FLIGHT, confirm_timeout_ms=replication_timeout_ms
+        )
+        sharded = ShardedNotifications(cluster, pool_for, NOTIFICATION_IDLE_SECONDS)
+        client: Any = cluster  # the commands the store sends are those of a Redis client
+        return cls(
+            client, replica_id, durability, replication_timeout_ms, lanes=lanes, sharded=sharded
+        )
+
     @property
     def reconnects(self) -> dict[str, int]:
         """Connections lost and opened again, by connection (a metric)."""
+        if self.cycles.lanes is not None:
+            return {'notifications': self.watching.resubscribes}
         return {
             'pipeline': self.cycles.lane.reconnects,
             'notifications': self.watching.resubscribes,

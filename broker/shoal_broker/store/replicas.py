@@ -71,7 +71,7 @@ class LeaseKeeper:
         self.interval = lease_seconds / 3
         self._report = report
         self._loop = asyncio.get_running_loop()
-        self._client = connect.sync_client(
+        self._client = connect.sync_client_of_any_mode(
             url, socket_timeout=self.interval, socket_connect_timeout=self.interval
         )
         self._renew = self._client.register_script(scripts.source('renew_lease'))
