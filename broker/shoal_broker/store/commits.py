@@ -232,6 +232,15 @@ class CommitLog:
         self._in_flight: set[str] = set()
         """Records this process is applying: its own ``complete`` leaves them alone."""
 
+    async def close(self) -> None:
+        """Close the per-node clients (a cluster's)."""
+        if isinstance(self._nodes, ClusterNodes):
+            await self._nodes.aclose()
+
+    def node_for(self, key: str) -> 'redis.asyncio.Redis':
+        """A plain client of the primary serving ``key``'s slot (a one-slot MULTI)."""
+        return self._nodes.for_key(key)
+
     async def commit(
         self,
         sends: Sequence[tuple[str, AddressKind, OutgoingMessage]],

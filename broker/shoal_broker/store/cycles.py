@@ -419,14 +419,18 @@ class Cycles:
 
 
 def _slot(commands: list[tuple[Any, ...]]) -> int:
-    """The slot of a unit: that of its first key (every key is ``shoal:{<tag>}:...``)."""
+    """The slot of a unit: that of its first tagged key (``shoal:{<tag>}:...``), else of its
+    first command's key."""
     for command in commands:
         for arg in command[1:]:
             if isinstance(arg, str) and arg.startswith(_KEY_HEAD):
                 return slot_of(arg)
             if isinstance(arg, bytes) and arg.startswith(_KEY_HEAD_BYTES):
                 return slot_of(arg)
-    raise ValueError(f'no key in {commands[0][0]!r}')
+    first = commands[0]
+    if first[0] in ('EVAL', 'EVALSHA'):
+        return slot_of(first[3])
+    return slot_of(first[1])  # a global key (``keys.SCHEDULED``): the command's first argument
 
 
 _KEY_HEAD = f'{keys.PREFIX}:{{'

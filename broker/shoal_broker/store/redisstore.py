@@ -24,6 +24,7 @@ from shoal_broker.store import connect, layout
 from shoal_broker.store.addresses import AddressRegistry
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import REDIS_DOWN, Scripts, as_text, call
+from shoal_broker.store.commits import ClusterNodes, CommitLog
 from shoal_broker.store.cycles import PIPELINES_IN_FLIGHT, Cycles
 from shoal_broker.store.lanes import ClusterLanes
 from shoal_broker.store.messages import Messages
@@ -50,11 +51,13 @@ class RedisStore:
         *,
         lanes: ClusterLanes | None = None,
         sharded: ShardedNotifications | None = None,
+        commits: CommitLog | None = None,
     ) -> None:
         """``lanes`` and ``sharded``: on Redis Cluster (``client`` a cluster client), the
-        per-message pipelines and the wake-up channels of each primary."""
+        per-message pipelines and the wake-up channels of each primary, and the replica's
+        records of commits over several slots."""
         self._client = client
-        self.cluster = lanes is not None
+        self.commits = commits
         self._durability = durability
         self._scripts = Scripts(client)
         backlogs = BacklogLimits()
@@ -67,7 +70,7 @@ class RedisStore:
         self.messages = Messages(
             client, self._scripts, self.cycles, replica_id, kinds=kinds, backlogs=backlogs,
             announce=self.watching.announce, durability=durability,
-            replication_timeout_ms=replication_timeout_ms,
+            replication_timeout_ms=replication_timeout_ms, commits=commits,
         )  # fmt: skip
         self.registry = AddressRegistry(client, self._scripts, replica_id, kinds)
         self.upkeep = Upkeep(
@@ -109,10 +112,16 @@ class RedisStore:
             cluster, pool_for, PIPELINES_IN_FLIGHT, confirm_timeout_ms=replication_timeout_ms
         )
         sharded = ShardedNotifications(cluster, pool_for, NOTIFICATION_IDLE_SECONDS)
+        commits = CommitLog(
+            ClusterNodes(cluster, pool_for), replica_id,
+            replicated=durability is Durability.REPLICATED,
+            replication_timeout_ms=replication_timeout_ms,
+        )  # fmt: skip
         client: Any = cluster  # the commands the store sends are those of a Redis client
         return cls(
-            client, replica_id, durability, replication_timeout_ms, lanes=lanes, sharded=sharded
-        )
+            client, replica_id, durability, replication_timeout_ms, lanes=lanes, sharded=sharded,
+            commits=commits,
+        )  # fmt: skip
 
     @property
     def reconnects(self) -> dict[str, int]:
@@ -158,6 +167,8 @@ class RedisStore:
     async def close(self) -> None:
         await self.watching.close()
         await self.cycles.close()
+        if self.commits is not None:
+            await self.commits.close()
         await connect.close(self._client)
 
     async def flush(self) -> None:

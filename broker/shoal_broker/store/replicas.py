@@ -132,6 +132,8 @@ class Liveness:
         await self.store.call(client.set(keys.lease(self.replica_id), self.token, px=self.lease_ms))
         if await self.store.call(client.sismember(keys.REPLICAS, self.replica_id)):
             await self.reap(self.replica_id, locked=False)  # our own earlier incarnation
+        elif self.store.commits is not None:  # one restarted within its lease left them
+            await self.store.commits.complete(self.replica_id)
         # listed in the index first, then joined on its own slot (renew_lease.lua reads it)
         await self.store.call(client.sadd(keys.REPLICAS, self.replica_id))
         await self.store.call(client.set(own.joined, 1))
@@ -193,6 +195,8 @@ class Liveness:
                 await self.store.call(client.delete(lock))
                 return None
         report = ReapReport(dead)
+        if self.store.commits is not None:  # its decided commits land before its entries return
+            await self.store.commits.complete(dead)
         touched = await self._return_entries(dead, report)
         await self._remove_consumers(dead, report)
         report.clients_released = int(
