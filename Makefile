@@ -18,6 +18,7 @@ run: venv
 test: venv node-deps lint
 	$(PY) -m pytest -p no:cacheprovider
 	$(MAKE) --no-print-directory test-sentinel
+	$(MAKE) --no-print-directory test-cluster
 
 # The core functional modules again, with the brokers on a primary, a replica and three sentinels
 # (tests/conftest.py, docs/redis-modes.md); part of `make test` (about 2 minutes).
@@ -27,8 +28,8 @@ test-sentinel: venv node-deps
 	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
 
 # The same core modules with the brokers on a Redis Cluster of three primaries and three replicas
-# (tests/support/redisclusters.py, docs/redis-modes.md#redis-cluster). Not part of `make test` until
-# the store lays its keys out for the cluster; tests/store/test_cluster_slots.py is the checklist.
+# (tests/support/redisclusters.py, docs/redis-modes.md#redis-cluster); part of `make test` (about
+# 70 seconds).
 test-cluster: venv node-deps
 	SHOAL_TEST_STORE=cluster $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
 

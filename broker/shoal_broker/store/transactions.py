@@ -36,7 +36,7 @@ class Transactions:
         """``commits``: on Redis Cluster, the replica's commit records."""
         self._client = client
         self._scripts = scripts
-        self._replica_id = replica_id
+        self.replica_id = replica_id
         self._announce = announce
         self._durability = durability
         self._replication_timeout_ms = replication_timeout_ms
@@ -64,7 +64,7 @@ class Transactions:
             k = keys.AddressKeys.of(address)
             pipe.eval(
                 self._scripts.source['publish'], 3, k.streams[message.band], k.groups, k.watchers,
-                kind.value, '', self._replica_id,  # announced below, once committed (and WAITed)
+                kind.value, '', self.replica_id,  # announced below, once committed (and WAITed)
                 message.header, message.rest, str(message.expiry_ms), message.origin,
             )  # fmt: skip
         for address, group, entry in acks:
