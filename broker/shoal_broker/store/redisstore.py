@@ -20,7 +20,7 @@ import redis.asyncio
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind, Durability
-from shoal_broker.store import connect, layout
+from shoal_broker.store import connect, keys, layout
 from shoal_broker.store.addresses import AddressRegistry
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import REDIS_DOWN, Scripts, as_text, call
@@ -58,6 +58,7 @@ class RedisStore:
         records of commits over several slots."""
         self._client = client
         self.commits = commits
+        self.replica_id = replica_id
         self._durability = durability
         self._scripts = Scripts(client)
         backlogs = BacklogLimits()
@@ -163,6 +164,15 @@ class RedisStore:
         return bool(await call(
             layout.lay_out(self._client, self._scripts.evalsha, QUEUE_GROUP, wait=wait)
         ))  # fmt: skip
+
+    async def tidy_commits(self) -> None:
+        """On Redis Cluster, with each trimming pass: finish this replica's own commit records
+        it gave up on, and drop the addresses' commit markers past their grace period."""
+        if self.commits is None:
+            return
+        await call(self.commits.complete(self.replica_id))
+        async for address, _ in self._client.hscan_iter(keys.ADDRESSES, count=500):
+            await call(self.commits.sweep_markers(as_text(address)))
 
     async def close(self) -> None:
         await self.watching.close()

@@ -195,9 +195,10 @@ class Liveness:
                 await self.store.call(client.delete(lock))
                 return None
         report = ReapReport(dead)
+        completed: set[str] = set()
         if self.store.commits is not None:  # its decided commits land before its entries return
-            await self.store.commits.complete(dead)
-        touched = await self._return_entries(dead, report)
+            await self.store.commits.complete(dead, completed)
+        touched = await self._return_entries(dead, report) | completed
         await self._remove_consumers(dead, report)
         report.clients_released = int(
             await self.store.evalsha('release_clients', (keys.CLIENTS,), (dead,))

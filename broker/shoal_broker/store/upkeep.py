@@ -6,10 +6,12 @@ acknowledgement), moving due scheduled messages into their streams, appending me
 reading Redis's memory, and the backlog limits of addresses (docs/security.md).
 """
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.exceptions
 
 from shoal_broker.errors import StoreCommandDenied
@@ -57,14 +59,23 @@ class Upkeep:
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
                     break
-                pipe = self._client.pipeline(transaction=False)
-                for stream in streams:
-                    pipe.evalsha(self._scripts.sha['trim'], 1, stream, TRIM_STEP_ENTRIES)
-                counts = [int(r) for r in await call(pipe.execute())]
+                counts = [int(r) for r in await self._trim_step(streams)]
                 removed += sum(counts)
                 streams = [s for s, count in zip(streams, counts, strict=True) if count]
             if not cursor:
                 return removed
+
+    async def _trim_step(self, streams: list[str]) -> list[Any]:
+        """One trim.lua call per stream: one pipeline, or on a cluster (whose pipelines take no
+        scripts) concurrent calls, each on its stream's node."""
+        if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
+            return list(await asyncio.gather(*(
+                self._scripts.evalsha('trim', (stream,), (TRIM_STEP_ENTRIES,)) for stream in streams
+            )))  # fmt: skip
+        pipe = self._client.pipeline(transaction=False)
+        for stream in streams:
+            pipe.evalsha(self._scripts.sha['trim'], 1, stream, TRIM_STEP_ENTRIES)
+        return list(await call(pipe.execute()))
 
     async def release_due(self, now_ms: int, limit: int = 500) -> int:
         """Move every due scheduled message into its address's streams; returns how many."""
