@@ -47,6 +47,7 @@ def message(body: bytes) -> OutgoingMessage:
 async def test_the_operator_and_the_cli_see_every_shard(
     redis_cluster: ClusterGroup, store: RedisStore, registry: Registry
 ) -> None:
+    assert await store.ping()  # every primary answers
     queues = spread(redis_cluster, f'q-{uuid.uuid4().hex[:6]}', 6)
     for n, queue in enumerate(queues):
         assert await registry.declare_queue(queue, 'ns/q') is Provisioned.CREATED

@@ -12,7 +12,7 @@ the connection and the parts' lifecycle; multi-key changes that must be atomic a
 Only this package imports redis; Redis failures become ``StoreUnavailable``.
 """
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -138,8 +138,20 @@ class RedisStore:
         """Refuse to start when Redis cannot give the promised durability."""
         if self._durability is not Durability.FSYNC:
             return
-        config = await call(self._client.config_get('append*'))
-        values = {as_text(k): as_text(v) for k, v in config.items()}
+        for config in await self._on_every_primary(lambda c, **to: c.config_get('append*', **to)):
+            self._check_fsync({as_text(k): as_text(v) for k, v in config.items()})
+
+    async def _on_every_primary(self, command: Callable[..., Awaitable[Any]]) -> list[Any]:
+        """``command(client)``'s reply from the one server, or from every primary of a cluster
+        (redis-py's ``target_nodes``)."""
+        if self.commits is None:
+            return [await call(command(self._client))]
+        cluster: Any = self._client
+        primaries = cluster.get_primaries()
+        return [await call(command(cluster, target_nodes=node)) for node in primaries]
+
+    @staticmethod
+    def _check_fsync(values: dict[str, str]) -> None:
         if values.get('appendonly') != 'yes' or values.get('appendfsync') != 'always':
             raise StoreUnavailable(
                 'SHOAL_DURABILITY=fsync needs Redis with appendonly yes and appendfsync always '
@@ -186,9 +198,10 @@ class RedisStore:
         await self.cycles.flush()
 
     async def ping(self) -> bool:
+        """Whether Redis answers (on a cluster: every primary)."""
         try:
-            return bool(await self._client.ping())
-        except REDIS_DOWN:
+            return all(await self._on_every_primary(lambda c, **to: c.ping(**to)))
+        except (*REDIS_DOWN, StoreUnavailable):
             return False
 
     # -- for the store's own companion modules (liveness, inspection) --------------------------
