@@ -136,8 +136,8 @@ def test_the_script_runs_on_one_slot(cluster: ClusterGroup, case: Case) -> None:
 
 
 def test_a_commit_over_two_addresses_is_not_one_transaction(cluster: ClusterGroup) -> None:
-    """What ``RedisStore.commit`` sends today (MULTI/EXEC over every address of the transaction)
-    is refused: the cross-shard commit record (docs/redis-modes.md) replaces it."""
+    """A MULTI/EXEC over addresses on two slots is refused: why a transaction over several
+    slots goes through a commit record on a cluster (store/transactions.py, docs/redis-modes.md)."""
     node = cluster.node(cluster.owner_of_slot(cluster.keyslot(A.streams[0])))
     client = node.client()
     try:
