@@ -48,6 +48,8 @@ async def test_the_operator_and_the_cli_see_every_shard(
     redis_cluster: ClusterGroup, store: RedisStore, registry: Registry
 ) -> None:
     assert await store.ping()  # every primary answers
+    used, _ = await store.upkeep.memory()  # the fullest primary's
+    assert used > 0
     queues = spread(redis_cluster, f'q-{uuid.uuid4().hex[:6]}', 6)
     for n, queue in enumerate(queues):
         assert await registry.declare_queue(queue, 'ns/q') is Provisioned.CREATED

@@ -110,12 +110,19 @@ class Upkeep:
         await call(pipe.execute())
 
     async def memory(self) -> tuple[int, int]:
-        """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes."""
+        """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes; on a cluster,
+        those of the fullest primary (the first to refuse writes)."""
         try:
-            info = await call(self._client.info('memory'))
+            if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
+                primaries = redis.asyncio.cluster.RedisCluster.PRIMARIES
+                per_node = await call(self._client.info('memory', target_nodes=primaries))
+                infos = list(per_node.values())
+            else:
+                infos = [await call(self._client.info('memory'))]
         except redis.exceptions.NoPermissionError as exc:
             raise StoreCommandDenied('INFO', str(exc)) from exc
-        return int(info.get('used_memory', 0)), int(info.get('maxmemory', 0))
+        found = [(int(i.get('used_memory', 0)), int(i.get('maxmemory', 0))) for i in infos]
+        return max(found, key=lambda m: m[0] / m[1] if m[1] else 0.0)
 
     def limit_backlog(self, limit: int, overflow: str) -> None:
         """Cap what every address holds: at ``limit`` entries a publish is refused
