@@ -18,6 +18,7 @@ run: venv
 test: venv node-deps lint
 	$(PY) -m pytest -p no:cacheprovider
 	$(MAKE) --no-print-directory test-sentinel
+	$(MAKE) --no-print-directory test-cluster
 
 # The core functional modules again, with the brokers on a primary, a replica and three sentinels
 # (tests/conftest.py, docs/redis-modes.md); part of `make test` (about 2 minutes).
@@ -27,10 +28,11 @@ test-sentinel: venv node-deps
 	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
 
 # The same core modules with the brokers on a Redis Cluster of three primaries and three replicas
-# (tests/support/redisclusters.py, docs/redis-modes.md#redis-cluster). Not part of `make test` until
-# the store lays its keys out for the cluster; tests/store/test_cluster_slots.py is the checklist.
+# (tests/support/redisclusters.py, docs/redis-modes.md#redis-cluster), and a committer killed
+# mid-transaction, whose commits there span shards; part of `make test` (about 2 minutes).
+CLUSTER_CORE := $(SENTINEL_CORE) tests/jms/test_commit_crash.py
 test-cluster: venv node-deps
-	SHOAL_TEST_STORE=cluster $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
+	SHOAL_TEST_STORE=cluster $(PY) -m pytest -p no:cacheprovider $(CLUSTER_CORE)
 
 lint: venv
 	$(VENV)/bin/ruff check broker operator analytics tests bench docker charts fuzz scripts

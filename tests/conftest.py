@@ -62,6 +62,17 @@ def store_url(store_backend: tuple[RedisServer, str]) -> str:
     return store_backend[1]
 
 
+@pytest.fixture
+def store_client(store_url: str) -> Iterator[Any]:
+    """A synchronous client of the brokers' Redis in any store mode (on a cluster, each command
+    goes to the node serving its key's slot)."""
+    from shoal_broker.store import connect
+
+    client = connect.sync_client_of_any_mode(store_url)
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope='session')
 def broker(store_url: str) -> Iterator[BrokerProcess]:
     b = BrokerProcess(store_url, replica_id='replica-a')

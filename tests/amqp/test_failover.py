@@ -6,7 +6,7 @@ import time
 import redis
 from amqpclient import connect, nothing_more, receive_all, receiver, send_all
 from jmswire import JmsSource, jms_connect, subscriber
-from processes import BrokerProcess, RedisServer
+from processes import BrokerProcess
 
 FAST_LEASE = {'SHOAL_LEASE_SECONDS': '1.5'}
 
@@ -38,7 +38,7 @@ def test_in_flight_deliveries_of_a_killed_replica_are_redelivered_by_another(
 
 
 def test_a_killed_replicas_claims_and_registrations_are_released(
-    start_broker, redis_server: RedisServer, address: str
+    start_broker, store_client: redis.Redis, address: str
 ) -> None:  # type: ignore[no-untyped-def]
     survivor, doomed = start_broker(env=FAST_LEASE), start_broker(env=FAST_LEASE)
     holder = jms_connect(doomed.url, 'client-of-the-dead')
@@ -47,28 +47,27 @@ def test_a_killed_replicas_claims_and_registrations_are_released(
     durable = JmsSource('topic', durable=True)
     subscriber(holder, address, 'kept', durable)
     _kill(doomed)
-    client = redis.Redis.from_url(redis_server.url)
+    client = store_client
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and client.hexists('shoal:clients', 'client-of-the-dead'):
         time.sleep(0.1)
     assert not client.hexists('shoal:clients', 'client-of-the-dead')
-    ids = {i.decode() for i in client.smembers('shoal:subscriptions')}
+    ids = {i.decode() for i in client.hkeys('shoal:subscription-index')}
     assert 'volatile:global:*:vol' not in ids  # deleted with its last (dead) consumer
     assert 'durable:client:client-of-the-dead:kept' in ids  # durable: kept, with no consumer
     assert client.hlen('shoal:{s:durable:client:client-of-the-dead:kept}:consumers') == 0
-    client.close()
     again = jms_connect(survivor.url, 'client-of-the-dead')  # the ClientID is free again
     subscriber(again, address, 'kept', durable)  # and the exclusive subscription too
     again.close()
 
 
 def test_a_replica_that_stops_cleanly_leaves_nothing_to_reap(
-    start_broker, redis_server: RedisServer
+    start_broker, store_client: redis.Redis
 ) -> None:  # type: ignore[no-untyped-def]
     b = start_broker(env=FAST_LEASE, replica_id='clean-exit')
-    client = redis.Redis.from_url(redis_server.url)
+    client = store_client
     assert client.sismember('shoal:replicas', 'clean-exit')
     assert b.stop() == 0
     assert not client.sismember('shoal:replicas', 'clean-exit')
-    assert not client.exists('shoal:lease:clean-exit')
-    client.close()
+    assert not client.exists('shoal:lease:clean-exit', 'shoal:{r:clean-exit}:lease')
+    assert not client.exists('shoal:{r:clean-exit}:joined')

@@ -35,10 +35,8 @@ def test_messages_published_before_a_subscriber_attached_are_not_delivered_to_it
 
 
 def test_nothing_is_retained_once_the_last_subscriber_leaves(
-    broker: BrokerProcess, address: str, redis_server
+    broker: BrokerProcess, address: str, store_client
 ) -> None:  # type: ignore[no-untyped-def]
-    import redis
-
     conn = connect(broker.url)
     sub = receiver(conn, address, TOPIC, credit=20)
     snd = sender(conn, address, TOPIC)
@@ -50,12 +48,11 @@ def test_nothing_is_retained_once_the_last_subscriber_leaves(
     assert nothing_more(again)
     again.close()
     conn.close()
-    client = redis.Redis.from_url(redis_server.url)
+    client = store_client
     tag = f'shoal:{{a:{address}}}'
     assert client.scard(f'{tag}:groups') == 0  # every subscription was removed
     groups = [g for band in (0, 1) for g in _groups(client, f'{tag}:s:{band}')]
     assert groups == []
-    client.close()
 
 
 def _groups(client, stream: str) -> list[object]:  # type: ignore[no-untyped-def]

@@ -112,7 +112,7 @@ def check_definition(
 
 def named_on(store: StoredSubscriptions, topic: str) -> set[str]:
     """Ids of indexed subscriptions whose definition is on ``topic``."""
-    members = store.redis.smembers(store.INDEX)
+    members = store.redis.hkeys(store.INDEX)
     return {i for i in members if store.definition(i).get('topic') == topic}
 
 

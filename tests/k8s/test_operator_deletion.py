@@ -19,6 +19,7 @@ from proton import Message
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.store import keys
 from shoal_broker.store.declarations import SubscriptionDeclaration
+from shoal_broker.store.layout import kind_of
 from shoal_broker.store.registry import Registry
 
 
@@ -64,7 +65,7 @@ async def test_kubectl_delete_of_a_whole_app_honours_delete(
         ('sharedsubscriptions', billing, None),
     ]
     await _declare_app(kube, redis_server, address, billing, 'Delete')
-    assert rds.hget(keys.ADDRESSES, f'{address}-q') == 'queue'
+    assert kind_of(rds.hget(keys.ADDRESSES, f'{address}-q')) == 'queue'
     assert rds.exists(definition_key(billing))
 
     for plural, name, api_version in app:  # kubectl delete -f app.yaml: one after the other
@@ -171,7 +172,7 @@ async def test_a_declaration_whose_resource_is_gone_is_released(
         )
 
     await cluster.eventually(released, 'both orphans released')
-    assert rds.hget(keys.ADDRESSES, f'{address}-q') == 'queue'  # released, not deleted
+    assert kind_of(rds.hget(keys.ADDRESSES, f'{address}-q')) == 'queue'  # released, not deleted
     assert rds.exists(definition_key(ghost))
     assert rds.hget(keys.PROVISIONED, keys.provisioned_queue(f'{address}-other')) == (
         f'unwatched/{ghost}'
@@ -218,7 +219,7 @@ async def test_an_operator_restart_honours_the_deletion_policy_of_what_was_delet
         for name in names:
             await kube.delete(plural, name)
             assert await kube.get(plural, name) is None  # no finalizer: gone at once
-    assert rds.hget(keys.ADDRESSES, f'{address}-gone') == 'queue'  # nobody acted on it yet
+    assert kind_of(rds.hget(keys.ADDRESSES, f'{address}-gone')) == 'queue'  # nobody acted on it yet
 
     def declared(field: str) -> bool:
         return rds.hget(keys.PROVISIONED, field) is not None
@@ -235,12 +236,12 @@ async def test_an_operator_restart_honours_the_deletion_policy_of_what_was_delet
             )
 
         await kube.eventually(settled, 'Delete carried out, Retain released')
-        assert rds.hget(keys.ADDRESSES, f'{address}-kept') == 'queue'
+        assert kind_of(rds.hget(keys.ADDRESSES, f'{address}-kept')) == 'queue'
         assert rds.exists(definition_key(f'kept-{suffix}'))
         assert rds.hget(definition_key(f'kept-{suffix}'), 'owner') is None
         await kube.observer_passes(2)
         assert declared(keys.provisioned_queue(f'{address}-full'))  # a message waits in it
-        assert rds.hget(keys.ADDRESSES, f'{address}-full') == 'queue'
+        assert kind_of(rds.hget(keys.ADDRESSES, f'{address}-full')) == 'queue'
 
         conn = connect(broker.url)
         assert [m.body for m in receive_all(receiver(conn, f'{address}-full'), 1)] == ['waiting']

@@ -14,6 +14,7 @@ from processes import BrokerProcess, RedisServer, free_port
 from proton import Message
 
 from shoal_broker.store import keys
+from shoal_broker.store.layout import kind_of
 from shoal_operator.runtime import Settings
 
 FINALIZER = 'shoal.dev/finalizer'
@@ -288,7 +289,7 @@ async def test_a_queue_is_declared_sampled_and_deleted(
     }
     await cluster.create('queues', body)
     await body_when(cluster, 'queues', 'orders', ready, 'Ready')
-    assert rds.hget(keys.ADDRESSES, address) == 'queue'
+    assert kind_of(rds.hget(keys.ADDRESSES, address)) == 'queue'
     conn = connect(broker.url)
     sender(conn, address).send(Message(body='first order'))
     conn.close()

@@ -1,12 +1,11 @@
 """
-Which of the store's Lua scripts a Redis Cluster can run: the checklist of the key layout
-(docs/redis-modes.md#the-key-layout).
+Every Lua script of the store runs on one hash slot of a Redis Cluster: the checklist of the key
+layout (docs/redis-modes.md#the-key-layout).
 
 Each script runs on a real cluster of three primaries and three replicas with the KEYS its caller
 passes, built through store/keys.py, sent to the node serving the first key's slot: Redis itself
-answers CROSSSLOT when they span slots. A script known to span slots today is marked xfail
-(strict), so laying its keys out for the cluster turns it into a failure until the mark goes.
-A script added to lua/ without a case here fails ``test_every_script_has_a_case``.
+answers CROSSSLOT when they span slots. A script added to lua/ without a case here fails
+``test_every_script_has_a_case``.
 """
 
 import re
@@ -20,7 +19,7 @@ import redis
 from redisclusters import ClusterGroup
 
 from shoal_broker.routing.storage import QUEUE_GROUP
-from shoal_broker.store import keys, scripts
+from shoal_broker.store import keys, layout, scripts
 from shoal_broker.store.replicas import renewal_keys
 
 ADDRESS = 'orders'
@@ -35,20 +34,12 @@ RECORD = keys.commit_record(REPLICA, 3, 'c0ffee')
 MESSAGE = (b'\x00Sp\xc0\x01\x00', b'\x00Sw\xa1\x02hi', '0', '')
 """One message as the publishing scripts take it: header, rest, expiry, origin."""
 
-CROSS_SLOT = pytest.mark.xfail(
-    strict=True,
-    raises=redis.exceptions.ClusterCrossSlotError,
-    reason='spans hash slots today: the layout in docs/redis-modes.md puts it on one',
-)
-"""Only CROSSSLOT is expected: any other error of the script fails the test."""
-
 
 @dataclass(frozen=True)
 class Case:
     script: str
     keys: tuple[str, ...]
     args: tuple[Any, ...]
-    cross_slot: bool = False
 
 
 def now_ms() -> int:
@@ -57,8 +48,7 @@ def now_ms() -> int:
 
 CASES = [
     # an address and its subscriptions: the queue's group first, so the later ones find it
-    Case('create_address', (keys.ADDRESSES, *A.streams, A.groups), (ADDRESS, 'queue', GROUP),
-         cross_slot=True),
+    Case('create_address', (A.meta, *A.streams, A.groups), ('queue', GROUP, 'e1')),
     Case('create_group', (*A.streams, A.groups), (GROUP, '0')),
     Case('create_group', (*T.streams, T.groups), (SUBSCRIPTION, '$')),
     # the message path
@@ -79,22 +69,17 @@ CASES = [
          (GROUP, 'replica-dead', 0, 100, '1')),
     Case('trim', (A.streams[0],), (1000,)),
     # named subscriptions (JMS) and their declarations (the operator)
-    Case('join', (S.definition, S.consumers, keys.SUBSCRIPTIONS),
-         ('c1', REPLICA, SUBSCRIPTION, '1', '1', 'client', 'app-1', 'watch', TOPIC, '', '0', 0),
-         cross_slot=True),
-    Case('leave', (S.definition, S.consumers, keys.SUBSCRIPTIONS), ('c1', SUBSCRIPTION),
-         cross_slot=True),
-    Case('unsubscribe', (S.definition, S.consumers, keys.SUBSCRIPTIONS), ('c1', SUBSCRIPTION),
-         cross_slot=True),
-    Case('reap_consumers', (S.definition, S.consumers, keys.SUBSCRIPTIONS),
-         ('replica-dead', SUBSCRIPTION), cross_slot=True),
-    Case('provision_subscription',
-         (S.definition, S.consumers, keys.SUBSCRIPTIONS, keys.PROVISIONED),
-         (SUBSCRIPTION, 'watch', 'client', 'app-1', '1', TOPIC, '', '', 'ns/watch', '1', '0'),
-         cross_slot=True),
-    Case('deprovision_subscription',
-         (S.definition, S.consumers, keys.SUBSCRIPTIONS, keys.PROVISIONED),
-         (SUBSCRIPTION, 'ns/watch', 'delete'), cross_slot=True),
+    Case('join', (S.definition, S.consumers),
+         ('c1', REPLICA, SUBSCRIPTION, '1', '1', 'client', 'app-1', 'watch', TOPIC, '', '0', 0,
+          'e1')),
+    Case('leave', (S.definition, S.consumers), ('c1', SUBSCRIPTION)),
+    Case('unsubscribe', (S.definition, S.consumers), ('c1', SUBSCRIPTION)),
+    Case('reap_consumers', (S.definition, S.consumers), ('replica-dead', SUBSCRIPTION)),
+    Case('provision_subscription', (S.definition, S.consumers),
+         (SUBSCRIPTION, 'watch', 'client', 'app-1', '1', TOPIC, '', '', 'ns/watch', '1', '0',
+          'e2')),
+    Case('deprovision_subscription', (S.definition, S.consumers),
+         (SUBSCRIPTION, 'ns/watch', 'delete')),
     Case('delete_group',
          (*T.streams, T.groups, T.returned(SUBSCRIPTION), T.delivery_counts(SUBSCRIPTION),
           T.shares(SUBSCRIPTION), T.delivered(SUBSCRIPTION)),
@@ -102,13 +87,14 @@ CASES = [
     # ClientIDs and the replicas' liveness
     Case('release_client', (keys.CLIENTS,), ('app-1', f'{REPLICA}|1')),
     Case('release_clients', (keys.CLIENTS,), ('replica-dead',)),
-    Case('renew_lease', renewal_keys(REPLICA), ('token', 5000, REPLICA), cross_slot=True),
+    Case('renew_lease', renewal_keys(REPLICA), ('token', 5000, REPLICA)),
     # cross-shard commits (store/commits.py) and the indexes kept outside the scripts
     Case('commit_record', (RECORD, keys.commit_index(REPLICA, 3)), ('replica', REPLICA, 'n', 0)),
     Case('commit_apply', (A.commit_markers, *A.streams, A.groups, A.watchers),
          (RECORD, 'queue', A.notify, REPLICA, 0, 0)),
     Case('commit_forget', (RECORD, keys.commit_index(REPLICA, 3)), ()),
     Case('index_forget', (keys.ADDRESSES,), ('gone', 'queue:e1')),
+    Case('delete_address', (A.meta, *layout.address_keys(ADDRESS, [GROUP])), ()),
 ]  # fmt: skip
 
 
@@ -142,15 +128,7 @@ def test_every_script_has_a_case() -> None:
 
 
 @pytest.mark.parametrize(
-    'case',
-    [
-        pytest.param(
-            case,
-            id=f'{case.script}-{i}',
-            marks=[CROSS_SLOT] if case.cross_slot else [],
-        )
-        for i, case in enumerate(CASES)
-    ],
+    'case', [pytest.param(case, id=f'{case.script}-{i}') for i, case in enumerate(CASES)]
 )
 def test_the_script_runs_on_one_slot(cluster: ClusterGroup, case: Case) -> None:
     _run(cluster, case)  # Redis answers CROSSSLOT (ClusterCrossSlotError) for keys of two slots
@@ -158,8 +136,8 @@ def test_the_script_runs_on_one_slot(cluster: ClusterGroup, case: Case) -> None:
 
 
 def test_a_commit_over_two_addresses_is_not_one_transaction(cluster: ClusterGroup) -> None:
-    """What ``RedisStore.commit`` sends today (MULTI/EXEC over every address of the transaction)
-    is refused: the cross-shard commit record (docs/redis-modes.md) replaces it."""
+    """A MULTI/EXEC over addresses on two slots is refused: why a transaction over several
+    slots goes through a commit record on a cluster (store/transactions.py, docs/redis-modes.md)."""
     node = cluster.node(cluster.owner_of_slot(cluster.keyslot(A.streams[0])))
     client = node.client()
     try:

@@ -99,7 +99,7 @@ async def test_a_publish_wakes_other_watching_replicas_and_only_them(
     address = f'addr-{uuid.uuid4().hex[:10]}'
     await a.registry.create_address(address, AddressKind.QUEUE)
     channel = f'shoal:{{a:{address}}}:notify'
-    await pubsub.subscribe(channel)  # an outside listener sees what is sent on the channel
+    await pubsub.ssubscribe(channel)  # an outside listener sees what is sent on the shard channel
     outside = NotificationReader(pubsub, idle_seconds=5)
     await _messages(outside, 0)
     woken_a: list[str] = []

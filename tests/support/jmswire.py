@@ -241,9 +241,10 @@ def collect(
 class StoredSubscriptions:
     """Reads the Redis layout of named subscriptions and topic consumer groups (store/keys.py):
     the definition HASH ``shoal:{s:<id>}:def``, the consumers HASH ``shoal:{s:<id>}:consumers``,
-    the index SET ``shoal:subscriptions`` and the consumer groups of ``shoal:{a:<topic>}:s:0``."""
+    the index HASH ``shoal:subscription-index`` (id -> epoch) and the consumer groups of
+    ``shoal:{a:<topic>}:s:0``."""
 
-    INDEX = 'shoal:subscriptions'
+    INDEX = 'shoal:subscription-index'
 
     def __init__(self, url: str) -> None:
         self.redis = redis.Redis.from_url(url, decode_responses=True)
@@ -264,11 +265,11 @@ class StoredSubscriptions:
         return dict(self.redis.hgetall(f'shoal:{{s:{subscription_id}}}:consumers'))
 
     def indexed(self, subscription_id: str) -> bool:
-        return bool(self.redis.sismember(self.INDEX, subscription_id))
+        return bool(self.redis.hexists(self.INDEX, subscription_id))
 
     def ids_named(self, name: str) -> set[str]:
         """Every indexed subscription id whose name is ``name``."""
-        return {i for i in self.redis.smembers(self.INDEX) if i.rsplit(':', 1)[-1] == name}
+        return {i for i in self.redis.hkeys(self.INDEX) if i.rsplit(':', 1)[-1] == name}
 
     def groups(self, topic: str) -> dict[str, dict[str, Any]]:
         """Consumer groups on the topic's normal-priority stream, by name (empty if no stream)."""

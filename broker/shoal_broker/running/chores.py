@@ -158,6 +158,7 @@ async def trim_forever(store: RedisStore, interval: float) -> None:
         await asyncio.sleep(interval)
         try:
             removed = await store.upkeep.trim()
+            await store.tidy_commits()
         except StoreUnavailable as exc:
             BACKGROUND_FAILURES.labels('trim').inc()
             logger.error('trim skipped: %s', exc)

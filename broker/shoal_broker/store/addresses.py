@@ -16,7 +16,7 @@ from shoal_broker.routing.jms_subscriptions import SubscriptionKey, Subscription
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import QUEUE_GROUP, JoinOutcome
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import keys
+from shoal_broker.store import keys, layout
 from shoal_broker.store.calls import Scripts, as_text, call
 
 logger = logging.getLogger(__name__)
@@ -41,32 +41,26 @@ class AddressRegistry:
     async def address_kind(self, address: str) -> AddressKind | None:
         if address in self._kinds:
             return self._kinds[address]
-        raw = await call(self._client.hget(keys.ADDRESSES, address))
-        if raw is None:
+        raw = await call(
+            layout.address_kind(self._client, self._scripts.evalsha, address, QUEUE_GROUP)
+        )
+        if not raw:
             return None
-        kind = AddressKind(as_text(raw))
+        kind = AddressKind(raw)
         self._kinds[address] = kind
         return kind
 
     async def create_address(self, address: str, kind: AddressKind) -> AddressKind:
-        k = keys.AddressKeys.of(address)
-        script_keys = (keys.ADDRESSES, *k.streams, k.groups)
-        args = (address, kind.value, QUEUE_GROUP)
         actual = AddressKind(
-            as_text(await self._scripts.evalsha('create_address', script_keys, args))
-        )
+            await call(layout.create_address(
+                self._client, self._scripts.evalsha, address, kind.value, QUEUE_GROUP
+            ))
+        )  # fmt: skip
         self._kinds[address] = actual
         return actual
 
     async def delete_address(self, address: str) -> None:
-        k = keys.AddressKeys.of(address)
-        groups = [as_text(g) for g in await call(self._client.smembers(k.groups))]
-        doomed = [*k.streams, k.groups]
-        for group in groups:
-            doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),
-                       k.delivered(group)]  # fmt: skip
-        await call(self._client.delete(*doomed))
-        await call(self._client.hdel(keys.ADDRESSES, address))
+        await call(layout.delete_address(self._client, self._scripts.evalsha, address))
         self._kinds.pop(address, None)
 
     async def create_subscription(self, address: str, group: str, *, from_start: bool) -> None:
@@ -101,12 +95,11 @@ class AddressRegistry:
             consumer, self._replica_id, key.id, '1' if spec.shared else '0',
             '1' if key.durable else '0', key.scope.value, key.client_id, key.name,
             definition['topic'], definition['selector'], definition['no_local'],
-            default_max_consumers,
+            default_max_consumers, await call(layout.subscription_created(self._client, key.id)),
         )  # fmt: skip
-        reply = await self._scripts.evalsha(
-            'join', (k.definition, k.consumers, keys.SUBSCRIPTIONS), args
-        )
+        reply = await self._scripts.evalsha('join', (k.definition, k.consumers), args)
         outcome, detail = as_text(reply[0]), as_text(reply[1])
+        await call(layout.subscription_settled(self._client, key.id, reply[2]))
         if outcome == 'locked':
             raise ResourceLocked(detail)
         if outcome == 'limit':
@@ -119,16 +112,18 @@ class AddressRegistry:
 
     async def leave_subscription(self, key: SubscriptionKey, consumer: str) -> int:
         k = keys.SubscriptionKeys.of(key.id)
-        script_keys = (k.definition, k.consumers, keys.SUBSCRIPTIONS)
-        reply = await self._scripts.evalsha('leave', script_keys, (consumer, key.id))
+        reply = await self._scripts.evalsha(
+            'leave', (k.definition, k.consumers), (consumer, key.id)
+        )
         left, topic = int(reply[0]), as_text(reply[1])
         if topic:
+            await layout.subscription_deleted(self._scripts.evalsha, key.id, reply[2])
             await self.delete_subscription(topic, key.id)
         return left
 
     async def unsubscribe(self, key: SubscriptionKey, consumer: str) -> None:
         k = keys.SubscriptionKeys.of(key.id)
-        script_keys = (k.definition, k.consumers, keys.SUBSCRIPTIONS)
+        script_keys = (k.definition, k.consumers)
         reply = await self._scripts.evalsha('unsubscribe', script_keys, (consumer, key.id))
         outcome = as_text(reply[0])
         if outcome == 'missing':
@@ -137,6 +132,7 @@ class AddressRegistry:
             raise NotAllowed(f'subscription {key.name!r} is declared by {as_text(reply[1])}')
         if outcome == 'locked':
             raise ResourceLocked(f'there are active consumers on the subscription {key.name!r}')
+        await layout.subscription_deleted(self._scripts.evalsha, key.id, reply[2])
         await self.delete_subscription(as_text(reply[1]), key.id)
 
     async def subscription_definition(self, key: SubscriptionKey) -> dict[str, str] | None:
@@ -146,11 +142,12 @@ class AddressRegistry:
 
     async def subscriptions(self) -> list[dict[str, Any]]:
         """Every named subscription with its consumers per replica (for introspection)."""
-        ids = sorted(as_text(i) for i in await call(self._client.smembers(keys.SUBSCRIPTIONS)))
         found = []
-        for subscription_id in ids:
+        for subscription_id in await call(layout.subscription_ids(self._client)):
             k = keys.SubscriptionKeys.of(subscription_id)
             definition = await call(self._client.hgetall(k.definition))
+            if not definition:
+                continue  # an index entry for nothing (docs/redis-modes.md)
             consumers = await call(self._client.hgetall(k.consumers))
             per_replica: dict[str, int] = {}
             for replica in consumers.values():

@@ -232,6 +232,15 @@ class CommitLog:
         self._in_flight: set[str] = set()
         """Records this process is applying: its own ``complete`` leaves them alone."""
 
+    async def close(self) -> None:
+        """Close the per-node clients (a cluster's)."""
+        if isinstance(self._nodes, ClusterNodes):
+            await self._nodes.aclose()
+
+    def node_for(self, key: str) -> 'redis.asyncio.Redis':
+        """A plain client of the primary serving ``key``'s slot (a one-slot MULTI)."""
+        return self._nodes.for_key(key)
+
     async def commit(
         self,
         sends: Sequence[tuple[str, AddressKind, OutgoingMessage]],
@@ -299,10 +308,11 @@ class CommitLog:
         if not confirmed:
             raise StoreUnavailable('no Redis replica confirmed the end of a commit in time')
 
-    async def complete(self, replica_id: str) -> int:
+    async def complete(self, replica_id: str, touched: set[str] | None = None) -> int:
         """Complete every commit record ``replica_id`` left (its reaper's call, or its own,
         periodically and at start): apply each address's part not applied yet, then forget the
-        record. Returns the number of records completed."""
+        record. Returns the number of records completed; adds their addresses to ``touched``
+        (the script wakes other replicas' watchers; the caller wakes its own)."""
         done = 0
         for bucket in range(keys.COMMIT_BUCKETS):
             index = keys.commit_index(replica_id, bucket)
@@ -314,6 +324,8 @@ class CommitLog:
                 fields = await self._retrying(record, lambda c, r=record: c.hgetall(r))  # type: ignore[misc]
                 for i in range(int(fields.get(b'n', 0))):
                     address = fields[f'a:{i}'.encode()].decode()
+                    if touched is not None:
+                        touched.add(address)
                     await self._apply_arguments(record, address, unpack(fields[f'p:{i}'.encode()]))
                 await self.forget(record)
                 done += 1

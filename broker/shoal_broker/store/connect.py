@@ -353,13 +353,13 @@ def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     return primary
 
 
-def follow_primary(sync: redis.Redis) -> None:
+def follow_primary(sync: SyncRedis) -> None:
     """Ask the sentinels which server is the primary now, for a ``sync_client`` of a Sentinel
     URL (nothing for a standalone one); if it moved, redis-py drops the idle connections, so the
     next command goes to the new primary. A demoted primary that is still up keeps answering
     on a connection already open to it, so a long-lived client asks before each write that
     must reach the primary (one sentinel round trip per lease renewal)."""
-    pool = sync.connection_pool
+    pool = getattr(sync, 'connection_pool', None)  # a cluster client has one per node
     if isinstance(pool, redis.sentinel.SentinelConnectionPool):
         pool.get_master_address()  # type: ignore[no-untyped-call]
 
@@ -369,6 +369,15 @@ def client(url: str, **kwargs: Any) -> 'redis.asyncio.Redis':
     to close a Sentinel URL's sentinel connections too). A cluster URL is refused here:
     ``cluster_client`` builds its client."""
     return redis.asyncio.Redis.from_pool(connection_pool(url, **kwargs))
+
+
+def client_of_any_mode(url: str, **kwargs: Any) -> 'redis.asyncio.Redis':
+    """An asyncio client for a standalone, Sentinel or Cluster URL (a cluster client sends each
+    command to the node serving its key's slot, and a pipeline's commands to theirs)."""
+    if is_cluster_url(url):
+        # typed as a Redis: the commands the store sends are the same
+        return cast('redis.asyncio.Redis', cluster_client(url, **kwargs))
+    return client(url, **kwargs)
 
 
 async def close(

@@ -8,6 +8,10 @@ flight at a time, all on one connection (``lane.py``): Redis applies them in the
 written, which keeps one producer's messages in order, and nothing is accepted before its
 pipeline's reply. A cycle that returned entries announces them to other replicas (``notify.lua``)
 and wakes this replica's own consumers; a publish script announces its own.
+
+On Redis Cluster (``lanes`` given) a cycle's units go to one lane per primary, each unit to the
+primary serving its address's slot (``lanes.py``), and each unit is settled as its node answers;
+in ``replicated`` mode each node's pipeline ends with its own ``WAIT``.
 """
 
 import asyncio
@@ -27,6 +31,8 @@ from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
 from shoal_broker.store.lane import Lane
+from shoal_broker.store.lanes import ClusterLanes, slot_of
+from shoal_broker.store.lanes import Unit as LaneUnit
 from shoal_broker.store.ops import (
     WRITES,
     Op,
@@ -70,6 +76,7 @@ class Cycles:
         notify_local: Notify,
         durability: Durability = Durability.MEMORY,
         replication_timeout_ms: int = 1000,
+        lanes: ClusterLanes | None = None,
     ) -> None:
         self._scripts = scripts
         self._replica_id = replica_id
@@ -77,7 +84,10 @@ class Cycles:
         self._notify_local = notify_local
         self._durability = durability
         self._replication_timeout_ms = replication_timeout_ms
-        self.lane = Lane(client.connection_pool, PIPELINES_IN_FLIGHT)
+        self.lanes = lanes
+        """On Redis Cluster: the lane of each primary (``lane`` is not used)."""
+        pool: Any = client.connection_pool if lanes is None else _NoPool()
+        self.lane = Lane(pool, PIPELINES_IN_FLIGHT)
         self.queued: list[Op] = []
         """Ops for the next cycle. Always this list (emptied, never replaced): the message
         operations hold it (and the two dicts below) to append without a lookup."""
@@ -116,6 +126,8 @@ class Cycles:
         if self._task is not None:
             await cancel_and_wait([self._task])
         await self.lane.close()
+        if self.lanes is not None:
+            await self.lanes.close()
         for op in (*self.queued, *self._sending, *self._retry, *self._in_flight_ops()):
             if not op.done():
                 fail(op, StoreUnavailable('broker shutting down'))
@@ -172,7 +184,8 @@ class Cycles:
             self.wakeup.clear()
             if not self.queued:
                 continue
-            await self.lane.wait_for_room()  # meanwhile the batch grows
+            if self.lanes is None:  # ClusterLanes.send waits for room on each node's lane
+                await self.lane.wait_for_room()  # meanwhile the batch grows
             ops = self.queued.copy()
             self.queued.clear()
             self.open_publishes.clear()  # what is published from now on goes in the next cycle
@@ -208,6 +221,9 @@ class Cycles:
         self.commands += len(commands)
         started = time.perf_counter()
         number = self._cycle_number = self._cycle_number + 1
+        if self.lanes is not None:
+            await self._send_to_nodes(number, ops, units, announced, waits)
+            return
 
         def answered(replies: list[Any] | None, error: BaseException | None) -> None:
             self._in_flight.pop(number, None)
@@ -221,6 +237,61 @@ class Cycles:
             if not isinstance(exc, REDIS_DOWN):
                 raise
             unreachable(ops, exc)
+
+    async def _send_to_nodes(
+        self, number: int, ops: list[Op], units: list[Unit], announced: set[str], waits: bool
+    ) -> None:
+        """The cycle on Redis Cluster: each unit to its slot's primary, settled on its own."""
+        assert self.lanes is not None
+        lane_units: list[LaneUnit] = []
+        left = [len(units)]
+
+        def settled() -> None:
+            left[0] -= 1
+            if left[0] <= 0:
+                self._in_flight.pop(number, None)
+
+        for commands, members in units:
+            confirm = waits and _writes(members)
+            done = self._unit_answered(commands, members, confirm, settled)
+            lane_units.append(LaneUnit(_slot(commands), commands, done, confirm=confirm))
+        notify = self._scripts.source['notify']
+        for address in announced:
+            k = keys.AddressKeys.of(address)
+            command = ('EVAL', notify, 1, k.watchers, k.notify, self._replica_id)
+            lane_units.append(LaneUnit(slot_of(k.watchers), [command], _ignored))
+        self._in_flight[number] = ops
+        if not units:
+            self._in_flight.pop(number, None)
+        try:
+            await self.lanes.send(lane_units)
+        except BaseException as exc:  # not sent: nothing will answer it
+            self._in_flight.pop(number, None)
+            if not isinstance(exc, REDIS_DOWN):
+                raise
+            unreachable(ops, exc)
+
+    def _unit_answered(
+        self, commands: list[tuple[Any, ...]], members: list[Op], confirm: bool,
+        settled: Callable[[], None],
+    ) -> Callable[[list[Any] | None, BaseException | None], None]:  # fmt: skip
+        def done(replies: list[Any] | None, error: BaseException | None) -> None:
+            try:
+                if error is not None or replies is None:
+                    unreachable(members, error or StoreUnavailable('no replies'))
+                    return
+                if confirm:
+                    confirmed, replies = replies[-1], replies[:-1]
+                    if not (isinstance(confirmed, int) and confirmed >= 1):
+                        self._warn_unconfirmed()
+                        unconfirmed(members)
+                self._settle_units([(commands, members)], replies)
+                for address in {op.notify for op in members if op.notify and op.notify_local}:
+                    self._notify_local(address)
+            finally:
+                settled()
+
+        return done
 
     def _answered(
         self,
@@ -345,3 +416,40 @@ class Cycles:
         if counted:
             commands.append(('HDEL', k.delivery_counts(group), *counted))
         return commands
+
+
+def _slot(commands: list[tuple[Any, ...]]) -> int:
+    """The slot of a unit: that of its first tagged key (``shoal:{<tag>}:...``), else of its
+    first command's key."""
+    for command in commands:
+        for arg in command[1:]:
+            if isinstance(arg, str) and arg.startswith(_KEY_HEAD):
+                return slot_of(arg)
+            if isinstance(arg, bytes) and arg.startswith(_KEY_HEAD_BYTES):
+                return slot_of(arg)
+    first = commands[0]
+    if first[0] in ('EVAL', 'EVALSHA'):
+        return slot_of(first[3])
+    return slot_of(first[1])  # a global key (``keys.SCHEDULED``): the command's first argument
+
+
+_KEY_HEAD = f'{keys.PREFIX}:{{'
+_KEY_HEAD_BYTES = _KEY_HEAD.encode()
+
+
+def _writes(ops: list[Op]) -> bool:
+    return any(op.batch is not None and op.batch[0] in WRITES for op in ops)
+
+
+def _ignored(replies: list[Any] | None, error: BaseException | None) -> None:
+    """A wake-up's answer: a lost one only delays a consumer to its next look."""
+
+
+class _NoPool:
+    """The pool of the unused single lane on Redis Cluster: never connected."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable('no single connection on Redis Cluster')
+
+    async def release(self, connection: Any) -> None:
+        pass

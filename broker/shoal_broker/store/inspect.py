@@ -27,7 +27,7 @@ from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.jms_subscriptions import Scope
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import connect, keys
+from shoal_broker.store import connect, keys, layout
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _PAGE = 1000
@@ -139,7 +139,7 @@ class Inspector:
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 5.0) -> Self:
         """Raises ValueError for a URL redis-py cannot use."""
-        client = connect.client(
+        client = connect.client_of_any_mode(
             url, decode_responses=True, socket_connect_timeout=timeout, socket_timeout=timeout
         )
         return cls(client)
@@ -171,7 +171,9 @@ class Inspector:
             registry.update(batch)
             if not cursor:
                 break
-        return [AddressInfo(name, registry[name]) for name in sorted(registry)]
+        # the index's value is ``<kind>:<epoch>`` (store/layout.py); it may list an address a
+        # crash left half-created: the CLI shows it until the name is created and deleted again
+        return [AddressInfo(_text(n), layout.kind_of(registry[n])) for n in sorted(registry)]
 
     async def declared_owners(self) -> dict[str, str]:
         """``PROVISIONED``: a declared queue's or subscription's field -> ``namespace/name`` of
@@ -226,7 +228,7 @@ class Inspector:
         return (await self._per_replica([(address, group)]))[0][1]
 
     async def subscriptions(self) -> list[SubscriptionInfo]:
-        ids = sorted(str(i) for i in await self._call(self._client.smembers(keys.SUBSCRIPTIONS)))
+        ids = await self._call(layout.subscription_ids(self._client))
         pipe = self._client.pipeline(transaction=False)
         for subscription_id in ids:
             k = keys.SubscriptionKeys.of(subscription_id)
@@ -236,7 +238,7 @@ class Inspector:
         rows: list[tuple[str, Mapping[str, str], Mapping[str, str]]] = []
         for i, subscription_id in enumerate(ids):
             definition, consumers = replies[2 * i], replies[2 * i + 1]
-            if definition:  # removed between SMEMBERS and HGETALL
+            if definition:  # an index entry for nothing, or removed since it was listed
                 rows.append((subscription_id, definition, consumers))
         groups = [(d.get('topic', ''), sid) for sid, d, _ in rows]
         backlogs = await self._backlogs(groups)

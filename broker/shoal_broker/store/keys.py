@@ -3,7 +3,8 @@ Every Redis key the broker touches, in one place.
 
 An address's keys share the hash tag ``{a:<address>}`` so a script may touch all of them on Redis
 Cluster: all keys of one script live in one slot and are passed in KEYS, never built inside the
-script. The address registry is the one global key.
+script. Global keys (``ADDRESSES``, ``SUBSCRIPTION_INDEX``, ``REPLICAS``, ...) are indexes, each
+touched alone (docs/redis-modes.md, "The key layout"; ``layout.py``).
 
 Layout (DESIGN.md §4): every address is a stream per priority band; every subscription is a
 consumer group on those streams (a queue has exactly one, named ``routing.storage.QUEUE_GROUP``);
@@ -16,10 +17,13 @@ import dataclasses
 PREFIX = 'shoal'
 
 ADDRESSES = f'{PREFIX}:addresses'
-"""HASH address -> kind (``queue``/``topic``): the address registry."""
+"""HASH address -> ``<kind>:<epoch>``: the index of addresses, written outside the scripts
+(``layout.py``); an address's own record is ``AddressKeys.meta``. An older version wrote the bare
+kind here, which a replica lays out at start."""
 
 SUBSCRIPTIONS = f'{PREFIX}:subscriptions'
-"""SET of named (durable or shared) subscription ids: the index the CLI and operator list."""
+"""SET of named subscription ids written by an older version's scripts; laid out into
+``SUBSCRIPTION_INDEX`` at start and deleted once no older replica is left (``layout.py``)."""
 
 CLIENTS = f'{PREFIX}:clients'
 """HASH ClientID (container-id) -> ``<replica>|<connection>`` holding it, cluster-wide."""
@@ -42,7 +46,9 @@ RECLAIMED = 'reclaimed'
 
 
 def lease(replica_id: str) -> str:
-    """STRING with a TTL: the replica is alive while it exists (value: its process token)."""
+    """The older layout's lease (``ReplicaKeys.lease`` is the one renew_lease.lua takes): still
+    renewed on standalone and Sentinel, for an older replica's reaper during a rolling
+    upgrade."""
     return f'{PREFIX}:lease:{replica_id}'
 
 
@@ -64,7 +70,7 @@ def notified_address(channel: bytes) -> str | None:
 
 
 def reaping(replica_id: str) -> str:
-    """STRING with a TTL: one live replica is cleaning up after ``replica_id``."""
+    """The older layout's reaping lock (``ReplicaKeys.reaping`` is the one taken now)."""
     return f'{PREFIX}:reaping:{replica_id}'
 
 

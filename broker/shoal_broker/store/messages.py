@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio
 
-from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull, StoreUnavailable
+from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull
 from shoal_broker.routing.storage import (
     NORMAL_BAND,
     BrowseCursor,
@@ -30,10 +30,12 @@ from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import Scripts, as_text, call
+from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.ops import Op, Tokens, no_result
 from shoal_broker.store.replies import entries_of, new_entries
+from shoal_broker.store.transactions import Transactions
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +74,12 @@ class Messages:
         announce: Announce,
         durability: Durability = Durability.MEMORY,
         replication_timeout_ms: int = 1000,
+        commits: CommitLog | None = None,
     ) -> None:
         self._client = client
+        self.transactions = Transactions(
+            client, scripts, replica_id, announce, durability, replication_timeout_ms, commits
+        )
         self._scripts = scripts
         self._cycles = cycles
         self._replica_id = replica_id
@@ -230,11 +236,16 @@ class Messages:
         member = f'{due_ms}-{uuid.uuid4().hex}'
         args = (due_ms, member, message.band, message.header, message.rest,
                 str(message.expiry_ms), message.origin)  # fmt: skip
-        commands: list[tuple[Any, ...]] = [
-            self._script('schedule', (k.scheduled, k.scheduled_messages), args),
-            ('SADD', keys.SCHEDULED, address),
-        ]
-        return self._queue(commands, lambda r: True)
+        script = self._script('schedule', (k.scheduled, k.scheduled_messages), args)
+        listing = ('SADD', keys.SCHEDULED, address)
+        if self._cycles.lanes is None:
+            return self._queue([script, listing], lambda r: True)
+        # on a cluster two slots: accepted once both are done. The set only grows, so a message
+        # whose listing failed (released, not accepted) is found by the next one scheduled there
+        both = asyncio.gather(
+            self._queue([script], lambda r: True), self._queue([listing], lambda r: True)
+        )
+        return asyncio.ensure_future(_true_when_done(both))
 
     def fetch(
         self, address: str, group: str, count: int, consumers: int = 0, credit: int = 0
@@ -407,36 +418,8 @@ class Messages:
         sends: Sequence[tuple[str, AddressKind, OutgoingMessage]],
         acks: Sequence[tuple[str, str, Entry]],
     ) -> None:
-        """Apply a transaction's sends and acks atomically (MULTI/EXEC), across any addresses.
-
-        The publish script is sent as text (EVAL), not by hash: inside MULTI a NOSCRIPT error
-        would fail that one command while the others apply, half-applying the commit.
-        """
-        if not sends and not acks:
-            return
-        pipe = self._client.pipeline(transaction=True)
-        for address, kind, message in sends:
-            k = keys.AddressKeys.of(address)
-            pipe.eval(
-                self._scripts.source['publish'], 3, k.streams[message.band], k.groups, k.watchers,
-                kind.value, '', self._replica_id,  # announced below, once committed (and WAITed)
-                message.header, message.rest, str(message.expiry_ms), message.origin,
-            )  # fmt: skip
-        for address, group, entry in acks:
-            k = keys.AddressKeys.of(address)
-            pipe.xack(k.streams[entry.band], group, entry.id)
-            if entry.delivery_count:
-                pipe.hdel(k.delivery_counts(group), keys.entry_field(entry.band, entry.id))
-        replies = await call(pipe.execute(raise_on_error=False))
-        errors = [r for r in replies if isinstance(r, Exception)]
-        if errors:
-            raise StoreUnavailable(f'Redis refused part of a commit: {errors[0]}')
-        if self._durability is Durability.REPLICATED:
-            confirmed = await call(self._client.wait(1, self._replication_timeout_ms))
-            if confirmed < 1:
-                raise StoreUnavailable('no Redis replica confirmed the commit in time')
-        for address in {address for address, _, _ in sends}:
-            await self._announce(address)
+        """Apply a transaction's sends and acks atomically, across any addresses."""
+        await self.transactions.commit(sends, acks)
 
     async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:
         """Return this replica's pending entries of a subscription that it does not hold (a lost
@@ -458,3 +441,8 @@ class Messages:
         if returned:
             await self._announce(address)
         return returned
+
+
+async def _true_when_done(future: Awaitable[Any]) -> bool:
+    await future
+    return True

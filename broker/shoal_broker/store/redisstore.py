@@ -12,21 +12,25 @@ the connection and the parts' lifecycle; multi-key changes that must be atomic a
 Only this package imports redis; Redis failures become ``StoreUnavailable``.
 """
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio
 
 from shoal_broker.errors import StoreUnavailable
+from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind, Durability
-from shoal_broker.store import connect
+from shoal_broker.store import connect, keys, layout
 from shoal_broker.store.addresses import AddressRegistry
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import REDIS_DOWN, Scripts, as_text, call
-from shoal_broker.store.cycles import Cycles
+from shoal_broker.store.commits import ClusterNodes, CommitLog
+from shoal_broker.store.cycles import PIPELINES_IN_FLIGHT, Cycles
+from shoal_broker.store.lanes import ClusterLanes
 from shoal_broker.store.messages import Messages
+from shoal_broker.store.notifications import ShardedNotifications
 from shoal_broker.store.upkeep import Upkeep
-from shoal_broker.store.watching import Watching
+from shoal_broker.store.watching import NOTIFICATION_IDLE_SECONDS, Watching
 
 MAX_REDIS_CONNECTIONS = 64
 """Redis connections per replica: the pipeline, the notification channel and cold-path calls."""
@@ -44,21 +48,30 @@ class RedisStore:
         replica_id: str,
         durability: Durability = Durability.MEMORY,
         replication_timeout_ms: int = 1000,
+        *,
+        lanes: ClusterLanes | None = None,
+        sharded: ShardedNotifications | None = None,
+        commits: CommitLog | None = None,
     ) -> None:
+        """``lanes`` and ``sharded``: on Redis Cluster (``client`` a cluster client), the
+        per-message pipelines and the wake-up channels of each primary, and the replica's
+        records of commits over several slots."""
         self._client = client
+        self.commits = commits
+        self.replica_id = replica_id
         self._durability = durability
         self._scripts = Scripts(client)
         backlogs = BacklogLimits()
         kinds: dict[str, AddressKind] = {}
-        self.watching = Watching(client, replica_id)
+        self.watching = Watching(client, replica_id, sharded)
         self.cycles = Cycles(
             client, self._scripts, replica_id, backlogs, self.watching.notify_local,
-            durability, replication_timeout_ms,
+            durability, replication_timeout_ms, lanes,
         )  # fmt: skip
         self.messages = Messages(
             client, self._scripts, self.cycles, replica_id, kinds=kinds, backlogs=backlogs,
             announce=self.watching.announce, durability=durability,
-            replication_timeout_ms=replication_timeout_ms,
+            replication_timeout_ms=replication_timeout_ms, commits=commits,
         )  # fmt: skip
         self.registry = AddressRegistry(client, self._scripts, replica_id, kinds)
         self.upkeep = Upkeep(
@@ -74,6 +87,8 @@ class RedisStore:
         durability: Durability = Durability.MEMORY,
         replication_timeout_ms: int = 1000,
     ) -> 'RedisStore':
+        if connect.is_cluster_url(url):
+            return cls._on_cluster(url, replica_id, durability, replication_timeout_ms)
         # Blocking pool: a burst of attaches or closes waits for a connection instead of failing
         # with "Too many connections" (redis-py's default pool refuses past its size).
         pool = connect.connection_pool(
@@ -83,9 +98,37 @@ class RedisStore:
         client = redis.asyncio.Redis.from_pool(pool)  # owns the pool: aclose() closes it
         return cls(client, replica_id, durability, replication_timeout_ms)
 
+    @classmethod
+    def _on_cluster(
+        cls, url: str, replica_id: str, durability: Durability, replication_timeout_ms: int
+    ) -> 'RedisStore':
+        """The cold path on redis-py's cluster client, the message path on a lane per primary,
+        the wake-ups on each primary's shard channels (docs/redis-modes.md, "Redis Cluster")."""
+        cluster = connect.cluster_client(url, max_connections=MAX_REDIS_CONNECTIONS)
+
+        def pool_for(host: str, port: int) -> 'redis.asyncio.ConnectionPool':
+            return connect.node_pool(url, host, port)
+
+        lanes = ClusterLanes(
+            cluster, pool_for, PIPELINES_IN_FLIGHT, confirm_timeout_ms=replication_timeout_ms
+        )
+        sharded = ShardedNotifications(cluster, pool_for, NOTIFICATION_IDLE_SECONDS)
+        commits = CommitLog(
+            ClusterNodes(cluster, pool_for), replica_id,
+            replicated=durability is Durability.REPLICATED,
+            replication_timeout_ms=replication_timeout_ms,
+        )  # fmt: skip
+        client: Any = cluster  # the commands the store sends are those of a Redis client
+        return cls(
+            client, replica_id, durability, replication_timeout_ms, lanes=lanes, sharded=sharded,
+            commits=commits,
+        )  # fmt: skip
+
     @property
     def reconnects(self) -> dict[str, int]:
         """Connections lost and opened again, by connection (a metric)."""
+        if self.cycles.lanes is not None:
+            return {'notifications': self.watching.resubscribes}
         return {
             'pipeline': self.cycles.lane.reconnects,
             'notifications': self.watching.resubscribes,
@@ -95,8 +138,20 @@ class RedisStore:
         """Refuse to start when Redis cannot give the promised durability."""
         if self._durability is not Durability.FSYNC:
             return
-        config = await call(self._client.config_get('append*'))
-        values = {as_text(k): as_text(v) for k, v in config.items()}
+        for config in await self._on_every_primary(lambda c, **to: c.config_get('append*', **to)):
+            self._check_fsync({as_text(k): as_text(v) for k, v in config.items()})
+
+    async def _on_every_primary(self, command: Callable[..., Awaitable[Any]]) -> list[Any]:
+        """``command(client)``'s reply from the one server, or from every primary of a cluster
+        (redis-py's ``target_nodes``)."""
+        if self.commits is None:
+            return [await call(command(self._client))]
+        cluster: Any = self._client
+        primaries = cluster.get_primaries()
+        return [await call(command(cluster, target_nodes=node)) for node in primaries]
+
+    @staticmethod
+    def _check_fsync(values: dict[str, str]) -> None:
         if values.get('appendonly') != 'yes' or values.get('appendfsync') != 'always':
             raise StoreUnavailable(
                 'SHOAL_DURABILITY=fsync needs Redis with appendonly yes and appendfsync always '
@@ -108,15 +163,34 @@ class RedisStore:
         """Load the scripts and start the pipeline and notification tasks."""
         try:
             await self._scripts.load()
+            await self.lay_out(wait=True)
             await self.watching.subscribe()
         except REDIS_DOWN as exc:
             raise StoreUnavailable(f'cannot reach Redis: {exc}') from exc
         self.cycles.start()
         self.watching.start()
 
+    async def lay_out(self, *, wait: bool = False) -> bool:
+        """Lay out keys an older version wrote (``layout.lay_out``); False when another replica
+        is doing it."""
+        return bool(await call(
+            layout.lay_out(self._client, self._scripts.evalsha, QUEUE_GROUP, wait=wait)
+        ))  # fmt: skip
+
+    async def tidy_commits(self) -> None:
+        """On Redis Cluster, with each trimming pass: finish this replica's own commit records
+        it gave up on, and drop the addresses' commit markers past their grace period."""
+        if self.commits is None:
+            return
+        await call(self.commits.complete(self.replica_id))
+        async for address, _ in self._client.hscan_iter(keys.ADDRESSES, count=500):
+            await call(self.commits.sweep_markers(as_text(address)))
+
     async def close(self) -> None:
         await self.watching.close()
         await self.cycles.close()
+        if self.commits is not None:
+            await self.commits.close()
         await connect.close(self._client)
 
     async def flush(self) -> None:
@@ -124,9 +198,10 @@ class RedisStore:
         await self.cycles.flush()
 
     async def ping(self) -> bool:
+        """Whether Redis answers (on a cluster: every primary)."""
         try:
-            return bool(await self._client.ping())
-        except REDIS_DOWN:
+            return all(await self._on_every_primary(lambda c, **to: c.ping(**to)))
+        except (*REDIS_DOWN, StoreUnavailable):
             return False
 
     # -- for the store's own companion modules (liveness, inspection) --------------------------

@@ -15,7 +15,7 @@ Redis failures become ``StoreUnavailable``; a refused declaration becomes ``Prov
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -27,7 +27,7 @@ from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy, entity_field
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import keys, scripts
+from shoal_broker.store import keys, layout, scripts
 from shoal_broker.store.declarations import (
     EntityState,
     OnDeletion,
@@ -39,7 +39,10 @@ from shoal_broker.store.declarations import (
 )
 from shoal_broker.store.inspect import Inspector
 
-_SCRIPTS = ('provision_subscription', 'deprovision_subscription', 'create_group', 'delete_group')
+_SCRIPTS = (
+    'provision_subscription', 'deprovision_subscription', 'create_group', 'delete_group',
+    'create_address', 'delete_address', 'index_forget',
+)  # fmt: skip
 
 
 class Registry(Inspector):
@@ -71,19 +74,25 @@ class Registry(Inspector):
             declaration.selector or '',
             '' if declaration.max_consumers is None else str(declaration.max_consumers),
             declaration.owner, str(declaration.generation), '1' if recreate else '0',
+            await self._call(layout.subscription_created(self._client, key.id)),
         )  # fmt: skip
-        outcome, detail = await self._run(
-            'provision_subscription',
-            (k.definition, k.consumers, keys.SUBSCRIPTIONS, keys.PROVISIONED),
-            args,
-        )
+        # the indexes first (docs/redis-modes.md, "Indexes outside the scripts")
+        field = keys.provisioned_subscription(key.id)
+        previous = await self._call(self._client.hget(keys.PROVISIONED, field))
+        await self._call(self._client.hset(keys.PROVISIONED, field, declaration.owner))
+        reply = await self._run_raw('provision_subscription', (k.definition, k.consumers), args)
+        outcome, detail = str(reply[0]), str(reply[1])
+        await self._call(layout.subscription_settled(self._client, key.id, reply[2]))
         if outcome == 'conflict':
+            if previous is None:
+                await self._call(self._client.hdel(keys.PROVISIONED, field))
+            else:
+                await self._call(self._client.hset(keys.PROVISIONED, field, previous))
             raise ProvisionConflict(detail)
         if outcome == Provisioned.RECREATED:
             await self._delete_group(detail, key.id)
         await self._create_group(topic, key.id, from_start=False)
         changed = await self._write_policy(entity_field(topic, key.id), declaration.policy)
-        field = keys.provisioned_subscription(key.id)
         changed = await self._file_on_deletion(field, declaration.on_deletion) or changed
         if changed and outcome == Provisioned.UNCHANGED:
             return Provisioned.UPDATED
@@ -98,14 +107,19 @@ class Registry(Inspector):
             if state.exists and state.owner in ('', owner) and state.backlog:
                 return Removal.IN_USE
         k = keys.SubscriptionKeys.of(key.id)
-        outcome, detail = await self._run(
+        reply = await self._run_raw(
             'deprovision_subscription',
-            (k.definition, k.consumers, keys.SUBSCRIPTIONS, keys.PROVISIONED),
+            (k.definition, k.consumers),
             (key.id, owner, 'delete' if delete else 'release'),
         )
+        outcome = str(reply[0])
         if outcome == Removal.DELETED:
-            await self._delete_group(detail, key.id)
+            run = self._run_raw
+            await self._call(layout.subscription_deleted(run, key.id, reply[2]))
+            await self._delete_group(str(reply[1]), key.id)
         if outcome in (Removal.DELETED, Removal.RELEASED, Removal.MISSING):
+            field = keys.provisioned_subscription(key.id)
+            await self._call(self._client.hdel(keys.PROVISIONED, field))
             await self._write_policy(entity_field('', key.id), NO_POLICY)
             await self._file_on_deletion(keys.provisioned_subscription(key.id), None)
         return Removal(outcome)
@@ -169,7 +183,7 @@ class Registry(Inspector):
         previous = await self._call(self._client.hget(keys.PROVISIONED, field))
         if previous and previous != owner:
             return Removal.FOREIGN
-        kind = await self._call(self._client.hget(keys.ADDRESSES, address))
+        kind = await self._address_kind(address)
         if kind != AddressKind.QUEUE:
             await self._call(self._client.hdel(keys.PROVISIONED, field))
             await self._write_policy(entity_field(address, QUEUE_GROUP), NO_POLICY)
@@ -183,19 +197,11 @@ class Registry(Inspector):
         await self._file_on_deletion(field, None)
         if not delete:
             return Removal.RELEASED
-        k = keys.AddressKeys.of(address)
-        groups = await self._call(self._client.smembers(k.groups))
-        doomed = [*k.streams, k.groups, k.scheduled, k.scheduled_messages]
-        for group in groups:
-            doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),
-                       k.delivered(group)]  # fmt: skip
-        await self._call(self._client.delete(*doomed))
-        await self._call(self._client.hdel(keys.ADDRESSES, address))
+        await self._call(layout.delete_address(self._client, self._run_raw, address))
         return Removal.DELETED
 
     async def queue_state(self, address: str) -> EntityState:
-        kind = await self._call(self._client.hget(keys.ADDRESSES, address))
-        if kind != AddressKind.QUEUE:
+        if await self._address_kind(address) != AddressKind.QUEUE:
             return EntityState(exists=False)
         owner = await self._call(
             self._client.hget(keys.PROVISIONED, keys.provisioned_queue(address))
@@ -263,7 +269,8 @@ class Registry(Inspector):
         return found
 
     async def subscription_count(self) -> int:
-        count: int = await self._call(self._client.scard(keys.SUBSCRIPTIONS))
+        """Named subscriptions the index lists (with any entry a crash left for nothing)."""
+        count: int = await self._call(self._client.hlen(keys.SUBSCRIPTION_INDEX))
         return count
 
     async def analytics_summary(self) -> AnalyticsSummary | None:
@@ -275,11 +282,21 @@ class Registry(Inspector):
 
     async def _claim_address(self, address: str, kind: AddressKind) -> bool:
         """Register the address as ``kind``; True if it was new. Another kind is a conflict."""
-        created = bool(await self._call(self._client.hsetnx(keys.ADDRESSES, address, kind.value)))
-        actual = await self._call(self._client.hget(keys.ADDRESSES, address))
+        existed = await self._address_kind(address)
+        actual = await self._call(
+            layout.create_address(self._client, self._run_raw, address, kind.value, QUEUE_GROUP)
+        )
+        created = not existed
         if actual != kind.value:
             raise ProvisionConflict(f'address {address!r} exists as a {actual}, not a {kind}')
         return created
+
+    async def _address_kind(self, address: str) -> str:
+        """The address's kind, '' if it does not exist."""
+        found: str = await self._call(
+            layout.address_kind(self._client, self._run_raw, address, QUEUE_GROUP)
+        )
+        return found
 
     async def _create_group(self, address: str, group: str, *, from_start: bool) -> None:
         k = keys.AddressKeys.of(address)
@@ -328,14 +345,7 @@ class Registry(Inspector):
             return None
         return round(max(0.0, time.time() - oldest_ms / 1000), 3)
 
-    async def _run(
-        self, name: str, keys_: tuple[str, ...], args: tuple[Any, ...]
-    ) -> tuple[str, str]:
-        """A script's ``{outcome[, detail]}`` reply."""
-        reply = [str(part) for part in await self._run_raw(name, keys_, args)]
-        return reply[0], reply[1] if len(reply) > 1 else ''
-
-    async def _run_raw(self, name: str, keys_: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+    async def _run_raw(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._call(self._scripts[name](keys=list(keys_), args=list(args)))
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from shoal_broker.store import connect, keys, scripts
+from shoal_broker.store import connect, keys, layout, scripts
 from shoal_broker.store.calls import as_text
 from shoal_broker.store.redisstore import RedisStore
 
@@ -42,7 +42,9 @@ class ReapReport:
 
 
 def renewal_keys(replica_id: str) -> tuple[str, str, str]:
-    return keys.lease(replica_id), keys.reaping(replica_id), keys.REPLICAS
+    """KEYS of renew_lease.lua: all on the replica's own slot (``keys.ReplicaKeys``)."""
+    k = keys.ReplicaKeys.of(replica_id)
+    return k.lease, k.reaping, k.joined
 
 
 RETRY_SECONDS = 0.25
@@ -69,10 +71,13 @@ class LeaseKeeper:
         self.interval = lease_seconds / 3
         self._report = report
         self._loop = asyncio.get_running_loop()
-        self._client = connect.sync_client(
+        self._client = connect.sync_client_of_any_mode(
             url, socket_timeout=self.interval, socket_connect_timeout=self.interval
         )
         self._renew = self._client.register_script(scripts.source('renew_lease'))
+        self._older_lease = not connect.is_cluster_url(url)
+        """Also renew the lease key of the older layout (``keys.lease``), which an older
+        replica's reaper looks at during a rolling upgrade; a cluster has no older replicas."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name='lease', daemon=True)
 
@@ -92,6 +97,8 @@ class LeaseKeeper:
             try:
                 connect.follow_primary(self._client)
                 state = as_text(self._renew(keys=renewal_keys(self.replica_id), args=args))
+                if self._older_lease and state in ('renewed', 'late'):
+                    self._client.set(keys.lease(self.replica_id), self.token, px=self.lease_ms)
             except Exception as exc:  # the thread must outlive any failure: it is the lease
                 state, error = 'error', exc
             # Redis may be back well within the lease (a Sentinel failover takes seconds):
@@ -117,14 +124,19 @@ class Liveness:
     async def join(self) -> None:
         """Take this replica's lease; clean up an earlier process that had the same id."""
         client = self.store.client
-        taken = await self.store.call(
-            client.set(keys.lease(self.replica_id), self.token, nx=True, px=self.lease_ms)
-        )
+        own = keys.ReplicaKeys.of(self.replica_id)
+        taken = await self.store.call(client.set(own.lease, self.token, nx=True, px=self.lease_ms))
         if not taken:
             raise RuntimeError(f'replica id {self.replica_id!r} is held by a live process')
+        # an older replica's reaper (rolling upgrade) sees only the older lease key
+        await self.store.call(client.set(keys.lease(self.replica_id), self.token, px=self.lease_ms))
         if await self.store.call(client.sismember(keys.REPLICAS, self.replica_id)):
             await self.reap(self.replica_id, locked=False)  # our own earlier incarnation
+        elif self.store.commits is not None:  # one restarted within its lease left them
+            await self.store.commits.complete(self.replica_id)
+        # listed in the index first, then joined on its own slot (renew_lease.lua reads it)
         await self.store.call(client.sadd(keys.REPLICAS, self.replica_id))
+        await self.store.call(client.set(own.joined, 1))
 
     async def leave(self) -> None:
         """Graceful exit: return whatever this replica still holds, so nothing is left to reap."""
@@ -134,12 +146,18 @@ class Liveness:
         for address in touched:
             await self.store.watching.announce(address)
         client = self.store.client
+        own = keys.ReplicaKeys.of(self.replica_id)
+        await self.store.call(client.delete(own.joined))
         await self.store.call(client.srem(keys.REPLICAS, self.replica_id))
         await self.store.evalsha('release_clients', (keys.CLIENTS,), (self.replica_id,))
-        if await self.store.call(client.get(keys.lease(self.replica_id))) == self.token.encode():
-            await self.store.call(client.delete(keys.lease(self.replica_id)))
+        for lease in (own.lease, keys.lease(self.replica_id)):
+            if await self.store.call(client.get(lease)) == self.token.encode():
+                await self.store.call(client.delete(lease))
 
     async def dead_replicas(self) -> list[str]:
+        # an older replica of a rolling upgrade still lists subscriptions in the older SET
+        if await self.store.call(self.store.client.exists(keys.SUBSCRIPTIONS)):
+            await self.store.lay_out()
         leases = await self._leases()
         return [r for r, live in leases.items() if r != self.replica_id and not live]
 
@@ -150,36 +168,43 @@ class Liveness:
         return not live or self.replica_id < min(live)
 
     async def _leases(self) -> dict[str, bool]:
-        """Registered replica -> whether its lease exists."""
+        """Registered replica -> whether its lease exists (either key: an older replica of a
+        rolling upgrade holds only ``keys.lease``)."""
         client = self.store.client
         members = sorted(as_text(m) for m in await self.store.call(client.smembers(keys.REPLICAS)))
         if not members:
             return {}
         pipe = client.pipeline(transaction=False)
         for replica in members:
+            pipe.exists(keys.ReplicaKeys.of(replica).lease)
             pipe.exists(keys.lease(replica))
         alive = await self.store.call(pipe.execute())
-        return {r: bool(live) for r, live in zip(members, alive, strict=True)}
+        return {r: bool(alive[2 * i] or alive[2 * i + 1]) for i, r in enumerate(members)}
 
     async def reap(self, dead: str, *, locked: bool = True) -> ReapReport | None:
         """Clean up after ``dead``; None when another replica is already doing it."""
         client = self.store.client
         if locked:
-            lock = keys.reaping(dead)
+            lock = keys.ReplicaKeys.of(dead).reaping
             if not await self.store.call(client.set(lock, self.token, nx=True, px=REAPING_LOCK_MS)):
                 return None
-            if await self.store.call(client.exists(keys.lease(dead))):
+            leases = (keys.ReplicaKeys.of(dead).lease, keys.lease(dead))
+            if any([await self.store.call(client.exists(lease)) for lease in leases]):
                 # renewed late between our look and our lock: alive, and now it sees the lock
                 # (renew_lease.lua) only if it lapses again
                 await self.store.call(client.delete(lock))
                 return None
         report = ReapReport(dead)
-        touched = await self._return_entries(dead, report)
+        completed: set[str] = set()
+        if self.store.commits is not None:  # its decided commits land before its entries return
+            await self.store.commits.complete(dead, completed)
+        touched = await self._return_entries(dead, report) | completed
         await self._remove_consumers(dead, report)
         report.clients_released = int(
             await self.store.evalsha('release_clients', (keys.CLIENTS,), (dead,))
         )
-        await self.store.call(client.srem(keys.REPLICAS, dead))
+        await self.store.call(client.delete(keys.ReplicaKeys.of(dead).joined))
+        await self.store.call(client.srem(keys.REPLICAS, dead))  # the index forgets it last
         for address in touched:
             await self.store.watching.announce(address)
         logger.warning(
@@ -279,17 +304,16 @@ class Liveness:
 
     async def _remove_consumers(self, dead: str, report: ReapReport) -> None:
         client = self.store.client
-        ids = [as_text(i) for i in await self.store.call(client.smembers(keys.SUBSCRIPTIONS))]
-        for subscription_id in ids:
+        for subscription_id in await self.store.call(layout.subscription_ids(client)):
             k = keys.SubscriptionKeys.of(subscription_id)
             before = await self.store.call(client.hlen(k.consumers))
             reply: Any = await self.store.evalsha(
-                'reap_consumers', (k.definition, k.consumers, keys.SUBSCRIPTIONS),
-                (dead, subscription_id),
-            )  # fmt: skip
+                'reap_consumers', (k.definition, k.consumers), (dead, subscription_id)
+            )
             left, topic = int(reply[0]), as_text(reply[1])
             report.consumers_removed += max(0, int(before) - left)
             if topic:
+                await layout.subscription_deleted(self.store.evalsha, subscription_id, reply[2])
                 await self.store.registry.delete_subscription(topic, subscription_id)
                 report.subscriptions_deleted += 1
 

@@ -6,10 +6,12 @@ acknowledgement), moving due scheduled messages into their streams, appending me
 reading Redis's memory, and the backlog limits of addresses (docs/security.md).
 """
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.exceptions
 
 from shoal_broker.errors import StoreCommandDenied
@@ -57,14 +59,23 @@ class Upkeep:
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
                     break
-                pipe = self._client.pipeline(transaction=False)
-                for stream in streams:
-                    pipe.evalsha(self._scripts.sha['trim'], 1, stream, TRIM_STEP_ENTRIES)
-                counts = [int(r) for r in await call(pipe.execute())]
+                counts = [int(r) for r in await self._trim_step(streams)]
                 removed += sum(counts)
                 streams = [s for s, count in zip(streams, counts, strict=True) if count]
             if not cursor:
                 return removed
+
+    async def _trim_step(self, streams: list[str]) -> list[Any]:
+        """One trim.lua call per stream: one pipeline, or on a cluster (whose pipelines take no
+        scripts) concurrent calls, each on its stream's node."""
+        if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
+            return list(await asyncio.gather(*(
+                self._scripts.evalsha('trim', (stream,), (TRIM_STEP_ENTRIES,)) for stream in streams
+            )))  # fmt: skip
+        pipe = self._client.pipeline(transaction=False)
+        for stream in streams:
+            pipe.evalsha(self._scripts.sha['trim'], 1, stream, TRIM_STEP_ENTRIES)
+        return list(await call(pipe.execute()))
 
     async def release_due(self, now_ms: int, limit: int = 500) -> int:
         """Move every due scheduled message into its address's streams; returns how many."""
@@ -99,12 +110,19 @@ class Upkeep:
         await call(pipe.execute())
 
     async def memory(self) -> tuple[int, int]:
-        """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes."""
+        """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes; on a cluster,
+        those of the fullest primary (the first to refuse writes)."""
         try:
-            info = await call(self._client.info('memory'))
+            if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
+                primaries = redis.asyncio.cluster.RedisCluster.PRIMARIES
+                per_node = await call(self._client.info('memory', target_nodes=primaries))
+                infos = list(per_node.values())
+            else:
+                infos = [await call(self._client.info('memory'))]
         except redis.exceptions.NoPermissionError as exc:
             raise StoreCommandDenied('INFO', str(exc)) from exc
-        return int(info.get('used_memory', 0)), int(info.get('maxmemory', 0))
+        found = [(int(i.get('used_memory', 0)), int(i.get('maxmemory', 0))) for i in infos]
+        return max(found, key=lambda m: m[0] / m[1] if m[1] else 0.0)
 
     def limit_backlog(self, limit: int, overflow: str) -> None:
         """Cap what every address holds: at ``limit`` entries a publish is refused

@@ -5,6 +5,10 @@ A cycle that added or returned entries publishes one notification per address (`
 publish.lua); replicas with hungry consumers fetch on it instead of polling. A replica with
 consumers of an address lists itself in the address's watchers, after subscribing to its channel
 and before looking once more, so the notification is sent only when another replica is listening.
+
+The channels are shard channels (``SSUBSCRIBE``/``SPUBLISH``) in every mode: on Redis Cluster a
+shard channel lives on its address's slot, and ``ShardedNotifications`` listens on each primary
+serving a watched one (docs/redis-modes.md, "Wake-ups: sharded pub/sub").
 """
 
 import asyncio
@@ -20,7 +24,7 @@ from shoal_broker.routing.storage import Notify
 from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import keys
 from shoal_broker.store.calls import REDIS_DOWN, call
-from shoal_broker.store.notifications import NotificationReader
+from shoal_broker.store.notifications import NotificationReader, ShardedNotifications
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +35,15 @@ NOTIFICATION_IDLE_SECONDS = 30.0
 class Watching:
     """Implements ``routing.storage.WatchPort``."""
 
-    def __init__(self, client: 'redis.asyncio.Redis', replica_id: str) -> None:
+    def __init__(
+        self,
+        client: 'redis.asyncio.Redis',
+        replica_id: str,
+        sharded: ShardedNotifications | None = None,
+    ) -> None:
         self._client = client
+        self._sharded = sharded
+        """On Redis Cluster: the channels, each on its primary (``_pubsub`` is not used)."""
         self._replica_id = replica_id
         self._watchers: dict[str, list[Notify]] = {}
         self._watch_lock = asyncio.Lock()
@@ -45,7 +56,11 @@ class Watching:
         """Times the notification channel was lost and subscribed again (a metric)."""
 
     async def subscribe(self) -> None:
-        """Open the notification channel (raises what redis raises; the store says why)."""
+        """Open the notification channel (raises what redis raises; the store says why). On a
+        cluster the per-node connections open with their first channel."""
+        if self._sharded is not None:
+            self._pubsub = self._sharded
+            return
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(keys.replica_channel(self._replica_id))
 
@@ -55,7 +70,10 @@ class Watching:
     async def close(self) -> None:
         if self._task is not None:
             await cancel_and_wait([self._task])
-        if self._pubsub is not None:
+        if self._sharded is not None:
+            with contextlib.suppress(*REDIS_DOWN):
+                await self._sharded.aclose()
+        elif self._pubsub is not None:
             with contextlib.suppress(*REDIS_DOWN):
                 await self._pubsub.aclose()
 
@@ -76,7 +94,7 @@ class Watching:
 
     async def announce(self, address: str) -> None:
         """Tell every replica (this one included) that ``address`` has entries to fetch."""
-        await call(self._client.publish(keys.AddressKeys.of(address).notify, 'reaper'))
+        await call(self._client.spublish(keys.AddressKeys.of(address).notify, 'reaper'))
         self.notify_local(address)
 
     def notify_local(self, address: str) -> None:
@@ -116,15 +134,26 @@ class Watching:
         async with self._watch_lock:
             with contextlib.suppress(*REDIS_DOWN):
                 if address in self._watchers:
-                    await self._pubsub.subscribe(k.notify)
+                    await self._channel(k.notify, listen=True)
                     await self._client.hset(k.watchers, self._replica_id, 1)
                     # anything published before other replicas could see us: look once more
                     self.notify_local(address)
                 else:
                     await self._client.hdel(k.watchers, self._replica_id)
-                    await self._pubsub.unsubscribe(k.notify)
+                    await self._channel(k.notify, listen=False)
+
+    async def _channel(self, channel: str, *, listen: bool) -> None:
+        if self._sharded is not None:
+            await (self._sharded.subscribe if listen else self._sharded.unsubscribe)(channel)
+        elif listen:
+            await self._pubsub.ssubscribe(channel)
+        else:
+            await self._pubsub.sunsubscribe(channel)
 
     async def _listen(self) -> None:
+        if self._sharded is not None:
+            await self._listen_sharded(self._sharded)
+            return
         own = self._replica_id.encode()
         reader = NotificationReader(self._pubsub, NOTIFICATION_IDLE_SECONDS)
         while True:
@@ -142,13 +171,41 @@ class Watching:
                 if address is not None:
                     self.notify_local(address)
 
+    async def _listen_sharded(self, sharded: ShardedNotifications) -> None:
+        own = self._replica_id.encode()
+        while True:
+            try:
+                messages, moved = await sharded.messages()
+            except REDIS_DOWN as exc:
+                logger.warning('notification channels lost: %s; resubscribing', exc)
+                await asyncio.sleep(0.5)
+                moved = [keys.AddressKeys.of(a).notify.encode() for a in self._watchers]
+                with contextlib.suppress(*REDIS_DOWN, StoreUnavailable):
+                    await sharded.subscribe(*moved)
+                messages = []
+            for channel, data in messages:
+                address = keys.notified_address(channel)
+                if data != own and address is not None:
+                    self.notify_local(address)
+            # a channel on another primary now (a moved slot, a failover): that primary may
+            # have missed our listing and what was announced meanwhile
+            addresses = [a for c in moved if (a := keys.notified_address(c)) in self._watchers]
+            if addresses:
+                with contextlib.suppress(*REDIS_DOWN, StoreUnavailable):
+                    pipe = self._client.pipeline(transaction=False)
+                    for address in addresses:
+                        pipe.hset(keys.AddressKeys.of(address).watchers, self._replica_id, 1)
+                    await call(pipe.execute())
+                for address in addresses:
+                    self.notify_local(address)
+
     async def _resubscribe(self) -> None:
         with contextlib.suppress(*REDIS_DOWN, StoreUnavailable):
             await self._pubsub.connect()  # reconnecting re-subscribes every channel it had
             self.resubscribes += 1
             channels = [keys.AddressKeys.of(a).notify for a in self._watchers]
             if channels:
-                await self._pubsub.subscribe(*channels)
+                await self._pubsub.ssubscribe(*channels)
             await self.assert_watches()  # a Redis that restarted forgot the watchers
             # anything published while we were away: let every watcher look once
             for address in list(self._watchers):

@@ -79,7 +79,7 @@ if consumers > 0 then
     if others then
       want = math.min(want, granted)
       out[2] = available - want
-      if known == 0 then redis.call('PUBLISH', ARGV[7], ARGV[2]) end
+      if known == 0 then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
     end
   elseif known == 0 then  -- alone, and first: the record a replica that joins will see
     local shares, ids = {}, {}

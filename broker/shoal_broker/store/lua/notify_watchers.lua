@@ -6,7 +6,7 @@
 -- Returns the number of replicas the notification reached (0 when none was sent).
 local function notify_watchers(watchers, channel, replica)
   if redis.call('HLEN', watchers) > redis.call('HEXISTS', watchers, replica) then
-    return redis.call('PUBLISH', channel, replica)
+    return redis.call('SPUBLISH', channel, replica)
   end
   return 0
 end

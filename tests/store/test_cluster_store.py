@@ -1,0 +1,94 @@
+"""The store and the operator's registry on a real Redis Cluster (three primaries, three
+replicas): addresses spread over the shards, the CLI's and operator's views reading their
+indexes, declarations written and removed, and a transaction over three slots applied through
+its commit record (docs/redis-modes.md, "Redis Cluster")."""
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redisclusters import ClusterGroup
+
+from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
+from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
+from shoal_broker.settings import AddressKind
+from shoal_broker.store import keys
+from shoal_broker.store.declarations import Provisioned, Removal, SubscriptionDeclaration
+from shoal_broker.store.redisstore import RedisStore
+from shoal_broker.store.registry import Registry
+
+
+@pytest.fixture
+async def store(redis_cluster: ClusterGroup) -> AsyncIterator[RedisStore]:
+    s = RedisStore.from_url(redis_cluster.url, f'cs-{uuid.uuid4().hex[:6]}')
+    await s.start()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def registry(redis_cluster: ClusterGroup) -> AsyncIterator[Registry]:
+    async with Registry.from_url(redis_cluster.url) as r:
+        yield r
+
+
+def spread(cluster: ClusterGroup, prefix: str, count: int) -> list[str]:
+    """``count`` address names whose slots are served by at least two different primaries."""
+    names = [f'{prefix}-{i}' for i in range(count)]
+    owners = {cluster.owner_of_slot(cluster.keyslot(keys.AddressKeys.of(n).tag)) for n in names}
+    assert len(owners) > 1
+    return names
+
+
+def message(body: bytes) -> OutgoingMessage:
+    return OutgoingMessage(band=0, header=b'', rest=body, expiry_ms=0)
+
+
+async def test_the_operator_and_the_cli_see_every_shard(
+    redis_cluster: ClusterGroup, store: RedisStore, registry: Registry
+) -> None:
+    assert await store.ping()  # every primary answers
+    used, _ = await store.upkeep.memory()  # the fullest primary's
+    assert used > 0
+    queues = spread(redis_cluster, f'q-{uuid.uuid4().hex[:6]}', 6)
+    for n, queue in enumerate(queues):
+        assert await registry.declare_queue(queue, 'ns/q') is Provisioned.CREATED
+        for i in range(n + 1):
+            assert await store.messages.publish(queue, AddressKind.QUEUE, message(b'%d' % i))
+    found = {q.name: q.backlog for q in await registry.queues() if q.name in queues}
+    assert found == {queue: n + 1 for n, queue in enumerate(queues)}
+
+    topic = f't-{uuid.uuid4().hex[:6]}'
+    key = SubscriptionKey(scope=Scope.GLOBAL, client_id='', name='watch', durable=True)
+    declaration = SubscriptionDeclaration(
+        key=key, topic=topic, selector=None, max_consumers=None, owner='ns/watch', generation=1
+    )
+    assert await registry.declare_subscription(declaration, recreate=False) is Provisioned.CREATED
+    assert await store.messages.publish(topic, AddressKind.TOPIC, message(b'news'))
+    [info] = [s for s in await registry.subscriptions() if s.id == key.id]
+    assert (info.topic, info.backlog) == (topic, 1)
+
+    assert await registry.remove_queue(queues[0], 'ns/q', delete=True) is Removal.DELETED
+    assert not (await registry.queue_state(queues[0])).exists
+    assert queues[0] not in {a.name for a in await registry.addresses()}
+    assert await registry.remove_subscription(key, 'ns/watch', delete=True) is Removal.DELETED
+    assert key.id not in {s.id for s in await registry.subscriptions()}
+
+
+async def test_a_transaction_over_three_slots_is_all_applied(
+    redis_cluster: ClusterGroup, store: RedisStore
+) -> None:
+    source, *targets = spread(redis_cluster, f'tx-{uuid.uuid4().hex[:6]}', 4)
+    for address in (source, *targets):
+        await store.registry.create_address(address, AddressKind.QUEUE)
+    assert await store.messages.publish(source, AddressKind.QUEUE, message(b'job'))
+    [entry] = await store.messages.fetch(source, QUEUE_GROUP, 1)
+    sends = [(t, AddressKind.QUEUE, message(t.encode())) for t in targets]
+    await store.messages.commit(sends, [(source, QUEUE_GROUP, entry)])
+    for target in targets:
+        [sent] = await store.messages.fetch(target, QUEUE_GROUP, 10)
+        assert sent.rest == target.encode()
+    assert await store.messages.fetch(source, QUEUE_GROUP, 10) == []  # acked, not returned
+    for bucket in range(keys.COMMIT_BUCKETS):  # applied everywhere: the record is forgotten
+        index = keys.commit_index(store.messages.transactions.replica_id, bucket)
+        assert not await store.client.exists(index)
