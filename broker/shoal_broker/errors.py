@@ -95,3 +95,9 @@ class StoreUnavailable(BrokerError):
     """Redis did not answer or refused the operation; nothing was acknowledged to anyone."""
 
     condition = 'amqp:resource-limit-exceeded'
+
+
+class CommitInDoubt(StoreUnavailable):
+    """Whether a transaction was committed could not be learnt in time: Redis holds either all
+    of it or none of it (a commit record that a live replica completes), so the client must be
+    told neither accepted nor rolled back."""

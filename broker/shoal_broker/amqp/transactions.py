@@ -29,7 +29,7 @@ from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outcome_codes import ACCEPTED
 from shoal_broker.amqp.returns import Returns
 from shoal_broker.amqp.turns import Turns
-from shoal_broker.errors import BrokerError
+from shoal_broker.errors import BrokerError, CommitInDoubt
 from shoal_broker.routing.storage import Entry, MessageStore, OutgoingMessage
 from shoal_broker.settings import AddressKind
 
@@ -158,6 +158,9 @@ class Coordinator:
         else:
             try:
                 await self.store.messages.commit(txn.sends, txn.acks)
+            except CommitInDoubt as exc:
+                self._in_doubt(link, exc)
+                return
             except BrokerError as exc:
                 await self.rollback(txn)
                 error = TransactionError(f'the commit could not be applied: {exc}')
@@ -169,6 +172,18 @@ class Coordinator:
                 lib.pn_delivery_settle(delivery)
             else:
                 _reject(delivery, error)
+            self.turns.mark_dirty(link.conn)
+
+    def _in_doubt(self, link: CoordinatorLink, exc: CommitInDoubt) -> None:
+        """The commit's record is in Redis but its outcome could not be learnt: a live replica
+        completes it or rolls it back later, all or nothing. Neither answer may go to the client
+        (a rollback here would return acks the commit may still apply: duplicates), so the
+        discharge stays unanswered and the connection closes: the client's commit fails with
+        the connection, an outcome the application cannot take as either (jms-amqp-facts §7.3:
+        only a settled reply is an answer)."""
+        logger.error('transaction outcome unknown, closing the connection: %s', exc)
+        if link.conn.alive:
+            link.conn.fail('amqp:connection:forced', f'transaction outcome unknown: {exc}')
             self.turns.mark_dirty(link.conn)
 
     def _committed(self, txn: Transaction) -> None:

@@ -45,7 +45,7 @@ import redis.asyncio.cluster
 import redis.exceptions
 from redis.crc import key_slot
 
-from shoal_broker.errors import StoreUnavailable
+from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.routing.storage import Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys, scripts
@@ -72,11 +72,6 @@ _NOTHING_RAN = (
     redis.exceptions.ReadOnlyError,
 )
 """Replies refusing a command before it ran: retried once the slot map is asked again."""
-
-
-class CommitInDoubt(StoreUnavailable):
-    """Whether the transaction was committed could not be learnt in time: Redis holds either
-    all of it or none of it, and the client must not be told either."""
 
 
 @dataclasses.dataclass(frozen=True)
