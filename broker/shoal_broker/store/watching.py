@@ -18,6 +18,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import redis.asyncio
+import redis.exceptions
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.storage import Notify
@@ -27,6 +28,22 @@ from shoal_broker.store.calls import REDIS_DOWN, call
 from shoal_broker.store.notifications import NotificationReader, ShardedNotifications
 
 logger = logging.getLogger(__name__)
+
+CLUSTER_SETTLING = (
+    redis.exceptions.RedisClusterException,  # the client found no node for the slot
+    redis.exceptions.ClusterError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.MovedError,
+    redis.exceptions.AskError,
+    redis.exceptions.TryAgainError,
+)
+"""What a cluster answers while a shard fails over or a slot moves: the watch is tried again."""
+
+WATCH_RETRY_SECONDS = 0.5
+WATCH_ATTEMPTS = 20
+"""A watch is retried for about ten seconds of a cluster settling (a failover takes 2-3 s with
+``cluster-node-timeout 1000``, longer with the default 15 s), then given up with a warning; the
+next watch of the address, or a re-subscribe after a lost channel, tries again."""
 
 NOTIFICATION_IDLE_SECONDS = 30.0
 """A notification channel quiet this long is pinged; quiet for twice as long, it is dead."""
@@ -131,16 +148,25 @@ class Watching:
         """Make Redis match whether this replica watches ``address`` now (changes are applied
         one at a time, each to the latest wish, so a quick unwatch and watch end up watched)."""
         k = keys.AddressKeys.of(address)
-        async with self._watch_lock:
-            with contextlib.suppress(*REDIS_DOWN):
-                if address in self._watchers:
-                    await self._channel(k.notify, listen=True)
-                    await self._client.hset(k.watchers, self._replica_id, 1)
-                    # anything published before other replicas could see us: look once more
-                    self.notify_local(address)
-                else:
-                    await self._client.hdel(k.watchers, self._replica_id)
-                    await self._channel(k.notify, listen=False)
+        for attempt in range(WATCH_ATTEMPTS):
+            try:
+                async with self._watch_lock:
+                    with contextlib.suppress(*REDIS_DOWN):  # the re-subscribe covers it
+                        if address in self._watchers:
+                            await self._channel(k.notify, listen=True)
+                            await self._client.hset(k.watchers, self._replica_id, 1)
+                            # anything published before other replicas could see us: look again
+                            self.notify_local(address)
+                        else:
+                            await self._client.hdel(k.watchers, self._replica_id)
+                            await self._channel(k.notify, listen=False)
+                return
+            except CLUSTER_SETTLING as exc:
+                if attempt == WATCH_ATTEMPTS - 1:
+                    logger.warning('watch of %s not applied while the cluster settles: %s',
+                                   address, exc)  # fmt: skip
+                    return
+                await asyncio.sleep(WATCH_RETRY_SECONDS)
 
     async def _channel(self, channel: str, *, listen: bool) -> None:
         if self._sharded is not None:
