@@ -7,6 +7,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+import redis
+from processes import LOOPBACK, RedisServer, wait_for
 from redisclusters import ClusterGroup
 
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
@@ -92,3 +94,29 @@ async def test_a_transaction_over_three_slots_is_all_applied(
     for bucket in range(keys.COMMIT_BUCKETS):  # applied everywhere: the record is forgotten
         index = keys.commit_index(store.messages.transactions.replica_id, bucket)
         assert not await store.client.exists(index)
+
+
+async def test_a_cluster_of_one_primary_serves_the_store() -> None:
+    """One primary holding every slot: redis-py answers a command sent to every primary with the
+    bare reply rather than a reply per node, which the memory watermark must read alike."""
+    node = RedisServer(None, '--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf')
+    client = redis.Redis(host=LOOPBACK, port=node.port)
+    try:
+        client.execute_command('CLUSTER', 'ADDSLOTSRANGE', 0, 16383)
+        wait_for(lambda: b'cluster_state:ok' in client.execute_command('CLUSTER', 'INFO'), 10,
+                 'a cluster of one primary')  # fmt: skip
+        store = RedisStore.from_url(f'redis+cluster://{LOOPBACK}:{node.port}', 'one-shard')
+        await store.start()
+        try:
+            assert await store.ping()
+            used, _ = await store.upkeep.memory()
+            assert used > 0
+            await store.registry.create_address('solo', AddressKind.QUEUE)
+            assert await store.messages.publish('solo', AddressKind.QUEUE, message(b'x'))
+            fetched = await store.messages.fetch('solo', QUEUE_GROUP, 10)
+            assert [entry.rest for entry in fetched] == [b'x']
+        finally:
+            await store.close()
+    finally:
+        client.close()
+        node.stop()

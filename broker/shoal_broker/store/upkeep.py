@@ -114,9 +114,12 @@ class Upkeep:
         those of the fullest primary (the first to refuse writes)."""
         try:
             if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
-                primaries = redis.asyncio.cluster.RedisCluster.PRIMARIES
-                per_node = await call(self._client.info('memory', target_nodes=primaries))
-                infos = list(per_node.values())
+                # one node at a time: redis-py answers PRIMARIES with a dict per node, but with
+                # the bare reply when the cluster has a single primary
+                infos = [
+                    await call(self._client.info('memory', target_nodes=node))
+                    for node in self._client.get_primaries()
+                ]
             else:
                 infos = [await call(self._client.info('memory'))]
         except redis.exceptions.NoPermissionError as exc:
