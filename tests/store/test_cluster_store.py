@@ -98,7 +98,9 @@ async def test_a_transaction_over_three_slots_is_all_applied(
 
 async def test_a_cluster_of_one_primary_serves_the_store() -> None:
     """One primary holding every slot: redis-py answers a command sent to every primary with the
-    bare reply rather than a reply per node, which the memory watermark must read alike."""
+    bare reply rather than a reply per node, which the memory watermark must read alike; and
+    trimming, one script call per stream, must not ask that node for more connections than its
+    pool holds."""
     node = RedisServer(None, '--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf')
     client = redis.Redis(host=LOOPBACK, port=node.port)
     try:
@@ -115,6 +117,12 @@ async def test_a_cluster_of_one_primary_serves_the_store() -> None:
             assert await store.messages.publish('solo', AddressKind.QUEUE, message(b'x'))
             fetched = await store.messages.fetch('solo', QUEUE_GROUP, 10)
             assert [entry.rest for entry in fetched] == [b'x']
+            await store.messages.ack('solo', QUEUE_GROUP, fetched[0])
+            # more streams on the one node than its pool has connections: trimmed all the same
+            for n in range(80):
+                await store.registry.create_address(f'many-{n}', AddressKind.QUEUE)
+            assert await store.upkeep.trim() >= 0
+            assert client.xlen(keys.AddressKeys.of('solo').streams[0]) == 0
         finally:
             await store.close()
     finally:

@@ -31,7 +31,8 @@ async def call(awaitable: Awaitable[Any]) -> Any:
     try:
         return await awaitable
     except REDIS_DOWN as exc:
-        raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
+        # some of redis-py's errors carry no text (MaxConnectionsError, a bare timeout)
+        raise StoreUnavailable(f'Redis unreachable: {exc or type(exc).__name__}') from exc
 
 
 def as_text(value: Any) -> str:

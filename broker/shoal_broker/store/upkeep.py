@@ -28,6 +28,11 @@ messages, where one exact trim of a 100 000-entry backlog held it for 25 ms."""
 MAX_TRIM_STEPS = 1000
 """Steps per stream and trim pass; what is left waits for the next pass."""
 
+TRIM_CONCURRENCY = 16
+"""trim.lua calls in flight at once on a cluster (whose pipelines take no scripts): each holds
+a connection of its node's pool (``MAX_REDIS_CONNECTIONS``), and a scan page of 200 addresses
+on one node asked for 400 at once, which redis-py refuses (``MaxConnectionsError``)."""
+
 
 class Upkeep:
     """Implements ``routing.storage.UpkeepPort``."""
@@ -69,9 +74,13 @@ class Upkeep:
         """One trim.lua call per stream: one pipeline, or on a cluster (whose pipelines take no
         scripts) concurrent calls, each on its stream's node."""
         if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
-            return list(await asyncio.gather(*(
-                self._scripts.evalsha('trim', (stream,), (TRIM_STEP_ENTRIES,)) for stream in streams
-            )))  # fmt: skip
+            room = asyncio.Semaphore(TRIM_CONCURRENCY)
+
+            async def trim_one(stream: str) -> Any:
+                async with room:
+                    return await self._scripts.evalsha('trim', (stream,), (TRIM_STEP_ENTRIES,))
+
+            return list(await asyncio.gather(*(trim_one(stream) for stream in streams)))
         pipe = self._client.pipeline(transaction=False)
         for stream in streams:
             pipe.evalsha(self._scripts.sha['trim'], 1, stream, TRIM_STEP_ENTRIES)
