@@ -4,55 +4,35 @@ consumers (docs/redis-modes.md, "Redis Cluster"): kill -9 of the primary holding
 slot migrated to another primary key by key (ASK between batches, then MOVED; nothing lost, and
 nothing delivered twice unless counted as a redelivery or sent twice after a release)."""
 
-import collections
 import time
 import uuid
 
 import pytest
-from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
+from failoverload import REPLICATED, crossed_load, tally
+from loadclient import ChaosRun
 from redisclusters import ClusterGroup
 
 from shoal_broker.store import keys
 
 LOAD = 4_000
-ROLLBACK_WINDOW = 1.0
-"""Seconds before the kill within which a delivery may be undone by the failover (the last
-fetches and acks a replica had not received)."""
-REPLICATED = {'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '500'}
 
 
 def _start(cluster, group: ClusterGroup, queue: str, env: dict[str, str]) -> ChaosRun:  # type: ignore[no-untyped-def]
     a = cluster.broker(group.url, replica_id=f'cl-a-{queue[-4:]}', env=env)
     b = cluster.broker(group.url, replica_id=f'cl-b-{queue[-4:]}', env=env)
-    return ChaosRun(
-        [ChaosProducer([a.url, b.url], queue, range(0, LOAD, 2)),
-         ChaosProducer([b.url, a.url], queue, range(1, LOAD, 2))],
-        [ChaosConsumer([a.url, b.url], queue, 'c0', credit=50),
-         ChaosConsumer([b.url, a.url], queue, 'c1', credit=50)],
-        timeout=100,
-    ).start()  # fmt: skip
+    return crossed_load(a.url, b.url, queue, LOAD)
 
 
 def _accounting(run: ChaosRun, since: float) -> tuple[set[int], set[int], str]:
     """(lost, duplicated without a reason, summary)."""
-    lost = run.accepted - run.received
-    by_body = collections.Counter(r.body for r in run.receipts)
-    duplicates = {body for body, n in by_body.items() if n > 1}
-    redelivered = {r.body for r in run.receipts if r.delivery_count > 0}
-    first_at: dict[int, float] = {}
-    for r in run.receipts:
-        first_at.setdefault(r.body, r.at)
-    unexplained = {
-        body
-        for body in (duplicates & run.accepted) - redelivered - run.released_bodies
-        if first_at[body] < since - ROLLBACK_WINDOW
-    }
+    counted = tally(run, since)
     summary = (
         f'accepted {len(run.accepted)} of {LOAD}, {run.released} released and sent again, '
-        f'{len(run.in_doubt)} in doubt, {len(run.received)} received, {len(lost)} lost, '
-        f'{len(duplicates)} bodies delivered more than once, {len(redelivered)} redelivered'
+        f'{len(run.in_doubt)} in doubt, {len(run.received)} received, '
+        f'{len(counted.lost)} lost, {len(counted.duplicates)} bodies delivered more than once, '
+        f'{len(counted.redelivered)} redelivered'
     )
-    return lost, unexplained, summary
+    return counted.lost, counted.unexplained, summary
 
 
 @pytest.mark.timeout(150)

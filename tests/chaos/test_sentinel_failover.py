@@ -1,21 +1,18 @@
 """kill -9 of the Redis primary under load, with Sentinel: the replica is promoted, both broker
 replicas follow it, and in ``replicated`` mode nothing accepted is lost."""
 
-import collections
 import time
 import uuid
 
 import pytest
-from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
+from failoverload import REPLICATED, crossed_load, tally
+from loadclient import ChaosRun
 from sentinels import SentinelGroup
 
 LOAD = 6_000
-ROLLBACK_WINDOW = 1.0
-"""Seconds before the kill within which a delivery may be undone by the failover."""
 FOLLOW_BOUND_SECONDS = 30.0
 """How long a broker may take to answer /readyz after the promotion before the test fails: far
 above the measured time, so a busy machine does not fail it."""
-REPLICATED = {'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '500'}
 
 
 @pytest.mark.timeout(120)
@@ -27,13 +24,7 @@ def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_f
         a = cluster.broker(group.url, replica_id='sentinel-a', env=REPLICATED)
         b = cluster.broker(group.url, replica_id='sentinel-b', env=REPLICATED)
         queue = f'chaos-{uuid.uuid4().hex[:8]}'
-        run = ChaosRun(
-            [ChaosProducer([a.url, b.url], queue, range(0, LOAD, 2)),
-             ChaosProducer([b.url, a.url], queue, range(1, LOAD, 2))],
-            [ChaosConsumer([a.url, b.url], queue, 'c0', credit=50),
-             ChaosConsumer([b.url, a.url], queue, 'c1', credit=50)],
-            timeout=100,
-        ).start()  # fmt: skip
+        run = crossed_load(a.url, b.url, queue, LOAD)
         try:
             assert run.wait(lambda r: len(r.accepted) >= LOAD // 3, timeout=40), run.log
             old = group.primary_port()
@@ -56,32 +47,17 @@ def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_f
             run.stop()
     finally:
         group.stop()
-    lost = run.accepted - run.received
-    by_body = collections.Counter(r.body for r in run.receipts)
-    duplicates = {body for body, n in by_body.items() if n > 1}
-    redelivered_bodies = {r.body for r in run.receipts if r.delivery_count > 0}
-    first_at: dict[int, float] = {}
-    for r in run.receipts:
-        first_at.setdefault(r.body, r.at)
-    # An accepted body comes twice as a counted redelivery, because it was released (written,
-    # not confirmed by a replica in time) and sent again, or because its first delivery was
-    # among the last fetches and acks the replica had not received when the primary died (not
-    # WAITed for: the promoted replica delivers it again, delivery count and all, as new).
-    unexplained = {
-        body
-        for body in (duplicates & run.accepted) - redelivered_bodies - run.released_bodies
-        if first_at[body] < killed_at - ROLLBACK_WINDOW
-    }
-    rolled_back = (duplicates & run.accepted) - redelivered_bodies - run.released_bodies
-    redelivered = sum(1 for r in run.receipts if r.delivery_count > 0)
+    counted = tally(run, killed_at)
+    lost, unexplained = counted.lost, counted.unexplained
     summary = (
         f'sentinel failover (replicated): accepted {len(run.accepted)} of {LOAD} '
         f'({accepted_at_kill} before the kill, {accepted_at_link} once the new primary had a '
         f'replica), {run.released} released and sent again, {len(run.in_doubt)} in doubt, '
-        f'{len(run.received)} received, {len(lost)} lost, {len(duplicates)} bodies delivered '
-        f'more than once ({len(rolled_back)} accepted ones neither released nor counted as '
-        f'redelivered), {redelivered} redeliveries; promoted {promoted_at - killed_at:.2f} s '
-        f'after the kill, brokers ready {[r and round(r, 2) for r in ready]} s after it, '
+        f'{len(run.received)} received, {len(lost)} lost, {len(counted.duplicates)} bodies '
+        f'delivered more than once ({len(counted.rolled_back)} accepted ones neither released '
+        f'nor counted as redelivered), {counted.redeliveries} redeliveries; promoted '
+        f'{promoted_at - killed_at:.2f} s after the kill, '
+        f'brokers ready {[r and round(r, 2) for r in ready]} s after it, '
         f'a new accept {first_accept:.2f} s after the new primary had a replica again; '
         f'connections lost: {[f"{t - killed_at:.2f} s {w}" for t, w in run.log if "lost" in w]}'
         f'; leases lapsed: {(a.log() + b.log()).count("lease lapsed")}'

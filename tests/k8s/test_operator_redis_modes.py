@@ -40,6 +40,16 @@ async def connected(kube: Kube) -> dict[str, Any]:
     return dict(await kube.eventually(probe, 'the cluster connected to Redis'))
 
 
+async def not_connected(kube: Kube) -> dict[str, Any]:
+    """The RedisConnected condition, once it is False."""
+
+    async def reported() -> Any:
+        found = condition(await kube.get('brokerclusters', 'shoal'), 'RedisConnected')
+        return found if found.get('status') == 'False' else None
+
+    return dict(await kube.eventually(reported, 'RedisConnected False'))
+
+
 async def rendered_url(kube: Kube) -> str:
     found = await kube.eventually(
         lambda: kube.get('secrets', 'shoal-redis-url', api_version='v1'), 'the rendered Secret'
@@ -87,12 +97,7 @@ async def test_missing_credentials_are_reported_and_the_cluster_connects_once_th
     everything else is applied meanwhile, and the Secret's arrival is enough."""
     redis = {'host': LOOPBACK, 'port': redis_server.port, 'auth': {'secretName': 'late'}}
     await operator.create('brokerclusters', cluster_body(redis=redis))
-
-    async def reported() -> Any:
-        found = condition(await operator.get('brokerclusters', 'shoal'), 'RedisConnected')
-        return found if found.get('status') == 'False' else None
-
-    found = await operator.eventually(reported, 'RedisConnected False')
+    found = await not_connected(operator)
     assert "Secret default/late has no key 'password'" in found['message']
     assert await operator.get('deployments', 'shoal', api_version='apps/v1') is not None
     assert await operator.get('secrets', 'shoal-redis-url', api_version='v1') is None
@@ -108,12 +113,7 @@ async def test_a_url_secret_whose_scheme_contradicts_the_mode_is_reported(
     await operator.redis_secret(redis_server.url)
     redis = {'mode': 'sentinel', 'secretName': 'redis'}
     await operator.create('brokerclusters', cluster_body(redis=redis))
-
-    async def reported() -> Any:
-        found = condition(await operator.get('brokerclusters', 'shoal'), 'RedisConnected')
-        return found if found.get('status') == 'False' else None
-
-    found = await operator.eventually(reported, 'RedisConnected False')
+    found = await not_connected(operator)
     assert "spec.redis.mode is sentinel but the URL's scheme is redis" in found['message']
 
 

@@ -1,6 +1,7 @@
 """What the store tests share: a started RedisStore and a plain client on the session's Redis,
 and a Redis Cluster of three primaries and three replicas for the tests of the cluster's layout
-and channels."""
+and channels, with a cluster client of it and the per-node pools the store's lanes, channels and
+commit records use."""
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -10,6 +11,8 @@ import redis.asyncio
 from processes import RedisServer
 from redisclusters import ClusterGroup
 
+from shoal_broker.store import connect
+from shoal_broker.store.notifications import PoolFor
 from shoal_broker.store.redisstore import RedisStore
 
 
@@ -34,3 +37,18 @@ def redis_cluster() -> Iterator[ClusterGroup]:
     cluster = ClusterGroup()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+async def cluster_client(redis_cluster: ClusterGroup) -> AsyncIterator[redis.asyncio.RedisCluster]:
+    client = connect.cluster_client(redis_cluster.url)
+    await client.initialize()
+    yield client
+    await connect.close(client)
+
+
+@pytest.fixture
+def pool_for(redis_cluster: ClusterGroup) -> PoolFor:
+    """A connection pool of one node of the cluster, as the store opens one for a primary."""
+    url = redis_cluster.url
+    return lambda host, port: connect.node_pool(url, host, port)

@@ -14,8 +14,9 @@ import pytest
 import redis.asyncio
 from redisclusters import ClusterGroup
 
-from shoal_broker.store import connect, keys
+from shoal_broker.store import keys
 from shoal_broker.store.lanes import ClusterLanes, Unit, slot_of
+from shoal_broker.store.notifications import PoolFor
 
 WRITES = 1500
 WRITE_SECONDS = 40.0
@@ -23,19 +24,10 @@ BATCH = 10
 
 
 @pytest.fixture
-async def cluster_client(redis_cluster: ClusterGroup) -> AsyncIterator[redis.asyncio.RedisCluster]:
-    client = connect.cluster_client(redis_cluster.url)
-    await client.initialize()
-    yield client
-    await connect.close(client)
-
-
-@pytest.fixture
 async def lanes(
-    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster
+    cluster_client: redis.asyncio.RedisCluster, pool_for: PoolFor
 ) -> AsyncIterator[ClusterLanes]:
-    url = redis_cluster.url
-    found = ClusterLanes(cluster_client, lambda host, port: connect.node_pool(url, host, port), 4)
+    found = ClusterLanes(cluster_client, pool_for, 4)
     yield found
     await found.close()
 

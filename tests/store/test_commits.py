@@ -13,43 +13,34 @@ from redisclusters import ClusterGroup
 
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import connect, keys
+from shoal_broker.store import keys
 from shoal_broker.store.commits import ClusterNodes, CommitLog, plan, spans_slots
+from shoal_broker.store.notifications import PoolFor
 
 GROUP = QUEUE_GROUP
 
 
 @pytest.fixture
-async def cluster_client(redis_cluster: ClusterGroup) -> AsyncIterator[redis.asyncio.RedisCluster]:
-    client = connect.cluster_client(redis_cluster.url)
-    await client.initialize()
-    yield client
-    await connect.close(client)
-
-
-@pytest.fixture
 async def nodes(
-    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster
+    cluster_client: redis.asyncio.RedisCluster, pool_for: PoolFor
 ) -> AsyncIterator[ClusterNodes]:
-    url = redis_cluster.url
-    found = ClusterNodes(cluster_client, lambda host, port: connect.node_pool(url, host, port))
+    found = ClusterNodes(cluster_client, pool_for)
     yield found
     await found.aclose()
 
 
-def queues_on_every_primary(cluster: ClusterGroup) -> list[str]:
-    found: dict[int, str] = {}
-    while len(found) < 3:
-        address = f'txq-{uuid.uuid4().hex[:8]}'
-        found.setdefault(cluster.primary_of(keys.AddressKeys.of(address).groups).port, address)
-    return list(found.values())
-
-
-async def make_queue(client: redis.asyncio.RedisCluster, address: str) -> None:
-    k = keys.AddressKeys.of(address)
-    for stream in k.streams:
-        await client.xgroup_create(stream, GROUP, '0', mkstream=True)
-    await client.sadd(k.groups, GROUP)
+@pytest.fixture
+async def queues(
+    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster
+) -> list[str]:
+    """One queue made on every primary."""
+    made = redis_cluster.names_on_every_primary('txq', lambda a: keys.AddressKeys.of(a).groups)
+    for address in made:
+        k = keys.AddressKeys.of(address)
+        for stream in k.streams:
+            await cluster_client.xgroup_create(stream, GROUP, '0', mkstream=True)
+        await cluster_client.sadd(k.groups, GROUP)
+    return made
 
 
 async def delivered(client: redis.asyncio.RedisCluster, address: str) -> Entry:
@@ -82,11 +73,9 @@ async def records_left(client: redis.asyncio.RedisCluster, replica: str) -> int:
 
 
 async def test_a_commit_over_three_shards_applies_everywhere(
-    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes
+    cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes, queues: list[str]
 ) -> None:
-    first, second, acked = queues_on_every_primary(redis_cluster)
-    for address in (first, second, acked):
-        await make_queue(cluster_client, address)
+    first, second, acked = queues
     entry = await delivered(cluster_client, acked)
     sends = [
         (first, AddressKind.QUEUE, message('a1')),
@@ -106,11 +95,9 @@ async def test_a_commit_over_three_shards_applies_everywhere(
 
 
 async def test_a_committer_dying_part_way_is_completed_once(
-    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes
+    cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes, queues: list[str]
 ) -> None:
-    first, second, acked = queues_on_every_primary(redis_cluster)
-    for address in (first, second, acked):
-        await make_queue(cluster_client, address)
+    first, second, acked = queues
     entry = await delivered(cluster_client, acked)
     parts = plan(
         [(first, AddressKind.QUEUE, message('a1')), (second, AddressKind.QUEUE, message('b1'))],
@@ -136,12 +123,10 @@ async def test_a_committer_dying_part_way_is_completed_once(
 
 
 async def test_a_commit_that_never_recorded_leaves_nothing(
-    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes
+    cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes, queues: list[str]
 ) -> None:
     """A committer that dies before its record is durable: nothing to complete, nothing seen."""
-    first, second, _ = queues_on_every_primary(redis_cluster)
-    for address in (first, second):
-        await make_queue(cluster_client, address)
+    first, second, _ = queues
     reaper = CommitLog(nodes, 'replica-reaper')
     assert await reaper.complete('replica-never-recorded') == 0
     assert await bodies(cluster_client, first) == []
@@ -149,11 +134,9 @@ async def test_a_commit_that_never_recorded_leaves_nothing(
 
 
 async def test_markers_outlive_their_record_by_the_grace_period(
-    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes
+    cluster_client: redis.asyncio.RedisCluster, nodes: ClusterNodes, queues: list[str]
 ) -> None:
-    first, second, _ = queues_on_every_primary(redis_cluster)
-    for address in (first, second):
-        await make_queue(cluster_client, address)
+    first, second, _ = queues
     parts = plan(
         [(first, AddressKind.QUEUE, message('a1')), (second, AddressKind.QUEUE, message('b1'))],
         [],

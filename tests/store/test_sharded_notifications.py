@@ -5,46 +5,30 @@ slot went when it moves to another node or its primary is killed and a replica t
 """
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio.cluster
 from redisclusters import ClusterGroup
 
-from shoal_broker.store import connect, keys
-from shoal_broker.store.notifications import ShardedNotifications
+from shoal_broker.store import keys
+from shoal_broker.store.notifications import PoolFor, ShardedNotifications
 
 IDLE_SECONDS = 5.0
 
 
 @pytest.fixture
-async def cluster_client(redis_cluster: ClusterGroup) -> AsyncIterator[redis.asyncio.RedisCluster]:
-    client = connect.cluster_client(redis_cluster.url)
-    await client.initialize()
-    yield client
-    await connect.close(client)
-
-
-@pytest.fixture
 async def channels(
-    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster
+    cluster_client: redis.asyncio.RedisCluster, pool_for: PoolFor
 ) -> AsyncIterator[ShardedNotifications]:
-    url = redis_cluster.url
-    notifications = ShardedNotifications(
-        cluster_client, lambda host, port: connect.node_pool(url, host, port), IDLE_SECONDS
-    )
+    notifications = ShardedNotifications(cluster_client, pool_for, IDLE_SECONDS)
     yield notifications
     await notifications.aclose()
 
 
 def addresses_on_every_primary(cluster: ClusterGroup) -> list[str]:
     """One address (its notification channel) per primary."""
-    found: dict[int, str] = {}
-    while len(found) < 3:
-        address = f'q-{uuid.uuid4().hex[:8]}'
-        found.setdefault(cluster.primary_of(keys.AddressKeys.of(address).notify).port, address)
-    return list(found.values())
+    return cluster.names_on_every_primary('q', lambda a: keys.AddressKeys.of(a).notify)
 
 
 RECEIVE_SECONDS = 10.0

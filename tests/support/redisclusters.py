@@ -18,6 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -160,6 +161,16 @@ class ClusterGroup:
     def primaries(self) -> list[ClusterNode]:
         ports = {int(entry[2][1]) for entry in self._slots(self.seed)}
         return [node for node in self.nodes if node.port in ports]
+
+    def names_on_every_primary(self, prefix: str, key_of: Callable[[str], str]) -> list[str]:
+        """One new name ``prefix-…`` per primary: each one's key (``key_of(name)``) has its
+        slot served by a different primary."""
+        count = len(self.primaries())
+        found: dict[int, str] = {}
+        while len(found) < count:
+            name = f'{prefix}-{uuid.uuid4().hex[:8]}'
+            found.setdefault(self.primary_of(key_of(name)).port, name)
+        return list(found.values())
 
     def _slots(self, node: ClusterNode) -> list[list[object]]:
         raw = self._ask(node, 'CLUSTER', 'SLOTS')

@@ -115,25 +115,19 @@ def is_sentinel_url(url: str) -> bool:
 
 def parse_sentinel_url(url: str) -> SentinelUrl:
     """Raises ValueError for a URL that is not a usable Sentinel URL."""
-    scheme, sep, rest = url.partition('://')
-    if not sep or scheme.lower() not in SENTINEL_SCHEMES:
-        raise ValueError(f'not a Sentinel URL (schemes: {", ".join(SENTINEL_SCHEMES)})')
-    tls = SENTINEL_SCHEMES[scheme.lower()]
-    rest, _, query = rest.partition('?')
-    netloc, _, path = rest.partition('/')
-    userinfo, at, hosts = netloc.rpartition('@')
-    sentinels = tuple(_host_port(h, SENTINEL_PORT, 'sentinel') for h in hosts.split(',') if h)
+    parts = _split_seed_url(url, SENTINEL_SCHEMES, 'Sentinel URL', SENTINEL_PORT, 'sentinel')
+    tls, sentinels = parts.tls, parts.hosts
     if not sentinels:
         raise ValueError('a Sentinel URL needs at least one sentinel host')
-    names = [urllib.parse.unquote(p) for p in path.split('/') if p]
+    names = [urllib.parse.unquote(p) for p in parts.path.split('/') if p]
     if not names or len(names) > 2:
         raise ValueError('a Sentinel URL names the primary: .../<service>[/<db>]')
-    options = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    options = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     own = {k: v for k, v in options if k in _SENTINEL_OPTIONS}
     rest_query = urllib.parse.urlencode([(k, v) for k, v in options if k not in _SENTINEL_OPTIONS])
     # redis-py parses the credentials, the db and every option, as for a standalone URL
-    standalone = f'{"rediss" if tls else "redis"}://{userinfo}{at}sentinel/{"/".join(names[1:])}'
-    connection: dict[str, Any] = dict(parse_url(f'{standalone}?{rest_query}'))
+    standalone = parts.standalone(f'sentinel/{"/".join(names[1:])}?{rest_query}')
+    connection: dict[str, Any] = dict(parse_url(standalone))
     for key in ('host', 'port', 'connection_class'):
         connection.pop(key, None)
     if tls:
@@ -144,6 +138,38 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     if 'sentinel_password' in own:
         sentinel['password'] = own['sentinel_password']
     return SentinelUrl(sentinels, names[0], tls, connection, sentinel)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SeedUrl:
+    """What the Sentinel and Cluster URL forms share: a scheme that says TLS, the credentials of
+    the Redis servers, and a list of hosts, each with a port or the default one."""
+
+    tls: bool
+    credentials: str
+    """``user:password@`` as written, or empty."""
+    hosts: tuple[tuple[str, int], ...]
+    path: str
+    query: str
+
+    def standalone(self, rest: str) -> str:
+        """A ``redis://`` (``rediss://``) URL with these credentials, for redis-py to parse the
+        credentials and options as it does a standalone URL's."""
+        return f'{"rediss" if self.tls else "redis"}://{self.credentials}{rest}'
+
+
+def _split_seed_url(
+    url: str, schemes: dict[str, bool], kind: str, default_port: int, member: str
+) -> _SeedUrl:
+    """Raises ValueError for another scheme or a bad host (``member`` names one in the error)."""
+    scheme, sep, rest = url.partition('://')
+    if not sep or scheme.lower() not in schemes:
+        raise ValueError(f'not a {kind} (schemes: {", ".join(schemes)})')
+    rest, _, query = rest.partition('?')
+    netloc, _, path = rest.partition('/')
+    userinfo, at, hosts = netloc.rpartition('@')
+    found = tuple(_host_port(h, default_port, member) for h in hosts.split(',') if h)
+    return _SeedUrl(schemes[scheme.lower()], userinfo + at, found, path, query)
 
 
 def _host_port(member: str, default_port: int, what: str) -> tuple[str, int]:
@@ -191,19 +217,13 @@ CLUSTER_OPTIONS = frozenset(
 
 def parse_cluster_url(url: str) -> ClusterUrl:
     """Raises ValueError for a URL that is not a usable Redis Cluster URL."""
-    scheme, sep, rest = url.partition('://')
-    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
-        raise ValueError(f'not a Redis Cluster URL (schemes: {", ".join(CLUSTER_SCHEMES)})')
-    tls = CLUSTER_SCHEMES[scheme.lower()]
-    rest, _, query = rest.partition('?')
-    netloc, _, path = rest.partition('/')
-    userinfo, at, hosts = netloc.rpartition('@')
-    nodes = tuple(_host_port(h, CLUSTER_PORT, 'cluster node') for h in hosts.split(',') if h)
+    parts = _split_seed_url(url, CLUSTER_SCHEMES, 'Redis Cluster URL', CLUSTER_PORT, 'cluster node')
+    tls, nodes, path = parts.tls, parts.hosts, parts.path
     if not nodes:
         raise ValueError('a Redis Cluster URL needs at least one seed node: host[:port],...')
     if path.strip('/') not in ('', '0'):
         raise ValueError(f'Redis Cluster has only database 0, not {path.strip("/")!r}')
-    options = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    options = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     unknown = sorted({name for name, _ in options} - CLUSTER_OPTIONS)
     if unknown:
         raise ValueError(
@@ -211,7 +231,7 @@ def parse_cluster_url(url: str) -> ClusterUrl:
             f'({", ".join(sorted(CLUSTER_OPTIONS))})'
         )
     # redis-py parses the credentials and every option, as for a standalone URL
-    standalone = f'{"rediss" if tls else "redis"}://{userinfo}{at}cluster/0?{query}'
+    standalone = parts.standalone(f'cluster/0?{parts.query}')
     connection: dict[str, Any] = dict(parse_url(standalone))
     for key in ('host', 'port', 'db', 'connection_class'):
         connection.pop(key, None)

@@ -167,5 +167,5 @@ podAntiAffinity:
 
 {{/* The digest of the Redis start scripts: a change rolls the Redis and sentinel pods. */}}
 {{- define "shoal.redis.scriptsChecksum" -}}
-{{- .Files.Get "files/redis/redis-start.sh" | cat (.Files.Get "files/redis/sentinel-start.sh") | sha256sum | trunc 16 }}
+{{- .Files.Get "files/redis/redis-start.sh" | cat (.Files.Get "files/redis/sentinel-start.sh") (.Files.Get "files/redis/find-primary.sh") | sha256sum | trunc 16 }}
 {{- end }}

@@ -20,20 +20,13 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   return {'already'}
 end
 --! include notify_watchers
+--! include new_entry_fields
 local sends, groups = tonumber(ARGV[5]), tonumber(ARGV[6])
 local first = 7 + groups
 local added, acked = 0, 0
 if sends > 0 and redis.call('SCARD', KEYS[4]) > 0 then
   for i = first, first + 5 * (sends - 1), 5 do
-    local fields = {'h', ARGV[i + 1], 'r', ARGV[i + 2]}
-    if ARGV[i + 3] ~= '0' then
-      fields[#fields + 1] = 'x'
-      fields[#fields + 1] = ARGV[i + 3]
-    end
-    if ARGV[i + 4] ~= '' then
-      fields[#fields + 1] = 'c'
-      fields[#fields + 1] = ARGV[i + 4]
-    end
+    local fields = new_entry_fields(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
     redis.call('XADD', KEYS[2 + tonumber(ARGV[i])], '*', unpack(fields))
     added = added + 1
   end

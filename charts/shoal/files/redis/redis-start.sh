@@ -13,24 +13,9 @@
 # Arguments: redis-server's own (data directory, persistence, ...).
 set -eu
 
-primary_host=''
-primary_port=''
-for sentinel in $SENTINELS; do
-  answer=$(redis-cli -h "${sentinel%:*}" -p "${sentinel##*:}" --no-auth-warning \
-    SENTINEL get-master-addr-by-name "$SERVICE" 2>/dev/null) || continue
-  host=$(printf '%s\n' "$answer" | sed -n 1p)
-  port=$(printf '%s\n' "$answer" | sed -n 2p)
-  case "$port" in
-    ''|*[!0-9]*) continue ;;  # nil, or an error such as NOAUTH
-  esac
-  primary_host=$host
-  primary_port=$port
-  break
-done
-if [ -z "$primary_host" ]; then
-  primary_host=${FIRST_NODE%:*}
-  primary_port=${FIRST_NODE##*:}
-fi
+# shellcheck source=find-primary.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/find-primary.sh"
+find_primary ''  # a node skips no sentinel
 
 set -- "$@" --port "$REDIS_PORT" --replica-announce-ip "$SELF" --replica-announce-port "$REDIS_PORT" \
   --protected-mode no

@@ -12,25 +12,9 @@
 # Arguments: more of redis-server's own.
 set -eu
 
-primary_host=''
-primary_port=''
-for sentinel in $SENTINELS; do
-  [ "$sentinel" = "$SELF:$SENTINEL_PORT" ] && continue
-  answer=$(redis-cli -h "${sentinel%:*}" -p "${sentinel##*:}" --no-auth-warning \
-    SENTINEL get-master-addr-by-name "$SERVICE" 2>/dev/null) || continue
-  host=$(printf '%s\n' "$answer" | sed -n 1p)
-  port=$(printf '%s\n' "$answer" | sed -n 2p)
-  case "$port" in
-    ''|*[!0-9]*) continue ;;
-  esac
-  primary_host=$host
-  primary_port=$port
-  break
-done
-if [ -z "$primary_host" ]; then
-  primary_host=${FIRST_NODE%:*}
-  primary_port=${FIRST_NODE##*:}
-fi
+# shellcheck source=find-primary.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/find-primary.sh"
+find_primary "$SELF:$SENTINEL_PORT"
 
 {
   echo "port $SENTINEL_PORT"
