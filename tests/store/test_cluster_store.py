@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis
-from processes import LOOPBACK, RedisServer, wait_for
+from processes import LOOPBACK, RedisServer, free_port, wait_for
 from redisclusters import ClusterGroup
 
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
@@ -101,7 +101,10 @@ async def test_a_cluster_of_one_primary_serves_the_store() -> None:
     bare reply rather than a reply per node, which the memory watermark must read alike; and
     trimming, one script call per stream, must not ask that node for more connections than its
     pool holds."""
-    node = RedisServer(None, '--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf')
+    node = RedisServer(
+        None, '--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf',
+        '--cluster-port', str(free_port()),  # port + 10 000, the default, may be past 65 535
+    )  # fmt: skip
     client = redis.Redis(host=LOOPBACK, port=node.port)
     try:
         client.execute_command('CLUSTER', 'ADDSLOTSRANGE', 0, 16383)
