@@ -68,18 +68,7 @@ async def test_kubectl_delete_of_a_whole_app_honours_delete(
     assert kind_of(rds.hget(keys.ADDRESSES, f'{address}-q')) == 'queue'
     assert rds.exists(definition_key(billing))
 
-    for plural, name, api_version in app:  # kubectl delete -f app.yaml: one after the other
-        if api_version:
-            await kube.delete(plural, name, api_version=api_version)
-        else:
-            await kube.delete(plural, name)
-    for plural, name, api_version in app:
-
-        async def gone(p: str = plural, n: str = name, a: str | None = api_version) -> bool:
-            found = await (kube.get(p, n, api_version=a) if a else kube.get(p, n))
-            return found is None
-
-        await kube.eventually(gone, f'{plural}/{name} gone')
+    await _delete_and_wait(kube, app)  # kubectl delete -f app.yaml: one after the other
 
     # Without a finalizer the policy is carried out on the DELETED event, so after the objects
     # have left the API server
@@ -121,18 +110,7 @@ async def test_deleting_the_namespace_after_the_operators_role_finishes_and_hono
     kube.emulator.forbidden = frozenset({'default'})
     content = [('sharedsubscriptions', billing, None), ('queues', 'orders', None),
                ('brokerclusters', 'shoal', None), ('secrets', 'redis', 'v1')]  # fmt: skip
-    for plural, name, api_version in content:
-        if api_version:
-            await kube.delete(plural, name, api_version=api_version)
-        else:
-            await kube.delete(plural, name)
-    for plural, name, api_version in content:
-
-        async def gone(p: str = plural, n: str = name, a: str | None = api_version) -> bool:
-            found = await (kube.get(p, n, api_version=a) if a else kube.get(p, n))
-            return found is None
-
-        await kube.eventually(gone, f'{plural}/{name} gone')
+    await _delete_and_wait(kube, content)
 
     async def removed() -> bool:
         return rds.hget(keys.ADDRESSES, f'{address}-q') is None and not rds.exists(
@@ -276,3 +254,20 @@ async def test_the_filed_deletion_policy_follows_the_resource_and_force_delete(
     force = {'metadata': {'annotations': {'shoal.dev/force-delete': 'true'}}}
     await cluster.patch('queues', 'orders', force)
     await cluster.eventually(filed('Retain'), 'Retain filed for a forced deletion')
+
+
+async def _delete_and_wait(kube: Kube, objects: list[tuple[str, str, str | None]]) -> None:
+    """Delete each (plural, name, apiVersion or None for Shoal's own) in turn, then wait until
+    the API server has none of them."""
+    for plural, name, api_version in objects:
+        if api_version:
+            await kube.delete(plural, name, api_version=api_version)
+        else:
+            await kube.delete(plural, name)
+    for plural, name, api_version in objects:
+
+        async def gone(p: str = plural, n: str = name, a: str | None = api_version) -> bool:
+            found = await (kube.get(p, n, api_version=a) if a else kube.get(p, n))
+            return found is None
+
+        await kube.eventually(gone, f'{plural}/{name} gone')
