@@ -7,10 +7,11 @@ must not reorder or half-apply anything (publish, a commit, a fetch in bulk) the
 source it keeps here (``Scripts.source``), which Redis caches by its SHA1 all the same.
 """
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.exceptions
 
 from shoal_broker.errors import StoreUnavailable
@@ -33,6 +34,15 @@ async def call(awaitable: Awaitable[Any]) -> Any:
     except REDIS_DOWN as exc:
         # some of redis-py's errors carry no text (MaxConnectionsError, a bare timeout)
         raise StoreUnavailable(f'Redis unreachable: {exc or type(exc).__name__}') from exc
+
+
+async def on_every_primary(client: Any, command: Callable[..., Awaitable[Any]]) -> list[Any]:
+    """``command(client)``'s reply from a standalone or Sentinel server, or from each primary of
+    a cluster in turn (``target_nodes`` one node at a time: redis-py answers a command sent to
+    all primaries with the bare reply when there is only one)."""
+    if not isinstance(client, redis.asyncio.cluster.RedisCluster):
+        return [await call(command(client))]
+    return [await call(command(client, target_nodes=node)) for node in client.get_primaries()]
 
 
 def as_text(value: Any) -> str:

@@ -12,7 +12,7 @@ the connection and the parts' lifecycle; multi-key changes that must be atomic a
 Only this package imports redis; Redis failures become ``StoreUnavailable``.
 """
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -23,7 +23,7 @@ from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import connect, keys, layout
 from shoal_broker.store.addresses import AddressRegistry
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.calls import REDIS_DOWN, Scripts, as_text, call
+from shoal_broker.store.calls import REDIS_DOWN, Scripts, as_text, call, on_every_primary
 from shoal_broker.store.commits import ClusterNodes, CommitLog
 from shoal_broker.store.cycles import PIPELINES_IN_FLIGHT, Cycles
 from shoal_broker.store.lanes import ClusterLanes
@@ -138,17 +138,11 @@ class RedisStore:
         """Refuse to start when Redis cannot give the promised durability."""
         if self._durability is not Durability.FSYNC:
             return
-        for config in await self._on_every_primary(lambda c, **to: c.config_get('append*', **to)):
+        configs = await on_every_primary(
+            self._client, lambda c, **to: c.config_get('append*', **to)
+        )
+        for config in configs:
             self._check_fsync({as_text(k): as_text(v) for k, v in config.items()})
-
-    async def _on_every_primary(self, command: Callable[..., Awaitable[Any]]) -> list[Any]:
-        """``command(client)``'s reply from the one server, or from every primary of a cluster
-        (redis-py's ``target_nodes``)."""
-        if self.commits is None:
-            return [await call(command(self._client))]
-        cluster: Any = self._client
-        primaries = cluster.get_primaries()
-        return [await call(command(cluster, target_nodes=node)) for node in primaries]
 
     @staticmethod
     def _check_fsync(values: dict[str, str]) -> None:
@@ -200,7 +194,7 @@ class RedisStore:
     async def ping(self) -> bool:
         """Whether Redis answers (on a cluster: every primary)."""
         try:
-            return all(await self._on_every_primary(lambda c, **to: c.ping(**to)))
+            return all(await on_every_primary(self._client, lambda c, **to: c.ping(**to)))
         except (*REDIS_DOWN, StoreUnavailable):
             return False
 

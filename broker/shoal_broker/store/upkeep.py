@@ -19,7 +19,7 @@ from shoal_broker.metrics.registry import PRIVATE_LABEL
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.calls import Scripts, as_text, call
+from shoal_broker.store.calls import Scripts, as_text, call, on_every_primary
 
 TRIM_STEP_ENTRIES = 1000
 """Entries one trim.lua call may remove (whole stream nodes): ~0.25 ms of Redis for 1 KiB
@@ -122,15 +122,7 @@ class Upkeep:
         """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes; on a cluster,
         those of the fullest primary (the first to refuse writes)."""
         try:
-            if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
-                # one node at a time: redis-py answers PRIMARIES with a dict per node, but with
-                # the bare reply when the cluster has a single primary
-                infos = [
-                    await call(self._client.info('memory', target_nodes=node))
-                    for node in self._client.get_primaries()
-                ]
-            else:
-                infos = [await call(self._client.info('memory'))]
+            infos = await on_every_primary(self._client, lambda c, **to: c.info('memory', **to))
         except redis.exceptions.NoPermissionError as exc:
             raise StoreCommandDenied('INFO', str(exc)) from exc
         found = [(int(i.get('used_memory', 0)), int(i.get('maxmemory', 0))) for i in infos]
