@@ -9,7 +9,8 @@ PORT ?= 5672
 HTTP_PORT ?= 8080
 REDIS_URL ?=
 
-.PHONY: run test test-sentinel test-cluster lint unit system-deps venv node-deps bench bench-peers bench-cluster clean fuzz
+.PHONY: run test test-sentinel test-cluster lint unit system-deps venv node-deps bench bench-peers bench-cluster \
+	bench-redis-floor clean fuzz
 
 run: venv
 	$(VENV)/bin/shoal-broker --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP_PORT) \
@@ -84,6 +85,11 @@ bench-peers: venv
 # Redis Cluster of 1, 2 and 3 shards against standalone Redis, interleaved (bench/cluster.sh).
 bench-cluster: venv
 	bash bench/cluster.sh
+
+# redis-server's own cost in cluster mode against standalone, no broker (bench/redis_floor.sh):
+# the floor of the Redis side of bench-cluster's 1-shard overhead.
+bench-redis-floor: system-deps
+	bash bench/redis_floor.sh
 
 clean:
 	rm -rf $(VENV) .venv-bench .fuzz .stamp-system tests/rhea/node_modules .mypy_cache .ruff_cache .import_linter_cache

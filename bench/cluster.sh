@@ -17,9 +17,10 @@
 # configuration, medians over the repetitions: msg/s, broker CPU µs per message, Redis CPU µs
 # per message summed over its redis-servers and per shard (each shard's CPU over the messages
 # its addresses carried), Redis commands per message (INFO stats, all shards), pipelines per
-# message (broker /metrics), the machine's busy share; then the 1-shard cluster's overhead per
-# message against standalone, broker and Redis side. CPU is utime+stime from /proc/PID/stat over
-# each run, as bench/cpu.sh takes it.
+# message (broker /metrics; on a cluster each node's pipeline counts), the machine's busy
+# share; then the 1-shard cluster's overhead per message against standalone, broker and Redis
+# side. CPU is utime+stime from /proc/PID/stat over each run, as bench/cpu.sh takes it. What
+# redis-server itself costs in cluster mode, with no broker: bench/redis_floor.sh.
 #
 # usage: bench/cluster.sh [OUTDIR]      (or: make bench-cluster; QUICK=1 for a short check)
 #
@@ -314,7 +315,8 @@ for c, name in enumerate(names):
         shown(med([float(s[i]) for s in shards if s[i] != '-'])) for i in range(len(shards[0]))
     )
     medians[name] = broker, redis
-    # a broker that counts no pipelines (shoal_redis_pipeline_seconds) shows none, not zero
+    # a broker that counts no pipelines (shoal_redis_pipeline_seconds; a BROKER_SRC tree whose
+    # cluster lanes do not) shows none, not zero
     pipelines_shown = f'{pipelines:.3f}' if pipelines else '-'
     spreads = ', '.join(dict.fromkeys(r[8] for r in mine))  # each repetition's names split anew
     print(f'| {name} | {rate:,.0f} | {broker:.1f} | {redis:.1f} | {per_shard} | {spreads} '

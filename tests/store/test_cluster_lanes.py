@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+from prometheus_client import REGISTRY
 from redisclusters import ClusterGroup
 
 from shoal_broker.store import keys
@@ -88,6 +89,42 @@ async def test_units_reach_the_primary_of_their_slot(
         assert await stored(cluster_client, writer.stream) == list(range(3 * BATCH))
     assert lanes.redirects == 0
     assert len(lanes.nodes) == 3
+
+
+def pipelines_counted() -> float:
+    """``shoal_redis_pipeline_seconds``'s count: the pipelines answered so far in this process."""
+    return REGISTRY.get_sample_value('shoal_redis_pipeline_seconds_count') or 0.0
+
+
+async def test_each_node_pipeline_is_counted(
+    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, lanes: ClusterLanes
+) -> None:
+    """One send over three primaries is three pipelines, each observed once its node answers,
+    in the metric the single lane's pipelines are observed in (bench/cluster.sh reads it)."""
+    streams: dict[int, str] = {}
+    while len(streams) < 3:
+        stream = keys.AddressKeys.of(f'counted-{uuid.uuid4().hex[:8]}').streams[0]
+        streams.setdefault(redis_cluster.primary_of(stream).port, stream)
+    loop = asyncio.get_running_loop()
+
+    def unit(stream: str, n: int) -> tuple[Unit, asyncio.Future[None]]:
+        answered: asyncio.Future[None] = loop.create_future()
+
+        def done(replies: list[Any] | None, error: BaseException | None) -> None:
+            answered.set_result(None)
+
+        return Unit(slot_of(stream), [('XADD', stream, '*', 'n', n)], done), answered
+
+    # two units per node, which share their node's pipeline
+    sent = [unit(stream, n) for stream in streams.values() for n in range(2)]
+    before = pipelines_counted()
+    await lanes.send([u for u, _ in sent])
+    await asyncio.gather(*(answered for _, answered in sent))
+    assert pipelines_counted() - before == 3
+    alone, answered = unit(next(iter(streams.values())), 2)
+    await lanes.send([alone])
+    await answered
+    assert pipelines_counted() - before == 4
 
 
 async def test_a_slot_migrated_under_load_keeps_every_unit_once_and_in_order(

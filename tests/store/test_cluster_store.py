@@ -3,6 +3,8 @@ replicas): addresses spread over the shards, the CLI's and operator's views read
 indexes, declarations written and removed, and a transaction over three slots applied through
 its commit record (docs/redis-modes.md, "Redis Cluster")."""
 
+import collections
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -15,6 +17,7 @@ from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
+from shoal_broker.store.commits import MARKER_GRACE_SECONDS, SWEEP_PIPELINE_COMMANDS
 from shoal_broker.store.declarations import Provisioned, Removal, SubscriptionDeclaration
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.registry import Registry
@@ -94,6 +97,54 @@ async def test_a_transaction_over_three_slots_is_all_applied(
     for bucket in range(keys.COMMIT_BUCKETS):  # applied everywhere: the record is forgotten
         index = keys.commit_index(store.messages.transactions.replica_id, bucket)
         assert not await store.client.exists(index)
+
+
+async def test_a_trimming_pass_sweeps_the_markers_of_many_addresses_on_every_node(
+    redis_cluster: ClusterGroup, store: RedisStore
+) -> None:
+    """The markers past their grace period whose record is gone go, in pipelines per node
+    (more addresses on each node than one pipeline carries); a marker whose record is still
+    there, or that is still within its grace period, stays."""
+    client = store.client
+    prefix = f'sw-{uuid.uuid4().hex[:6]}'
+    names = [f'{prefix}-{i}' for i in range(3300)]
+    markers = {name: keys.AddressKeys.of(name).commit_markers for name in names}
+    per_node = collections.Counter(client.get_node_from_key(m).name for m in markers.values())
+    assert len(per_node) == 3
+    assert max(per_node.values()) > SWEEP_PIPELINE_COMMANDS  # more than one pipeline's worth
+
+    now_ms = int(time.time() * 1000)
+    old, recent = now_ms - int(MARKER_GRACE_SECONDS * 1000) - 60_000, now_ms - 1000
+    kept_record = keys.commit_record('sweep-owner', 3, uuid.uuid4().hex)
+    gone_record = keys.commit_record('sweep-owner', 5, uuid.uuid4().hex)
+    await client.hset(kept_record, 'replica', 'sweep-owner')  # not completed yet
+    expected: dict[str, set[bytes]] = {}
+    pipe = client.pipeline()
+    for i, name in enumerate(names):
+        if i % 10 == 0:  # its record is still there
+            fields, left = {kept_record: old, gone_record: old}, {kept_record}
+        elif i % 7 == 0:  # within the grace period
+            fields, left = {gone_record: recent}, {gone_record}
+        else:
+            fields, left = {gone_record: old}, set()
+        pipe.hset(markers[name], mapping=fields)
+        pipe.hset(keys.ADDRESSES, name, 'queue:sweep')  # an entry for nothing: readers skip it
+        expected[name] = {field.encode() for field in left}
+    await pipe.execute()
+    try:
+        await store.tidy_commits()
+        pipe = client.pipeline()
+        for name in names:
+            pipe.hkeys(markers[name])
+        found = dict(zip(names, [set(k) for k in await pipe.execute()], strict=True))
+        assert found == expected
+    finally:
+        pipe = client.pipeline()
+        for name in names:
+            pipe.delete(markers[name])
+            pipe.hdel(keys.ADDRESSES, name)
+        await pipe.execute()
+        await client.delete(kept_record)
 
 
 async def test_a_cluster_of_one_primary_serves_the_store() -> None:

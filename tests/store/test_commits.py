@@ -146,9 +146,9 @@ async def test_markers_outlive_their_record_by_the_grace_period(
     for part in parts:
         await log.apply(record, part)
     later = 10**15  # far past any grace period
-    assert await log.sweep_markers(first, now_ms=later) == 0  # the record is not forgotten yet
+    assert await log.sweep_markers([first], now_ms=later) == 0  # the record is not forgotten yet
     await log.forget(record)
-    assert await log.sweep_markers(first) == 0  # within the grace period
-    assert await log.sweep_markers(first, now_ms=later) == 1
+    assert await log.sweep_markers([first]) == 0  # within the grace period
+    assert await log.sweep_markers([first], now_ms=later) == 1
     markers = keys.AddressKeys.of(second).commit_markers
     assert await cluster_client.hexists(markers, record)

@@ -19,6 +19,12 @@ from shoal_broker.store import scripts
 
 REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
+CLUSTER_CALLS_IN_FLIGHT = 16
+"""Calls or pipelines a background pass (trimming, the commit-marker sweep) has in flight at once
+on a cluster: each holds a connection of its node's pool (``MAX_REDIS_CONNECTIONS``), and a scan
+page of 200 addresses on one node asked for 400 at once, which redis-py refuses
+(``MaxConnectionsError``)."""
+
 SCRIPTS = (
     'publish', 'create_address', 'create_group', 'delete_group', 'fetch', 'browse', 'trim',
     'join', 'leave', 'unsubscribe', 'release_client', 'release_clients', 'reclaim',

@@ -13,6 +13,9 @@ refuses before running it is sent again where it belongs, and only then answered
 - ``TRYAGAIN`` (a unit's keys split between the two nodes), ``CLUSTERDOWN`` (a failover),
   ``READONLY``: after a pause, on a fresh slot map.
 
+Each pipeline's round trip is observed in ``shoal_redis_pipeline_seconds``, as the single lane's
+pipelines are (``cycles.py``): on a cluster one cycle makes one pipeline per node it writes to.
+
 A slot's units go to one node at a time: while units of slot *s* are in flight on one node, units
 of *s* for another node wait, and units sent back wait ahead of later ones, so a move never
 reorders a slot's units. A unit still refused after ``settle_seconds`` is answered with the
@@ -26,6 +29,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +38,7 @@ import redis.asyncio.cluster
 import redis.exceptions
 from redis.crc import key_slot
 
+from shoal_broker.metrics.registry import REDIS_ROUND_TRIP
 from shoal_broker.store.lane import CONNECTION_ERRORS, Lane
 
 logger = logging.getLogger(__name__)
@@ -174,11 +179,16 @@ class ClusterLanes:
         if confirm:  # on the pipeline's own connection: it confirms what came before it
             commands.append(('WAIT', 1, self._confirm_timeout_ms))
         lane = self.lane(node)
+
+        def answered(replies: list[Any] | None, error: BaseException | None) -> None:
+            if error is None:
+                REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
+            self._answered(units, replies, error)
+
         try:
             await lane.wait_for_room()
-            await lane.send_then(
-                commands, lambda replies, error: self._answered(units, replies, error)
-            )
+            started = time.perf_counter()
+            await lane.send_then(commands, answered)
         except CONNECTION_ERRORS as exc:
             self._answered(units, None, exc)
 

@@ -38,6 +38,9 @@ MAX_REDIS_CONNECTIONS = 64
 POOL_WAIT_SECONDS = 20.0
 """How long a Redis call waits for a free connection before it fails."""
 
+SWEEP_PAGE_ADDRESSES = 10_000
+"""Addresses whose commit markers one ``sweep_markers`` call reads: a few pipelines per node."""
+
 
 class RedisStore:
     """Implements ``routing.storage.MessageStore`` on one Redis (or a Redis Cluster slot set)."""
@@ -177,8 +180,13 @@ class RedisStore:
         if self.commits is None:
             return
         await call(self.commits.complete(self.replica_id))
-        async for address, _ in self._client.hscan_iter(keys.ADDRESSES, count=500):
-            await call(self.commits.sweep_markers(as_text(address)))
+        page: list[str] = []
+        async for address, _ in self._client.hscan_iter(keys.ADDRESSES, count=1000):
+            page.append(as_text(address))
+            if len(page) >= SWEEP_PAGE_ADDRESSES:
+                await call(self.commits.sweep_markers(page))
+                page = []
+        await call(self.commits.sweep_markers(page))
 
     async def close(self) -> None:
         await self.watching.close()

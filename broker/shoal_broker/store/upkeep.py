@@ -19,7 +19,13 @@ from shoal_broker.metrics.registry import PRIVATE_LABEL
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.calls import Scripts, as_text, call, on_every_primary
+from shoal_broker.store.calls import (
+    CLUSTER_CALLS_IN_FLIGHT,
+    Scripts,
+    as_text,
+    call,
+    on_every_primary,
+)
 
 TRIM_STEP_ENTRIES = 1000
 """Entries one trim.lua call may remove (whole stream nodes): ~0.25 ms of Redis for 1 KiB
@@ -27,11 +33,6 @@ messages, where one exact trim of a 100 000-entry backlog held it for 25 ms."""
 
 MAX_TRIM_STEPS = 1000
 """Steps per stream and trim pass; what is left waits for the next pass."""
-
-TRIM_CONCURRENCY = 16
-"""trim.lua calls in flight at once on a cluster (whose pipelines take no scripts): each holds
-a connection of its node's pool (``MAX_REDIS_CONNECTIONS``), and a scan page of 200 addresses
-on one node asked for 400 at once, which redis-py refuses (``MaxConnectionsError``)."""
 
 
 class Upkeep:
@@ -74,7 +75,7 @@ class Upkeep:
         """One trim.lua call per stream: one pipeline, or on a cluster (whose pipelines take no
         scripts) concurrent calls, each on its stream's node."""
         if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
-            room = asyncio.Semaphore(TRIM_CONCURRENCY)
+            room = asyncio.Semaphore(CLUSTER_CALLS_IN_FLIGHT)
 
             async def trim_one(stream: str) -> Any:
                 async with room:
