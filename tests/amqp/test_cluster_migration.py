@@ -22,6 +22,7 @@ import pytest
 import redis
 from amqpclient import connect, nothing_more, receiver, send_all, sender
 from jmswire import JmsSource, durable_detach, jms_connect, subscriber
+from olderlayout import back_to_the_older_layout
 from processes import LOOPBACK, BrokerProcess, RedisServer
 from proton import ConnectionException, Message
 from proton.utils import BlockingConnection, BlockingReceiver
@@ -95,14 +96,16 @@ def with_password(url: str) -> str:
     return f'{scheme}://:{PASSWORD}@{rest}'
 
 
-def import_into(cluster: ClusterGroup, source: RedisServer) -> subprocess.CompletedProcess[str]:
+def import_into(
+    cluster: ClusterGroup, source: RedisServer, *extra: str
+) -> subprocess.CompletedProcess[str]:
     """The documented command (the cluster's password in REDISCLI_AUTH)."""
     binary = shutil.which('redis-cli')
     assert binary, 'redis-cli is not installed (make test installs it)'
     return subprocess.run(
         [binary, '--cluster', 'import', f'{LOOPBACK}:{cluster.seed.port}',
          '--cluster-from', f'{LOOPBACK}:{source.port}', '--cluster-from-pass', PASSWORD,
-         '--cluster-copy'],
+         '--cluster-copy', *extra],
         env={'REDISCLI_AUTH': PASSWORD}, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -245,6 +248,12 @@ def test_a_standalone_deployment_imported_into_a_cluster_delivers_everything_onc
         before = persistent_keys(source_url)
         done = import_into(empty_cluster, standalone)
         assert done.returncode == 0, done.stdout + done.stderr
+        # run again (as after one that stopped part-way): refused key by key, unless replacing
+        again = import_into(empty_cluster, standalone)
+        assert again.returncode != 0
+        assert 'BUSYKEY' in again.stdout + again.stderr
+        done = import_into(empty_cluster, standalone, '--cluster-replace')
+        assert done.returncode == 0, done.stdout + done.stderr
         copied = redis.cluster.RedisCluster(
             host=LOOPBACK, port=empty_cluster.seed.port, password=PASSWORD
         )
@@ -319,3 +328,64 @@ def test_a_standalone_deployment_imported_into_a_cluster_delivers_everything_onc
     finally:
         for broker in (first, second, doomed, *on_cluster):
             broker.stop()
+
+
+def test_a_redis_still_in_the_older_layout_is_laid_out_by_the_brokers_on_the_cluster(
+    standalone: RedisServer, empty_cluster: ClusterGroup
+) -> None:
+    names = Names()
+    source_url = with_password(standalone.url)
+    older = BrokerProcess(source_url, replica_id=names.replicas[0])
+    try:
+        conn = connect(older.url)
+        send_all(conn, names.stored, ['s0', 's1'])
+        conn.close()
+        jms = jms_connect(older.url, names.app)
+        durable_detach(subscriber(jms, names.news, names.kept, EXCLUSIVE))
+        jms.close()
+        conn = connect(older.url)
+        send_all(conn, names.news, ['t0', 't1'])
+        conn.close()
+    finally:
+        stopped = older.stop()
+    assert stopped == 0
+    client = redis.Redis.from_url(source_url)
+    try:
+        layout = {names.stored: 'queue', names.news: 'topic'}
+        back_to_the_older_layout(client, layout, names.kept_id)
+    finally:
+        client.close()
+
+    done = import_into(empty_cluster, standalone)
+    assert done.returncode == 0, done.stdout + done.stderr
+    url = with_password(empty_cluster.url)
+    newer = BrokerProcess(url, replica_id=names.replicas[3])
+    try:
+        copied = redis.cluster.RedisCluster(
+            host=LOOPBACK, port=empty_cluster.seed.port, password=PASSWORD
+        )
+        try:
+            for address, kind in layout.items():
+                meta = keys.AddressKeys.of(address).meta
+                epoch = copied.hget(meta, 'epoch')
+                assert copied.hget(meta, 'kind') == kind.encode()
+                assert copied.hget(keys.ADDRESSES, address) == f'{kind}:'.encode() + epoch
+            definition = keys.SubscriptionKeys.of(names.kept_id).definition
+            epoch = copied.hget(definition, 'epoch')
+            assert epoch
+            assert copied.hget(keys.SUBSCRIPTION_INDEX, names.kept_id) == epoch
+            assert not copied.exists(keys.SUBSCRIPTIONS)  # no older replica is left
+        finally:
+            copied.close()
+        conn = connect(newer.url)
+        stored = receiver(conn, names.stored, credit=10)
+        assert take(stored, 2) == [('s0', 0), ('s1', 0)]
+        jms = jms_connect(newer.url, names.app)
+        kept = subscriber(jms, names.news, names.kept, EXCLUSIVE)
+        assert take(kept, 2) == [('t0', 0), ('t1', 0)]
+        assert nothing_more(stored)
+        assert nothing_more(kept)
+        conn.close()
+        jms.close()
+    finally:
+        newer.stop()
