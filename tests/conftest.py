@@ -10,7 +10,7 @@ its replica and three sentinels; ``redis_server`` is then the primary, for tests
 directly): ``make test-sentinel`` runs the core functional modules that way.
 ``SHOAL_TEST_STORE=cluster`` does the same with a Redis Cluster of three primaries and three
 replicas (``redis+cluster://``; ``redis_server`` is then one of its nodes, which answers MOVED for
-keys of the others' slots): ``make test-cluster``, not yet part of ``make test``.
+keys of the others' slots): ``make test-cluster``, part of ``make test``.
 """
 
 import os

@@ -9,6 +9,7 @@ import pytest
 import redis
 from amqpclient import connect, receive_all, receiver, send_all
 from jmswire import JmsSource, durable_detach, jms_connect, subscriber
+from olderlayout import back_to_the_older_layout
 from processes import RedisServer
 
 from shoal_broker.store import keys
@@ -16,21 +17,8 @@ from shoal_broker.store.layout import LOCK
 
 pytestmark = pytest.mark.skipif(
     os.environ.get('SHOAL_TEST_STORE', 'standalone') == 'cluster',
-    reason='a cluster has no older layout to meet: data comes over laid out',
+    reason='an older layout reaches a cluster only by import (test_cluster_migration.py)',
 )
-
-
-def _back_to_the_older_layout(
-    client: redis.Redis, addresses: dict[str, str], subscription_id: str
-) -> None:
-    """What the older version left: ``shoal:addresses`` holds the bare kind, no meta record, the
-    subscription in the SET ``shoal:subscriptions`` and its definition without an epoch."""
-    for address, kind in addresses.items():
-        client.delete(keys.AddressKeys.of(address).meta)
-        client.hset(keys.ADDRESSES, address, kind)
-    client.hdel(keys.SubscriptionKeys.of(subscription_id).definition, 'epoch')
-    client.hdel(keys.SUBSCRIPTION_INDEX, subscription_id)
-    client.sadd(keys.SUBSCRIPTIONS, subscription_id)
 
 
 def test_a_broker_lays_out_an_older_redis_and_finds_everything(
@@ -54,7 +42,7 @@ def test_a_broker_lays_out_an_older_redis_and_finds_everything(
 
     client = redis.Redis.from_url(redis_server.url)
     try:
-        _back_to_the_older_layout(client, {queue: 'queue', topic: 'topic'}, subscription_id)
+        back_to_the_older_layout(client, {queue: 'queue', topic: 'topic'}, subscription_id)
         assert not client.exists(keys.AddressKeys.of(queue).meta)
 
         newer = start_broker()
