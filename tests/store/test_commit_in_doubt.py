@@ -1,0 +1,268 @@
+"""
+A cross-shard commit whose outcome the broker cannot learn (docs/redis-modes.md, "Transactions
+across shards"), on the real cluster with a real broker and a real AMQP client.
+
+Each test moves one message from a source queue to two queues on other hash slots in one
+transaction, breaks the commit record's write or its confirmation at the moment of the discharge,
+and then checks what the client and the queues see:
+
+- the broker closes the client's connection and never answers the discharge (a rollback answer
+  could be false, and a "committed" one could be too);
+- afterwards the transaction is all or nothing: the message is in both target queues once and not
+  back in the source, or in neither and back in the source;
+- nothing accepted before it is lost.
+
+How the outcome is made unknowable, in ``replicated`` durability (a write counts once its shard's
+replica confirms it with ``WAIT``):
+
+- every replica is stopped (SIGSTOP): the record is written on its primary but no replica confirms
+  it, nor its deletion (a failover could bring either back);
+- the record is seen written, then its primary pauses writes (``CLIENT PAUSE WRITE``) and every
+  connection to it is cut (``CLIENT KILL``) again and again: the record's reply is lost and its
+  deletion never runs, so the record stays, written, past the broker's settle time.
+"""
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from amqpclient import connect, receiver, send_all, sender
+from processes import BrokerProcess
+from proton import ConnectionException, Timeout
+from proton.utils import BlockingConnection
+from redis.crc import key_slot
+from redisclusters import ClusterGroup, ClusterNode
+from txnclient import Controller, accept_in, send_in
+
+from shoal_broker.store import keys
+
+REPLICATED = {
+    'SHOAL_DURABILITY': 'replicated',
+    'SHOAL_REPLICATION_TIMEOUT_MS': '300',
+    'SHOAL_TRIM_INTERVAL_SECONDS': '1',  # the committer's own leftover records, completed soon
+}
+EARLIER = 4
+"""Messages accepted into the source before the transaction: none of them may be lost."""
+QUIET_SECONDS = 4.0
+"""A queue is drained once nothing comes for this long: longer than a trimming pass and the
+broker's retry of an unresolved commit."""
+CUT_SECONDS = 7.0
+"""How long the record's primary refuses the broker: longer than the broker's settle time (5 s)
+for the record's deletion."""
+
+
+def _on_other_slots(stem: str) -> tuple[str, str, str]:
+    """A source queue and two target queues, each on a hash slot of its own."""
+    names: list[str] = []
+    slots: set[int] = set()
+    for i in range(1000):
+        name = f'{stem}-{i}'
+        slot = key_slot(keys.AddressKeys.of(name).tag.encode())
+        if slot not in slots:
+            names.append(name)
+            slots.add(slot)
+        if len(names) == 3:
+            return names[0], names[1], names[2]
+    raise AssertionError('no three slots')
+
+
+def _replicas(cluster: ClusterGroup) -> list[ClusterNode]:
+    primaries = cluster.primaries()
+    return [node for node in cluster.nodes if node.running and node not in primaries]
+
+
+def _records(cluster: ClusterGroup, replica_id: str) -> dict[ClusterNode, list[bytes]]:
+    """The commit records ``replica_id`` has listed, by the primary holding them."""
+    found: dict[ClusterNode, list[bytes]] = {}
+    for node in cluster.primaries():
+        client = node.client(1.0)
+        try:
+            for bucket in range(keys.COMMIT_BUCKETS):
+                index = keys.commit_index(replica_id, bucket)
+                if cluster.owner_of_slot(key_slot(index.encode())) == node.port:
+                    found.setdefault(node, []).extend(client.smembers(index))
+        finally:
+            client.close()
+    return {node: records for node, records in found.items() if records}
+
+
+def _drain(conn: BlockingConnection, name: str) -> list[object]:
+    """Every message of the queue (accepted), until none comes for ``QUIET_SECONDS``."""
+    rcv = receiver(conn, name, credit=20)
+    found: list[object] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            message = rcv.receive(timeout=QUIET_SECONDS)
+        except Timeout:
+            break
+        found.append(message.body)
+        rcv.accept()
+    rcv.close()
+    return found
+
+
+@pytest.fixture
+def replicated_broker(redis_cluster: ClusterGroup) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(redis_cluster.url, env=REPLICATED)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def thaw(redis_cluster: ClusterGroup) -> Iterator[list[ClusterNode]]:
+    """Nodes a test stops (SIGSTOP): resumed at the end, the cluster ok again after."""
+    stopped: list[ClusterNode] = []
+    yield stopped
+    for node in stopped:
+        node.process.send_signal(signal.SIGCONT)
+    for node in redis_cluster.primaries():
+        client = node.client(1.0)
+        try:
+            client.execute_command('CLIENT', 'UNPAUSE')
+        finally:
+            client.close()
+    redis_cluster.wait_ok()
+
+
+def _move_in_doubt(
+    broker: BrokerProcess, source: str, left: str, right: str, break_commit: Callable[[], None]
+) -> None:
+    """Take the source's first message and send it to both targets in one transaction, call
+    ``break_commit`` just before the discharge, and check that the discharge is never answered
+    and the connection closed."""
+    conn = connect(broker.url)
+    control = Controller(conn)
+    rcv = receiver(conn, source, credit=1)
+    to_left, to_right = sender(conn, left), sender(conn, right)
+    txn = control.declare()
+    body = rcv.receive(timeout=10).body
+    accept_in(rcv, txn)
+    send_in(conn, to_left, txn, body)
+    send_in(conn, to_right, txn, body)
+    break_commit()
+    answered = None
+    with pytest.raises(ConnectionException):
+        answered = control.discharge(txn, fail=False)
+    assert answered is None, f'the discharge was answered: {answered.remote_state}'
+    conn.close()
+
+
+def _all_or_nothing(
+    broker: BrokerProcess, source: str, left: str, right: str, before: list[object]
+) -> str:
+    """Drain the three queues; assert that the transaction moving ``before[0]`` is all or
+    nothing and that every message of ``before`` is somewhere; returns which it was."""
+    conn = connect(broker.url)
+    try:
+        back = _drain(conn, source)
+        moved, also = _drain(conn, left), _drain(conn, right)
+    finally:
+        conn.close()
+    body = before[0]
+    assert sorted(back, key=str) == sorted(set(back), key=str), f'the source twice: {back}'
+    assert moved == also, f'half applied: left {moved}, right {also}'
+    if moved:
+        assert moved == [body], f'applied twice or wrong: {moved}'
+        assert body not in back, f'applied and back in the source as well: {back}'
+        assert sorted(back, key=str) == sorted(before[1:], key=str), f'lost: {back}'
+        return 'all'
+    assert sorted(back, key=str) == sorted(before, key=str), f'lost: {back}, sent {before}'
+    return 'nothing'
+
+
+@pytest.mark.timeout(90)
+def test_a_commit_no_replica_confirms_closes_the_connection_and_is_all_or_nothing(
+    redis_cluster: ClusterGroup,
+    replicated_broker: BrokerProcess,
+    thaw: list[ClusterNode],
+    address: str,
+) -> None:
+    source, left, right = _on_other_slots(address)
+    before = [f'{address}-{n}' for n in range(EARLIER)]
+    conn = connect(replicated_broker.url)
+    send_all(conn, source, before)
+    conn.close()
+
+    def stop_every_replica() -> None:
+        for node in _replicas(redis_cluster):
+            node.process.send_signal(signal.SIGSTOP)
+            thaw.append(node)
+
+    _move_in_doubt(replicated_broker, source, left, right, stop_every_replica)
+    assert 'transaction outcome unknown' in replicated_broker.log()
+    for node in thaw:
+        node.process.send_signal(signal.SIGCONT)
+    redis_cluster.wait_ok()
+    _all_or_nothing(replicated_broker, source, left, right, before)
+    assert not _records(redis_cluster, replicated_broker.replica_id), 'a record left behind'
+
+
+@pytest.mark.timeout(90)
+def test_a_commit_record_written_and_cut_off_closes_the_connection_and_is_all_or_nothing(
+    redis_cluster: ClusterGroup,
+    replicated_broker: BrokerProcess,
+    thaw: list[ClusterNode],
+    address: str,
+) -> None:
+    source, left, right = _on_other_slots(address)
+    before = [f'{address}-{n}' for n in range(EARLIER)]
+    conn = connect(replicated_broker.url)
+    send_all(conn, source, before)
+    conn.close()
+    cut = threading.Event()
+    cutter = threading.Thread(
+        target=_cut_the_record_off, args=(redis_cluster, replicated_broker.replica_id, thaw, cut)
+    )
+
+    def stop_replicas_and_cut() -> None:
+        for node in _replicas(redis_cluster):  # the record's WAIT waits: the window to cut in
+            node.process.send_signal(signal.SIGSTOP)
+            thaw.append(node)
+        cutter.start()
+
+    try:
+        _move_in_doubt(replicated_broker, source, left, right, stop_replicas_and_cut)
+    finally:
+        cutter.join()
+    assert cut.is_set(), 'the record was never seen written'
+    assert 'transaction outcome unknown' in replicated_broker.log()
+    for node in thaw:
+        node.process.send_signal(signal.SIGCONT)
+    redis_cluster.wait_ok()
+    _all_or_nothing(replicated_broker, source, left, right, before)
+    assert not _records(redis_cluster, replicated_broker.replica_id), 'a record left behind'
+
+
+def _cut_the_record_off(
+    cluster: ClusterGroup, replica_id: str, stopped: list[ClusterNode], cut: threading.Event
+) -> None:
+    """Once the broker's record is written (its WAIT still waiting, the replicas stopped), the
+    record's primary pauses writes and cuts every connection for ``CUT_SECONDS``: the record's
+    reply is lost with its connection, and each attempt to delete it is cut before it runs."""
+    deadline = time.monotonic() + 10
+    holders: dict[ClusterNode, list[bytes]] = {}
+    while not holders and time.monotonic() < deadline:
+        holders = _records(cluster, replica_id)
+    if not holders:
+        return
+    (node,) = holders
+    client = node.client(1.0)
+    try:
+        client.execute_command('CLIENT', 'PAUSE', int(CUT_SECONDS * 1000) + 2000, 'WRITE')
+        cut.set()
+        until = time.monotonic() + CUT_SECONDS
+        while time.monotonic() < until:
+            client.execute_command('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes')
+            time.sleep(0.02)
+        assert client.exists(*holders[node]), 'the record went while cut off'
+        client.execute_command('CLIENT', 'UNPAUSE')
+    except redis.exceptions.RedisError:
+        pass
+    finally:
+        client.close()
