@@ -41,7 +41,7 @@ from shoal_broker.store import keys
 
 REPLICATED = {
     'SHOAL_DURABILITY': 'replicated',
-    'SHOAL_REPLICATION_TIMEOUT_MS': '300',
+    'SHOAL_REPLICATION_TIMEOUT_MS': '1500',
     'SHOAL_TRIM_INTERVAL_SECONDS': '1',  # the committer's own leftover records, completed soon
 }
 EARLIER = 4
@@ -199,7 +199,10 @@ def test_a_commit_no_replica_confirms_closes_the_connection_and_is_all_or_nothin
     for node in thaw:
         node.process.send_signal(signal.SIGCONT)
     redis_cluster.wait_ok()
-    _all_or_nothing(replicated_broker, source, left, right, before)
+    # the record's deletion ran on its primary (only its confirmation failed): once the
+    # replicas confirm it, the broker knows nothing was applied and returns the acked message
+    assert _all_or_nothing(replicated_broker, source, left, right, before) == 'nothing'
+    assert 'a commit in doubt is found not applied' in replicated_broker.log()
     assert not _records(redis_cluster, replicated_broker.replica_id), 'a record left behind'
 
 
@@ -235,7 +238,9 @@ def test_a_commit_record_written_and_cut_off_closes_the_connection_and_is_all_or
     for node in thaw:
         node.process.send_signal(signal.SIGCONT)
     redis_cluster.wait_ok()
-    _all_or_nothing(replicated_broker, source, left, right, before)
+    # the record stayed written: the broker finds it once Redis answers, and completes it
+    assert _all_or_nothing(replicated_broker, source, left, right, before) == 'all'
+    assert 'a commit in doubt is applied after all' in replicated_broker.log()
     assert not _records(redis_cluster, replicated_broker.replica_id), 'a record left behind'
 
 

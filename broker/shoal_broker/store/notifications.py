@@ -34,6 +34,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.exceptions
 
+from shoal_broker.store import connect
 from shoal_broker.store.lane import CONNECTION_ERRORS, NOT_ENOUGH_DATA, read_into_parser
 
 logger = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class ShardedNotifications:
         pending = list(channels)
         while pending:
             try:
-                await self._cluster.nodes_manager.initialize()
+                await connect.refresh_slot_map(self._cluster)
                 while pending:
                     if pending[0] in self._wanted:
                         await self._subscribe_on_owner(pending[0])
