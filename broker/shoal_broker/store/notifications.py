@@ -128,7 +128,15 @@ class ShardedNotifications:
         for channel in map(_as_bytes, channels):
             self._wanted.add(channel)
             if channel not in self._where:
-                await self._subscribe_on_owner(channel)
+                try:
+                    await self._subscribe_on_owner(channel)
+                except CONNECTION_ERRORS:
+                    # its primary is gone: a caller trying again asks where the slot is now
+                    with contextlib.suppress(
+                        *CONNECTION_ERRORS, redis.exceptions.RedisClusterException
+                    ):
+                        await connect.refresh_slot_map(self._cluster)
+                    raise
 
     async def unsubscribe(self, *channels: str | bytes) -> None:
         for channel in map(_as_bytes, channels):
