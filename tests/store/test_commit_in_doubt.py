@@ -20,6 +20,9 @@ replica confirms it with ``WAIT``):
 - the record is seen written, then its primary pauses writes (``CLIENT PAUSE WRITE``) and every
   connection to it is cut (``CLIENT KILL``) again and again: the record's reply is lost and its
   deletion never runs, so the record stays, written, past the broker's settle time.
+
+On one Redis server (standalone, Sentinel) the commit is one ``MULTI``/``EXEC``, with the same
+doubt when its replica does not confirm it: applied on the primary, lost only by a failover.
 """
 
 import signal
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 from amqpclient import connect, receiver, send_all, sender
-from processes import BrokerProcess
+from processes import LOOPBACK, BrokerProcess, RedisServer, wait_for
 from proton import ConnectionException, Timeout
 from proton.utils import BlockingConnection
 from redis.crc import key_slot
@@ -269,5 +272,45 @@ def _cut_the_record_off(
         client.execute_command('CLIENT', 'UNPAUSE')
     except redis.exceptions.RedisError:
         pass
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_one_server_commit_no_replica_confirms_closes_the_connection_and_is_applied(
+    address: str,
+) -> None:
+    primary = RedisServer()
+    replica = RedisServer(None, '--replicaof', LOOPBACK, str(primary.port))
+    broker = None
+    try:
+        wait_for(lambda: _linked(replica), 10, 'the replica linked to its primary')
+        broker = BrokerProcess(primary.url, env=REPLICATED)
+        source, left, right = _on_other_slots(address)
+        before = [f'{address}-{n}' for n in range(EARLIER)]
+        conn = connect(broker.url)
+        send_all(conn, source, before)
+        conn.close()
+        _move_in_doubt(
+            broker, source, left, right, lambda: replica.process.send_signal(signal.SIGSTOP)
+        )
+        assert 'transaction outcome unknown' in broker.log()
+        replica.process.send_signal(signal.SIGCONT)
+        # applied on the primary, where it stays (no failover): its acks are not returned
+        assert _all_or_nothing(broker, source, left, right, before) == 'all'
+    finally:
+        if broker is not None:
+            broker.stop()
+        replica.process.send_signal(signal.SIGCONT)
+        replica.stop()
+        primary.stop()
+
+
+def _linked(replica: RedisServer) -> bool:
+    client = redis.Redis.from_url(replica.url, socket_timeout=1)
+    try:
+        return client.info('replication').get('master_link_status') == 'up'
+    except redis.exceptions.RedisError:
+        return False
     finally:
         client.close()
