@@ -77,19 +77,29 @@ def _replicas(cluster: ClusterGroup) -> list[ClusterNode]:
     return [node for node in cluster.nodes if node.running and node not in primaries]
 
 
-def _records(cluster: ClusterGroup, replica_id: str) -> dict[ClusterNode, list[bytes]]:
-    """The commit records ``replica_id`` has listed, by the primary holding them."""
+def _indexes(cluster: ClusterGroup, replica_id: str) -> dict[ClusterNode, list[str]]:
+    """The commit record indexes of ``replica_id`` (one per bucket), by the primary holding
+    them (asked while every node answers: a stopped one would not)."""
+    found: dict[ClusterNode, list[str]] = {}
+    for bucket in range(keys.COMMIT_BUCKETS):
+        index = keys.commit_index(replica_id, bucket)
+        owner = cluster.node(cluster.owner_of_slot(key_slot(index.encode())))
+        found.setdefault(owner, []).append(index)
+    return found
+
+
+def _records(indexes: dict[ClusterNode, list[str]]) -> dict[ClusterNode, list[bytes]]:
+    """The commit records listed in ``indexes``, by the primary holding them."""
     found: dict[ClusterNode, list[bytes]] = {}
-    for node in cluster.primaries():
+    for node, names in indexes.items():
         client = node.client(1.0)
         try:
-            for bucket in range(keys.COMMIT_BUCKETS):
-                index = keys.commit_index(replica_id, bucket)
-                if cluster.owner_of_slot(key_slot(index.encode())) == node.port:
-                    found.setdefault(node, []).extend(client.smembers(index))
+            records = [r for index in names for r in client.smembers(index)]
         finally:
             client.close()
-    return {node: records for node, records in found.items() if records}
+        if records:
+            found[node] = records
+    return found
 
 
 def _drain(conn: BlockingConnection, name: str) -> list[object]:
@@ -206,7 +216,7 @@ def test_a_commit_no_replica_confirms_closes_the_connection_and_is_all_or_nothin
     # replicas confirm it, the broker knows nothing was applied and returns the acked message
     assert _all_or_nothing(replicated_broker, source, left, right, before) == 'nothing'
     assert 'a commit in doubt is found not applied' in replicated_broker.log()
-    assert not _records(redis_cluster, replicated_broker.replica_id), 'a record left behind'
+    assert not _records(_indexes(redis_cluster, replicated_broker.replica_id)), 'a record left'
 
 
 @pytest.mark.timeout(90)
@@ -221,10 +231,9 @@ def test_a_commit_record_written_and_cut_off_closes_the_connection_and_is_all_or
     conn = connect(replicated_broker.url)
     send_all(conn, source, before)
     conn.close()
-    cut = threading.Event()
-    cutter = threading.Thread(
-        target=_cut_the_record_off, args=(redis_cluster, replicated_broker.replica_id, thaw, cut)
-    )
+    cut: dict[str, object] = {}
+    indexes = _indexes(redis_cluster, replicated_broker.replica_id)
+    cutter = threading.Thread(target=_cut_the_record_off, args=(indexes, cut))
 
     def stop_replicas_and_cut() -> None:
         for node in _replicas(redis_cluster):  # the record's WAIT waits: the window to cut in
@@ -236,7 +245,8 @@ def test_a_commit_record_written_and_cut_off_closes_the_connection_and_is_all_or
         _move_in_doubt(replicated_broker, source, left, right, stop_replicas_and_cut)
     finally:
         cutter.join()
-    assert cut.is_set(), 'the record was never seen written'
+    assert cut.get('cut'), f'the record was never seen written: {cut}'
+    assert cut.get('kept'), f'the record went while cut off: {cut}'
     assert 'transaction outcome unknown' in replicated_broker.log()
     for node in thaw:
         node.process.send_signal(signal.SIGCONT)
@@ -244,36 +254,37 @@ def test_a_commit_record_written_and_cut_off_closes_the_connection_and_is_all_or
     # the record stayed written: the broker finds it once Redis answers, and completes it
     assert _all_or_nothing(replicated_broker, source, left, right, before) == 'all'
     assert 'a commit in doubt is applied after all' in replicated_broker.log()
-    assert not _records(redis_cluster, replicated_broker.replica_id), 'a record left behind'
+    assert not _records(_indexes(redis_cluster, replicated_broker.replica_id)), 'a record left'
 
 
-def _cut_the_record_off(
-    cluster: ClusterGroup, replica_id: str, stopped: list[ClusterNode], cut: threading.Event
-) -> None:
+def _cut_the_record_off(indexes: dict[ClusterNode, list[str]], cut: dict[str, object]) -> None:
     """Once the broker's record is written (its WAIT still waiting, the replicas stopped), the
     record's primary pauses writes and cuts every connection for ``CUT_SECONDS``: the record's
-    reply is lost with its connection, and each attempt to delete it is cut before it runs."""
+    reply is lost with its connection, and each attempt to delete it is cut before it runs.
+    Sets ``cut['cut']`` once it started, ``cut['kept']`` when the record was still there at the
+    end, ``cut['error']`` to what Redis answered if it failed."""
     deadline = time.monotonic() + 10
     holders: dict[ClusterNode, list[bytes]] = {}
-    while not holders and time.monotonic() < deadline:
-        holders = _records(cluster, replica_id)
-    if not holders:
-        return
-    (node,) = holders
-    client = node.client(1.0)
     try:
-        client.execute_command('CLIENT', 'PAUSE', int(CUT_SECONDS * 1000) + 2000, 'WRITE')
-        cut.set()
-        until = time.monotonic() + CUT_SECONDS
-        while time.monotonic() < until:
-            client.execute_command('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes')
-            time.sleep(0.02)
-        assert client.exists(*holders[node]), 'the record went while cut off'
-        client.execute_command('CLIENT', 'UNPAUSE')
-    except redis.exceptions.RedisError:
-        pass
-    finally:
-        client.close()
+        while not holders and time.monotonic() < deadline:
+            holders = _records(indexes)
+        if not holders:
+            return
+        (node,) = holders
+        client = node.client(1.0)
+        try:
+            client.execute_command('CLIENT', 'PAUSE', int(CUT_SECONDS * 1000) + 2000, 'WRITE')
+            cut['cut'] = True
+            until = time.monotonic() + CUT_SECONDS
+            while time.monotonic() < until:
+                client.execute_command('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes')
+                time.sleep(0.02)
+            cut['kept'] = bool(client.exists(*holders[node]))
+            client.execute_command('CLIENT', 'UNPAUSE')
+        finally:
+            client.close()
+    except redis.exceptions.RedisError as exc:
+        cut['error'] = repr(exc)
 
 
 @pytest.mark.timeout(60)

@@ -7,6 +7,9 @@ applies every send and ack in one Redis MULTI/EXEC, so it is atomic across any n
 addresses and is never half-applied. If the replica dies before the commit, nothing was applied:
 the held sends are gone and the acked entries, still pending under the dead replica, are
 redelivered by the reaper with delivery-count + 1 — a rollback. Rollback does the same at once.
+A commit whose outcome the store cannot learn (``CommitInDoubt``) closes the client's connection
+unanswered; its acked entries stay held until the store knows, and are returned only if nothing
+of it was applied.
 
 python-qpid-proton 0.40 has no constants for these dispositions, so they are used by number (the
 outcomes' numbers from the table in ``outcome_codes.py``).

@@ -86,8 +86,8 @@ class Transactions:
             except StoreUnavailable as exc:
                 confirmed, unconfirmed = 0, exc
             if confirmed < 1:
-                # applied on the primary, and lost only if a failover comes first: not a
-                # rollback (its acks returned would be delivered again beside its sends)
+                # applied on the primary, and lost only if a failover comes first: "rolled
+                # back" would be false (the client would do again what its sends already did)
                 await self._announce_all(sends)
                 applied = asyncio.get_running_loop().create_future()
                 applied.set_result(True)
