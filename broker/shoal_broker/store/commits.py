@@ -448,10 +448,12 @@ class CommitLog:
         raise CommitInDoubt(f'a commit is in doubt: {detail}', outcome=task)
 
     async def _deleted(self, record: str, index: str) -> bool:
-        """Delete the record (there or not) and its index entry: whether that is confirmed."""
+        """Delete the record (there or not) and its index entry, leaving a tombstone that a
+        write of it still on its way cannot replace: whether that is confirmed."""
+        tombstone_ms = str(int(MARKER_GRACE_SECONDS * 1000))
 
         async def delete(client: 'redis.asyncio.Redis') -> tuple[Any, bool]:
-            return await self._run(client, 'commit_forget', (record, index), ())
+            return await self._run(client, 'commit_forget', (record, index), (tombstone_ms,))
 
         _, confirmed = await self._retrying(record, delete)
         return confirmed
@@ -459,14 +461,12 @@ class CommitLog:
     async def _settle(self, record: str, index: str, parts: Sequence[Part]) -> bool:
         """Learn the outcome of a commit in doubt, asking until Redis answers: a record found is
         completed (True: applied), a record not found is confirmed gone (False: none of it is
-        applied, nor ever will be). A record this process wrote is only abandoned by a lost
-        connection, which Redis closes too, so none can land after it was found missing; unless
-        the URL sets a ``socket_timeout`` (docs/redis-modes.md)."""
+        applied, nor ever will be: its tombstone turns away a write of it still on its way)."""
         try:
             for attempt in itertools.count():
                 try:
                     fields = await self._retrying(record, lambda c: c.hgetall(record))
-                    if fields:
+                    if b'n' in fields:  # not a tombstone of an earlier attempt
                         for part in parts:
                             await self.apply(record, part)
                         await self.forget(record)
