@@ -49,9 +49,10 @@ REPLICATED = {
 }
 EARLIER = 4
 """Messages accepted into the source before the transaction: none of them may be lost."""
-QUIET_SECONDS = 4.0
-"""A queue is drained once nothing comes for this long: longer than a trimming pass and the
-broker's retry of an unresolved commit."""
+QUIET_SECONDS = 2.0
+"""A queue is drained once nothing comes for this long (once the broker knows the outcome)."""
+SETTLED_SECONDS = 30.0
+"""Bound on the broker learning a commit's outcome once Redis is whole again."""
 CUT_SECONDS = 7.0
 """How long the record's primary refuses the broker: longer than the broker's settle time (5 s)
 for the record's deletion."""
@@ -102,14 +103,14 @@ def _records(indexes: dict[ClusterNode, list[str]]) -> dict[ClusterNode, list[by
     return found
 
 
-def _drain(conn: BlockingConnection, name: str) -> list[object]:
-    """Every message of the queue (accepted), until none comes for ``QUIET_SECONDS``."""
+def _drain(conn: BlockingConnection, name: str, quiet: float) -> list[object]:
+    """Every message of the queue (accepted), until none comes for ``quiet`` seconds."""
     rcv = receiver(conn, name, credit=20)
     found: list[object] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            message = rcv.receive(timeout=QUIET_SECONDS)
+            message = rcv.receive(timeout=quiet)
         except Timeout:
             break
         found.append(message.body)
@@ -166,6 +167,10 @@ def _move_in_doubt(
     conn.close()
 
 
+def _wait_for_the_outcome(broker: BrokerProcess) -> None:
+    wait_for(lambda: 'a commit in doubt is' in broker.log(), SETTLED_SECONDS, 'the outcome')
+
+
 def _all_or_nothing(
     broker: BrokerProcess, source: str, left: str, right: str, before: list[object]
 ) -> str:
@@ -173,8 +178,8 @@ def _all_or_nothing(
     nothing and that every message of ``before`` is somewhere; returns which it was."""
     conn = connect(broker.url)
     try:
-        back = _drain(conn, source)
-        moved, also = _drain(conn, left), _drain(conn, right)
+        back = _drain(conn, source, QUIET_SECONDS)
+        moved, also = _drain(conn, left, QUIET_SECONDS), _drain(conn, right, QUIET_SECONDS)
     finally:
         conn.close()
     body = before[0]
@@ -212,6 +217,7 @@ def test_a_commit_no_replica_confirms_closes_the_connection_and_is_all_or_nothin
     for node in thaw:
         node.process.send_signal(signal.SIGCONT)
     redis_cluster.wait_ok()
+    _wait_for_the_outcome(replicated_broker)
     # the record's deletion ran on its primary (only its confirmation failed): once the
     # replicas confirm it, the broker knows nothing was applied and returns the acked message
     assert _all_or_nothing(replicated_broker, source, left, right, before) == 'nothing'
@@ -251,6 +257,7 @@ def test_a_commit_record_written_and_cut_off_closes_the_connection_and_is_all_or
     for node in thaw:
         node.process.send_signal(signal.SIGCONT)
     redis_cluster.wait_ok()
+    _wait_for_the_outcome(replicated_broker)
     # the record stayed written: the broker finds it once Redis answers, and completes it
     assert _all_or_nothing(replicated_broker, source, left, right, before) == 'all'
     assert 'a commit in doubt is applied after all' in replicated_broker.log()
