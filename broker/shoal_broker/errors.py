@@ -6,6 +6,7 @@ guesses. Library errors (redis, socket) are wrapped by the edge that sees them a
 ``__cause__``; nothing above the store knows that Redis exists.
 """
 
+from collections.abc import Awaitable
 from typing import ClassVar
 
 
@@ -100,4 +101,12 @@ class StoreUnavailable(BrokerError):
 class CommitInDoubt(StoreUnavailable):
     """Whether a transaction was committed could not be learnt in time: Redis holds either all
     of it or none of it (a commit record that a live replica completes), so the client must be
-    told neither accepted nor rolled back."""
+    told neither accepted nor rolled back.
+
+    ``outcome``, when given, resolves once the store has learnt it: True when the transaction
+    is applied, False when none of it ever will be (its acknowledged entries may then be
+    returned, and only then)."""
+
+    def __init__(self, message: str, outcome: 'Awaitable[bool] | None' = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome

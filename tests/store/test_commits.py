@@ -13,7 +13,7 @@ from redisclusters import ClusterGroup
 
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import keys
+from shoal_broker.store import keys, scripts
 from shoal_broker.store.commits import ClusterNodes, CommitLog, plan, spans_slots
 from shoal_broker.store.notifications import PoolFor
 
@@ -152,3 +152,28 @@ async def test_markers_outlive_their_record_by_the_grace_period(
     assert await log.sweep_markers([first], now_ms=later) == 1
     markers = keys.AddressKeys.of(second).commit_markers
     assert await cluster_client.hexists(markers, record)
+
+
+async def test_a_record_rolled_back_turns_away_a_late_write_of_it(
+    cluster_client: redis.asyncio.RedisCluster,
+) -> None:
+    """A record's write whose reply timed out may still run after the commit was rolled back
+    (a node slower than the URL's ``socket_timeout``): the rollback's tombstone keeps it out,
+    so no ``complete`` applies what the client was told is not (commit_forget.lua,
+    commit_record.lua)."""
+    record = keys.commit_record('replica-late', 5, uuid.uuid4().hex)
+    index = keys.commit_index('replica-late', 5)
+    forget, write = scripts.source('commit_forget'), scripts.source('commit_record')
+    assert await cluster_client.eval(forget, 2, record, index, 600_000) == 0  # the rollback
+    assert (
+        await cluster_client.eval(write, 2, record, index, 'replica', 'replica-late', 'n', 1) == 0
+    )
+    assert await cluster_client.hgetall(record) == {b'void': b'1'}
+    assert 0 < await cluster_client.pttl(record) <= 600_000
+    assert await cluster_client.scard(index) == 0  # nothing for a complete to find
+    await cluster_client.eval(forget, 2, record, index)  # the forgetting after an apply
+    assert (
+        await cluster_client.eval(write, 2, record, index, 'replica', 'replica-late', 'n', 1) == 1
+    )
+    assert await cluster_client.smembers(index) == {record.encode()}
+    await cluster_client.eval(forget, 2, record, index)

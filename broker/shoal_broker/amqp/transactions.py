@@ -7,6 +7,9 @@ applies every send and ack in one Redis MULTI/EXEC, so it is atomic across any n
 addresses and is never half-applied. If the replica dies before the commit, nothing was applied:
 the held sends are gone and the acked entries, still pending under the dead replica, are
 redelivered by the reaper with delivery-count + 1 — a rollback. Rollback does the same at once.
+A commit whose outcome the store cannot learn (``CommitInDoubt``) closes the client's connection
+unanswered; its acked entries stay held until the store knows, and are returned only if nothing
+of it was applied.
 
 python-qpid-proton 0.40 has no constants for these dispositions, so they are used by number (the
 outcomes' numbers from the table in ``outcome_codes.py``).
@@ -112,6 +115,9 @@ class Coordinator:
         self.nodes = nodes
         self.returns = returns
         self.open: dict[bytes, Transaction] = {}
+        self.in_doubt: dict[bytes, Transaction] = {}
+        """Transactions whose commit's outcome the store is still learning: their acknowledged
+        entries stay pending until it is known."""
 
     def control(self, link: CoordinatorLink, delivery: Ptr) -> None:
         """A declare or discharge arrived on a coordinator link."""
@@ -159,7 +165,7 @@ class Coordinator:
             try:
                 await self.store.messages.commit(txn.sends, txn.acks)
             except CommitInDoubt as exc:
-                self._in_doubt(link, exc)
+                self._in_doubt(link, txn, exc)
                 return
             except BrokerError as exc:
                 await self.rollback(txn)
@@ -174,17 +180,34 @@ class Coordinator:
                 _reject(delivery, error)
             self.turns.mark_dirty(link.conn)
 
-    def _in_doubt(self, link: CoordinatorLink, exc: CommitInDoubt) -> None:
-        """The commit's record is in Redis but its outcome could not be learnt: a live replica
-        completes it or rolls it back later, all or nothing. Neither answer may go to the client
+    def _in_doubt(self, link: CoordinatorLink, txn: Transaction, exc: CommitInDoubt) -> None:
+        """The commit's record may be in Redis but its outcome could not be learnt: the store
+        completes it or finds it gone later, all or nothing. Neither answer may go to the client
         (a rollback here would return acks the commit may still apply: duplicates), so the
         discharge stays unanswered and the connection closes: the client's commit fails with
         the connection, an outcome the application cannot take as either (jms-amqp-facts §7.3:
-        only a settled reply is an answer)."""
+        only a settled reply is an answer). The acked entries stay pending until the store has
+        learnt the outcome, and are returned if nothing was applied."""
         logger.error('transaction outcome unknown, closing the connection: %s', exc)
         if link.conn.alive:
             link.conn.fail('amqp:connection:forced', f'transaction outcome unknown: {exc}')
             self.turns.mark_dirty(link.conn)
+        if exc.outcome is not None:
+            self.in_doubt[txn.id] = txn
+            self.turns.spawn(self._learn(txn, exc.outcome))
+
+    async def _learn(self, txn: Transaction, outcome: Awaitable[bool]) -> None:
+        """Wait for the outcome of a commit in doubt; return its acks if none of it applied. If
+        the store stops first, the acks stay pending: the replica's reaper completes a record it
+        left before returning what it held."""
+        try:
+            applied = await outcome
+        finally:
+            self.in_doubt.pop(txn.id, None)
+        if applied:
+            self._committed(txn)
+        else:
+            await self.rollback(txn)
 
     def _committed(self, txn: Transaction) -> None:
         for address in {address for address, _, _ in txn.sends}:
@@ -212,10 +235,11 @@ class Coordinator:
         link.transactions.clear()
 
     def held(self, address: str, group: str) -> set[tuple[int, str]]:
-        """Entries acknowledged inside open transactions: pending on purpose until discharge."""
+        """Entries acknowledged inside open transactions, or ones whose commit is in doubt:
+        pending on purpose until discharge, or until the outcome is known."""
         return {
             entry.key
-            for txn in self.open.values()
+            for txn in itertools.chain(self.open.values(), self.in_doubt.values())
             for a, g, entry in txn.acks
             if a == address and g == group
         }

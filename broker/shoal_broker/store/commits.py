@@ -23,7 +23,10 @@ decision is durable) and completes the record on its next ``complete`` of its ow
 A committer that cannot tell whether step 1 happened (the reply was lost) deletes the record,
 written or not, and reports the transaction rolled back; if even that cannot be done within
 ``settle_seconds`` the outcome is in doubt (``CommitInDoubt``): whatever Redis holds is all of
-it or nothing.
+it or nothing. The committer then keeps asking until it learns which (``_settle``): a record it
+finds is completed (all), one it does not find is confirmed gone (nothing), and the exception's
+``outcome`` says which, so that the transaction's acknowledged entries are returned only when
+nothing of it is applied.
 
 Redis refusals that mean nothing ran (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``: a slot
 moving, a failover) are retried on a fresh slot map until ``settle_seconds``. This module works
@@ -33,6 +36,7 @@ one server, where the store keeps its single ``MULTI`` instead.
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
 import uuid
@@ -48,7 +52,7 @@ from redis.crc import key_slot
 from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.routing.storage import Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import keys, scripts
+from shoal_broker.store import connect, keys, scripts
 from shoal_broker.store.calls import CLUSTER_CALLS_IN_FLIGHT
 from shoal_broker.store.lane import CONNECTION_ERRORS
 
@@ -61,6 +65,9 @@ SETTLE_SECONDS = 5.0
 is harmless, before it gives up."""
 
 RETRY_PAUSE_SECONDS = 0.05
+
+SETTLE_PAUSES = (0.5, 1.0, 2.0, 5.0)
+"""Pauses between attempts to learn a commit's outcome in doubt (the last one repeated)."""
 
 MARKER_GRACE_SECONDS = 600.0
 """How long an address remembers a commit applied to it after the commit's record is gone."""
@@ -200,7 +207,7 @@ class ClusterNodes:
         return client
 
     async def refresh(self) -> None:
-        await self._cluster.nodes_manager.initialize()
+        await connect.refresh_slot_map(self._cluster)
 
     async def aclose(self) -> None:
         clients, self._clients = self._clients, {}
@@ -230,10 +237,16 @@ class CommitLog:
             for name in ('commit_record', 'commit_apply', 'commit_forget')
         }
         self._in_flight: set[str] = set()
-        """Records this process is applying: its own ``complete`` leaves them alone."""
+        """Records this process is writing, applying or settling: its own ``complete`` leaves
+        them alone."""
+        self._settling: set[asyncio.Task[bool]] = set()
 
     async def close(self) -> None:
-        """Close the per-node clients (a cluster's)."""
+        """Stop learning the outcomes in doubt (a record left is completed by this replica's
+        next start or its reaper) and close the per-node clients (a cluster's)."""
+        for task in self._settling:
+            task.cancel()
+        await asyncio.gather(*self._settling, return_exceptions=True)
         if isinstance(self._nodes, ClusterNodes):
             await self._nodes.aclose()
 
@@ -254,7 +267,6 @@ class CommitLog:
             return
         commit_id = uuid.uuid4().hex
         record = await self.record(commit_id, parts)  # raises: rolled back, or in doubt
-        self._in_flight.add(record)
         try:
             outcomes = await asyncio.gather(
                 *(self.apply(record, part) for part in parts), return_exceptions=True
@@ -271,7 +283,8 @@ class CommitLog:
     # -- the steps, public so that a test can stop between them where a crash would -------------
 
     async def record(self, commit_id: str, parts: Sequence[Part]) -> str:
-        """Step 1: write the record; returns its key once it is durable (the decision)."""
+        """Step 1: write the record; returns its key once it is durable (the decision). The key
+        stays among those this process is applying (``commit`` ends that)."""
         bucket = bucket_of(commit_id)
         key = keys.commit_record(self._replica_id, bucket, commit_id)
         index = keys.commit_index(self._replica_id, bucket)
@@ -281,15 +294,21 @@ class CommitLog:
         ]  # fmt: skip
         for i, part in enumerate(parts):
             fields += [f'a:{i}', part.address, f'p:{i}', pack(apply_arguments(part))]
+        # before it is written: this replica's own ``complete`` (a trimming pass) must not
+        # apply a record whose writing is in doubt while the commit rolls it back
+        self._in_flight.add(key)
         try:
             _, confirmed = await self._on_slot(
                 key, lambda c: self._run(c, 'commit_record', (key, index), fields)
             )
         except (*CONNECTION_ERRORS, *_NOTHING_RAN) as exc:
-            await self._roll_back(key, index, exc)
+            await self._roll_back(key, index, parts, exc)
             raise StoreUnavailable(f'the commit was rolled back: {exc}') from exc
+        except BaseException:
+            self._in_flight.discard(key)
+            raise
         if not confirmed:
-            await self._roll_back(key, index, None)
+            await self._roll_back(key, index, parts, None)
             raise StoreUnavailable('no Redis replica confirmed the commit in time; rolled back')
         return key
 
@@ -443,19 +462,62 @@ class CommitLog:
         except (*CONNECTION_ERRORS, redis.exceptions.RedisClusterException):
             pass  # the next attempt finds out
 
-    async def _roll_back(self, record: str, index: str, cause: BaseException | None) -> None:
-        """Delete a record whose writing is in doubt (nothing was applied from it)."""
+    async def _roll_back(
+        self, record: str, index: str, parts: Sequence[Part], cause: BaseException | None
+    ) -> None:
+        """Delete a record whose writing is in doubt (nothing was applied from it); when that
+        cannot be confirmed either, raise ``CommitInDoubt`` with the outcome learnt later."""
+        try:
+            if await self._deleted(record, index):
+                self._in_flight.discard(record)
+                return
+            detail = cause or 'no replica confirmed it'
+        except StoreUnavailable as exc:
+            detail = cause or exc
+        except BaseException:
+            self._in_flight.discard(record)
+            raise
+        task = asyncio.get_running_loop().create_task(
+            self._settle(record, index, parts), name=f'commit-in-doubt-{record}'
+        )
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        raise CommitInDoubt(f'a commit is in doubt: {detail}', outcome=task)
+
+    async def _deleted(self, record: str, index: str) -> bool:
+        """Delete the record (there or not) and its index entry, leaving a tombstone that a
+        write of it still on its way cannot replace: whether that is confirmed."""
+        tombstone_ms = str(int(MARKER_GRACE_SECONDS * 1000))
 
         async def delete(client: 'redis.asyncio.Redis') -> tuple[Any, bool]:
-            return await self._run(client, 'commit_forget', (record, index), ())
+            return await self._run(client, 'commit_forget', (record, index), (tombstone_ms,))
 
+        _, confirmed = await self._retrying(record, delete)
+        return confirmed
+
+    async def _settle(self, record: str, index: str, parts: Sequence[Part]) -> bool:
+        """Learn the outcome of a commit in doubt, asking until Redis answers: a record found is
+        completed (True: applied), a record not found is confirmed gone (False: none of it is
+        applied, nor ever will be: its tombstone turns away a write of it still on its way)."""
         try:
-            _, confirmed = await self._retrying(record, delete)
-            if confirmed:
-                return
-        except StoreUnavailable as exc:
-            raise CommitInDoubt(f'a commit is in doubt: {cause or exc}') from exc
-        raise CommitInDoubt(f'a commit is in doubt: {cause or "no replica confirmed it"}')
+            for attempt in itertools.count():
+                try:
+                    fields = await self._retrying(record, lambda c: c.hgetall(record))
+                    if b'n' in fields:  # not a tombstone of an earlier attempt
+                        for part in parts:
+                            await self.apply(record, part)
+                        await self.forget(record)
+                        logger.warning('a commit in doubt is applied after all (%s)', record)
+                        return True
+                    if await self._deleted(record, index):
+                        logger.warning('a commit in doubt is found not applied (%s)', record)
+                        return False
+                except StoreUnavailable as exc:  # CommitInDoubt too: an apply not confirmed
+                    logger.warning('the outcome of a commit is still unknown: %s', exc)
+                await asyncio.sleep(SETTLE_PAUSES[min(attempt, len(SETTLE_PAUSES) - 1)])
+            raise AssertionError('unreachable')
+        finally:
+            self._in_flight.discard(record)
 
     @staticmethod
     def _index_of(record: str) -> str:

@@ -83,6 +83,11 @@ SENTINEL_TIMEOUT_SECONDS = 2.0
 ``socket_connect_timeout``: a sentinel cut off without a reset must not hold up finding the
 primary (redis-py asks the next one only after an error)."""
 
+SLOT_MAP_SECONDS = 2.0
+"""How long asking a cluster for its slot map may take. redis-py asks its known nodes one after
+the other with no timeout of its own, so a node that is frozen (stopped, or cut off without a
+reset) would hold the request, and every other one queued behind redis-py's lock, for ever."""
+
 QUIET_SECONDS = 5.0
 """A sentinel's ``+switch-master`` channel silent this long is pinged; silent twice as long, it is
 given up on and subscribed to again."""
@@ -277,6 +282,13 @@ def sync_client_of_any_mode(url: str, **kwargs: Any) -> SyncRedis:
     if is_cluster_url(url):
         return sync_cluster_client(url, **kwargs)
     return sync_client(url, **kwargs)
+
+
+async def refresh_slot_map(cluster: 'redis.asyncio.cluster.RedisCluster') -> None:
+    """Ask the cluster for its slot map again, giving up (``TimeoutError``, an ``OSError``)
+    after ``SLOT_MAP_SECONDS``: the next attempt asks the nodes in another order."""
+    async with asyncio.timeout(SLOT_MAP_SECONDS):
+        await cluster.nodes_manager.initialize()
 
 
 def node_pool(url: str, host: str, port: int, **kwargs: Any) -> ConnectionPool:

@@ -39,6 +39,7 @@ import redis.exceptions
 from redis.crc import key_slot
 
 from shoal_broker.metrics.registry import REDIS_ROUND_TRIP
+from shoal_broker.store import connect
 from shoal_broker.store.lane import CONNECTION_ERRORS, Lane
 
 logger = logging.getLogger(__name__)
@@ -264,7 +265,7 @@ class ClusterLanes:
 
     async def _refresh(self) -> None:
         try:
-            await self._cluster.nodes_manager.initialize()
+            await connect.refresh_slot_map(self._cluster)
             self._moved.clear()
         except (*CONNECTION_ERRORS, redis.exceptions.RedisClusterException) as exc:
             logger.debug('slot map not refreshed: %s', exc)

@@ -34,6 +34,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.exceptions
 
+from shoal_broker.store import connect
 from shoal_broker.store.lane import CONNECTION_ERRORS, NOT_ENOUGH_DATA, read_into_parser
 
 logger = logging.getLogger(__name__)
@@ -127,7 +128,15 @@ class ShardedNotifications:
         for channel in map(_as_bytes, channels):
             self._wanted.add(channel)
             if channel not in self._where:
-                await self._subscribe_on_owner(channel)
+                try:
+                    await self._subscribe_on_owner(channel)
+                except CONNECTION_ERRORS:
+                    # its primary is gone: a caller trying again asks where the slot is now
+                    with contextlib.suppress(
+                        *CONNECTION_ERRORS, redis.exceptions.RedisClusterException
+                    ):
+                        await connect.refresh_slot_map(self._cluster)
+                    raise
 
     async def unsubscribe(self, *channels: str | bytes) -> None:
         for channel in map(_as_bytes, channels):
@@ -170,7 +179,7 @@ class ShardedNotifications:
         pending = list(channels)
         while pending:
             try:
-                await self._cluster.nodes_manager.initialize()
+                await connect.refresh_slot_map(self._cluster)
                 while pending:
                     if pending[0] in self._wanted:
                         await self._subscribe_on_owner(pending[0])

@@ -1,17 +1,20 @@
 """
 A transaction's sends and acks, applied all or nothing (``Messages.commit``).
 
-On one slot (standalone and Sentinel: always) the commit is one ``MULTI``/``EXEC``. On Redis
+On one slot (standalone and Sentinel: always) the commit is one ``MULTI``/``EXEC``; in
+``replicated`` durability a ``WAIT`` that no replica confirms leaves it applied on the primary
+but not known to survive a failover: in doubt (``CommitInDoubt``), not rolled back. On Redis
 Cluster, addresses on several slots go through the commit record of ``commits.py``
 (``CommitLog``), which any live replica completes if the committer dies after deciding
 (docs/redis-modes.md, "Transactions across shards").
 """
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 import redis.asyncio
 
-from shoal_broker.errors import StoreUnavailable
+from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.routing.storage import Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
@@ -77,8 +80,23 @@ class Transactions:
         if errors:
             raise StoreUnavailable(f'Redis refused part of a commit: {errors[0]}')
         if self._durability is Durability.REPLICATED:
-            confirmed = await call(client.wait(1, self._replication_timeout_ms))
+            unconfirmed: StoreUnavailable | None = None
+            try:
+                confirmed = await call(client.wait(1, self._replication_timeout_ms))
+            except StoreUnavailable as exc:
+                confirmed, unconfirmed = 0, exc
             if confirmed < 1:
-                raise StoreUnavailable('no Redis replica confirmed the commit in time')
+                # applied on the primary, and lost only if a failover comes first: "rolled
+                # back" would be false (the client would do again what its sends already did)
+                await self._announce_all(sends)
+                applied = asyncio.get_running_loop().create_future()
+                applied.set_result(True)
+                raise CommitInDoubt(
+                    f'no Redis replica confirmed the commit in time: {unconfirmed or "WAIT"}',
+                    outcome=applied,
+                )
+        await self._announce_all(sends)
+
+    async def _announce_all(self, sends: Sends) -> None:
         for address in {address for address, _, _ in sends}:
             await self._announce(address)

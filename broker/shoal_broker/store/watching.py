@@ -43,7 +43,9 @@ WATCH_RETRY_SECONDS = 0.5
 WATCH_ATTEMPTS = 20
 """A watch is retried for about ten seconds of a cluster settling (a failover takes 2-3 s with
 ``cluster-node-timeout 1000``, longer with the default 15 s), then given up with a warning; the
-next watch of the address, or a re-subscribe after a lost channel, tries again."""
+next watch of the address, or a re-subscribe after a lost channel, tries again. On a cluster a
+lost connection is one of the ways a cluster settles (the slot's primary died and its replica
+is not promoted yet): nothing else would subscribe the channel again, so it is retried too."""
 
 NOTIFICATION_IDLE_SECONDS = 30.0
 """A notification channel quiet this long is pinged; quiet for twice as long, it is dead."""
@@ -148,10 +150,11 @@ class Watching:
         """Make Redis match whether this replica watches ``address`` now (changes are applied
         one at a time, each to the latest wish, so a quick unwatch and watch end up watched)."""
         k = keys.AddressKeys.of(address)
+        settling = (*CLUSTER_SETTLING, *REDIS_DOWN) if self._sharded else CLUSTER_SETTLING
         for attempt in range(WATCH_ATTEMPTS):
             try:
                 async with self._watch_lock:
-                    with contextlib.suppress(*REDIS_DOWN):  # the re-subscribe covers it
+                    try:
                         if address in self._watchers:
                             await self._channel(k.notify, listen=True)
                             await self._client.hset(k.watchers, self._replica_id, 1)
@@ -160,8 +163,13 @@ class Watching:
                         else:
                             await self._client.hdel(k.watchers, self._replica_id)
                             await self._channel(k.notify, listen=False)
+                    except REDIS_DOWN:
+                        if self._sharded is not None:
+                            raise
+                        # one server: the listener's re-subscribe covers it (every watched
+                        # address's channel subscribed and listed again)
                 return
-            except CLUSTER_SETTLING as exc:
+            except settling as exc:
                 if attempt == WATCH_ATTEMPTS - 1:
                     logger.warning('watch of %s not applied while the cluster settles: %s',
                                    address, exc)  # fmt: skip
