@@ -293,6 +293,18 @@ def test_a_message_redis_refuses_is_refused_to_its_producer_though_sent_ahead(
     conn.close()
 
 
+def _lane_connection(client: Any) -> str:
+    """The id of the broker's connection that carried its last publish: its store's lane,
+    which carries the fetches too. A publish goes as EVAL; nothing else of the broker's does."""
+    [lane] = [c['id'] for c in client.client_list() if c['cmd'] == 'eval']
+    return str(lane)
+
+
+def _waits_in_redis(client: Any, connection: str) -> bool:
+    """The connection's command is held by CLIENT PAUSE (flag ``b``, blocked)."""
+    return any(c['id'] == connection and 'b' in c['flags'] for c in client.client_list())
+
+
 def test_a_message_published_after_a_failed_fetch_does_not_pass_what_is_stored(
     frozen_redis: RedisServer, ahead_broker: BrokerProcess, address: str
 ) -> None:
@@ -307,11 +319,12 @@ def test_a_message_published_after_a_failed_fetch_does_not_pass_what_is_stored(
     rcv = receiver(conn, address, credit=0)  # no credit: nothing fetched
     client = _client(frozen_redis)
     try:
+        lane = _lane_connection(client)
         client.client_pause(int(TIMEOUT * 1000), all=False)  # writes wait in Redis, fetches too
         try:
             rcv.link.flow(10)
             flush(conn)
-            time.sleep(0.3)  # the fetch is waiting in Redis
+            wait_for(lambda: _waits_in_redis(client, lane), 5, 'the fetch waits in Redis')
             client.client_kill_filter(_type='normal', skipme=True)
         finally:
             client.client_unpause()
