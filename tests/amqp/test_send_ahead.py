@@ -14,12 +14,16 @@ from typing import Any, cast
 
 import pytest
 import redis
-from amqpclient import connect, flush, nothing_more, receive_all, receiver, sender, settle
+from amqpclient import connect, drain, flush, nothing_more, receive_all, receiver, sender, settle
 from processes import BrokerProcess, RedisServer, wait_for
 from proton import Delivery, Described, Message, ulong
 from txnclient import Controller, accept_in
 
+from shoal_broker.store import keys
+
 TIMEOUT = 10.0
+REPLICA = 'ahead-a'
+"""The module's broker (``ahead_broker``)."""
 
 
 @pytest.fixture(scope='module')
@@ -32,7 +36,7 @@ def frozen_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope='module')
 def ahead_broker(frozen_redis: RedisServer) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(frozen_redis.url, replica_id='ahead-a')
+    broker = BrokerProcess(frozen_redis.url, replica_id=REPLICA)
     yield broker
     broker.stop()
 
@@ -94,7 +98,7 @@ def _sent_ahead(
     """A waiting consumer on ``consuming`` and a message sent to it from ``producing`` while
     Redis is stopped: (receiver, the producer's delivery, the message received) inside the
     block, Redis still stopped."""
-    rcv = _waiting_consumer(consuming, address)
+    rcv = _waiting_consumer(server, consuming, address)
     snd = sender(producing, address)
     with Frozen(server):
         delivery = _start_send(producing, snd, body)
@@ -103,10 +107,24 @@ def _sent_ahead(
         yield rcv, delivery, got
 
 
-def _waiting_consumer(conn: Any, address: str, credit: int = 10) -> Any:
-    """A consumer whose first fetch found the queue empty: the next message may go ahead."""
-    rcv = receiver(conn, address, credit=credit)
-    assert nothing_more(rcv, wait=0.3)
+def _waiting_consumer(
+    server: RedisServer, conn: Any, address: str, credit: int = 10, replica: str = REPLICA
+) -> Any:
+    """A consumer whose subscription found the queue empty and fetches no more until something
+    is announced: the next message may go ahead. Seen, not slept on: the broker (``replica``)
+    lists itself among the address's watchers and then looks once more, and it answers a drain
+    only once a fetch came back short, after that look (amqp/subscriptions.py)."""
+    rcv = receiver(conn, address, credit=0)
+    key = keys.AddressKeys.of(address).watchers
+    client = _client(server)
+    try:
+        wait_for(lambda: client.hexists(key, replica), TIMEOUT, 'watching the address')
+    finally:
+        client.close()
+    drain(conn, rcv, credit)
+    assert not rcv.fetcher.has_message  # the queue was empty
+    rcv.link.flow(credit)
+    flush(conn)
     return rcv
 
 
@@ -245,7 +263,7 @@ def test_entries_another_replica_appended_unannounced_follow_the_message_sent_ah
     twice."""
     count = 600  # past the claim's 500 entries per read
     conn = connect(ahead_broker.url)
-    rcv = _waiting_consumer(conn, address)
+    rcv = _waiting_consumer(frozen_redis, conn, address)
     client = _client(frozen_redis)
     try:
         for i in range(count):  # messages with no header section
@@ -268,7 +286,7 @@ def test_a_message_redis_refuses_is_refused_to_its_producer_though_sent_ahead(
     duplicate, which at-least-once allows); nothing is lost, and the consumer's accept of a
     message that was never stored is harmless."""
     conn = connect(ahead_broker.url)
-    rcv = _waiting_consumer(conn, address)
+    rcv = _waiting_consumer(frozen_redis, conn, address)
     snd = sender(conn, address)
     client = _client(frozen_redis)
     try:
@@ -293,6 +311,18 @@ def test_a_message_redis_refuses_is_refused_to_its_producer_though_sent_ahead(
     conn.close()
 
 
+def _lane_connection(client: Any) -> str:
+    """The id of the broker's connection that carried its last publish: its store's lane,
+    which carries the fetches too. A publish goes as EVAL; nothing else of the broker's does."""
+    [lane] = [c['id'] for c in client.client_list() if c['cmd'] == 'eval']
+    return str(lane)
+
+
+def _waits_in_redis(client: Any, connection: str) -> bool:
+    """The connection's command is held by CLIENT PAUSE (flag ``b``, blocked)."""
+    return any(c['id'] == connection and 'b' in c['flags'] for c in client.client_list())
+
+
 def test_a_message_published_after_a_failed_fetch_does_not_pass_what_is_stored(
     frozen_redis: RedisServer, ahead_broker: BrokerProcess, address: str
 ) -> None:
@@ -307,11 +337,12 @@ def test_a_message_published_after_a_failed_fetch_does_not_pass_what_is_stored(
     rcv = receiver(conn, address, credit=0)  # no credit: nothing fetched
     client = _client(frozen_redis)
     try:
+        lane = _lane_connection(client)
         client.client_pause(int(TIMEOUT * 1000), all=False)  # writes wait in Redis, fetches too
         try:
             rcv.link.flow(10)
             flush(conn)
-            time.sleep(0.3)  # the fetch is waiting in Redis
+            wait_for(lambda: _waits_in_redis(client, lane), 5, 'the fetch waits in Redis')
             client.client_kill_filter(_type='normal', skipme=True)
         finally:
             client.client_unpause()
@@ -334,7 +365,7 @@ def test_order_holds_when_a_slow_consumer_mixes_sent_ahead_and_fetched_messages(
     go ahead, the rest are stored and fetched when credit comes back."""
     count = 1500
     conn = connect(ahead_broker.url)
-    rcv = _waiting_consumer(conn, address, credit=3)
+    rcv = _waiting_consumer(frozen_redis, conn, address, credit=3)
     snd = sender(conn, address)
     deliveries, received = [], []
     for body in range(count):
@@ -360,7 +391,10 @@ def test_producers_and_consumers_on_two_replicas_get_every_message_once(
     count = 400
     try:
         conns = [connect(ahead_broker.url), connect(other.url)]
-        receivers = [_waiting_consumer(conn, address, credit=20) for conn in conns]
+        receivers = [
+            _waiting_consumer(frozen_redis, conn, address, credit=20, replica=broker.replica_id)
+            for broker, conn in zip((ahead_broker, other), conns, strict=True)
+        ]
         senders = [sender(conn, address) for conn in conns]
         deliveries: list[list[Delivery]] = [[], []]
         for i in range(count):
@@ -398,7 +432,7 @@ def test_with_deliver_ahead_off_the_consumer_waits_for_redis(
     broker = BrokerProcess(frozen_redis.url, env={'SHOAL_DELIVER_AHEAD': 'false'})
     try:
         conn = connect(broker.url)
-        rcv = _waiting_consumer(conn, address)
+        rcv = _waiting_consumer(frozen_redis, conn, address, replica=broker.replica_id)
         snd = sender(conn, address)
         with Frozen(frozen_redis):
             delivery = _start_send(conn, snd, 'stored first')

@@ -101,6 +101,32 @@ async def test_a_killed_connection_fails_what_is_in_flight_and_the_next_pipeline
     await lane.close()
 
 
+async def test_a_pooled_connection_redis_closed_while_idle_is_not_written_to(
+    redis_server: RedisServer, client: redis.asyncio.Redis
+) -> None:
+    """An idle connection of the pool that Redis closed (CLIENT KILL, its ``timeout``, a
+    restart): its end has been read, so its transport no longer reads, and redis-py's pool hands
+    it out unchecked. A pipeline written on it would hear nothing until the socket timeout fails
+    it; the lane connects afresh instead."""
+    pool = redis.asyncio.ConnectionPool.from_url(redis_server.url, socket_timeout=1)
+    idle = redis.asyncio.Redis(connection_pool=pool)
+    name = f'idle-{uuid.uuid4().hex[:8]}'
+    await idle.client_setname(name)  # made, then back in the pool
+    [victim] = [c for c in await client.client_list() if c['name'] == name]
+    await client.client_kill_filter(_id=victim['id'])
+    conn = pool._available_connections[-1]  # the one the lane is about to get
+    for _ in range(500):  # the loop reads the end of the killed connection meanwhile
+        if conn._reader.at_eof():
+            break
+        await asyncio.sleep(0.01)
+    assert conn._reader.at_eof()
+    lane = Lane(pool, max_in_flight=4)
+    key = f'lane-{uuid.uuid4().hex}'
+    assert await (await send(lane, [('SET', key, 'v'), ('GET', key)])) == [b'OK', b'v']
+    await lane.close()
+    await pool.disconnect()
+
+
 async def test_replies_split_over_many_reads_are_put_together_for_their_pipeline(
     client: redis.asyncio.Redis,
 ) -> None:

@@ -20,7 +20,8 @@ is pinned; tests/store/test_lane.py fails first if a release moves them.
 
 A connection that fails is never written to again, because replies still owed on it could
 otherwise be matched with the wrong pipeline: every pipeline sent on it fails, and the next one
-goes out on a fresh connection.
+goes out on a fresh connection. One taken from the pool is looked at first: Redis may have closed
+it while it sat idle (``Lane._fresh_connection``).
 """
 
 import asyncio
@@ -146,7 +147,7 @@ class Lane:
         bound the pipelines in flight."""
         packed = pack(commands)
         if self._conn is None:
-            self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+            self._conn = await self._fresh_connection()
         conn = self._conn
         try:
             if not conn.is_connected:
@@ -174,6 +175,24 @@ class Lane:
             self._watchdog = asyncio.get_running_loop().call_later(
                 conn.socket_timeout, self._check_silence, conn
             )
+
+    async def _fresh_connection(self) -> Any:
+        """A connection of the pool, connected anew if Redis closed it while it sat idle
+        (CLIENT KILL, the server's ``timeout``, a restart). Such a connection has had its end
+        read, so its transport reads no more: a pipeline written there would hear nothing until
+        the socket timeout (5 s by default) failed it, and the messages in it would be released.
+        redis-py's pool ignores this check while maintenance notifications are configured
+        (``auto``, its default, counts), since its own commands find the end and retry; the
+        lane writes without redis-py, so it looks itself."""
+        conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        if conn.is_connected:
+            try:
+                stale = await conn.can_read()  # its end was read, or replies left unread
+            except CONNECTION_ERRORS:
+                stale = True
+            if stale:
+                await conn.disconnect(nowait=True)  # send_then connects it
+        return conn
 
     def _received(self, conn: Any, data: bytes) -> None:
         """Replies arrived on ``conn``: answer every pipeline they complete, in order."""
