@@ -135,7 +135,10 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
 
         health = HealthServer(readiness)
         await health.start(*split_host_port(settings.http))
-    backlog = BacklogSnapshot(url, settings.store.backlog_refresh_seconds)
+    backlog = BacklogSnapshot(
+        url, settings.store.backlog_refresh_seconds, shared=store.upkeep,
+        walks=liveness.is_first_live,
+    )  # fmt: skip
     cap_address_series(settings.security.metrics_max_addresses)
     cap_consumer_link_series(settings.security.metrics_max_consumer_links)
     register_gauges(lambda: broker_gauges(broker, backlog))

@@ -118,6 +118,16 @@ class Upkeep:
                 pipe.hincrby(totals, fields['replica'], delivered)
         await call(pipe.execute())
 
+    async def share_backlogs(self, snapshot: str, ttl_ms: int) -> None:
+        """Leave the backlog snapshot one replica read for all (``keys.BACKLOGS``); it expires
+        after ``ttl_ms``, so a gone reader's figures are never taken for current ones."""
+        await call(self._client.set(keys.BACKLOGS, snapshot, px=max(1, ttl_ms)))
+
+    async def shared_backlogs(self) -> str | None:
+        """The backlog snapshot another replica shared; None when there is none (or it expired)."""
+        found = await call(self._client.get(keys.BACKLOGS))
+        return None if found is None else as_text(found)
+
     async def memory(self) -> tuple[int, int]:
         """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes; on a cluster,
         those of the fullest primary (the first to refuse writes)."""
