@@ -8,8 +8,11 @@ interval so the broker has seen them, then samples ``/proc/PID/stat`` of the bro
 redis-server over ``--seconds`` and the metric stream's ``entries-added`` counter. Nothing is
 sent or consumed: every queue stays idle and empty. Loopback only; bounded in count and time.
 
+With ``--peer-pid``, a second replica on the same Redis is measured too: the first replica (the
+smaller id) reads every stream for both, the peer reads what it shared.
+
 usage: python bench/queues.py --redis-url redis://127.0.0.1:PORT/0 --broker-pid PID
-           --redis-pid PID [--count 10000] [--seconds 60] [--interval 10]
+           --redis-pid PID [--peer-pid PID] [--count 10000] [--seconds 60] [--interval 10]
 """
 
 import argparse
@@ -76,11 +79,13 @@ async def main(opts: argparse.Namespace) -> None:
     try:
         records_before = await entries_added(client)
         broker_before, redis_before = cpu_seconds(opts.broker_pid), cpu_seconds(opts.redis_pid)
+        peer_before = cpu_seconds(opts.peer_pid) if opts.peer_pid else 0.0
         started = time.monotonic()
         await asyncio.sleep(opts.seconds)
         span = time.monotonic() - started
         broker_cpu = cpu_seconds(opts.broker_pid) - broker_before
         redis_cpu = cpu_seconds(opts.redis_pid) - redis_before
+        peer_cpu = cpu_seconds(opts.peer_pid) - peer_before if opts.peer_pid else None
         records = await entries_added(client) - records_before
     finally:
         await client.aclose()
@@ -92,6 +97,7 @@ async def main(opts: argparse.Namespace) -> None:
         'span_s': round(span, 1),
         'broker_cpu_pct': round(100 * broker_cpu / span, 1),
         'redis_cpu_pct': round(100 * redis_cpu / span, 1),
+        'peer_cpu_pct': None if peer_cpu is None else round(100 * peer_cpu / span, 1),
         'records_per_interval': round(records / intervals, 1),
         'refresh_wall_s': sorted(round(w, 3) for w, _ in refreshes),
         'refresh_cpu_s': sorted(round(c, 3) for _, c in refreshes),
@@ -103,6 +109,7 @@ if __name__ == '__main__':
     p.add_argument('--redis-url', required=True)
     p.add_argument('--broker-pid', type=int, required=True)
     p.add_argument('--redis-pid', type=int, required=True)
+    p.add_argument('--peer-pid', type=int, help='a second replica on the same Redis')
     p.add_argument('--count', type=int, default=10_000)
     p.add_argument('--seconds', type=float, default=60.0)
     p.add_argument('--interval', type=float, default=10.0, help='the metric interval (s)')

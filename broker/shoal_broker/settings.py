@@ -178,7 +178,8 @@ class StoreSettings:
     """Directory of the embedded Redis's append-only file. Ignored with ``redis_url``."""
 
     trim_interval_seconds: float = 5.0
-    """How often each replica trims streams below the oldest entry any subscription needs."""
+    """How often streams are trimmed below the oldest entry any subscription needs (by the live
+    replica with the smallest id, for all)."""
 
     durability: Durability = Durability.MEMORY
     """When a message is accepted: see ``Durability``."""

@@ -153,11 +153,14 @@ async def refresh_policies_forever(store: RedisStore, broker: Broker) -> None:
         await refresh_policies(store, broker)
 
 
-async def trim_forever(store: RedisStore, interval: float) -> None:
+async def trim_forever(store: RedisStore, interval: float, liveness: Liveness) -> None:
+    """Trim every stream, when this is the live replica with the smallest id: trimming is the
+    same walk over every address whoever does it, so one replica does it for all (another takes
+    over within a lease when it dies). Each replica tidies its own commit records."""
     while True:
         await asyncio.sleep(interval)
         try:
-            removed = await store.upkeep.trim()
+            removed = await store.upkeep.trim() if await liveness.is_first_live() else 0
             await store.tidy_commits()
         except StoreUnavailable as exc:
             BACKGROUND_FAILURES.labels('trim').inc()
