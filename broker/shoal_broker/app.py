@@ -147,7 +147,9 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     REDIS_UP.set(1)
     tune_garbage_collector()
     tasks = {
-        'trim': lambda: chores.trim_forever(store, settings.store.trim_interval_seconds, liveness),
+        'trim': lambda: chores.trim_forever(
+            store, settings.store.trim_interval_seconds, liveness, backlog
+        ),
         'watches': lambda: chores.assert_watches_forever(liveness),
         'loop_lag': chores.measure_loop_lag,
         'reaping': lambda: chores.watch_others(liveness),

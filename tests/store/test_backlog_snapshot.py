@@ -51,9 +51,12 @@ async def test_one_replica_walks_and_the_others_read_the_snapshot_it_shared(
     own_redis: RedisServer, own_store: RedisStore
 ) -> None:
     queue, idle = f'q-{uuid.uuid4().hex[:8]}', f'idle-{uuid.uuid4().hex[:8]}'
+    unread = f'unread-{uuid.uuid4().hex[:8]}'
     async with Registry.from_url(own_redis.url) as registry:
         await registry.declare_queue(queue, 'ns/orders')
         await registry.declare_queue(idle, 'ns/idle')
+        await registry.declare_queue(unread, 'ns/unread')
+    await own_store.messages.publish(unread, AddressKind.QUEUE, message(b'x'))
     for body in (b'a', b'b', b'c'):
         await own_store.messages.publish(queue, AddressKind.QUEUE, message(body))
     [entry] = await own_store.messages.fetch(queue, QUEUE_GROUP, 1)  # one in flight
@@ -72,6 +75,12 @@ async def test_one_replica_walks_and_the_others_read_the_snapshot_it_shared(
             assert snapshot.oldest_ms[(queue, 'queue')] is not None
             assert snapshot.oldest_ms[(idle, 'queue')] is None
             assert ([queue, 'queue', 'ns', 'orders'], 1.0) in snapshot.declared
+        # what the walk saw nothing to trim in: the trimmer skips it until the next walk
+        settled = walker.settled()
+        assert keys.AddressKeys.of(idle).streams[0] in settled  # empty
+        assert keys.AddressKeys.of(unread).streams[0] in settled  # nothing read yet
+        assert keys.AddressKeys.of(queue).streams[0] not in settled  # one handed out
+        assert reader.settled() == set()  # it did not walk: it trims nothing it cannot see
         # the walker gone and its snapshot expired: the reader walks, and sees what changed since
         client = redis.asyncio.Redis.from_url(own_redis.url)
         try:
@@ -105,3 +114,26 @@ async def test_a_refresh_without_redis_says_so_and_keeps_the_last_figures(
         assert snapshot.by_label()[(queue, 'queue')] == 1
     finally:
         await snapshot.close()
+
+
+async def test_the_trimmer_leaves_the_streams_it_is_told_to_skip(
+    own_redis: RedisServer, own_store: RedisStore
+) -> None:
+    queue = f'q-{uuid.uuid4().hex[:8]}'
+    async with Registry.from_url(own_redis.url) as registry:
+        await registry.declare_queue(queue, 'ns/orders')
+    for body in (b'a', b'b', b'c'):
+        await own_store.messages.publish(queue, AddressKind.QUEUE, message(body))
+    for entry in await own_store.messages.fetch(queue, QUEUE_GROUP, 10):
+        await own_store.messages.ack(queue, QUEUE_GROUP, entry)
+    await own_store.flush()
+    stream = keys.AddressKeys.of(queue).streams[0]
+    client = redis.asyncio.Redis.from_url(own_redis.url)
+    try:
+        assert await client.xlen(stream) == 3  # consumed, not trimmed yet
+        assert await own_store.upkeep.trim({stream}) == 0
+        assert await client.xlen(stream) == 3
+        assert await own_store.upkeep.trim() == 3
+        assert await client.xlen(stream) == 0
+    finally:
+        await client.aclose()

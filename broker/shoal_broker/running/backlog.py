@@ -61,6 +61,8 @@ class BacklogSnapshot:
         self.walked = 0
         """Walks of every stream this snapshot made (the rest of its refreshes read the shared
         snapshot)."""
+        self._settled: set[str] = set()
+        self._walked_at = -math.inf
         self._refreshed_at = -math.inf
 
     async def refresh(self) -> bool:
@@ -93,8 +95,17 @@ class BacklogSnapshot:
             logger.debug('shared backlog snapshot not understood: %s', exc)
             return None
 
+    def settled(self) -> set[str]:
+        """The streams the last walk found nothing to trim in (empty, or unread by a group), if
+        this snapshot walked within two intervals: the trimmer skips them. Whatever is consumed
+        since is trimmed after the next walk, an interval later."""
+        if time.monotonic() - self._walked_at > 2 * self.interval:
+            return set()
+        return self._settled
+
     async def _walk(self) -> list[Row]:
-        found = await self._inspector.backlogs()
+        settled: set[str] = set()
+        found = await self._inspector.backlogs(settled)
         owners = await self._inspector.declared_owners()
         totals: dict[tuple[str, str], list[float]] = {}
         oldest: dict[tuple[str, str], int | None] = {}
@@ -110,6 +121,7 @@ class BacklogSnapshot:
             for (a, s), (b, f) in totals.items()
         ]
         self.walked += 1
+        self._settled, self._walked_at = settled, time.monotonic()
         if self._shared is not None:
             ttl_ms = int(self.interval * SHARED_FOR_INTERVALS * 1000)
             await self._shared.share_backlogs(json.dumps(rows, separators=(',', ':')), ttl_ms)

@@ -207,10 +207,13 @@ class Inspector:
             for name, b, (consumers, delivered) in zip(names, found, per_replica, strict=True)
         ]
 
-    async def backlogs(self) -> list[tuple[str, str, GroupBacklog]]:
+    async def backlogs(
+        self, settled: set[str] | None = None
+    ) -> list[tuple[str, str, GroupBacklog]]:
         """(address, group, backlog) of every queue (group ``QUEUE_GROUP``) and every named or
         private subscription (its id): what the broker's gauges need, without the per-replica
-        detail ``queues`` and ``subscriptions`` add for the CLI."""
+        detail ``queues`` and ``subscriptions`` add for the CLI. Adds to ``settled`` the streams
+        that had nothing to trim when read (none of their entries is consumed by every group)."""
         queues = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
         ids = await self._call(layout.subscription_ids(self._client))
         pipe = self._client.pipeline(transaction=False)
@@ -220,7 +223,7 @@ class Inspector:
         groups = [(name, QUEUE_GROUP) for name in queues] + [
             (_text(topic), sid) for sid, topic in zip(ids, topics, strict=True) if topic
         ]  # a subscription without a definition: listed in the index only, or removed since
-        found = await self._backlogs(groups)
+        found = await self._backlogs(groups, settled)
         return [(a, g, b) for (a, g), b in zip(groups, found, strict=True)]
 
     async def _per_replica(
@@ -284,10 +287,13 @@ class Inspector:
             found.append(ClientInfo(client_id, replica, connection))
         return found
 
-    async def _backlogs(self, groups: list[tuple[str, str]]) -> list[GroupBacklog]:
+    async def _backlogs(
+        self, groups: list[tuple[str, str]], settled: set[str] | None = None
+    ) -> list[GroupBacklog]:
         """Backlog of each (address, group): one read-only ``backlog.lua`` call per address
         (pipelined by ``_PAGE`` addresses; concurrent calls on a cluster, whose pipelines take no
-        scripts), plus a walk where Redis cannot tell the lag."""
+        scripts), plus a walk where Redis cannot tell the lag. Adds to ``settled`` the streams
+        with nothing to trim: empty, or a group of these has every entry still to read."""
         by_address: dict[str, list[str]] = {}
         for address, group in groups:
             by_address.setdefault(address, []).append(group)
@@ -303,10 +309,12 @@ class Inspector:
         for address, group in groups:
             row = rows[(address, group)]
             total = GroupBacklog(returned=int(row[6]))
-            for stream, (lag, pending, oldest) in zip(
-                keys.AddressKeys.of(address).streams, (row[0:3], row[3:6]), strict=True
+            for stream, (lag, pending, oldest), length in zip(
+                keys.AddressKeys.of(address).streams, (row[0:3], row[3:6]), row[7:9], strict=True
             ):
                 lag = int(lag)
+                if settled is not None and (int(length) == 0 or lag == int(length)):
+                    settled.add(stream)
                 if lag < 0:  # Redis cannot tell (deleted entries in range): count them
                     lag = await self._lag_of(stream, group)
                 total += GroupBacklog(

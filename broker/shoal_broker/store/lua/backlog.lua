@@ -4,13 +4,15 @@
 --   ZSET
 -- ARGV[i] group i's name
 -- One call per address replaces a round trip per stream, group and question (inspect.py).
--- Returns per group {lag0, pending0, oldest0, lag1, pending1, oldest1, returned}: lag -1 when
--- Redis cannot tell it (deleted entries in range: the caller counts them), oldest the id of the
--- oldest unconsumed entry of that band ('' when none). A missing stream or group counts as 0.
-local bands = {}
+-- Returns per group {lag0, pending0, oldest0, lag1, pending1, oldest1, returned, length0,
+-- length1}: lag -1 when Redis cannot tell it (deleted entries in range: the caller counts them),
+-- oldest the id of the oldest unconsumed entry of that band ('' when none), length the band's
+-- XLEN (the same in every row). A missing stream or group counts as 0.
+local bands, lengths = {}, {}
 for b = 1, 2 do
   local found = {}
-  if redis.call('EXISTS', KEYS[b]) == 1 then
+  lengths[b] = redis.call('XLEN', KEYS[b])
+  if lengths[b] > 0 then
     for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[b])) do
       local info = {}
       for j = 1, #g, 2 do info[g[j]] = g[j + 1] end
@@ -41,6 +43,8 @@ for i, group in ipairs(ARGV) do
     row[#row + 1] = oldest
   end
   row[#row + 1] = redis.call('ZCARD', KEYS[2 + i])
+  row[#row + 1] = lengths[1]
+  row[#row + 1] = lengths[2]
   out[i] = row
 end
 return out
