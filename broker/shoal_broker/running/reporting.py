@@ -87,8 +87,10 @@ class RecordedFigures:
     """What this replica last wrote for each entity: (consumers here, backlog, when), so an
     unchanged, quiet entity is written only every heartbeat (``metrics_heartbeat_seconds``)."""
 
-    def __init__(self, heartbeat_ms: int) -> None:
-        self.heartbeat_ms = heartbeat_ms
+    def __init__(self, heartbeat_ms: int, interval_ms: int) -> None:
+        # due half an interval early: the interval's ticks jitter, and a heartbeat missed by a
+        # millisecond would wait a whole interval more
+        self.heartbeat_ms = heartbeat_ms - interval_ms // 2
         self.last: dict[tuple[str, str], tuple[int, int, int]] = {}
 
     def due(self, entity: tuple[str, str], consumers: int, backlog: int, now_ms: int) -> bool:
@@ -124,7 +126,9 @@ async def record_metrics(
     appears and only once for its idle part. An entity with no activity whose backlog and
     consumers are what this replica last wrote is written again only every heartbeat."""
     interval = settings.store.metrics_interval_seconds
-    figures = RecordedFigures(int(max(settings.store.metrics_heartbeat_seconds, 0) * 1000))
+    figures = RecordedFigures(
+        int(max(settings.store.metrics_heartbeat_seconds, 0) * 1000), int(interval * 1000)
+    )
     loop = asyncio.get_running_loop()
     tick = loop.time()
     while True:
