@@ -56,11 +56,12 @@ def broker_gauges(
         (PRODUCERS_BLOCKED, PRODUCERS_BLOCKED_HELP, ['reason'], blocked),
         ('shoal_consumers', 'Consumers attached to this replica.', ['address', 'subscription'],
          consumers),
-        ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (refreshed every '
-         f'{backlog.interval:g} s).', ['address', 'subscription'], backlog.samples),
+        ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (read every '
+         f'{backlog.interval:g} s by one replica for all).', ['address', 'subscription'],
+         backlog.samples),
         ('shoal_in_flight_messages', 'Messages handed to consumers and not yet settled, '
-         f'cluster-wide (refreshed every {backlog.interval:g} s).', ['address', 'subscription'],
-         backlog.in_flight),
+         f'cluster-wide (read every {backlog.interval:g} s by one replica for all).',
+         ['address', 'subscription'], backlog.in_flight),
         ('shoal_oldest_message_age_seconds', 'Age of the oldest message not yet consumed '
          '(0 when none waits).', ['address', 'subscription'], backlog.ages()),
         # An info metric, as kube-state-metrics does: join any series on (address, subscription)
