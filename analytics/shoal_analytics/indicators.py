@@ -14,6 +14,12 @@ replica's) are kept as they are, so its trend needs no complete windows (a backl
 for two minutes has a dozen samples, not one complete minute-window) and its newest value is
 the one the broker shows.
 
+A broker writes the record of a quiet entity (no activity, backlog and consumers unchanged) only
+every heartbeat (``SHOAL_METRICS_HEARTBEAT_SECONDS``, 30 s: at most half a window), so every
+window still holds a record of every entity and replica, and a missing interval means "as
+before", never zero or gone: sums lose nothing (a left-out record's deltas are all 0), gauges
+take the newest value, and the backlog's trend counts the intervals between its samples.
+
 A topic's publishes are recorded under the topic with an empty subscription (``TOPIC``): they are
 what arrives at each of its subscriptions, whose own records count no enqueues, so a
 subscription's ``enqueued`` is the topic's (less what its selector filtered out) and the topic's
@@ -107,12 +113,19 @@ def cells(records: DataFrame) -> DataFrame:
 
 
 def backlog_samples(records: DataFrame) -> DataFrame:
-    """Per entity and record interval: the newest known backlog (``ts_ms``, ``backlog``). Every
-    replica samples the same cluster-wide gauge, so one sample per interval is kept."""
+    """Per entity and record interval: the newest known backlog (``ts_ms``, ``backlog``,
+    ``interval_ms``). Every replica samples the same cluster-wide gauge, so one sample per
+    interval is kept. A broker leaves out the record of a quiet entity whose backlog did not
+    change (up to its heartbeat), so between two samples the backlog held the earlier one's value
+    until the later one's interval."""
     known = records.where((F.col('backlog') >= 0) & (F.col('subscription') != TOPIC))
     return (
         known.groupBy(*ENTITY, F.floor(F.col('ts_ms') / F.col('interval_ms')).alias('tick'))
-        .agg(F.max('ts_ms').alias('ts_ms'), F.max_by('backlog', 'ts_ms').alias('backlog'))
+        .agg(
+            F.max('ts_ms').alias('ts_ms'),
+            F.max_by('backlog', 'ts_ms').alias('backlog'),
+            F.max('interval_ms').alias('interval_ms'),
+        )
         .drop('tick')
     )
 
@@ -159,14 +172,22 @@ def entity_summary(windows: DataFrame, samples: DataFrame, params: AnalysisParam
         _ratios(windows.groupBy(*ENTITY).agg(*_sums(*COUNTS), *summed_buckets()))
     )
     by_time = Window.partitionBy(*ENTITY).orderBy('ts_ms')
-    stepped = samples.withColumn('previous', F.lag('backlog').over(by_time)).withColumn(
-        't_s', F.col('ts_ms') / 1000
+    # the intervals from the previous sample to this one (1 when no record was left out): the
+    # backlog grew in at most the last of them, and held still in the others
+    since = F.col('ts_ms') - F.lag('ts_ms').over(by_time)
+    steps = F.when(since.isNotNull(), F.greatest(F.round(since / F.col('interval_ms')), F.lit(1)))
+    stepped = (
+        samples.withColumn('previous', F.lag('backlog').over(by_time))
+        .withColumn('steps', steps)
+        .withColumn('t_s', F.col('ts_ms') / 1000)
     )
     grew = (F.col('backlog') > F.col('previous')).cast('int')
     trend = stepped.groupBy(*ENTITY).agg(
-        F.count('*').alias('backlog_samples'),
+        (F.lit(1) + F.coalesce(F.sum('steps'), F.lit(0))).cast('long').alias('backlog_samples'),
         F.regr_slope('backlog', 't_s').alias('backlog_slope_per_s'),
-        F.avg(F.when(F.col('previous').isNotNull(), grew)).alias('backlog_growing_fraction'),
+        (F.sum(F.when(F.col('previous').isNotNull(), grew)) / _nonzero(F.sum('steps'))).alias(
+            'backlog_growing_fraction'
+        ),
         F.max_by('backlog', 'ts_ms').alias('backlog'),
         F.max('ts_ms').alias('backlog_ts_ms'),
     )

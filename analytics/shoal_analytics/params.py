@@ -35,9 +35,10 @@ class AnalysisParams:
     backlog_min: int = 100
     """A backlog smaller than this is never called growing."""
     backlog_growing_fraction: float = 0.6
-    """Fraction of consecutive backlog samples (one per record interval) that must have grown."""
+    """Fraction of the record intervals from the first backlog sample to the newest in which
+    it must have grown (an interval the broker wrote no record for held the backlog still)."""
     min_backlog_samples: int = 3
-    """Backlog samples needed before a backlog trend is judged (three record intervals)."""
+    """Record intervals the backlog samples must span before a trend is judged (three)."""
     starved_fraction: float = 0.1
     """A replica's consumers are starved below this fraction of the mean per-consumer deliveries."""
     hot_share_factor: float = 1.5

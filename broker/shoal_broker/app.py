@@ -135,7 +135,10 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
 
         health = HealthServer(readiness)
         await health.start(*split_host_port(settings.http))
-    backlog = BacklogSnapshot(url, settings.store.backlog_refresh_seconds)
+    backlog = BacklogSnapshot(
+        url, settings.store.backlog_refresh_seconds, shared=store.upkeep,
+        walks=liveness.is_first_live,
+    )  # fmt: skip
     cap_address_series(settings.security.metrics_max_addresses)
     cap_consumer_link_series(settings.security.metrics_max_consumer_links)
     register_gauges(lambda: broker_gauges(broker, backlog))
@@ -144,7 +147,9 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     REDIS_UP.set(1)
     tune_garbage_collector()
     tasks = {
-        'trim': lambda: chores.trim_forever(store, settings.store.trim_interval_seconds),
+        'trim': lambda: chores.trim_forever(
+            store, settings.store.trim_interval_seconds, liveness, backlog
+        ),
         'watches': lambda: chores.assert_watches_forever(liveness),
         'loop_lag': chores.measure_loop_lag,
         'reaping': lambda: chores.watch_others(liveness),

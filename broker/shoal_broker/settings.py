@@ -39,6 +39,7 @@ ENV_LEASE = 'SHOAL_LEASE_SECONDS'
 ENV_DURABILITY = 'SHOAL_DURABILITY'
 ENV_METRICS_INTERVAL = 'SHOAL_METRICS_INTERVAL_SECONDS'
 ENV_METRICS_STREAM_LENGTH = 'SHOAL_METRICS_STREAM_LENGTH'
+ENV_METRICS_HEARTBEAT = 'SHOAL_METRICS_HEARTBEAT_SECONDS'
 ENV_BACKLOG_REFRESH = 'SHOAL_BACKLOG_REFRESH_SECONDS'
 ENV_REPLICATION_TIMEOUT = 'SHOAL_REPLICATION_TIMEOUT_MS'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
@@ -177,7 +178,8 @@ class StoreSettings:
     """Directory of the embedded Redis's append-only file. Ignored with ``redis_url``."""
 
     trim_interval_seconds: float = 5.0
-    """How often each replica trims streams below the oldest entry any subscription needs."""
+    """How often streams are trimmed below the oldest entry any subscription needs (by the live
+    replica with the smallest id, for all)."""
 
     durability: Durability = Durability.MEMORY
     """When a message is accepted: see ``Durability``."""
@@ -189,6 +191,12 @@ class StoreSettings:
     metrics_interval_seconds: float = 10.0
     """How often each replica appends one metric record per queue and subscription to the
     metrics stream (the analytics job's input). 0 disables the records."""
+
+    metrics_heartbeat_seconds: float = 30.0
+    """How often a replica writes the record of a queue or subscription whose figures did not
+    change (no activity, same backlog, same consumers here); a changed one is written at the next
+    interval. At most half the analytics job's window (60 s), so every window holds a record of
+    every entity; at most the interval means every interval, as before."""
 
     metrics_stream_length: int = 200_000
     """About how many metric records the metrics stream keeps (older ones are trimmed)."""
@@ -383,6 +391,9 @@ class BrokerSettings:
                 ),
                 metrics_stream_length=int(
                     env.get(ENV_METRICS_STREAM_LENGTH, d.store.metrics_stream_length)
+                ),
+                metrics_heartbeat_seconds=float(
+                    env.get(ENV_METRICS_HEARTBEAT, d.store.metrics_heartbeat_seconds)
                 ),
                 backlog_refresh_seconds=float(
                     env.get(ENV_BACKLOG_REFRESH, d.store.backlog_refresh_seconds)

@@ -226,7 +226,8 @@ def test_idle_queues_and_the_dead_letter_queue_get_a_record_every_interval_from_
     (by the live replica with the smallest id), not only when a replica sees activity."""
     url = own_redis[0].url
     dlq, idle = f'{address}-dlq', f'{address}-idle'
-    env = {'SHOAL_METRICS_INTERVAL_SECONDS': '0.5', 'SHOAL_DEAD_LETTER_ADDRESS': dlq}
+    env = {'SHOAL_METRICS_INTERVAL_SECONDS': '0.5', 'SHOAL_METRICS_HEARTBEAT_SECONDS': '0.5',
+           'SHOAL_DEAD_LETTER_ADDRESS': dlq}  # fmt: skip
     first = start_broker(redis_url=url, env=env, replica_id='aa-first')
     second = start_broker(redis_url=url, env=env, replica_id='zz-second')
     conn = connect(second.url)
@@ -260,6 +261,46 @@ def test_idle_queues_and_the_dead_letter_queue_get_a_record_every_interval_from_
         time.sleep(0.5)
     assert {r.replica for r in after} == {'zz-second'}
     assert {r.backlog for r in after} == {1}
+
+
+def test_an_unchanged_quiet_queue_waits_for_its_heartbeat_and_a_changed_one_is_recorded_at_once(
+    own_redis: list[RedisServer], start_broker, address: str
+) -> None:  # type: ignore[no-untyped-def]
+    """The replica writing idle entities leaves out a record whose figures it already wrote,
+    until the heartbeat; a backlog that changed (here through another replica: no activity on
+    this one) is recorded at the next interval, and both replicas' gauges show it."""
+    url = own_redis[0].url
+    env = {'SHOAL_METRICS_INTERVAL_SECONDS': '0.5', 'SHOAL_METRICS_HEARTBEAT_SECONDS': '6'}
+    start_broker(redis_url=url, env=env, replica_id='aa-first')
+    second = start_broker(redis_url=url, env=env, replica_id='zz-second')
+    conn = connect(second.url)
+    send_all(conn, address, range(2))
+
+    def idle_records() -> list[MetricRecord]:
+        return [r for r in _records(url, address) if r.replica == 'aa-first']
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(r.backlog == 2 for r in idle_records()):
+        time.sleep(0.2)
+    first_of_2 = min(r.ts_ms for r in idle_records() if r.backlog == 2)
+    time.sleep(max(0.0, first_of_2 / 1000 + 3 - time.time()))
+    quiet = [r for r in idle_records() if first_of_2 < r.ts_ms <= first_of_2 + 3000]
+    assert quiet == []  # six intervals, the figures unchanged, the heartbeat not due
+    send_all(conn, address, range(1))
+    conn.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(r.backlog == 3 for r in idle_records()):
+        time.sleep(0.2)
+    [changed] = [r for r in idle_records() if r.backlog == 3][:1]
+    assert changed.enqueued == 0  # aa-first saw no traffic: the change alone wrote it
+    assert changed.ts_ms < first_of_2 + 6000  # before the heartbeat would have
+    labels = {'address': address, 'subscription': 'queue'}
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if _value(_samples(second), 'shoal_backlog_messages', **labels) == 3:
+            break
+        time.sleep(0.3)
+    assert _value(_samples(second), 'shoal_backlog_messages', **labels) == 3
 
 
 def _receive_everything(receivers: list[BlockingReceiver], count: int) -> list[int]:

@@ -143,7 +143,8 @@ def test_sigterm_closes_connections_returns_held_messages_and_exits_cleanly(
 def test_consumed_entries_are_trimmed_and_unconsumed_ones_kept(
     start_broker, redis_server: RedisServer, address: str
 ) -> None:  # type: ignore[no-untyped-def]
-    b = start_broker(env={'SHOAL_TRIM_INTERVAL_SECONDS': '0.2'})
+    # the smallest replica id: the live replica that sorts first trims for all
+    b = start_broker(env={'SHOAL_TRIM_INTERVAL_SECONDS': '0.2'}, replica_id='0-trimming')
     conn = connect(b.url)
     send_all(conn, address, range(50))
     first = receiver(conn, address, credit=40)

@@ -88,6 +88,14 @@ def test_promtool_checks_the_rules_and_every_alert_passes_its_unit_tests(tmp_pat
         assert any(c['exp_alerts'] for c in mine), f'{name} is never expected to fire'
 
 
+def test_the_unit_tests_evaluate_the_recording_rules_before_the_alerts_that_read_them() -> None:
+    """Without a pinned order promtool runs the groups in Go's map order, different per run."""
+    groups = [g['name'] for g in yaml.safe_load(RULES.read_text())['groups']]
+    order = yaml.safe_load(UNIT_TESTS.read_text()).get('group_eval_order')
+    assert order == groups
+    assert groups.index('shoal.rules') < groups.index('shoal.alerts')
+
+
 BROKEN = {
     'ShoalBacklogGrowing': ('> 1000', '> 0'),  # a small backlog that grows by one a minute
     'ShoalConsumerStarved': ('shoal:consumers:sum > 0', 'shoal:consumers:sum >= 0'),  # nobody

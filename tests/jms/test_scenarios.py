@@ -271,7 +271,8 @@ def test_23_the_backlog_of_an_inactive_subscription_survives_trimming(
 ) -> None:
     """While nobody consumes the shared durable subscription, a plain subscriber on the same
     topic consumes everything and a replica trims the stream every 0.1 s."""
-    trimming = start_broker(env={'SHOAL_TRIM_INTERVAL_SECONDS': '0.1'})
+    # the smallest replica id: the live replica that sorts first trims for all
+    trimming = start_broker(env={'SHOAL_TRIM_INTERVAL_SECONDS': '0.1'}, replica_id='0-trimming')
     name = unique('s23t')
     a = jms_connect(broker.url)
     durable_detach(subscriber(a, address, f'{name}|global', SHARED_DURABLE_GLOBAL))

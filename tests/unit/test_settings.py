@@ -48,6 +48,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_LEASE_SECONDS': ('2', 'store.lease_seconds', 2.0),
     'SHOAL_METRICS_INTERVAL_SECONDS': ('1.5', 'store.metrics_interval_seconds', 1.5),
     'SHOAL_METRICS_STREAM_LENGTH': ('1000', 'store.metrics_stream_length', 1000),
+    'SHOAL_METRICS_HEARTBEAT_SECONDS': ('45', 'store.metrics_heartbeat_seconds', 45.0),
     'SHOAL_BACKLOG_REFRESH_SECONDS': ('2.5', 'store.backlog_refresh_seconds', 2.5),
     'SHOAL_DURABILITY': ('fsync', 'store.durability', Durability.FSYNC),
     'SHOAL_REPLICATION_TIMEOUT_MS': ('250', 'store.replication_timeout_ms', 250),

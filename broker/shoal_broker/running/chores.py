@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from shoal_broker.amqp.broker import Broker
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.metrics.registry import BACKGROUND_FAILURES, LEASE_UP, LOOP_LAG, REDIS_UP
+from shoal_broker.running.backlog import BacklogSnapshot
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.replicas import Liveness
 
@@ -153,11 +154,18 @@ async def refresh_policies_forever(store: RedisStore, broker: Broker) -> None:
         await refresh_policies(store, broker)
 
 
-async def trim_forever(store: RedisStore, interval: float) -> None:
+async def trim_forever(
+    store: RedisStore, interval: float, liveness: Liveness, backlog: BacklogSnapshot
+) -> None:
+    """Trim every stream, when this is the live replica with the smallest id: trimming is the
+    same walk over every address whoever does it, so one replica does it for all (another takes
+    over within a lease when it dies), skipping the streams its latest backlog walk found
+    nothing to trim in. Each replica tidies its own commit records."""
     while True:
         await asyncio.sleep(interval)
         try:
-            removed = await store.upkeep.trim()
+            first = await liveness.is_first_live()
+            removed = await store.upkeep.trim(backlog.settled()) if first else 0
             await store.tidy_commits()
         except StoreUnavailable as exc:
             BACKGROUND_FAILURES.labels('trim').inc()

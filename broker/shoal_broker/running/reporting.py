@@ -56,11 +56,12 @@ def broker_gauges(
         (PRODUCERS_BLOCKED, PRODUCERS_BLOCKED_HELP, ['reason'], blocked),
         ('shoal_consumers', 'Consumers attached to this replica.', ['address', 'subscription'],
          consumers),
-        ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (refreshed every '
-         f'{backlog.interval:g} s).', ['address', 'subscription'], backlog.samples),
+        ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (read every '
+         f'{backlog.interval:g} s by one replica for all).', ['address', 'subscription'],
+         backlog.samples),
         ('shoal_in_flight_messages', 'Messages handed to consumers and not yet settled, '
-         f'cluster-wide (refreshed every {backlog.interval:g} s).', ['address', 'subscription'],
-         backlog.in_flight),
+         f'cluster-wide (read every {backlog.interval:g} s by one replica for all).',
+         ['address', 'subscription'], backlog.in_flight),
         ('shoal_oldest_message_age_seconds', 'Age of the oldest message not yet consumed '
          '(0 when none waits).', ['address', 'subscription'], backlog.ages()),
         # An info metric, as kube-state-metrics does: join any series on (address, subscription)
@@ -83,6 +84,34 @@ def store_counters(
     ]  # fmt: skip
 
 
+class RecordedFigures:
+    """What this replica last wrote for each entity: (consumers here, backlog, when), so an
+    unchanged, quiet entity is written only every heartbeat (``metrics_heartbeat_seconds``)."""
+
+    def __init__(self, heartbeat_ms: int, interval_ms: int) -> None:
+        # due half an interval early: the interval's ticks jitter, and a heartbeat missed by a
+        # millisecond would wait a whole interval more
+        self.heartbeat_ms = heartbeat_ms - interval_ms // 2
+        self.last: dict[tuple[str, str], tuple[int, int, int]] = {}
+
+    def due(self, entity: tuple[str, str], consumers: int, backlog: int, now_ms: int) -> bool:
+        last = self.last.get(entity)
+        return (
+            last is None
+            or (last[0], last[1]) != (consumers, backlog)
+            or now_ms - last[2] >= self.heartbeat_ms
+        )
+
+    def wrote(self, records: list[MetricRecord]) -> None:
+        for r in records:
+            self.last[(r.address, r.subscription)] = (r.consumers, r.backlog, r.ts_ms)
+
+    def forget_except(self, entities: set[tuple[str, str]]) -> None:
+        """Drop what is no longer recorded here (a queue gone; consumers gone and said so)."""
+        for entity in set(self.last) - entities:
+            del self.last[entity]
+
+
 async def record_metrics(
     settings: BrokerSettings,
     store: RedisStore,
@@ -90,31 +119,43 @@ async def record_metrics(
     backlog: BacklogSnapshot,
     liveness: Liveness,
 ) -> None:
-    """Append one metric record per queue and subscription every interval (deltas + gauges).
+    """Append the interval's metric records (deltas + gauges) every interval, on a fixed cadence.
 
     Each replica writes the records of the entities it saw activity on or has consumers of; the
     live replica with the smallest id also writes one for every other queue and subscription
     in Redis, idle or not (a dead-letter queue nobody reads, a backlog nobody consumes), so each
-    appears every interval and only once for its idle part."""
+    appears and only once for its idle part. An entity with no activity whose backlog and
+    consumers are what this replica last wrote is written again only every heartbeat."""
     interval = settings.store.metrics_interval_seconds
+    figures = RecordedFigures(
+        int(max(settings.store.metrics_heartbeat_seconds, 0) * 1000), int(interval * 1000)
+    )
+    loop = asyncio.get_running_loop()
+    tick = loop.time()
     while True:
-        await asyncio.sleep(interval)
+        tick += interval
+        if tick < loop.time():  # fell behind by more than an interval: skip, do not burst
+            tick = loop.time() + interval
+        await asyncio.sleep(tick - loop.time())
         await backlog.refresh()  # the backlog at the end of the interval
         try:
             idle_too = await liveness.is_first_live()
         except StoreUnavailable:
             idle_too = False
         batch = metric_records(
-            broker, backlog, settings.replica_id, int(interval * 1000), idle_too=idle_too
-        )
+            broker, backlog, settings.replica_id, int(interval * 1000), idle_too=idle_too,
+            figures=figures,
+        )  # fmt: skip
         try:
             owners = await registry.declared_owners(store.client)  # resources declaring them
-            batch = [registry.labelled(record, owners) for record in batch]
+            labelled = [registry.labelled(record, owners) for record in batch]
             await store.upkeep.append_records(
-                [r.to_fields() for r in batch], settings.store.metrics_stream_length
+                [r.to_fields() for r in labelled], settings.store.metrics_stream_length
             )
         except StoreUnavailable as exc:
             logger.warning('%d metric records lost: %s', len(batch), exc)
+        else:
+            figures.wrote(batch)
 
 
 def metric_records(
@@ -124,9 +165,12 @@ def metric_records(
     interval_ms: int,
     *,
     idle_too: bool = False,
+    figures: RecordedFigures | None = None,
 ) -> list[MetricRecord]:
     """This replica's records for the interval: every entity with activity or consumers here,
-    and with IDLE_TOO every other queue and subscription the backlog snapshot knows."""
+    and with IDLE_TOO every other queue and subscription the backlog snapshot knows. With
+    FIGURES, a quiet entity is left out while its figures are those last written and its
+    heartbeat is not due; one whose consumers here left is written once more (0 consumers)."""
     tallies, latencies = broker.counters.take()
     consumers = {
         (sub.address, subscription_label(sub.group)): len(sub.consumers)
@@ -137,6 +181,15 @@ def metric_records(
     entities = set(tallies) | set(consumers) | set(latencies)
     if idle_too:
         entities |= set(backlogs)
+    if figures is not None:
+        left = {e for e, (n, _, _) in figures.last.items() if n > 0 and e not in consumers}
+        figures.forget_except(entities | left)
+        quiet = entities - set(tallies) - set(latencies)
+        entities -= {
+            e for e in quiet
+            if not figures.due(e, consumers.get(e, 0), backlogs.get(e, -1), now_ms)
+        }  # fmt: skip
+        entities |= left
     return [
         MetricRecord.of(
             ts_ms=now_ms,

@@ -3,9 +3,9 @@ Read-only introspection of what the cluster keeps in Redis, for the ``shoal`` CL
 
 The broker replicas hold no state of their own, so the only complete answer to "which addresses,
 queues, subscriptions and ClientIDs exist, and how much is waiting" is in Redis. This module
-reads it without touching anything: no scripts, no writes, no consumer-group reads, so it is safe
-against a live cluster. It lives in ``store/`` because only this package knows Redis and the key
-layout (every key comes from :mod:`shoal_broker.store.keys`).
+reads it without touching anything: no writes (its one script, ``backlog.lua``, only reads), no
+consumer-group reads, so it is safe against a live cluster. It lives in ``store/`` because only
+this package knows Redis and the key layout (every key comes from :mod:`shoal_broker.store.keys`).
 
 Backlog of a consumer group (a queue's, or a named subscription's on its topic) is counted per
 priority band stream from ``XINFO GROUPS``: ``lag`` (entries not yet handed to any replica) plus
@@ -15,22 +15,30 @@ reported as part of what is ``ready``, never added to the backlog a second time.
 stream or group counts as zero.
 """
 
+import asyncio
 import dataclasses
+import hashlib
 from collections.abc import Awaitable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.exceptions
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.jms_subscriptions import Scope
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import connect, keys, layout
+from shoal_broker.store import calls as calls_
+from shoal_broker.store import connect, keys, layout, scripts
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _PAGE = 1000
+_CLUSTER_CONCURRENCY = 32
+"""``backlog.lua`` calls in flight at once on a cluster (a pipeline elsewhere)."""
+_BACKLOG_SOURCE = scripts.source('backlog')
+_BACKLOG_SHA = hashlib.sha1(_BACKLOG_SOURCE.encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,6 +207,25 @@ class Inspector:
             for name, b, (consumers, delivered) in zip(names, found, per_replica, strict=True)
         ]
 
+    async def backlogs(
+        self, settled: set[str] | None = None
+    ) -> list[tuple[str, str, GroupBacklog]]:
+        """(address, group, backlog) of every queue (group ``QUEUE_GROUP``) and every named or
+        private subscription (its id): what the broker's gauges need, without the per-replica
+        detail ``queues`` and ``subscriptions`` add for the CLI. Adds to ``settled`` the streams
+        that had nothing to trim when read (none of their entries is consumed by every group)."""
+        queues = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
+        ids = await self._call(layout.subscription_ids(self._client))
+        pipe = self._client.pipeline(transaction=False)
+        for subscription_id in ids:
+            pipe.hget(keys.SubscriptionKeys.of(subscription_id).definition, 'topic')
+        topics = await self._call(pipe.execute()) if ids else []
+        groups = [(name, QUEUE_GROUP) for name in queues] + [
+            (_text(topic), sid) for sid, topic in zip(ids, topics, strict=True) if topic
+        ]  # a subscription without a definition: listed in the index only, or removed since
+        found = await self._backlogs(groups, settled)
+        return [(a, g, b) for (a, g), b in zip(groups, found, strict=True)]
+
     async def _per_replica(
         self, groups: list[tuple[str, str]]
     ) -> list[tuple[dict[str, int], dict[str, int]]]:
@@ -260,58 +287,77 @@ class Inspector:
             found.append(ClientInfo(client_id, replica, connection))
         return found
 
-    async def _backlogs(self, groups: list[tuple[str, str]]) -> list[GroupBacklog]:
-        """Backlog of each (address, group), in one pipeline (plus a walk where lag is unknown)."""
-        pipe = self._client.pipeline(transaction=False)
+    async def _backlogs(
+        self, groups: list[tuple[str, str]], settled: set[str] | None = None
+    ) -> list[GroupBacklog]:
+        """Backlog of each (address, group): one read-only ``backlog.lua`` call per address
+        (pipelined by ``_PAGE`` addresses; concurrent calls on a cluster, whose pipelines take no
+        scripts), plus a walk where Redis cannot tell the lag. Adds to ``settled`` the streams
+        with nothing to trim: empty, or a group of these has every entry still to read."""
+        by_address: dict[str, list[str]] = {}
         for address, group in groups:
-            k = keys.AddressKeys.of(address)
-            for stream in k.streams:
-                pipe.xinfo_groups(stream)
-            pipe.zcard(k.returned(group))
-        replies = await self._call(pipe.execute(raise_on_error=False))
+            by_address.setdefault(address, []).append(group)
+        addresses = list(by_address)
+        rows: dict[tuple[str, str], list[Any]] = {}
+        for first in range(0, len(addresses), _PAGE):
+            page = addresses[first : first + _PAGE]
+            replies = await self._backlog_calls([(a, by_address[a]) for a in page])
+            for address, reply in zip(page, replies, strict=True):
+                for group, row in zip(by_address[address], reply, strict=True):
+                    rows[(address, group)] = row
         found = []
-        per = len(keys.AddressKeys.of('').streams) + 1
-        for i, (address, group) in enumerate(groups):
-            k = keys.AddressKeys.of(address)
-            mine = replies[i * per : (i + 1) * per]
-            total = GroupBacklog(returned=_count(mine[-1]))
-            for stream, infos in zip(k.streams, mine[:-1], strict=True):
-                total += await self._stream_backlog(stream, group, infos)
+        for address, group in groups:
+            row = rows[(address, group)]
+            total = GroupBacklog(returned=int(row[6]))
+            for stream, (lag, pending, oldest), length in zip(
+                keys.AddressKeys.of(address).streams, (row[0:3], row[3:6]), row[7:9], strict=True
+            ):
+                lag = int(lag)
+                if settled is not None and (int(length) == 0 or lag == int(length)):
+                    settled.add(stream)
+                if lag < 0:  # Redis cannot tell (deleted entries in range): count them
+                    lag = await self._lag_of(stream, group)
+                total += GroupBacklog(
+                    lag=lag, pending=int(pending), oldest_ms=_entry_ms(oldest or None)
+                )
             found.append(total)
         return found
 
-    async def _stream_backlog(self, stream: str, group: str, infos: Any) -> GroupBacklog:
-        if isinstance(infos, Exception):
-            if isinstance(infos, redis.exceptions.ResponseError):
-                return GroupBacklog()  # no such stream
-            raise StoreUnavailable(f'Redis refused XINFO GROUPS: {infos}')
-        for info in infos:
-            if str(info.get('name')) != group:
-                continue
-            pending = int(info.get('pending') or 0)
-            lag = info.get('lag')
-            last_delivered = _text(info.get('last-delivered-id', '0-0'))
-            if lag is None:  # Redis cannot tell (deleted entries in range): count them
-                lag = await self._count_after(stream, last_delivered)
-            oldest = await self._oldest(stream, group, pending, int(lag), last_delivered)
-            return GroupBacklog(lag=int(lag), pending=pending, oldest_ms=oldest)
-        return GroupBacklog()
+    async def _backlog_calls(self, page: list[tuple[str, list[str]]]) -> list[Any]:
+        """``backlog.lua``'s reply for each (address, its groups), loading the script when
+        Redis does not know it (a restart, a failover, a new cluster node)."""
+        calls: list[tuple[int, list[str]]] = []  # (number of keys, keys and arguments)
+        for address, names in page:
+            k = keys.AddressKeys.of(address)
+            calls.append((2 + len(names), [*k.streams, *(k.returned(n) for n in names), *names]))
+        room = asyncio.Semaphore(_CLUSTER_CONCURRENCY)
 
-    async def _oldest(
-        self, stream: str, group: str, pending: int, lag: int, last_delivered: str
-    ) -> int | None:
-        """Entry time of the group's oldest unconsumed entry: the oldest pending one (handed out
-        before anything still undelivered), else the first after the last delivered."""
-        if pending:
-            summary = await self._call(self._client.xpending(stream, group))
-            return _entry_ms(summary.get('min')) if summary else None
-        if lag:
-            # entries hold binary message data: read them undecoded, only the id is used
-            first = await self._call(self._client.execute_command(  # type: ignore[no-untyped-call]
-                'XRANGE', stream, f'({last_delivered}', '+', 'COUNT', 1, NEVER_DECODE=True
-            ))  # fmt: skip
-            return _entry_ms(first[0][0]) if first else None
-        return None
+        async def one(numkeys: int, args: list[str]) -> Any:
+            async with room:
+                return await self._client.evalsha(_BACKLOG_SHA, numkeys, *args)
+
+        for attempt in (1, 2):
+            try:
+                if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
+                    return list(await self._call(asyncio.gather(*(one(n, a) for n, a in calls))))
+                pipe = self._client.pipeline(transaction=False)
+                for numkeys, args in calls:
+                    pipe.evalsha(_BACKLOG_SHA, numkeys, *args)
+                return list(await self._call(pipe.execute()))
+            except StoreUnavailable as exc:
+                if attempt == 2 or not isinstance(exc.__cause__, redis.exceptions.NoScriptError):
+                    raise
+                await calls_.on_every_primary(
+                    self._client,
+                    lambda c, **to: c.execute_command('SCRIPT', 'LOAD', _BACKLOG_SOURCE, **to),
+                )
+        raise AssertionError('unreachable')
+
+    async def _lag_of(self, stream: str, group: str) -> int:
+        for info in await self._call(self._client.xinfo_groups(stream)):
+            if _text(info.get('name')) == group:
+                return await self._count_after(stream, _text(info.get('last-delivered-id')))
+        return 0
 
     async def _count_after(self, stream: str, last_id: str) -> int:
         counted = 0

@@ -31,6 +31,10 @@ CLIENTS = f'{PREFIX}:clients'
 METRICS = f'{PREFIX}:metrics'
 """STREAM of metric records (``metrics/records.py``), bounded; read by the analytics job."""
 
+BACKLOGS = f'{PREFIX}:backlogs'
+"""STRING (JSON, expires) the backlog of every queue and subscription, as one replica last read it
+for all (``running/backlog.py``): the others read this one key instead of walking every stream."""
+
 ANALYTICS_SUMMARY = f'{PREFIX}:analytics:summary'
 """HASH the analytics job replaces after each analysis and the operator reads: ``v`` (schema),
 ``summary`` (``metrics.records.AnalyticsSummary`` as JSON)."""

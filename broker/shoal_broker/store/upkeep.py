@@ -7,7 +7,7 @@ reading Redis's memory, and the backlog limits of addresses (docs/security.md).
 """
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from typing import Any
 
 import redis.asyncio
@@ -53,15 +53,18 @@ class Upkeep:
         self._address_kind = address_kind
         self._announce = announce
 
-    async def trim(self) -> int:
+    async def trim(self, skip: Set[str] = frozenset()) -> int:
         """Trim every address's streams below what its subscriptions still need, in steps of at
         most TRIM_STEP_ENTRIES entries per script call (trim.lua), so that no call holds Redis
-        for long; a stream is trimmed again while its last step removed something."""
+        for long; a stream is trimmed again while its last step removed something. ``skip``:
+        streams known to hold nothing to trim (an idle cluster's are most of them)."""
         removed = 0
         cursor: int = 0
         while True:
             cursor, batch = await call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
-            streams = [s for a in batch for s in keys.AddressKeys.of(as_text(a)).streams]
+            streams = [
+                s for a in batch for s in keys.AddressKeys.of(as_text(a)).streams if s not in skip
+            ]
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
                     break
@@ -118,6 +121,16 @@ class Upkeep:
                 totals = keys.AddressKeys.of(fields['address']).delivered(group)
                 pipe.hincrby(totals, fields['replica'], delivered)
         await call(pipe.execute())
+
+    async def share_backlogs(self, snapshot: str, ttl_ms: int) -> None:
+        """Leave the backlog snapshot one replica read for all (``keys.BACKLOGS``); it expires
+        after ``ttl_ms``, so a gone reader's figures are never taken for current ones."""
+        await call(self._client.set(keys.BACKLOGS, snapshot, px=max(1, ttl_ms)))
+
+    async def shared_backlogs(self) -> str | None:
+        """The backlog snapshot another replica shared; None when there is none (or it expired)."""
+        found = await call(self._client.get(keys.BACKLOGS))
+        return None if found is None else as_text(found)
 
     async def memory(self) -> tuple[int, int]:
         """Redis's ``used_memory`` and ``maxmemory`` (0: no limit), in bytes; on a cluster,

@@ -1,0 +1,50 @@
+-- What the consumer groups of one address have not consumed yet: read only (run as EVALSHA_RO).
+--
+-- KEYS[1], KEYS[2] the address's streams (band 0, band 1); KEYS[2 + i] group i's returned-entries
+--   ZSET
+-- ARGV[i] group i's name
+-- One call per address replaces a round trip per stream, group and question (inspect.py).
+-- Returns per group {lag0, pending0, oldest0, lag1, pending1, oldest1, returned, length0,
+-- length1}: lag -1 when Redis cannot tell it (deleted entries in range: the caller counts them),
+-- oldest the id of the oldest unconsumed entry of that band ('' when none), length the band's
+-- XLEN (the same in every row). A missing stream or group counts as 0.
+local bands, lengths = {}, {}
+for b = 1, 2 do
+  local found = {}
+  lengths[b] = redis.call('XLEN', KEYS[b])
+  if lengths[b] > 0 then
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[b])) do
+      local info = {}
+      for j = 1, #g, 2 do info[g[j]] = g[j + 1] end
+      found[info['name']] = info
+    end
+  end
+  bands[b] = found
+end
+local out = {}
+for i, group in ipairs(ARGV) do
+  local row = {}
+  for b = 1, 2 do
+    local info = bands[b][group]
+    local lag, pending, oldest = 0, 0, ''
+    if info then
+      pending = tonumber(info['pending']) or 0
+      lag = info['lag'] and tonumber(info['lag']) or -1
+      if pending > 0 then
+        local summary = redis.call('XPENDING', KEYS[b], group)
+        oldest = summary[2] or ''
+      elseif lag ~= 0 then
+        local first = redis.call('XRANGE', KEYS[b], '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
+        if first[1] then oldest = first[1][1] end
+      end
+    end
+    row[#row + 1] = lag
+    row[#row + 1] = pending
+    row[#row + 1] = oldest
+  end
+  row[#row + 1] = redis.call('ZCARD', KEYS[2 + i])
+  row[#row + 1] = lengths[1]
+  row[#row + 1] = lengths[2]
+  out[i] = row
+end
+return out
