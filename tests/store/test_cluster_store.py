@@ -17,7 +17,8 @@ from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
-from shoal_broker.store.commits import MARKER_GRACE_SECONDS, SWEEP_PIPELINE_COMMANDS
+from shoal_broker.store.commit_nodes import SWEEP_PIPELINE_COMMANDS
+from shoal_broker.store.commits import MARKER_GRACE_SECONDS
 from shoal_broker.store.declarations import Provisioned, Removal, SubscriptionDeclaration
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.registry import Registry

@@ -14,7 +14,8 @@ from redisclusters import ClusterGroup
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys, scripts
-from shoal_broker.store.commits import ClusterNodes, CommitLog, plan, spans_slots
+from shoal_broker.store.commit_nodes import ClusterNodes
+from shoal_broker.store.commits import CommitLog, plan, spans_slots
 from shoal_broker.store.notifications import PoolFor
 
 GROUP = QUEUE_GROUP

@@ -30,8 +30,8 @@ nothing of it is applied.
 
 Redis refusals that mean nothing ran (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``: a slot
 moving, a failover) are retried on a fresh slot map until ``settle_seconds``. This module works
-on one plain connection per node (``NodeClients``); on a standalone Redis ``SingleNode`` is that
-one server, where the store keeps its single ``MULTI`` instead.
+on one plain connection per node (``commit_nodes.NodeClients``); on a standalone Redis
+``SingleNode`` is that one server, where the store keeps its single ``MULTI`` instead.
 """
 
 import asyncio
@@ -42,7 +42,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio
 import redis.asyncio.cluster
@@ -52,8 +52,8 @@ from redis.crc import key_slot
 from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.routing.storage import Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import connect, keys, scripts
-from shoal_broker.store.calls import CLUSTER_CALLS_IN_FLIGHT
+from shoal_broker.store import keys, scripts
+from shoal_broker.store.commit_nodes import NOTHING_RAN, Batch, ClusterNodes, NodeClients
 from shoal_broker.store.lane import CONNECTION_ERRORS
 
 R = TypeVar('R')
@@ -71,19 +71,6 @@ SETTLE_PAUSES = (0.5, 1.0, 2.0, 5.0)
 
 MARKER_GRACE_SECONDS = 600.0
 """How long an address remembers a commit applied to it after the commit's record is gone."""
-
-SWEEP_PIPELINE_COMMANDS = 1000
-"""Commands per pipeline of the marker sweep: a page of 10 000 addresses is a few pipelines per
-node (an ``HGETALL`` of an address without markers is tens of bytes of reply)."""
-
-_NOTHING_RAN = (
-    redis.exceptions.MovedError,  # AskError and TryAgainError are ResponseErrors of their own
-    redis.exceptions.AskError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.ReadOnlyError,
-)
-"""Replies refusing a command before it ran: retried once the slot map is asked again."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,59 +147,6 @@ def unpack(blob: bytes) -> list[bytes]:
 
 def bucket_of(commit_id: str) -> int:
     return zlib.crc32(commit_id.encode()) % keys.COMMIT_BUCKETS
-
-
-class NodeClients(Protocol):
-    """A plain client of the primary serving a key's slot, and a way to ask for the map again."""
-
-    def for_key(self, key: str) -> 'redis.asyncio.Redis': ...
-
-    async def refresh(self) -> None: ...
-
-
-class SingleNode:
-    """One server holds every slot (standalone, Sentinel)."""
-
-    def __init__(self, client: 'redis.asyncio.Redis') -> None:
-        self._client = client
-
-    def for_key(self, key: str) -> 'redis.asyncio.Redis':
-        return self._client
-
-    async def refresh(self) -> None:
-        return None
-
-
-class ClusterNodes:
-    """One plain client per primary of a cluster, built by ``pool_for(host, port)``
-    (``connect.node_pool``), found through the cluster client's slot map."""
-
-    def __init__(
-        self,
-        cluster: 'redis.asyncio.cluster.RedisCluster',
-        pool_for: Callable[[str, int], 'redis.asyncio.ConnectionPool'],
-    ) -> None:
-        self._cluster = cluster
-        self._pool_for = pool_for
-        self._clients: dict[str, redis.asyncio.Redis] = {}
-
-    def for_key(self, key: str) -> 'redis.asyncio.Redis':
-        node = self._cluster.get_node_from_key(key)
-        if node is None:
-            raise redis.exceptions.ClusterDownError(f'no primary serves {key!r}')
-        client = self._clients.get(node.name)
-        if client is None:
-            pool = self._pool_for(node.host, int(node.port))
-            client = self._clients[node.name] = redis.asyncio.Redis.from_pool(pool)
-        return client
-
-    async def refresh(self) -> None:
-        await connect.refresh_slot_map(self._cluster)
-
-    async def aclose(self) -> None:
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
-            await client.aclose()
 
 
 class CommitLog:
@@ -301,7 +235,7 @@ class CommitLog:
             _, confirmed = await self._on_slot(
                 key, lambda c: self._run(c, 'commit_record', (key, index), fields)
             )
-        except (*CONNECTION_ERRORS, *_NOTHING_RAN) as exc:
+        except (*CONNECTION_ERRORS, *NOTHING_RAN) as exc:
             await self._roll_back(key, index, parts, exc)
             raise StoreUnavailable(f'the commit was rolled back: {exc}') from exc
         except BaseException:
@@ -355,9 +289,9 @@ class CommitLog:
         gone (the trimmer's call, a page of addresses at a time); returns how many went.
 
         Each step (read the markers, ask whether their records exist, delete the stale ones) is
-        a pipeline per node and ``SWEEP_PIPELINE_COMMANDS`` commands, at most
-        ``CLUSTER_CALLS_IN_FLIGHT`` of them at once (``_Batch``), so 10 000 addresses cost a few
-        round trips per node, not 10 000 in a row."""
+        a ``commit_nodes.Batch``: pipelines per node of ``SWEEP_PIPELINE_COMMANDS`` commands, at
+        most ``CLUSTER_CALLS_IN_FLIGHT`` at once, so 10 000 addresses cost a few round trips per
+        node, not 10 000 in a row."""
         if not addresses:
             return 0
         markers = [keys.AddressKeys.of(address).commit_markers for address in addresses]
@@ -383,10 +317,10 @@ class CommitLog:
 
     async def _batched(self, commands: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         """The replies of ``(key, command)`` pairs, each command on its key's slot and harmless
-        to run twice (``_Batch``). What Redis refused before running it, and what a lost
+        to run twice (``commit_nodes.Batch``). What Redis refused before running it, and what a lost
         connection left unanswered, goes again on a fresh slot map until ``settle_seconds``;
         any other error reply fails the call."""
-        batch = _Batch(self._nodes, commands)
+        batch = Batch(self._nodes, commands)
         todo = list(range(len(commands)))
         deadline = time.monotonic() + self._settle_seconds
         while True:
@@ -438,7 +372,7 @@ class CommitLog:
         while True:
             try:
                 return await call(self._nodes.for_key(key))
-            except _NOTHING_RAN:
+            except NOTHING_RAN:
                 if time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
@@ -450,7 +384,7 @@ class CommitLog:
         while True:
             try:
                 return await self._on_slot(key, call)
-            except (*CONNECTION_ERRORS, *_NOTHING_RAN) as exc:
+            except (*CONNECTION_ERRORS, *NOTHING_RAN) as exc:
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
@@ -523,60 +457,3 @@ class CommitLog:
     def _index_of(record: str) -> str:
         tag, _, _ = record.partition('}:commit:')
         return f'{tag}}}:commits'
-
-
-class _Batch:
-    """Commands each on one key's slot, sent as one pipeline per node and
-    ``SWEEP_PIPELINE_COMMANDS``, at most ``CLUSTER_CALLS_IN_FLIGHT`` pipelines at once."""
-
-    def __init__(self, nodes: NodeClients, commands: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
-        self._nodes = nodes
-        self._commands = commands
-        self._room = asyncio.Semaphore(CLUSTER_CALLS_IN_FLIGHT)
-        self.replies: list[Any] = [None] * len(commands)
-        self.refusals: list[BaseException] = []
-        """What made a command go again: a refusal before it ran, a lost connection."""
-        self.failures: list[Exception] = []
-        """Error replies of any other kind."""
-
-    async def send(self, todo: list[int]) -> list[int]:
-        """Send the commands numbered ``todo``; returns those to send again, in order."""
-        by_node: dict[int, tuple[redis.asyncio.Redis, list[int]]] = {}
-        again: list[int] = []
-        for i in todo:
-            try:
-                client = self._nodes.for_key(self._commands[i][0])
-            except _NOTHING_RAN as exc:  # no primary serves the slot now
-                self.refusals.append(exc)
-                again.append(i)
-                continue
-            by_node.setdefault(id(client), (client, []))[1].append(i)
-        pipelines = [
-            self._pipeline(client, mine[start : start + SWEEP_PIPELINE_COMMANDS])
-            for client, mine in by_node.values()
-            for start in range(0, len(mine), SWEEP_PIPELINE_COMMANDS)
-        ]
-        for unanswered in await asyncio.gather(*pipelines):
-            again += unanswered
-        return sorted(again)
-
-    async def _pipeline(self, client: 'redis.asyncio.Redis', chunk: list[int]) -> list[int]:
-        async with self._room:
-            pipe = client.pipeline(transaction=False)
-            for i in chunk:
-                pipe.execute_command(*self._commands[i][1])
-            try:
-                replies = await pipe.execute(raise_on_error=False)
-            except (*CONNECTION_ERRORS, *_NOTHING_RAN) as exc:
-                self.refusals.append(exc)
-                return chunk
-        again = []
-        for i, reply in zip(chunk, replies, strict=True):
-            if isinstance(reply, _NOTHING_RAN):
-                self.refusals.append(reply)
-                again.append(i)
-            elif isinstance(reply, Exception):
-                self.failures.append(reply)
-            else:
-                self.replies[i] = reply
-        return again

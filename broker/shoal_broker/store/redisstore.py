@@ -24,7 +24,8 @@ from shoal_broker.store import connect, keys, layout
 from shoal_broker.store.addresses import AddressRegistry
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import REDIS_DOWN, Scripts, as_text, call, on_every_primary
-from shoal_broker.store.commits import ClusterNodes, CommitLog
+from shoal_broker.store.commit_nodes import ClusterNodes
+from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.cycles import PIPELINES_IN_FLIGHT, Cycles
 from shoal_broker.store.lanes import ClusterLanes
 from shoal_broker.store.messages import Messages
