@@ -31,6 +31,7 @@ from shoal_broker.metrics.registry import (
     register_counters,
     register_gauges,
 )
+from shoal_broker.routing.storage import UpkeepPort
 from shoal_broker.running import chores
 from shoal_broker.running.backlog import BacklogSnapshot
 from shoal_broker.running.listeners import LISTEN_BACKLOG, listen_tls, split_host_port
@@ -105,7 +106,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     store.upkeep.limit_backlog(
         settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
     )
-    await _check_memory_watch(store, settings.security.redis_memory_high_watermark)
+    await _check_memory_watch(store.upkeep, settings.security.redis_memory_high_watermark)
     token = uuid.uuid4().hex
     liveness = Liveness(store, settings.replica_id, token, settings.store.lease_seconds)
     await liveness.join()
@@ -156,7 +157,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         'scheduled': lambda: chores.release_scheduled(store),
         'policies': lambda: chores.refresh_policies_forever(store, broker),
         'backlog': lambda: backlog.refresh_forever(),
-        'store_memory': lambda: broker.guard.watch_store_memory(store),
+        'store_memory': lambda: broker.guard.watch_store_memory(store.upkeep),
     }
     if settings.store.metrics_interval_seconds > 0:
         tasks['metric_records'] = lambda: record_metrics(settings, store, broker, backlog, liveness)
@@ -194,13 +195,13 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     return 0
 
 
-async def _check_memory_watch(store: RedisStore, watermark: float) -> None:
+async def _check_memory_watch(upkeep: UpkeepPort, watermark: float) -> None:
     """Refuse to start when the Redis account cannot sample memory while a watermark is asked
     for: the broker would otherwise accept messages until Redis's own maxmemory."""
     if watermark <= 0:
         return
     try:
-        await store.upkeep.memory()
+        await upkeep.memory()
     except StoreCommandDenied as exc:
         raise StoreCommandDenied(
             exc.command,

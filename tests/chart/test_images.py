@@ -15,7 +15,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from chartrender import ROOT, container, one, render
+import yaml
+from chartrender import CHART_DIR, ROOT, container, one, render
+
+from shoal_analytics.params import AnalysisParams
+from shoal_broker.settings import BrokerSettings
 
 DOCKER = ROOT / 'docker'
 # contracts.md: image → (extras, console scripts it must provide)
@@ -177,6 +181,24 @@ def test_job_script_runs_ingest_then_analyze_with_the_contracted_options() -> No
     ]  # fmt: skip
     with pytest.raises(job.JobError, match='SHOAL_ANALYTICS_LAKE'):
         job.steps({'SHOAL_REDIS_URL': 'redis://r:6379/0'})
+
+
+def test_the_jobs_windows_hold_a_quiet_entitys_record_at_the_brokers_default_heartbeat() -> None:
+    """A broker writes the record of a quiet entity only every heartbeat, and an analysis needs
+    one in every window: the heartbeat must be at most half the window. The chart's job passes
+    no window, so it analyses the default one; the brokers' default heartbeat fits it, and the
+    CRD the chart installs names that window to whoever sets ``metricsHeartbeatSeconds``."""
+    job = load_job_module()
+    environment = {'SHOAL_REDIS_URL': 'redis://r:6379/0', 'SHOAL_ANALYTICS_LAKE': '/lake'}
+    for step in job.steps(environment):
+        assert '--window-seconds' not in step
+    window = AnalysisParams().window_seconds
+    assert BrokerSettings().store.metrics_heartbeat_seconds <= window / 2
+    crd = yaml.safe_load((CHART_DIR / 'crds/shoal.dev_brokerclusters.yaml').read_text())
+    [version] = crd['spec']['versions']
+    spec = version['schema']['openAPIV3Schema']['properties']['spec']
+    heartbeat = spec['properties']['broker']['properties']['metricsHeartbeatSeconds']
+    assert f"{window} s for the chart's job: at most {window // 2}" in heartbeat['description']
 
 
 def test_job_script_analyzes_only_once_records_landed(tmp_path: Path) -> None:

@@ -92,6 +92,12 @@ def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> No
     (queue(retention={'maxMessages': 3, 'overflow': 'DropNewest'}), "'DropNewest' is not one of"),
     (queue(retention={'overflow': 'DropOldest'}), 'overflow needs maxMessages'),
     (queue(delivery={'maxDeliveryAttempts': 1001}), '1001 is greater than the maximum of 1000'),
+    (cluster(auth={'allowAnonymous': True}, broker={'metricsHeartbeatSeconds': -1}),
+     '-1 is less than the minimum of 0'),
+    (cluster(auth={'allowAnonymous': True}, broker={'metricsHeartbeatSeconds': 3601}),
+     '3601 is greater than the maximum of 3600'),
+    (cluster(auth={'allowAnonymous': True}, broker={'metricsHeartbeatSeconds': '30s'}),
+     "'30s' is not of type 'integer'"),
 ])  # fmt: skip
 def test_invalid_resources_are_rejected_with_their_message(doc: dict[str, Any], message: str
                                                            ) -> None:  # fmt: skip
@@ -145,3 +151,25 @@ def test_a_cluster_defaults_to_no_anonymous_clients_and_no_client_certificates()
     spec = defaulted(schema, cluster(tls={'secretName': 't'}))['spec']
     assert spec['auth'] == {'allowAnonymous': False}
     assert spec['tls']['clientAuth'] == 'None'
+
+
+@pytest.mark.parametrize('metrics', [
+    {'metricsHeartbeatSeconds': 30},
+    {'metricsHeartbeatSeconds': 0},
+    {'metricsIntervalSeconds': 60, 'metricsHeartbeatSeconds': 10},
+    {'metricsIntervalSeconds': 10, 'metricsHeartbeatSeconds': 3600},
+], ids=['default', 'every-interval', 'below-the-interval', 'hourly'])  # fmt: skip
+def test_any_heartbeat_within_bounds_is_accepted_whatever_the_interval(
+    metrics: dict[str, int],
+) -> None:
+    """The broker writes a record every interval when the heartbeat is at or below it, so no
+    rule orders the two."""
+    assert validate(cluster(auth={'allowAnonymous': True}, broker=metrics)) == []
+
+
+def test_a_stored_cluster_gains_no_metrics_setting_from_the_schema() -> None:
+    """No default: the API server adds nothing to clusters stored before the field, so their
+    ConfigMap and pod template stay as they were and the brokers keep their own defaults."""
+    stored = cluster(auth={'allowAnonymous': True}, broker={'metricsIntervalSeconds': 10})
+    spec = defaulted(schema_of('BrokerCluster'), stored)['spec']
+    assert spec['broker'] == {'metricsIntervalSeconds': 10}

@@ -107,6 +107,40 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
     assert denying[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] == 'true'
 
 
+def test_the_metrics_interval_and_heartbeat_reach_the_brokers_settings() -> None:
+    data = config.configmap(
+        model(broker={'metricsIntervalSeconds': 5, 'metricsHeartbeatSeconds': 20})
+    )['data']
+    assert data[broker.ENV_METRICS_INTERVAL] == '5'
+    assert data[broker.ENV_METRICS_HEARTBEAT] == '20'
+    store = broker.BrokerSettings.from_env(data).store
+    assert (store.metrics_interval_seconds, store.metrics_heartbeat_seconds) == (5.0, 20.0)
+    # unset, the brokers keep their own default: the ConfigMap names no heartbeat
+    unset = config.configmap(model(broker={'metricsIntervalSeconds': 5}))['data']
+    assert broker.ENV_METRICS_HEARTBEAT not in unset
+    default = broker.BrokerSettings().store.metrics_heartbeat_seconds
+    assert broker.BrokerSettings.from_env(unset).store.metrics_heartbeat_seconds == default
+
+
+def test_a_cluster_written_before_a_setting_existed_keeps_its_configmap_and_pod_template() -> None:
+    """Upgrading the operator must not roll the pods of existing clusters: a spec that does
+    not name a newer setting renders the ConfigMap, and so the pod template's checksum, it
+    rendered before that setting existed (the digest below is the one those releases wrote)."""
+    earlier = model(broker={'metricsIntervalSeconds': 10, 'logLevel': 'INFO'})
+    assert config.settings_env(earlier) == {
+        broker.ENV_LISTEN: '0.0.0.0:5672',
+        broker.ENV_HTTP: '0.0.0.0:8080',
+        broker.ENV_DURABILITY: 'memory',
+        broker.ENV_LOG_FORMAT: 'json',
+        broker.ENV_SHUTDOWN_GRACE: '20',
+        broker.ENV_METRICS_INTERVAL: '10',
+        broker.ENV_LOG_LEVEL: 'INFO',
+    }
+    assert template_checksum(earlier) == (
+        '798b8e34b923bf69d566ed9691e4da66331a11dc0a56e7432aa303ea64c04ae3'
+    )
+
+
 def template_checksum(cluster: BrokerCluster) -> str:
     checksum: str = workload.deployment(cluster)['spec']['template']['metadata']['annotations'][
         config.CONFIG_CHECKSUM
@@ -128,6 +162,7 @@ def test_the_pod_template_changes_with_the_broker_settings_and_only_with_them() 
     changed = [
         model(broker={**settings, 'logLevel': 'INFO'}),
         model(broker={**settings, 'maxDeliveryAttempts': 6}),
+        model(broker={**settings, 'metricsHeartbeatSeconds': 20}),
         model(broker={key: v for key, v in settings.items() if key != 'autoCreateTopics'}),
         model(broker=settings, durability='fsync'),
         model(broker=settings, subscriptions={'undeclared': 'Deny'}),

@@ -1,7 +1,8 @@
 """The operator against kmock and a real Redis: a change of a BrokerCluster's ``spec.broker``
-reaches the ConfigMap and rolls the pods (the pod template's config checksum changes); scaling
-and the periodic drift check leave the template alone. Labels and annotations removed from
-``spec.podTemplate`` leave the Deployment; those others put there stay."""
+(a setting changed, one dropped, one added) reaches the ConfigMap and rolls the pods (the pod
+template's config checksum changes); scaling and the periodic drift check leave the template
+alone. Labels and annotations removed from ``spec.podTemplate`` leave the Deployment; those
+others put there stay."""
 
 from typing import Any
 
@@ -37,10 +38,13 @@ async def test_a_settings_change_rolls_the_pods_and_nothing_else_does(
     )
     first = await operator.eventually(lambda: deployment(operator), 'the Deployment')
     before = checksum(first)
+    created = await operator.get('configmaps', 'shoal-config', api_version='v1') or {}
+    assert broker.ENV_METRICS_HEARTBEAT not in created['data']  # unset: the broker's default
 
     await operator.patch(
         'brokerclusters', 'shoal',
-        {'spec': {'broker': {'logLevel': 'INFO', 'maxDeliveryAttempts': None}}},
+        {'spec': {'broker': {'logLevel': 'INFO', 'maxDeliveryAttempts': None,
+                             'metricsHeartbeatSeconds': 20}}},
     )  # fmt: skip
 
     async def rolled() -> dict[str, Any] | None:
@@ -51,6 +55,7 @@ async def test_a_settings_change_rolls_the_pods_and_nothing_else_does(
     configmap = await operator.get('configmaps', 'shoal-config', api_version='v1') or {}
     assert configmap['data'][broker.ENV_LOG_LEVEL] == 'INFO'
     assert broker.ENV_MAX_DELIVERY_ATTEMPTS not in configmap['data']  # a dropped setting goes
+    assert configmap['data'][broker.ENV_METRICS_HEARTBEAT] == '20'
     body = await operator.eventually(lambda: settled(operator), 'the update reconciled')
     assert checksum(changed) == config.config_checksum(
         BrokerCluster.from_body(body, default_image='shoal:test')

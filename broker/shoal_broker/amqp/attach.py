@@ -282,7 +282,9 @@ async def _subscribe(
     )
     if spec is None:
         consumer.group = f'nd:{parts.settings.replica_id}:{consumer.conn.id}:{parts.next_serial()}'
-        await parts.guard.check_subscription_room(parts.store, consumer.address, consumer.group)
+        await parts.guard.check_subscription_room(
+            parts.store.registry, consumer.address, consumer.group
+        )
         consumer.owned_group = True
         await parts.store.registry.create_subscription(
             consumer.address, consumer.group, from_start=False
@@ -298,7 +300,7 @@ async def _subscribe(
     ):
         metrics.AUTHORIZATION_FAILURES.labels(Operation.MANAGE).inc()
         raise denied  # creating a durable subscription needs manage; joining one, consume
-    await parts.guard.check_subscription_room(parts.store, consumer.address, spec.key.id)
+    await parts.guard.check_subscription_room(parts.store.registry, consumer.address, spec.key.id)
     consumer.named = spec.key
     consumer.group = spec.key.id
     consumer.consumer_key = (

@@ -32,7 +32,7 @@ from shoal_broker.settings import SecuritySettings
 
 if TYPE_CHECKING:
     from shoal_broker.amqp.connection import AmqpConnection
-    from shoal_broker.routing.storage import MessageStore
+    from shoal_broker.routing.storage import RegistryPort, UpkeepPort
 
 MEMORY_SAMPLE_SECONDS = 0.5
 STORE_MEMORY_SAMPLE_SECONDS = 0.1
@@ -228,12 +228,12 @@ class Guard:
         return ResourceLimitExceeded(f'a session may have at most {limit} links')
 
     async def check_subscription_room(
-        self, store: 'MessageStore', address: str, group: str
+        self, registry: 'RegistryPort', address: str, group: str
     ) -> None:
         """Refuse a subscription that would exceed ``max_subscriptions_per_topic``. Checked, not
         reserved: attaches racing on several replicas may pass it together."""
         limit = self.settings.max_subscriptions_per_topic
-        if limit and not await store.registry.subscription_room(address, group, limit):
+        if limit and not await registry.subscription_room(address, group, limit):
             raise ResourceLimitExceeded(f'topic {address!r} has its limit of {limit} subscriptions')
 
     def check_creation_room(self, user: str) -> None:
@@ -275,7 +275,7 @@ class Guard:
 
         sample()
 
-    async def watch_store_memory(self, store: 'MessageStore') -> None:
+    async def watch_store_memory(self, upkeep: 'UpkeepPort') -> None:
         """Refuse publishes while Redis is above its high watermark (runs until cancelled)."""
         watermark = self.settings.redis_memory_high_watermark
         if watermark <= 0:
@@ -283,7 +283,7 @@ class Guard:
         failing = False
         while True:
             try:
-                used, limit = await store.upkeep.memory()
+                used, limit = await upkeep.memory()
             except BrokerError as exc:
                 BACKGROUND_FAILURES.labels('store_memory').inc()
                 if isinstance(exc, StoreCommandDenied):

@@ -23,6 +23,7 @@ _SETTINGS = {
     'deliverAhead': broker.ENV_DELIVER_AHEAD,
     'idleTimeoutSeconds': broker.ENV_IDLE_TIMEOUT,
     'metricsIntervalSeconds': broker.ENV_METRICS_INTERVAL,
+    'metricsHeartbeatSeconds': broker.ENV_METRICS_HEARTBEAT,
     'logLevel': broker.ENV_LOG_LEVEL,
 }
 """BrokerCluster ``spec.broker`` field -> the broker's environment variable."""
