@@ -6,9 +6,15 @@ A proxy between the broker and Redis (``execcut.ExecCutter``) catches the commit
 
 - it lets it run, sees in Redis that the transaction's sends landed, then resets the connection
   before the reply gets back: the client must not be told "rolled back" (it would do its work
-  again, its sends twice), and each message is on its queue exactly once, nothing lost;
+  again, its sends twice), and each message is on its queue exactly once, nothing lost (in
+  ``memory`` durability, and in ``replicated`` with a replica confirming it);
+- it does the same and also keeps Redis out of the broker's reach for longer than the broker
+  asks (its settle time): the connection closes unanswered, and once Redis is back the broker
+  learns the commit was applied and keeps its acks;
 - it resets the connection just before the ``EXEC`` reaches Redis: nothing ran, the answer is
   "rolled back" and the acknowledged message comes back.
+
+And a commit nothing breaks, in ``replicated`` durability: confirmed, answered committed.
 """
 
 import threading
@@ -19,7 +25,7 @@ import pytest
 import redis
 from amqpclient import connect, receiver, send_all, sender
 from execcut import ExecCutter
-from processes import BrokerProcess, RedisServer, wait_for
+from processes import LOOPBACK, BrokerProcess, RedisServer, wait_for
 from proton import ConnectionException, Delivery, Timeout
 from proton.utils import BlockingConnection
 from txnclient import Controller, accept_in, send_in
@@ -32,21 +38,44 @@ MOVED = ('moved-1', 'moved-2')
 """What the transaction sends to the target."""
 QUIET_SECONDS = 2.0
 """A queue is drained once nothing comes for this long."""
+OUT_OF_REACH_SECONDS = 7.0
+"""Longer than the broker asks for a lost commit's marker before it gives up (5 s)."""
 
 
 @pytest.fixture
-def cut_broker() -> Iterator[tuple[RedisServer, ExecCutter, BrokerProcess]]:
+def cut_broker(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[RedisServer, ExecCutter, BrokerProcess]]:
+    """A broker reaching its Redis through the cutter; ``replicated`` (indirect parameter): in
+    that durability, the Redis with a replica of its own."""
+    durability = getattr(request, 'param', 'memory')
     server = RedisServer()
+    replica = None
     cutter = ExecCutter(server.port)
     broker = None
     try:
-        broker = BrokerProcess(cutter.url)
+        if durability == 'replicated':
+            replica = RedisServer(None, '--replicaof', LOOPBACK, str(server.port))
+            wait_for(lambda: _linked(replica), 10, 'the replica linked to its primary')
+        broker = BrokerProcess(cutter.url, env={'SHOAL_DURABILITY': durability})
         yield server, cutter, broker
     finally:
         if broker is not None:
             broker.stop()
         cutter.close()
+        if replica is not None:
+            replica.stop()
         server.stop()
+
+
+def _linked(replica: RedisServer) -> bool:
+    client = redis.Redis.from_url(replica.url, socket_timeout=1)
+    try:
+        return client.info('replication').get('master_link_status') == 'up'
+    except redis.exceptions.RedisError:
+        return False
+    finally:
+        client.close()
 
 
 def _drain(conn: BlockingConnection, name: str) -> list[object]:
@@ -70,12 +99,12 @@ def _commit_caught(
     source: str,
     target: str,
     *,
-    run: bool,
+    run: bool | None,
     while_caught: threading.Thread | None = None,
 ) -> tuple[object, Delivery | None]:
     """Take the source's first message and send ``MOVED`` to the target in one transaction,
-    its ``EXEC`` caught; returns the message taken and the discharge's answer (None: the
-    connection closed unanswered)."""
+    its ``EXEC`` caught unless ``run`` is None; returns the message taken and the discharge's
+    answer (None: the connection closed unanswered)."""
     conn = connect(broker.url)
     try:
         control = Controller(conn)
@@ -86,7 +115,8 @@ def _commit_caught(
         accept_in(rcv, txn)
         for moved in MOVED:
             send_in(conn, snd, txn, moved)
-        cutter.arm(run=run)
+        if run is not None:
+            cutter.arm(run=run)
         if while_caught is not None:
             while_caught.start()
         try:
@@ -99,11 +129,15 @@ def _commit_caught(
         conn.close()
 
 
-@pytest.mark.timeout(60)
-def test_a_commit_whose_exec_reply_is_lost_is_not_answered_rolled_back(
-    cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
-) -> None:
-    server, cutter, broker = cut_broker
+def _lose_the_reply(
+    server: RedisServer,
+    cutter: ExecCutter,
+    broker: BrokerProcess,
+    address: str,
+    out_of_reach: float,
+) -> Delivery | None:
+    """Commit a transaction whose EXEC runs and whose reply is lost; assert that each message
+    is on its queue once and nothing lost; returns the discharge's answer."""
     source, target = f'{address}-in', f'{address}-out'
     before = [f'{address}-{n}' for n in range(EARLIER)]
     conn = connect(broker.url)
@@ -120,7 +154,7 @@ def test_a_commit_whose_exec_reply_is_lost_is_not_answered_rolled_back(
             wait_for(lambda: direct.xlen(stream) == len(MOVED), 10, 'the EXEC applied')
             landed['applied'] = True
         finally:
-            cutter.cut()
+            cutter.cut(out_of_reach)
 
     try:
         taken, answer = _commit_caught(
@@ -133,6 +167,8 @@ def test_a_commit_whose_exec_reply_is_lost_is_not_answered_rolled_back(
     assert answer is None or answer.remote_state == Delivery.ACCEPTED, (
         f'a commit applied in Redis was answered {answer.remote_state}: {answer.remote.condition}'
     )
+    if answer is None:
+        wait_for(lambda: 'a commit in doubt is' in broker.log(), 30, 'the outcome learnt')
     conn = connect(broker.url)
     try:
         moved, back = _drain(conn, target), _drain(conn, source)
@@ -141,6 +177,29 @@ def test_a_commit_whose_exec_reply_is_lost_is_not_answered_rolled_back(
     assert sorted(moved, key=str) == sorted(MOVED), f'not each once: {moved}'
     assert taken == before[0]
     assert sorted(back, key=str) == sorted(before[1:], key=str), f'lost or back: {back}'
+    return answer
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('cut_broker', ['memory', 'replicated'], indirect=True)
+def test_a_commit_whose_exec_reply_is_lost_is_not_answered_rolled_back(
+    cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
+) -> None:
+    answer = _lose_the_reply(*cut_broker, address, out_of_reach=0.0)
+    assert answer is not None, 'the discharge was not answered'
+    assert answer.remote_state == Delivery.ACCEPTED, answer.remote_state
+    assert 'a commit whose reply was lost is found applied' in cut_broker[2].log()
+
+
+@pytest.mark.timeout(90)
+def test_a_lost_exec_reply_with_redis_out_of_reach_closes_the_connection_unanswered(
+    cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
+) -> None:
+    broker = cut_broker[2]
+    answer = _lose_the_reply(*cut_broker, address, out_of_reach=OUT_OF_REACH_SECONDS)
+    assert answer is None, f'the discharge was answered: {answer.remote_state}'
+    assert 'transaction outcome unknown' in broker.log()
+    assert 'a commit in doubt is applied after all' in broker.log()
 
 
 @pytest.mark.timeout(60)
@@ -165,3 +224,24 @@ def test_a_commit_cut_before_its_exec_ran_is_rolled_back_and_returns_its_acks(
         conn.close()
     assert moved == [], f'a rolled back send is there: {moved}'
     assert sorted(back, key=str) == sorted(before, key=str), f'lost: {back}, sent {before}'
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('cut_broker', ['replicated'], indirect=True)
+def test_a_replicated_commit_confirmed_by_its_replica_is_answered_committed(
+    cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
+) -> None:
+    _, cutter, broker = cut_broker
+    source, target = f'{address}-in', f'{address}-out'
+    conn = connect(broker.url)
+    send_all(conn, source, ['first'])
+    conn.close()
+    taken, answer = _commit_caught(broker, cutter, source, target, run=None)
+    assert answer is not None, 'the discharge was not answered'
+    assert answer.remote_state == Delivery.ACCEPTED, answer.remote.condition
+    conn = connect(broker.url)
+    try:
+        moved, back = _drain(conn, target), _drain(conn, source)
+    finally:
+        conn.close()
+    assert (taken, sorted(moved, key=str), back) == ('first', sorted(MOVED), [])

@@ -7,13 +7,14 @@ test checks in Redis itself that it ran, then ``cut()`` resets that connection (
 as when Redis or the network dies right after applying it). Armed with ``arm(run=False)``, the
 connection is reset just before the ``EXEC`` reaches Redis, which then drops the queued
 ``MULTI``: nothing of it ran. Every other connection, and every one opened after the cut, goes
-through unchanged.
+through unchanged, unless ``cut`` also puts Redis out of reach for a while.
 """
 
 import contextlib
 import socket
 import struct
 import threading
+import time
 
 from processes import LOOPBACK
 
@@ -51,6 +52,7 @@ class ExecCutter:
         self._armed: bool | None = None
         self._caught: _Link | None = None
         self._links: list[_Link] = []
+        self._refusing_until = 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -62,12 +64,18 @@ class ExecCutter:
         with self._lock:
             self._armed = run
 
-    def cut(self) -> None:
-        """Reset the connection whose ``EXEC`` ran (its reply never got back)."""
+    def cut(self, out_of_reach: float = 0.0) -> None:
+        """Reset the connection whose ``EXEC`` ran (its reply never got back); with
+        ``out_of_reach``, reset every connection as well and turn new ones away for that many
+        seconds (Redis gone for a while)."""
         with self._lock:
             caught, self._caught = self._caught, None
+            if out_of_reach:
+                self._refusing_until = time.monotonic() + out_of_reach
+            doomed = list(self._links) if out_of_reach else []
         assert caught is not None, 'no EXEC was caught'
-        caught.reset()
+        for link in (caught, *doomed):
+            link.reset()
 
     def close(self) -> None:
         self.listener.close()
@@ -80,6 +88,9 @@ class ExecCutter:
         while True:
             try:
                 client, _ = self.listener.accept()
+                if time.monotonic() < self._refusing_until:
+                    client.close()  # Redis out of reach
+                    continue
                 upstream = socket.create_connection(self.target)
             except OSError:
                 if self.listener.fileno() < 0:

@@ -18,7 +18,9 @@ applied and answered as such; not found, nothing of it ran and it is rolled back
 does not answer it asks again after the ``commits.SETTLE_PAUSES`` for up to ``settle_seconds``,
 then raises ``CommitInDoubt`` and keeps asking in the background until the marker's lifetime
 is nearly over; the exception's ``outcome`` says what it learnt. The normal path pays one
-``SET`` inside the ``MULTI``, no round trip.
+``SET`` inside the ``MULTI``, no round trip; in ``replicated`` durability its ``WAIT`` follows
+the marker's ``PEXPIRE`` on one connection, as after a lost reply (a ``WAIT`` alone, on whichever
+pooled connection, would confirm that connection's own writes, not the ``EXEC``).
 """
 
 import asyncio
@@ -35,7 +37,7 @@ from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.routing.storage import Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
-from shoal_broker.store.calls import REDIS_DOWN, Scripts, call
+from shoal_broker.store.calls import REDIS_DOWN, Scripts
 from shoal_broker.store.commits import SETTLE_PAUSES, SETTLE_SECONDS, CommitLog, plan, spans_slots
 
 logger = logging.getLogger(__name__)
@@ -125,17 +127,19 @@ class Transactions:
         if errors:
             raise StoreUnavailable(f'Redis refused part of a commit: {errors[0]}')
         if self._durability is Durability.REPLICATED:
-            unconfirmed: StoreUnavailable | None = None
+            # the WAIT follows a write on its own connection (the marker's PEXPIRE): on another
+            # pooled connection than the EXEC's it would confirm only that one's older writes
+            unconfirmed: BaseException | str = 'WAIT'
             try:
-                confirmed = await call(client.wait(1, self._replication_timeout_ms))
-            except StoreUnavailable as exc:
-                confirmed, unconfirmed = 0, exc
-            if confirmed < 1:
+                found, confirmed = await self._marker_found(client, marker)
+            except REDIS_DOWN as exc:
+                found, confirmed, unconfirmed = False, False, exc
+            if not (found and confirmed):
                 # applied on the primary, and lost only if a failover comes first: "rolled
                 # back" would be false (the client would do again what its sends already did)
                 await self._announce_all(sends)
                 raise CommitInDoubt(
-                    f'no Redis replica confirmed the commit in time: {unconfirmed or "WAIT"}',
+                    f'no Redis replica confirmed the commit in time: {unconfirmed}',
                     outcome=_known(True),
                 )
         await self._announce_all(sends)
