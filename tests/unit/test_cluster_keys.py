@@ -17,8 +17,8 @@ def test_an_address_keeps_all_its_keys_and_its_channel_on_one_slot(address: str)
     group = 'durable:client:app:watch'
     assert len(slots(
         *k.streams, k.groups, k.notify, k.scheduled, k.scheduled_messages, k.watchers, k.meta,
-        k.commit_markers, k.returned(group), k.shares(group), k.delivered(group),
-        k.delivery_counts(group),
+        k.commit_markers, k.transaction_marker('c0ffee'), k.returned(group), k.shares(group),
+        k.delivered(group), k.delivery_counts(group),
     )) == 1  # fmt: skip
 
 

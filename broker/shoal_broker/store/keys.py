@@ -171,6 +171,11 @@ class AddressKeys:
         that completing a commit again applies nothing twice (docs/redis-modes.md)."""
         return f'{self.tag}:txns'
 
+    def transaction_marker(self, transaction_id: str) -> str:
+        """STRING with a short lifetime, written by a one-slot commit's ``MULTI``: whether that
+        ``EXEC`` ran, when its reply was lost (``store/transactions.py``)."""
+        return f'{self.tag}:txn:{transaction_id}'
+
 
 def entry_member(band: int, entry_id: str) -> str:
     """Sortable member for the returned-entries ZSET: oldest entry first within a band."""

@@ -192,6 +192,7 @@ class RedisStore:
     async def close(self) -> None:
         await self.watching.close()
         await self.cycles.close()
+        await self.messages.transactions.close()
         if self.commits is not None:
             await self.commits.close()
         await connect.close(self._client)

@@ -7,10 +7,29 @@ but not known to survive a failover: in doubt (``CommitInDoubt``), not rolled ba
 Cluster, addresses on several slots go through the commit record of ``commits.py``
 (``CommitLog``), which any live replica completes if the committer dies after deciding
 (docs/redis-modes.md, "Transactions across shards").
+
+A connection that fails after the ``EXEC`` went out but before its reply came back leaves the
+commit applied or not, and "rolled back" would be false if it was (the client would do its work
+again: its sends twice). So the ``MULTI`` also writes a **marker**, ``{a:X}:txn:<id>`` on the
+first address's slot with a lifetime of ``MARKER_SECONDS``, and a commit whose reply is lost
+reads it back (``PEXPIRE``, a write only when it is there, so that in ``replicated`` durability
+a ``WAIT`` on the same connection confirms the ``EXEC`` before it): found, the commit is
+applied and answered as such; not found, nothing of it ran and it is rolled back. While Redis
+does not answer it asks again after the ``commits.SETTLE_PAUSES`` for up to ``settle_seconds``,
+then raises ``CommitInDoubt`` and keeps asking in the background until the marker's lifetime
+is nearly over; the exception's ``outcome`` says what it learnt. The normal path pays one
+``SET`` inside the ``MULTI``, no round trip; in ``replicated`` durability its ``WAIT`` follows
+the marker's ``PEXPIRE`` on one connection, as after a lost reply (a ``WAIT`` alone, on whichever
+pooled connection, would confirm that connection's own writes, not the ``EXEC``).
 """
 
 import asyncio
+import itertools
+import logging
+import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import redis.asyncio
 
@@ -18,8 +37,17 @@ from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.routing.storage import Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
-from shoal_broker.store.calls import Scripts, call
-from shoal_broker.store.commits import CommitLog, plan, spans_slots
+from shoal_broker.store.calls import REDIS_DOWN, Scripts
+from shoal_broker.store.commits import SETTLE_PAUSES, SETTLE_SECONDS, CommitLog, plan, spans_slots
+
+logger = logging.getLogger(__name__)
+
+MARKER_SECONDS = 120.0
+"""How long a one-slot commit's marker stays in Redis: the time the broker has to learn whether
+an ``EXEC`` whose reply was lost ran. One small key per commit for that long."""
+
+MARKER_MARGIN_SECONDS = 10.0
+"""Asking stops this long before the marker goes: a marker not found later may have expired."""
 
 Sends = Sequence[tuple[str, AddressKind, OutgoingMessage]]
 Acks = Sequence[tuple[str, str, Entry]]
@@ -35,6 +63,7 @@ class Transactions:
         durability: Durability,
         replication_timeout_ms: int,
         commits: CommitLog | None = None,
+        settle_seconds: float = SETTLE_SECONDS,
     ) -> None:
         """``commits``: on Redis Cluster, the replica's commit records."""
         self._client = client
@@ -44,6 +73,16 @@ class Transactions:
         self._durability = durability
         self._replication_timeout_ms = replication_timeout_ms
         self.commits = commits
+        self._settle_seconds = settle_seconds
+        self._learning: set[asyncio.Task[bool]] = set()
+        """Commits whose reply was lost and whose marker Redis has not shown yet."""
+
+    async def close(self) -> None:
+        """Stop learning the outcomes in doubt: their acks stay pending in Redis, returned by this
+        replica's reaper (or kept, for those the commit acknowledged)."""
+        for task in self._learning:
+            task.cancel()
+        await asyncio.gather(*self._learning, return_exceptions=True)
 
     async def commit(self, sends: Sends, acks: Acks) -> None:
         if not sends and not acks:
@@ -62,7 +101,11 @@ class Transactions:
     async def _multi(self, client: 'redis.asyncio.Redis', sends: Sends, acks: Acks) -> None:
         """The publish script is sent as text (EVAL), not by hash: inside MULTI a NOSCRIPT error
         would fail that one command while the others apply, half-applying the commit."""
+        first = sends[0][0] if sends else acks[0][0]
+        marker = keys.AddressKeys.of(first).transaction_marker(uuid.uuid4().hex)
+        started = time.monotonic()
         pipe = client.pipeline(transaction=True)
+        pipe.set(marker, b'1', px=int(MARKER_SECONDS * 1000))  # read back if the reply is lost
         for address, kind, message in sends:
             k = keys.AddressKeys.of(address)
             pipe.eval(
@@ -75,28 +118,118 @@ class Transactions:
             pipe.xack(k.streams[entry.band], group, entry.id)
             if entry.delivery_count:
                 pipe.hdel(k.delivery_counts(group), keys.entry_field(entry.band, entry.id))
-        replies = await call(pipe.execute(raise_on_error=False))
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except REDIS_DOWN as exc:
+            await self._after_lost_reply(client, marker, started, sends, exc)
+            return
         errors = [r for r in replies if isinstance(r, Exception)]
         if errors:
             raise StoreUnavailable(f'Redis refused part of a commit: {errors[0]}')
         if self._durability is Durability.REPLICATED:
-            unconfirmed: StoreUnavailable | None = None
+            # the WAIT follows a write on its own connection (the marker's PEXPIRE): on another
+            # pooled connection than the EXEC's it would confirm only that one's older writes
+            unconfirmed: BaseException | str = 'WAIT'
             try:
-                confirmed = await call(client.wait(1, self._replication_timeout_ms))
-            except StoreUnavailable as exc:
-                confirmed, unconfirmed = 0, exc
-            if confirmed < 1:
+                found, confirmed = await self._marker_found(client, marker)
+            except REDIS_DOWN as exc:
+                found, confirmed, unconfirmed = False, False, exc
+            if not (found and confirmed):
                 # applied on the primary, and lost only if a failover comes first: "rolled
                 # back" would be false (the client would do again what its sends already did)
                 await self._announce_all(sends)
-                applied = asyncio.get_running_loop().create_future()
-                applied.set_result(True)
                 raise CommitInDoubt(
-                    f'no Redis replica confirmed the commit in time: {unconfirmed or "WAIT"}',
-                    outcome=applied,
+                    f'no Redis replica confirmed the commit in time: {unconfirmed}',
+                    outcome=_known(True),
                 )
         await self._announce_all(sends)
+
+    async def _after_lost_reply(
+        self,
+        client: 'redis.asyncio.Redis',
+        marker: str,
+        started: float,
+        sends: Sends,
+        cause: BaseException,
+    ) -> None:
+        """The connection failed between ``MULTI`` and the ``EXEC``'s reply: returns when the
+        marker shows the commit applied (and confirmed); raises ``StoreUnavailable`` when it
+        shows nothing ran, ``CommitInDoubt`` when Redis does not say in time."""
+        deadline = time.monotonic() + self._settle_seconds
+        found: tuple[bool, bool] | None = None
+        for pause in itertools.chain(SETTLE_PAUSES, itertools.repeat(SETTLE_PAUSES[-1])):
+            try:
+                found = await self._marker_found(client, marker)
+                break
+            except REDIS_DOWN as exc:
+                logger.warning('the outcome of a commit whose reply was lost is unknown: %s', exc)
+            if time.monotonic() + pause > deadline:
+                break
+            await asyncio.sleep(pause)
+        if found is None:
+            task = asyncio.get_running_loop().create_task(
+                self._learn(client, marker, started, sends), name=f'commit-in-doubt-{marker}'
+            )
+            self._learning.add(task)
+            task.add_done_callback(self._learning.discard)
+            raise CommitInDoubt(f'a commit is in doubt: {cause}', outcome=task)
+        applied, confirmed = found
+        if not applied:
+            raise StoreUnavailable(f'the commit was rolled back: its EXEC never ran ({cause})')
+        logger.warning('a commit whose reply was lost is found applied (%s)', marker)
+        await self._announce_all(sends)
+        if not confirmed:
+            raise CommitInDoubt(
+                f'no Redis replica confirmed a commit whose reply was lost: {cause}',
+                outcome=_known(True),
+            )
+
+    async def _learn(
+        self, client: 'redis.asyncio.Redis', marker: str, started: float, sends: Sends
+    ) -> bool:
+        """Ask for the marker until Redis answers (True: the commit is applied). Once the marker
+        may have expired nothing more can be learnt: the outcome stays unknown, and the
+        transaction's acks stay held, until this replica stops."""
+        until = started + MARKER_SECONDS - MARKER_MARGIN_SECONDS
+        while time.monotonic() < until:
+            await asyncio.sleep(min(SETTLE_PAUSES[-1], max(0.0, until - time.monotonic())))
+            try:
+                applied, _ = await self._marker_found(client, marker)
+            except REDIS_DOWN as exc:
+                logger.warning('the outcome of a commit is still unknown: %s', exc)
+                continue
+            if applied:
+                logger.warning('a commit in doubt is applied after all (%s)', marker)
+                await self._announce_all(sends)
+            else:
+                logger.warning('a commit in doubt is found not applied (%s)', marker)
+            return applied
+        logger.error('the outcome of a commit could not be learnt before its marker expired (%s)',
+                     marker)  # fmt: skip
+        forever: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        return await forever
+
+    async def _marker_found(self, client: 'redis.asyncio.Redis', marker: str) -> tuple[bool, bool]:
+        """Whether the marker is there (its ``EXEC`` ran), and whether a replica confirmed it.
+        ``PEXPIRE`` writes only when the marker is there; a ``WAIT`` after it on the same
+        connection then confirms everything the primary applied before, the ``EXEC`` too."""
+        pipe = client.pipeline(transaction=False)
+        pipe.pexpire(marker, int(MARKER_SECONDS * 1000))
+        if self._durability is Durability.REPLICATED:
+            pipe.execute_command('WAIT', 1, self._replication_timeout_ms)
+        replies: list[Any] = await pipe.execute()
+        applied = bool(replies[0])
+        confirmed = self._durability is not Durability.REPLICATED or (
+            isinstance(replies[1], int) and replies[1] >= 1
+        )
+        return applied, confirmed
 
     async def _announce_all(self, sends: Sends) -> None:
         for address in {address for address, _, _ in sends}:
             await self._announce(address)
+
+
+def _known(applied: bool) -> 'asyncio.Future[bool]':
+    outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    outcome.set_result(applied)
+    return outcome
