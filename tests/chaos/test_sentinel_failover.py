@@ -7,9 +7,11 @@ import uuid
 import pytest
 from failoverload import REPLICATED, crossed_load, tally
 from loadclient import ChaosRun
+from processes import wait_for
 from sentinels import SentinelGroup
 
 LOAD = 6_000
+UNCONFIRMED = 'no Redis replica confirmed writes'
 FOLLOW_BOUND_SECONDS = 30.0
 """How long a broker may take to answer /readyz after the promotion before the test fails: far
 above the measured time, so a busy machine does not fail it."""
@@ -34,7 +36,9 @@ def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_f
             new, promoted_at = group.wait_promoted(old, timeout=30)
             ready = [_ready_after(x, promoted_at) for x in (a, b)]
             # until the new primary has a replica, WAIT 1 confirms nothing: every write is
-            # released, none accepted; the old primary comes back as the new one's replica
+            # released, none accepted; the old primary comes back as the new one's replica once
+            # a broker has said so (the replica's sync starts at once: no window otherwise)
+            wait_for(lambda: UNCONFIRMED in a.log() + b.log(), 20, 'writes left unconfirmed')
             group.server('--replicaof', '127.0.0.1', str(new), port=old)
             group.wait_linked(old, timeout=15)
             linked_at = time.monotonic()
@@ -73,7 +77,7 @@ def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_f
     assert all(x.process.poll() is None for x in (a, b))  # never restarted
     logs = a.log() + b.log()
     assert 'switched shoal to' in logs  # +switch-master was heard
-    assert 'no Redis replica confirmed writes' in logs  # why messages were released meanwhile
+    assert UNCONFIRMED in logs  # why messages were released meanwhile
 
 
 def _ready_after(broker, since: float) -> float | None:  # type: ignore[no-untyped-def]
