@@ -114,8 +114,15 @@ def receive_all(rcv: BlockingReceiver, count: int, timeout: float = TIMEOUT) -> 
 
 
 def flush(conn: BlockingConnection) -> None:
-    """Write out what the blocking client has queued (it only does I/O while waiting)."""
-    for _ in range(3):
+    """Write out what the blocking client has queued (it only does I/O while waiting).
+
+    Its container runs until the transport has no output left, and no further: a turn with
+    nothing to write waits in ``select`` until something arrives or the next heartbeat is due,
+    seconds on an idle connection."""
+    transport = conn.conn.transport
+    deadline = time.monotonic() + TIMEOUT
+    while transport.pending() > 0:
+        assert time.monotonic() < deadline, f'output not written within {TIMEOUT}s'
         conn.container.process()
 
 
