@@ -74,7 +74,7 @@ KINDS = ['queue', 'topic']
 LOADS = [
     pytest.param(20, None, id='burst-of-20'),
     pytest.param(50, None, id='burst-of-50'),
-    pytest.param(600, 60.0, id='60-per-second-for-10s'),
+    pytest.param(300, 60.0, id='60-per-second-for-5s'),
 ]
 
 

@@ -61,10 +61,11 @@ def test_message_counters_latency_and_gauges_follow_the_traffic(start_broker, ad
 
 
 def test_backlog_gauges_count_unconsumed_messages(start_broker, address: str) -> None:  # type: ignore[no-untyped-def]
-    b = start_broker()
+    # refreshed in the background (every 10 s by default): often here, so the wait is short
+    b = start_broker(env={'SHOAL_BACKLOG_REFRESH_SECONDS': '0.5'})
     conn = connect(b.url)
     send_all(conn, address, range(3))
-    deadline = time.monotonic() + 15  # refreshed in the background every 10 s
+    deadline = time.monotonic() + 15
     labels = {'address': address, 'subscription': 'queue'}
     while time.monotonic() < deadline:
         if _value(_samples(b), 'shoal_backlog_messages', **labels) == 3:

@@ -26,9 +26,10 @@ EXIT_BOUND_SECONDS = 5.0
 """Generous: a hang-up check, not a timing (the idle addresses once took about 10 s)."""
 
 
-@pytest.fixture
+@pytest.fixture(scope='module')
 def crowded_redis() -> Iterator[RedisServer]:
-    """A Redis of the test's own holding ten thousand idle queues (the shared one must not)."""
+    """A Redis of this module's own holding ten thousand idle queues (the shared one must not),
+    filled once: each test uses addresses and replica ids of its own."""
     server = RedisServer()
     try:
         asyncio.run(_create_idle_queues(server.url, IDLE_ADDRESSES))

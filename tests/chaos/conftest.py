@@ -1,8 +1,9 @@
 """
 Chaos tests: replicas and Redis servers of their own, broken on purpose under load.
 
-Every test gets a ``cluster``: the Redis servers and broker replicas it starts through it are
-stopped by PID at the end (a frozen redis-server is thawed first), whatever the test did to them.
+Every test gets a ``cluster``: the broker replicas, Redis servers and Sentinel groups it starts
+through it are stopped by PID at the end, in that order (a frozen redis-server is thawed first),
+whatever the test did to them.
 Nothing is shared with the session's Redis and brokers, so kills and reaping stay inside the test.
 The cluster also carries the few operations the tests share (test modules cannot import this
 file under ``--import-mode=importlib``).
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 from processes import LOOPBACK, BrokerProcess, RedisServer
+from sentinels import SentinelGroup
 
 FAST_LEASE = {'SHOAL_LEASE_SECONDS': '1.5'}
 
@@ -109,6 +111,7 @@ class Cluster:
         self.redis_servers: list[RedisServer] = []
         self.brokers: list[BrokerProcess] = []
         self.proxies: list[CuttableProxy] = []
+        self.sentinel_groups: list[SentinelGroup] = []
 
     def proxy(self, redis_server: RedisServer) -> CuttableProxy:
         p = CuttableProxy(redis_server.port)
@@ -119,6 +122,13 @@ class Cluster:
         server = RedisServer(port, *extra)
         self.redis_servers.append(server)
         return server
+
+    def sentinels(self) -> SentinelGroup:
+        """A Sentinel group, stopped after the brokers: a broker whose Redis is gone takes
+        seconds to stop."""
+        group = SentinelGroup()
+        self.sentinel_groups.append(group)
+        return group
 
     def broker(self, redis_url: str, **kwargs: Any) -> BrokerProcess:
         b = BrokerProcess(redis_url, **kwargs)
@@ -134,6 +144,8 @@ class Cluster:
             if server.process.poll() is None:
                 server.process.send_signal(signal.SIGCONT)
             server.stop()
+        for group in self.sentinel_groups:
+            group.stop()
 
     @staticmethod
     def kill_9(process: 'subprocess.Popen[bytes]') -> float:

@@ -11,7 +11,7 @@ import threading
 import time
 
 from amqpclient import connect, receiver, send_all, sender
-from processes import BrokerProcess
+from processes import BrokerProcess, wait_for
 from proton import Delivery, Timeout
 from proton.utils import BlockingConnection
 from redis.crc import key_slot
@@ -25,10 +25,10 @@ MESSAGES = 300
 KILL_AFTER_SECONDS = (0.3, 0.6, 0.9)
 """One round each, the victim killed that long after it starts committing."""
 SETTLE_SECONDS = 20.0
-"""Bound on draining one queue."""
-QUIET_SECONDS = 4.0
-"""The source is drained once nothing comes for this long: more than the lease (1.5 s) and a
-reaping pass, so what the dead replica held is back by then."""
+"""Bound on draining one queue, and on the dead replica's reaping."""
+QUIET_SECONDS = 1.0
+"""A queue is drained once nothing comes for this long (the dead replica is reaped by then:
+what it held is back, its decided commits applied)."""
 
 
 def _on_two_slots(stem: str) -> tuple[str, str]:
@@ -82,7 +82,7 @@ def _drain(conn: BlockingConnection, name: str, quiet: float) -> list[int]:
 
 
 def test_each_transaction_of_a_killed_committer_is_all_or_nothing(
-    start_broker, address: str
+    start_broker, store_client, address: str
 ) -> None:  # type: ignore[no-untyped-def]
     survivor: BrokerProcess = start_broker(env=FAST_LEASE)
     conn = connect(survivor.url)
@@ -96,10 +96,15 @@ def test_each_transaction_of_a_killed_committer_is_all_or_nothing(
         committed = _commit_until_killed(doomed.url, source, left, right)
         timer.join()
         doomed.process.wait(timeout=5)
-        # the source first: what the dead replica held comes back once it is reaped, and its
-        # reaper completes its decided commits before that
-        found = {source: _drain(conn, source, QUIET_SECONDS)}
-        found |= {name: _drain(conn, name, 1.0) for name in (left, right)}
+        # what the dead replica held comes back once it is reaped, and its reaper completes its
+        # decided commits before that; the replica index forgets it last
+        dead = doomed.replica_id
+        wait_for(
+            lambda dead=dead: not store_client.sismember(keys.REPLICAS, dead),
+            SETTLE_SECONDS,
+            f'{dead} reaped',
+        )
+        found = {name: _drain(conn, name, QUIET_SECONDS) for name in (source, left, right)}
         moved, also, back = set(found[left]), set(found[right]), set(found[source])
         assert sorted(found[left]) == sorted(moved), 'a send applied twice'
         assert sorted(found[right]) == sorted(also), 'a send applied twice'

@@ -33,7 +33,7 @@ async def client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis
 
 @pytest.fixture(scope='session')
 def redis_cluster() -> Iterator[ClusterGroup]:
-    """Started once (about ten seconds); a test that kills a node starts it again."""
+    """Started once (a few seconds); a test that kills a node starts it again."""
     cluster = ClusterGroup()
     yield cluster
     cluster.stop()

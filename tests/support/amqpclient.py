@@ -114,9 +114,20 @@ def receive_all(rcv: BlockingReceiver, count: int, timeout: float = TIMEOUT) -> 
 
 
 def flush(conn: BlockingConnection) -> None:
-    """Write out what the blocking client has queued (it only does I/O while waiting)."""
-    for _ in range(3):
-        conn.container.process()
+    """Write out what the blocking client has queued (it only does I/O while waiting).
+
+    Its container turns until the transport has no output left, and no more: a turn with
+    nothing to write waits in ``select`` for input or for the container's timeout (the
+    connection's, seconds), which is shortened meanwhile as well."""
+    transport = conn.conn.transport
+    deadline = time.monotonic() + TIMEOUT
+    saved, conn.container.timeout = conn.container.timeout, 0.05
+    try:
+        while transport.pending() > 0:
+            assert time.monotonic() < deadline, f'output not written within {TIMEOUT}s'
+            conn.container.process()
+    finally:
+        conn.container.timeout = saved
 
 
 def nothing_more(rcv: BlockingReceiver, wait: float = 0.3) -> bool:

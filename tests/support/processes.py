@@ -21,6 +21,12 @@ LOG_DIR = Path(tempfile.mkdtemp(prefix='shoal-test-logs-'))
 file per broker started, a few hundred a run, used to pile up in /tmp."""
 
 
+QUICK_REPLICATION = ('--repl-diskless-sync-delay', '0')
+"""A replica's full sync starts at once: by default a primary waits five seconds for more
+replicas to share the transfer with, which every replica started or restarted in a test (a
+Sentinel group's, a failed-over or killed node's) would sit through."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
@@ -56,7 +62,8 @@ class RedisServer:
         assert binary, 'redis-server is not installed (make test installs it)'
         self.process = subprocess.Popen(
             [binary, '--port', str(self.port), '--bind', LOOPBACK, '--save', '',
-             '--appendonly', 'no', '--dir', self.dir, '--loglevel', 'warning', *extra],
+             '--appendonly', 'no', '--dir', self.dir, '--loglevel', 'warning',
+             *QUICK_REPLICATION, *extra],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         wait_for(self._pings, 10, 'redis-server')

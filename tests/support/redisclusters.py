@@ -6,6 +6,9 @@ own (``cluster-port``) rather than the client port + 10000, which may be taken o
 ``cluster-node-timeout`` is small, so a test can kill a primary and see its replica promoted
 within a few seconds; ``cluster-replica-validity-factor 0`` lets a replica fail over however
 long its link was down (a loaded test machine must not leave a slot without a primary).
+``repl-ping-replica-period`` is small because CLUSTER SLOTS lists a replica only once its
+replication offset is past zero, and on an empty primary only that ping moves it: at the default
+ten seconds, a new cluster took that long to show its replicas.
 
 For the chaos tests: ``kill_primary_of`` (kill -9 the primary serving a key's slot and wait for a
 replica to take over), ``restart`` (the killed node rejoins, as a replica), and ``migrate_slot``
@@ -23,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from processes import LOOPBACK, free_port, stop, wait_for
+from processes import LOOPBACK, QUICK_REPLICATION, free_port, stop, wait_for
 
 NODE_TIMEOUT_MS = 1000
 """``cluster-node-timeout``: a primary unreachable this long is failing; its replica takes over
@@ -62,7 +65,8 @@ class ClusterNode:
              '--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf',
              '--cluster-port', str(self.bus_port),
              '--cluster-node-timeout', str(NODE_TIMEOUT_MS),
-             '--cluster-replica-validity-factor', '0', *self.extra],
+             '--cluster-replica-validity-factor', '0', *QUICK_REPLICATION,
+             '--repl-ping-replica-period', '1', *self.extra],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         wait_for(self._pings, 10, f'redis-server {self.port}')
