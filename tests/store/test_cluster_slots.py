@@ -60,6 +60,7 @@ CASES = [
     Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP)),
          (GROUP, REPLICA, 10, '1', 1, 10, A.notify)),
     Case('browse', (A.streams[0],), (GROUP, '0-0', 10)),
+    Case('backlog', (*A.streams, A.returned(GROUP)), (GROUP,)),
     Case('notify', (A.watchers,), (A.notify, REPLICA)),
     Case('schedule', (A.scheduled, A.scheduled_messages),
          (now_ms(), f'{now_ms()}-m1', 0, *MESSAGE[:2], '0', '')),
