@@ -9,17 +9,22 @@
 # so N stays small; periodic work (lease, policies, metric records) then weighs a little more
 # per message than at full speed, alike for every tree. REPS runs per tree, interleaved.
 #
+# With MODES="standalone cluster" each tree is measured on both a standalone redis-server and a
+# one-node Redis Cluster owning every slot (`redis+cluster://`), interleaved: the broker's own
+# cost of cluster mode per message, free of the machine's noise (docs/performance.md#redis-cluster).
+#
 # usage: bench/instructions.sh SRC_A [SRC_B ...]     e.g. bench/instructions.sh /tmp/base/broker broker
 #
 # Environment: N (2000), WARMUP (1000), REPS (2), ROW (bench/load.py options; default
-# "--max-backlog 200": 1 -> 1 at-least-once), ENV (extra broker environment), PY.
+# "--max-backlog 200": 1 -> 1 at-least-once), ENV (extra broker environment), MODES
+# ("standalone"; "cluster" too or instead), PY.
 # Loopback only; every process started is stopped by PID on exit.
 set -euo pipefail
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
 N=${N:-2000}; WARMUP=${WARMUP:-1000}; REPS=${REPS:-2}; ROW=${ROW:---max-backlog 200}
-ENV=${ENV:-}
+ENV=${ENV:-}; read -r -a MODES <<< "${MODES:-standalone}"
 (($# >= 1)) || { echo "usage: $0 SRC_A [SRC_B ...]" >&2; exit 2; }
 command -v valgrind > /dev/null || { echo "valgrind is not installed" >&2; exit 2; }
 
@@ -58,21 +63,37 @@ print(total, sum(c for name, c in cost.items() if interpreter.search(name)))
 PY
 }
 
-echo "machine: nproc=$(nproc) N=$N WARMUP=$WARMUP REPS=$REPS ROW=$ROW ENV=$ENV"
+start_store() {  # start_store MODE PORT DIR BUS_PORT: sets REDIS_PID and URL
+  local t
+  if [[ $1 == cluster ]]; then
+    start_redis "$2" "$3" --appendonly no --cluster-enabled yes \
+        --cluster-config-file nodes.conf --cluster-port "$4"
+    redis-cli -p "$2" CLUSTER ADDSLOTSRANGE 0 16383 > /dev/null
+    for ((t = 0; t < 100; t++)); do
+      redis-cli -p "$2" CLUSTER INFO | grep -q 'cluster_state:ok' && break; sleep 0.1; done
+    URL="redis+cluster://127.0.0.1:$2"
+  else
+    start_redis "$2" "$3" --appendonly no
+    URL="redis://127.0.0.1:$2/0"
+  fi
+}
+
+echo "machine: nproc=$(nproc) N=$N WARMUP=$WARMUP REPS=$REPS ROW=$ROW ENV=$ENV MODES=${MODES[*]}"
 for ((rep = 1; rep <= REPS; rep++)); do
   i=0
   for src in "$@"; do
+  for mode in "${MODES[@]}"; do
     src=$(cd "$src" && pwd)
     build_wire "$src"
     dir=$WORK/$rep-$i
     mkdir -p "$dir"
-    read -r rport aport hport < <(free_ports 3)
-    start_redis "$rport" "$dir" --appendonly no
+    read -r rport aport hport bport < <(free_ports 4)
+    start_store "$mode" "$rport" "$dir" "$bport"
     # shellcheck disable=SC2086
     env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING $ENV valgrind --tool=callgrind \
         --callgrind-out-file="$dir/callgrind.%p" "$BROKER_PY" -m shoal_broker \
         --listen "127.0.0.1:$aport" --http "127.0.0.1:$hport" \
-        --redis-url "redis://127.0.0.1:$rport/0" --replica-id "instr$i" > "$dir/broker.log" 2>&1 &
+        --redis-url "$URL" --replica-id "instr$i" > "$dir/broker.log" 2>&1 &
     bpid=$!; STARTED_PIDS+=("$bpid")
     for ((t = 0; t < 1200; t++)); do
       curl -sf "http://127.0.0.1:$hport/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
@@ -84,8 +105,9 @@ for ((rep = 1; rep <= REPS; rep++)); do
     kill -TERM "$REDIS_PID"; wait "$REDIS_PID" || true
     # the dump after zeroing holds the measured run; the one written at exit, only the stop
     read -r ir py_ir < <(split_ir "$(ls "$dir"/callgrind.*.1)")
-    echo "$i $((ir / N)) $((py_ir / N)) $src" | tee -a "$WORK/results"
+    echo "$i $((ir / N)) $((py_ir / N)) $src $mode" | tee -a "$WORK/results"
     i=$((i + 1))
+  done
   done
 done
 
@@ -94,12 +116,12 @@ echo
 import collections, statistics, sys
 runs = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    tree, ir, py, src = line.split()
-    runs[(int(tree), src)].append((int(ir), int(py)))
-print('| tree | instructions per message | of which the interpreter | source |')
-print('|---|---|---|---|')
-for (tree, src), values in sorted(runs.items()):
+    tree, ir, py, src, mode = line.split()
+    runs[(int(tree), src, mode)].append((int(ir), int(py)))
+print('| tree | instructions per message | of which the interpreter | source | Redis |')
+print('|---|---|---|---|---|')
+for (tree, src, mode), values in sorted(runs.items()):
     ir = statistics.median(v[0] for v in values)
     py = statistics.median(v[1] for v in values)
-    print(f'| {tree} | {ir:,.0f} | {py:,.0f} ({100 * py / ir:.0f} %) | {src} |')
+    print(f'| {tree} | {ir:,.0f} | {py:,.0f} ({100 * py / ir:.0f} %) | {src} | {mode} |')
 PY
