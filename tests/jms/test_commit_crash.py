@@ -8,12 +8,10 @@ twice, and every commit the client was told of is there."""
 
 import signal
 import threading
-import time
 
-from amqpclient import connect, receiver, send_all, sender
+from amqpclient import connect, receiver, send_all, sender, take_all
 from processes import BrokerProcess, wait_for
-from proton import Delivery, Timeout
-from proton.utils import BlockingConnection
+from proton import Delivery
 from redis.crc import key_slot
 from txnclient import Controller, accept_in, send_in
 
@@ -65,22 +63,6 @@ def _commit_until_killed(url: str, source: str, left: str, right: str) -> set[in
     return committed
 
 
-def _drain(conn: BlockingConnection, name: str, quiet: float) -> list[int]:
-    """Every message of the queue (accepted), until none comes for ``quiet`` seconds."""
-    rcv = receiver(conn, name, credit=50)
-    found: list[int] = []
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while time.monotonic() < deadline:
-        try:
-            message = rcv.receive(timeout=quiet)
-        except Timeout:
-            break
-        found.append(message.body)
-        rcv.accept()
-    rcv.close()
-    return found
-
-
 def test_each_transaction_of_a_killed_committer_is_all_or_nothing(
     start_broker, store_client, address: str
 ) -> None:  # type: ignore[no-untyped-def]
@@ -104,7 +86,10 @@ def test_each_transaction_of_a_killed_committer_is_all_or_nothing(
             SETTLE_SECONDS,
             f'{dead} reaped',
         )
-        found = {name: _drain(conn, name, QUIET_SECONDS) for name in (source, left, right)}
+        found = {
+            name: take_all(conn, name, QUIET_SECONDS, credit=50, limit=SETTLE_SECONDS)
+            for name in (source, left, right)
+        }
         moved, also, back = set(found[left]), set(found[right]), set(found[source])
         assert sorted(found[left]) == sorted(moved), 'a send applied twice'
         assert sorted(found[right]) == sorted(also), 'a send applied twice'

@@ -32,10 +32,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from amqpclient import connect, receiver, send_all, sender
+from amqpclient import connect, receiver, send_all, sender, take_all
 from processes import LOOPBACK, BrokerProcess, RedisServer, wait_for
-from proton import ConnectionException, Timeout
-from proton.utils import BlockingConnection
+from proton import ConnectionException
 from redis.crc import key_slot
 from redisclusters import ClusterGroup, ClusterNode
 from txnclient import Controller, accept_in, send_in
@@ -103,22 +102,6 @@ def _records(indexes: dict[ClusterNode, list[str]]) -> dict[ClusterNode, list[by
     return found
 
 
-def _drain(conn: BlockingConnection, name: str, quiet: float) -> list[object]:
-    """Every message of the queue (accepted), until none comes for ``quiet`` seconds."""
-    rcv = receiver(conn, name, credit=20)
-    found: list[object] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            message = rcv.receive(timeout=quiet)
-        except Timeout:
-            break
-        found.append(message.body)
-        rcv.accept()
-    rcv.close()
-    return found
-
-
 @pytest.fixture
 def replicated_broker(redis_cluster: ClusterGroup) -> Iterator[BrokerProcess]:
     broker = BrokerProcess(redis_cluster.url, env=REPLICATED)
@@ -178,8 +161,8 @@ def _all_or_nothing(
     nothing and that every message of ``before`` is somewhere; returns which it was."""
     conn = connect(broker.url)
     try:
-        back = _drain(conn, source, QUIET_SECONDS)
-        moved, also = _drain(conn, left, QUIET_SECONDS), _drain(conn, right, QUIET_SECONDS)
+        back = take_all(conn, source, QUIET_SECONDS)
+        moved, also = take_all(conn, left, QUIET_SECONDS), take_all(conn, right, QUIET_SECONDS)
     finally:
         conn.close()
     body = before[0]

@@ -18,16 +18,14 @@ And a commit nothing breaks, in ``replicated`` durability: confirmed, answered c
 """
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 import redis
-from amqpclient import connect, receiver, send_all, sender
+from amqpclient import connect, receiver, send_all, sender, take_all
 from execcut import ExecCutter
 from processes import LOOPBACK, BrokerProcess, RedisServer, wait_for
-from proton import ConnectionException, Delivery, Timeout
-from proton.utils import BlockingConnection
+from proton import ConnectionException, Delivery
 from txnclient import Controller, accept_in, send_in
 
 from shoal_broker.store import keys
@@ -76,21 +74,6 @@ def _linked(replica: RedisServer) -> bool:
         return False
     finally:
         client.close()
-
-
-def _drain(conn: BlockingConnection, name: str) -> list[object]:
-    rcv = receiver(conn, name, credit=20)
-    found: list[object] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            message = rcv.receive(timeout=QUIET_SECONDS)
-        except Timeout:
-            break
-        found.append(message.body)
-        rcv.accept()
-    rcv.close()
-    return found
 
 
 def _commit_caught(
@@ -171,7 +154,7 @@ def _lose_the_reply(
         wait_for(lambda: 'a commit in doubt is' in broker.log(), 30, 'the outcome learnt')
     conn = connect(broker.url)
     try:
-        moved, back = _drain(conn, target), _drain(conn, source)
+        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
     finally:
         conn.close()
     assert sorted(moved, key=str) == sorted(MOVED), f'not each once: {moved}'
@@ -219,7 +202,7 @@ def test_a_commit_cut_before_its_exec_ran_is_rolled_back_and_returns_its_acks(
     assert answer.remote.condition.name == 'amqp:transaction:rollback'
     conn = connect(broker.url)
     try:
-        moved, back = _drain(conn, target), _drain(conn, source)
+        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
     finally:
         conn.close()
     assert moved == [], f'a rolled back send is there: {moved}'
@@ -241,7 +224,7 @@ def test_a_replicated_commit_confirmed_by_its_replica_is_answered_committed(
     assert answer.remote_state == Delivery.ACCEPTED, answer.remote.condition
     conn = connect(broker.url)
     try:
-        moved, back = _drain(conn, target), _drain(conn, source)
+        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
     finally:
         conn.close()
     assert (taken, sorted(moved, key=str), back) == ('first', sorted(MOVED), [])

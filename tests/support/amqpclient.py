@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from proton import Array, Data, Delivery, Link, Message, Terminus, symbol
+from proton import Array, Data, Delivery, Link, Message, Terminus, Timeout, symbol
 from proton.reactor import LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
 
@@ -145,6 +145,26 @@ def drain(conn: BlockingConnection, rcv: BlockingReceiver, credit: int) -> float
     rcv.link.drain(credit)
     conn.wait(lambda: not rcv.link.draining(), timeout=TIMEOUT, msg='drain answer')
     return time.monotonic() - start
+
+
+def take_all(
+    conn: BlockingConnection, address: str, quiet: float, *, credit: int = 20, limit: float = 30.0
+) -> list[Any]:
+    """The bodies of every message of ``address``, accepted, until none comes for ``quiet``
+    seconds (at most ``limit`` seconds in all): what a queue holds once nothing more is on its
+    way."""
+    rcv = receiver(conn, address, credit=credit)
+    found: list[Any] = []
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            message = rcv.receive(timeout=quiet)
+        except Timeout:
+            break
+        found.append(message.body)
+        rcv.accept()
+    rcv.close()
+    return found
 
 
 class RawCollector:
