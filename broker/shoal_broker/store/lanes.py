@@ -102,6 +102,26 @@ def answer_one(unit: Unit, replies: list[Any] | None, error: BaseException | Non
         unit.done(replies, error)
 
 
+def _answer_grouped(answered: list[tuple[Unit, list[Any]]], confirmed: Any) -> None:
+    """Each unit's ``done`` with its replies, each ``answer`` once with all of its units'
+    (``confirmed``: the reply of the pipeline's WAIT, if it had one)."""
+    groups: dict[Answer, tuple[list[Unit], list[Any]]] = {}
+    for unit, mine in answered:
+        if unit.answer is None:
+            if unit.done is not None:
+                unit.done([*mine, confirmed] if unit.confirm else mine, None)
+            continue
+        group = groups.get(unit.answer)
+        if group is None:
+            group = groups[unit.answer] = ([], [])
+        group[0].append(unit)
+        group[1].extend(mine)
+    for answer, (together, theirs) in groups.items():
+        if any(unit.confirm for unit in together):
+            theirs.append(confirmed)
+        answer(together, theirs, None)
+
+
 @functools.lru_cache(maxsize=65536)  # a key's slot, computed once: addresses recur
 def slot_of(key: str | bytes) -> int:
     return int(key_slot(key.encode() if isinstance(key, str) else key))
@@ -253,33 +273,20 @@ class ClusterLanes:
         """Nothing refused: each ``answer`` once, with all of its units."""
         answer = units[0].answer
         if answer is not None and all(unit.answer is answer for unit in units):
-            answer(units, replies, None)  # the usual case: one cycle's units, WAIT reply last
+            answer(units, replies, None)  # the usual case: one cycle's units, WAIT's reply last
             return
-        confirmed = replies[-1] if confirm else None
-        groups: dict[Answer, tuple[list[Unit], list[Any]]] = {}
+        answered: list[tuple[Unit, list[Any]]] = []
         pos = 0
         for unit in units:
-            mine = replies[pos : pos + len(unit.commands)]
+            answered.append((unit, replies[pos : pos + len(unit.commands)]))
             pos += len(unit.commands)
-            if unit.answer is None:
-                if unit.done is not None:
-                    unit.done([*mine, confirmed] if unit.confirm else mine, None)
-                continue
-            group = groups.get(unit.answer)
-            if group is None:
-                group = groups[unit.answer] = ([], [])
-            group[0].append(unit)
-            group[1].extend(mine)
-        for answer, (together, theirs) in groups.items():
-            if any(unit.confirm for unit in together):
-                theirs.append(confirmed)
-            answer(together, theirs, None)
+        _answer_grouped(answered, replies[-1] if confirm else None)
 
     def _answer_each(self, units: list[Unit], replies: list[Any], confirm: bool) -> None:
-        """Some were refused (or went with ASKING): each unit on its own, a refused one sent
-        again while it has time."""
+        """Some were refused (or went with ASKING): each unit looked at on its own, a refused
+        one sent again while it has time, the others answered as above."""
         loop = asyncio.get_running_loop()
-        confirmed = replies[-1] if confirm else None
+        answered: list[tuple[Unit, list[Any]]] = []
         pos = 0
         for unit in units:
             width = len(unit.commands) * (2 if unit.asking else 1)
@@ -292,7 +299,8 @@ class ClusterLanes:
             if refused and len(refused) == len(mine) and timely:
                 self._send_back(unit, refused[0])
             else:
-                answer_one(unit, [*mine, confirmed] if unit.confirm else mine, None)
+                answered.append((unit, mine))
+        _answer_grouped(answered, replies[-1] if confirm else None)
 
     def _send_back(self, unit: Unit, refusal: BaseException) -> None:
         """Hold a refused unit ahead of its slot's later units, to go where Redis said."""
