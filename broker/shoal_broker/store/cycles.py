@@ -10,7 +10,8 @@ pipeline's reply. A cycle that returned entries announces them to other replicas
 and wakes this replica's own consumers; a publish script announces its own.
 
 On Redis Cluster (``lanes`` given) a cycle's units go to one lane per primary, each unit to the
-primary serving its address's slot (``lanes.py``), and each unit is settled as its node answers;
+primary serving its address's slot (``lanes.py``), and the units of each node's pipeline are
+settled together as it answers (one by one only those Redis refused and that were sent again);
 in ``replicated`` mode each node's pipeline ends with its own ``WAIT``.
 """
 
