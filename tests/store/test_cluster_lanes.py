@@ -91,6 +91,10 @@ async def test_units_reach_the_primary_of_their_slot(
     assert len(lanes.nodes) == 3
 
 
+async def stored_names(client: redis.asyncio.RedisCluster, stream: str) -> list[str]:
+    return [fields[b'n'].decode() for _, fields in await client.xrange(stream)]
+
+
 def pipelines_counted() -> float:
     """``shoal_redis_pipeline_seconds``'s count: the pipelines answered so far in this process."""
     return REGISTRY.get_sample_value('shoal_redis_pipeline_seconds_count') or 0.0
@@ -125,6 +129,49 @@ async def test_each_node_pipeline_is_counted(
     await lanes.send([alone])
     await answered
     assert pipelines_counted() - before == 4
+
+
+async def test_units_sharing_an_answer_are_answered_together_per_pipeline(
+    redis_cluster: ClusterGroup, cluster_client: redis.asyncio.RedisCluster, lanes: ClusterLanes
+) -> None:
+    """Units sharing an ``answer`` (a cycle's) are answered once per node pipeline with their
+    replies in order; one Redis refused (a MOVED: it claims another node's slot) is sent again
+    where Redis said and answered alone, while its pipeline's others are answered together."""
+    streams: dict[int, str] = {}
+    while len(streams) < 2:
+        stream = keys.AddressKeys.of(f'together-{uuid.uuid4().hex[:8]}').streams[0]
+        streams.setdefault(redis_cluster.primary_of(stream).port, stream)
+    a, b = streams.values()
+    answers: list[tuple[list[str], list[Any]]] = []
+    all_answered = asyncio.get_running_loop().create_future()
+
+    def answer(units: list[Unit], replies: list[Any] | None, error: BaseException | None) -> None:
+        assert error is None
+        assert replies is not None
+        answers.append(([unit.context for unit in units], replies))
+        if sum(len(names) for names, _ in answers) == 5:
+            all_answered.set_result(None)
+
+    def unit(stream: str, name: str, slot: int | None = None) -> Unit:
+        slot = slot_of(stream) if slot is None else slot
+        return Unit(slot, [('XADD', stream, '*', 'n', name)], answer=answer, context=name)
+
+    misrouted = unit(b, 'b9', slot=slot_of(a))  # sent to a's node, which answers MOVED
+    await lanes.send([unit(a, 'a0'), unit(b, 'b0'), unit(a, 'a1'), misrouted, unit(b, 'b1')])
+    await asyncio.wait_for(all_answered, 10)
+
+    assert sorted(names for names, _ in answers) == [['a0', 'a1'], ['b0', 'b1'], ['b9']]
+    for names, replies in answers:
+        assert len(replies) == len(names)
+        assert not any(isinstance(reply, Exception) for reply in replies)
+    assert lanes.redirects == 1
+    # each unit got its own entry's id; b9 claimed another slot, so it has no order with b0, b1
+    ids = {n: reply for names, replies in answers for n, reply in zip(names, replies, strict=True)}
+    entries = [entry for stream in (a, b) for entry in await cluster_client.xrange(stream)]
+    assert {fields[b'n'].decode(): entry_id for entry_id, fields in entries} == ids
+    assert await stored_names(cluster_client, a) == ['a0', 'a1']
+    in_b = await stored_names(cluster_client, b)
+    assert in_b.index('b0') < in_b.index('b1')
 
 
 async def test_a_slot_migrated_under_load_keeps_every_unit_once_and_in_order(

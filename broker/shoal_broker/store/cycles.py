@@ -10,7 +10,8 @@ pipeline's reply. A cycle that returned entries announces them to other replicas
 and wakes this replica's own consumers; a publish script announces its own.
 
 On Redis Cluster (``lanes`` given) a cycle's units go to one lane per primary, each unit to the
-primary serving its address's slot (``lanes.py``), and each unit is settled as its node answers;
+primary serving its address's slot (``lanes.py``), and the units of each node's pipeline are
+settled together as it answers (one by one only those Redis refused and that were sent again);
 in ``replicated`` mode each node's pipeline ends with its own ``WAIT``.
 """
 
@@ -241,25 +242,36 @@ class Cycles:
     async def _send_to_nodes(
         self, number: int, ops: list[Op], units: list[Unit], announced: set[str], waits: bool
     ) -> None:
-        """The cycle on Redis Cluster: each unit to its slot's primary, settled on its own."""
+        """The cycle on Redis Cluster: each unit to its slot's primary; the units of one node's
+        pipeline are settled together as it answers (one by one those Redis refused)."""
         assert self.lanes is not None
         lane_units: list[LaneUnit] = []
         left = [len(units)]
 
-        def settled() -> None:
-            left[0] -= 1
-            if left[0] <= 0:
-                self._in_flight.pop(number, None)
+        def answered(
+            answered_units: list[LaneUnit], replies: list[Any] | None, error: BaseException | None
+        ) -> None:
+            settling: list[Unit] = [unit.context for unit in answered_units]
+            try:
+                self._nodes_answered(answered_units, settling, replies, error)
+            finally:
+                left[0] -= sum(1 for _, members in settling if members)  # not the wake-ups
+                if left[0] <= 0:
+                    self._in_flight.pop(number, None)
 
-        for commands, members in units:
-            confirm = waits and _writes(members)
-            done = self._unit_answered(commands, members, confirm, settled)
-            lane_units.append(LaneUnit(_slot(commands), commands, done, confirm=confirm))
+        for unit in units:
+            confirm = waits and _writes(unit[1])
+            lane_units.append(
+                LaneUnit(_slot(unit[0]), unit[0], confirm=confirm, answer=answered, context=unit)
+            )
         notify = self._scripts.source['notify']
-        for address in announced:
+        for address in announced:  # answered with the rest: a lost one only delays a consumer
             k = keys.AddressKeys.of(address)
             command = ('EVAL', notify, 1, k.watchers, k.notify, self._replica_id)
-            lane_units.append(LaneUnit(slot_of(k.watchers), [command], _ignored))
+            wakeup: Unit = ([command], [])
+            lane_units.append(
+                LaneUnit(slot_of(k.watchers), wakeup[0], answer=answered, context=wakeup)
+            )
         self._in_flight[number] = ops
         if not units:
             self._in_flight.pop(number, None)
@@ -271,27 +283,28 @@ class Cycles:
                 raise
             unreachable(ops, exc)
 
-    def _unit_answered(
-        self, commands: list[tuple[Any, ...]], members: list[Op], confirm: bool,
-        settled: Callable[[], None],
-    ) -> Callable[[list[Any] | None, BaseException | None], None]:  # fmt: skip
-        def done(replies: list[Any] | None, error: BaseException | None) -> None:
-            try:
-                if error is not None or replies is None:
-                    unreachable(members, error or StoreUnavailable('no replies'))
-                    return
-                if confirm:
-                    confirmed, replies = replies[-1], replies[:-1]
-                    if not (isinstance(confirmed, int) and confirmed >= 1):
-                        self._warn_unconfirmed()
-                        unconfirmed(members)
-                self._settle_units([(commands, members)], replies)
-                for address in {op.notify for op in members if op.notify and op.notify_local}:
-                    self._notify_local(address)
-            finally:
-                settled()
-
-        return done
+    def _nodes_answered(
+        self,
+        lane_units: list[LaneUnit],
+        settling: list[Unit],
+        replies: list[Any] | None,
+        error: BaseException | None,
+    ) -> None:
+        """Settle units of one node's pipeline: ``replies`` are theirs one after the other,
+        then the WAIT's when one of them is to confirm."""
+        members = [op for _, ops in settling for op in ops]
+        if error is not None or replies is None:
+            if members:
+                unreachable(members, error or StoreUnavailable('no replies'))
+            return
+        if any(unit.confirm for unit in lane_units):
+            confirmed, replies = replies[-1], replies[:-1]
+            if not (isinstance(confirmed, int) and confirmed >= 1):
+                self._warn_unconfirmed()
+                unconfirmed([op for unit in lane_units if unit.confirm for op in unit.context[1]])
+        self._settle_units(settling, replies)
+        for address in {op.notify for op in members if op.notify and op.notify_local}:
+            self._notify_local(address)
 
     def _answered(
         self,
@@ -421,28 +434,30 @@ class Cycles:
 def _slot(commands: list[tuple[Any, ...]]) -> int:
     """The slot of a unit: that of its first tagged key (``shoal:{<tag>}:...``), else of its
     first command's key."""
+    first = commands[0]
+    # usually the first command's first key: a script's source or hash and its key count
+    # (what stands before a script's first key) are never tagged
+    key = first[3] if first[0] in _SCRIPTS and len(first) > 3 else first[1]
+    if isinstance(key, str) and key.startswith(_KEY_HEAD):
+        return slot_of(key)
     for command in commands:
         for arg in command[1:]:
             if isinstance(arg, str) and arg.startswith(_KEY_HEAD):
                 return slot_of(arg)
             if isinstance(arg, bytes) and arg.startswith(_KEY_HEAD_BYTES):
                 return slot_of(arg)
-    first = commands[0]
-    if first[0] in ('EVAL', 'EVALSHA'):
+    if first[0] in _SCRIPTS:
         return slot_of(first[3])
     return slot_of(first[1])  # a global key (``keys.SCHEDULED``): the command's first argument
 
 
 _KEY_HEAD = f'{keys.PREFIX}:{{'
+_SCRIPTS = ('EVAL', 'EVALSHA')
 _KEY_HEAD_BYTES = _KEY_HEAD.encode()
 
 
 def _writes(ops: list[Op]) -> bool:
     return any(op.batch is not None and op.batch[0] in WRITES for op in ops)
-
-
-def _ignored(replies: list[Any] | None, error: BaseException | None) -> None:
-    """A wake-up's answer: a lost one only delays a consumer to its next look."""
 
 
 class _NoPool:

@@ -146,8 +146,12 @@ class Lane:
         connection error while writing is raised, not answered. Call ``wait_for_room`` first to
         bound the pipelines in flight."""
         packed = pack(commands)
-        if self._conn is None:
-            self._conn = await self._fresh_connection()
+        while self._conn is None:
+            fresh = await self._fresh_connection()
+            if self._conn is None:
+                self._conn = fresh
+            else:  # another sender's got here first (ClusterLanes sends concurrently): one
+                await self._give_back(fresh)  # connection, or replies go to the wrong pipeline
         conn = self._conn
         try:
             if not conn.is_connected:

@@ -28,6 +28,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +48,10 @@ logger = logging.getLogger(__name__)
 Done = Callable[[list[Any] | None, BaseException | None], None]
 """Called with a unit's replies (error replies as exception objects), or the error that lost
 them."""
+
+Answer = Callable[[list['Unit'], list[Any] | None, BaseException | None], None]
+"""Called with units answered together: their replies one after the other (followed by the
+WAIT's reply when one of them is to ``confirm``), or the error that lost them."""
 
 PAUSE_SECONDS = {
     redis.exceptions.TryAgainError: 0.02,
@@ -73,7 +78,8 @@ class Unit:
 
     slot: int
     commands: list[tuple[Any, ...]]
-    done: Done
+    done: Done | None = None
+    """Called with this unit's replies, unless it has an ``answer``."""
     started: float = 0.0
     """When it was first sent (loop time): past ``settle_seconds`` a refusal is its answer."""
     asking: str | None = None
@@ -81,8 +87,42 @@ class Unit:
     confirm: bool = False
     """It writes what a replica must confirm (``replicated`` durability): the pipeline it goes
     in ends with a WAIT, whose reply is appended to its replies."""
+    answer: Answer | None = None
+    """Instead of ``done``: answers at once all the units of one pipeline that share it and
+    that Redis did not refuse (a cycle's units, settled together); a unit sent again is
+    answered alone."""
+    context: Any = None
+    """The sender's own, for ``answer`` to tell its units apart."""
 
 
+def answer_one(unit: Unit, replies: list[Any] | None, error: BaseException | None) -> None:
+    if unit.answer is not None:
+        unit.answer([unit], replies, error)
+    elif unit.done is not None:
+        unit.done(replies, error)
+
+
+def _answer_grouped(answered: list[tuple[Unit, list[Any]]], confirmed: Any) -> None:
+    """Each unit's ``done`` with its replies, each ``answer`` once with all of its units'
+    (``confirmed``: the reply of the pipeline's WAIT, if it had one)."""
+    groups: dict[Answer, tuple[list[Unit], list[Any]]] = {}
+    for unit, mine in answered:
+        if unit.answer is None:
+            if unit.done is not None:
+                unit.done([*mine, confirmed] if unit.confirm else mine, None)
+            continue
+        group = groups.get(unit.answer)
+        if group is None:
+            group = groups[unit.answer] = ([], [])
+        group[0].append(unit)
+        group[1].extend(mine)
+    for answer, (together, theirs) in groups.items():
+        if any(unit.confirm for unit in together):
+            theirs.append(confirmed)
+        answer(together, theirs, None)
+
+
+@functools.lru_cache(maxsize=65536)  # a key's slot, computed once: addresses recur
 def slot_of(key: str | bytes) -> int:
     return int(key_slot(key.encode() if isinstance(key, str) else key))
 
@@ -134,9 +174,10 @@ class ClusterLanes:
     def _owner(self, unit: Unit) -> str:
         if unit.asking is not None:
             return unit.asking
-        moved = self._moved.get(unit.slot)
-        if moved is not None:
-            return moved
+        if self._moved:  # only after a MOVED, until the next map refresh
+            moved = self._moved.get(unit.slot)
+            if moved is not None:
+                return moved
         nodes = self._cluster.nodes_manager.slots_cache.get(unit.slot)
         if not nodes:
             raise redis.exceptions.ClusterDownError(f'slot {unit.slot} is not served')
@@ -156,27 +197,35 @@ class ClusterLanes:
                 self._send_back(unit, exc)
                 continue
             busy = self._in_flight.get(unit.slot)
-            if unit.slot in self._paused or (busy and busy[0] != node) or self._held.get(unit.slot):
+            if (
+                (busy and busy[0] != node)
+                or (self._held and self._held.get(unit.slot))  # most often nothing is held
+                or unit.slot in self._paused
+            ):
                 self._held.setdefault(unit.slot, []).append(unit)
                 continue
-            self._start(unit.slot, node)
-            by_node.setdefault(node, []).append(unit)
+            self._in_flight[unit.slot] = (node, busy[1] + 1) if busy else (node, 1)
+            mine = by_node.get(node)
+            if mine is None:
+                by_node[node] = [unit]
+            else:
+                mine.append(unit)
         for node, mine in by_node.items():
             await self._write(node, mine)
 
-    def _start(self, slot: int, node: str) -> None:
-        _, count = self._in_flight.get(slot, (node, 0))
-        self._in_flight[slot] = (node, count + 1)
-
     async def _write(self, node: str, units: list[Unit]) -> None:
         commands: list[tuple[Any, ...]] = []
+        plain = True  # no unit goes with ASKING: the replies are the units', one after another
+        confirm = False
         for unit in units:
             if unit.asking is None:
                 commands += unit.commands
             else:
+                plain = False
                 for command in unit.commands:
                     commands += [('ASKING',), command]
-        confirm = any(unit.confirm for unit in units)
+            if unit.confirm:
+                confirm = True
         if confirm:  # on the pipeline's own connection: it confirms what came before it
             commands.append(('WAIT', 1, self._confirm_timeout_ms))
         lane = self.lane(node)
@@ -184,27 +233,62 @@ class ClusterLanes:
         def answered(replies: list[Any] | None, error: BaseException | None) -> None:
             if error is None:
                 REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
-            self._answered(units, replies, error)
+            self._answered(units, replies, error, plain=plain, confirm=confirm)
 
         try:
             await lane.wait_for_room()
             started = time.perf_counter()
             await lane.send_then(commands, answered)
         except CONNECTION_ERRORS as exc:
-            self._answered(units, None, exc)
+            self._answered(units, None, exc, plain=plain, confirm=confirm)
 
     def _answered(
-        self, units: list[Unit], replies: list[Any] | None, error: BaseException | None
+        self,
+        units: list[Unit],
+        replies: list[Any] | None,
+        error: BaseException | None,
+        *,
+        plain: bool,
+        confirm: bool,
     ) -> None:
-        loop = asyncio.get_running_loop()
-        pos = 0
-        confirmed = replies[-1] if replies and any(u.confirm for u in units) else None
+        in_flight = self._in_flight
         for unit in units:
-            self._finished(unit.slot)
-            if error is not None or replies is None:
-                unit.done(None, error or redis.exceptions.ConnectionError('no replies'))
-                self._refresh_soon()
-                continue
+            node, count = in_flight[unit.slot]
+            if count > 1:
+                in_flight[unit.slot] = (node, count - 1)
+            else:
+                del in_flight[unit.slot]
+        if error is not None or replies is None:
+            self._refresh_soon()
+            for unit in units:
+                answer_one(unit, None, error or redis.exceptions.ConnectionError('no replies'))
+        elif plain and not any(isinstance(r, _REFUSED) for r in replies):
+            self._answer_together(units, replies, confirm)
+        else:
+            self._answer_each(units, replies, confirm)
+        for slot in {unit.slot for unit in units}:
+            self._release(slot)
+
+    def _answer_together(self, units: list[Unit], replies: list[Any], confirm: bool) -> None:
+        """Nothing refused: each ``answer`` once, with all of its units."""
+        answer = units[0].answer
+        if answer is not None and all(unit.answer is answer for unit in units):
+            answer(units, replies, None)  # the usual case: one cycle's units, WAIT's reply last
+            return
+        answered: list[tuple[Unit, list[Any]]] = []
+        pos = 0
+        for unit in units:
+            answered.append((unit, replies[pos : pos + len(unit.commands)]))
+            pos += len(unit.commands)
+        _answer_grouped(answered, replies[-1] if confirm else None)
+
+    def _answer_each(self, units: list[Unit], replies: list[Any], confirm: bool) -> None:
+        """Some were refused (or went with ASKING): each unit looked at on its own, a refused
+        one sent again while it has time, the others answered as above."""
+        loop = asyncio.get_running_loop()
+        answered: list[tuple[Unit, list[Any]]] = []
+        pos = 0
+        for unit in units:
             width = len(unit.commands) * (2 if unit.asking else 1)
             mine = replies[pos : pos + width]
             pos += width
@@ -215,16 +299,8 @@ class ClusterLanes:
             if refused and len(refused) == len(mine) and timely:
                 self._send_back(unit, refused[0])
             else:
-                unit.done([*mine, confirmed] if unit.confirm else mine, None)
-        for slot in {unit.slot for unit in units}:
-            self._release(slot)
-
-    def _finished(self, slot: int) -> None:
-        node, count = self._in_flight[slot]
-        if count > 1:
-            self._in_flight[slot] = (node, count - 1)
-        else:
-            del self._in_flight[slot]
+                answered.append((unit, mine))
+        _answer_grouped(answered, replies[-1] if confirm else None)
 
     def _send_back(self, unit: Unit, refusal: BaseException) -> None:
         """Hold a refused unit ahead of its slot's later units, to go where Redis said."""
@@ -285,7 +361,7 @@ class ClusterLanes:
         held, self._held = self._held, {}
         for units in held.values():
             for unit in units:
-                unit.done(None, redis.exceptions.ConnectionError('the lanes are closed'))
+                answer_one(unit, None, redis.exceptions.ConnectionError('the lanes are closed'))
         for lane in self._lanes.values():
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await lane.close()
