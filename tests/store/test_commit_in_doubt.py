@@ -285,7 +285,7 @@ def test_a_one_server_commit_no_replica_confirms_closes_the_connection_and_is_ap
     replica = RedisServer(None, '--replicaof', LOOPBACK, str(primary.port))
     broker = None
     try:
-        wait_for(lambda: _linked(replica), 10, 'the replica linked to its primary')
+        wait_for(replica.linked, 10, 'the replica linked to its primary')
         broker = BrokerProcess(primary.url, env=REPLICATED)
         source, left, right = _on_other_slots(address)
         before = [f'{address}-{n}' for n in range(EARLIER)]
@@ -305,13 +305,3 @@ def test_a_one_server_commit_no_replica_confirms_closes_the_connection_and_is_ap
         replica.process.send_signal(signal.SIGCONT)
         replica.stop()
         primary.stop()
-
-
-def _linked(replica: RedisServer) -> bool:
-    client = redis.Redis.from_url(replica.url, socket_timeout=1)
-    try:
-        return client.info('replication').get('master_link_status') == 'up'
-    except redis.exceptions.RedisError:
-        return False
-    finally:
-        client.close()

@@ -54,7 +54,7 @@ def cut_broker(
     try:
         if durability == 'replicated':
             replica = RedisServer(None, '--replicaof', LOOPBACK, str(server.port))
-            wait_for(lambda: _linked(replica), 10, 'the replica linked to its primary')
+            wait_for(replica.linked, 10, 'the replica linked to its primary')
         broker = BrokerProcess(cutter.url, env={'SHOAL_DURABILITY': durability})
         yield server, cutter, broker
     finally:
@@ -64,16 +64,6 @@ def cut_broker(
         if replica is not None:
             replica.stop()
         server.stop()
-
-
-def _linked(replica: RedisServer) -> bool:
-    client = redis.Redis.from_url(replica.url, socket_timeout=1)
-    try:
-        return client.info('replication').get('master_link_status') == 'up'
-    except redis.exceptions.RedisError:
-        return False
-    finally:
-        client.close()
 
 
 def _commit_caught(

@@ -14,6 +14,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import redis
+
 LOOPBACK = '127.0.0.1'
 
 LOG_DIR = Path(tempfile.mkdtemp(prefix='shoal-test-logs-'))
@@ -79,6 +81,16 @@ class RedisServer:
                 return s.recv(16).startswith((b'+PONG', b'-NOAUTH'))  # up, with a password
         except OSError:
             return False
+
+    def linked(self) -> bool:
+        """A replica whose link to its primary is up (INFO replication)."""
+        client = redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=1)
+        try:
+            return client.info('replication').get('master_link_status') == 'up'
+        except redis.exceptions.RedisError:
+            return False
+        finally:
+            client.close()
 
     def stop(self) -> None:
         stop(self.process)
