@@ -7,6 +7,10 @@ named JMS subscriptions with their backlog, consumers per replica and each repli
 deliveries (so a replica whose consumers get nothing shows), and the ClientIDs held. Human
 output is an aligned table; ``--json`` prints a JSON array of objects.
 
+Without ``--redis-url`` or ``SHOAL_REDIS_URL`` it looks for a running broker with an embedded
+Redis (``make run``), in ``SHOAL_DATA_DIR`` (default ``.data/redis``) and ``$XDG_RUNTIME_DIR``
+(``store/discovery.py``).
+
 Exit codes: 0 listed, 1 Redis unreachable or refusing, 2 usage (including no Redis URL).
 """
 
@@ -22,6 +26,7 @@ from typing import Any
 from shoal_broker import useradmin
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.settings import ENV_REDIS_URL, BrokerSettings
+from shoal_broker.store import discovery
 from shoal_broker.store.inspect import (
     AddressInfo,
     ClientInfo,
@@ -89,7 +94,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         '--redis-url',
         metavar='URL',
-        help=f'Redis URL of the cluster (default: ${ENV_REDIS_URL}; one of them is required)',
+        help=f'Redis URL of the cluster (default: ${ENV_REDIS_URL}, else the broker `make run` '
+        'started from this directory)',
     )
     p.add_argument('--json', action='store_true', help=JSON_HELP)
     sub = p.add_subparsers(dest='command', required=True, metavar='COMMAND')
@@ -156,13 +162,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return useradmin.main(argv[1:])
     args = parser().parse_args(argv)
     url: str | None = args.redis_url
+    looked: tuple[str, ...] = ()
     if not url:
         try:
-            url = BrokerSettings.from_env().store.redis_url
+            store = BrokerSettings.from_env().store
         except ValueError as exc:
             return _fail(2, f'bad environment: {exc}')
+        url = store.redis_url
+        if not url:  # a broker with an embedded Redis, as `make run` starts, says where it is
+            found = discovery.discover(store.data_dir)
+            url, looked = found.url, found.looked
     if not url:
-        return _fail(2, f'no Redis URL: pass --redis-url or set {ENV_REDIS_URL}')
+        return _fail(
+            2,
+            f'no Redis URL: pass --redis-url or set {ENV_REDIS_URL}; no running broker with '
+            f'an embedded Redis found in {"; ".join(looked)}',
+        )
     try:
         inspector = Inspector.from_url(url)
     except ValueError as exc:  # redis-py's verdict on the URL

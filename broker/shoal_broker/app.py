@@ -24,10 +24,12 @@ from shoal_broker.amqp.selector_offload import SWITCH_INTERVAL_SECONDS
 from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
 from shoal_broker.health import HealthServer
 from shoal_broker.metrics.registry import (
+    BACKGROUND_FAILURES,
     LEASE_UP,
     REDIS_UP,
     cap_address_series,
     cap_consumer_link_series,
+    refusals_at_zero,
     register_counters,
     register_gauges,
 )
@@ -161,6 +163,9 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     }
     if settings.store.metrics_interval_seconds > 0:
         tasks['metric_records'] = lambda: record_metrics(settings, store, broker, backlog, liveness)
+    refusals_at_zero()
+    for task in (*tasks, 'lease'):  # the lease is renewed by its own thread (LeaseKeeper)
+        BACKGROUND_FAILURES.labels(task)
     background = [*tls_tasks, *chores.start_supervised(tasks)]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -139,6 +139,7 @@ async def _temporary(
     address = addresses.temporary_address(kind)
     await parts.store.registry.create_address(address, kind)
     parts.kinds[address] = kind
+    metrics.address_seen(address, topic=kind is AddressKind.TOPIC)
     owner.owned_temporary = address
     return address, kind
 

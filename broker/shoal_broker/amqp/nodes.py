@@ -13,6 +13,7 @@ import itertools
 from shoal_broker.amqp.guard import Guard
 from shoal_broker.amqp.outlets import Intake, Outlet
 from shoal_broker.amqp.subscriptions import LocalSubscription
+from shoal_broker.metrics import registry as metrics
 from shoal_broker.routing import addresses
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy, entity_field
 from shoal_broker.routing.storage import MessageStore
@@ -43,6 +44,7 @@ class Nodes:
             assert self._outlet is not None, 'Nodes.feed comes first'
             assert self._intake is not None, 'Nodes.feed comes first'
             sub = LocalSubscription(self._outlet, self._intake, address, group)
+            metrics.subscription_seen(address, group)
             sub.apply(self.policy(address, group), self.settings.routing)
             self.subscriptions[(address, group)] = sub
             self.by_address.setdefault(address, []).append(sub)
@@ -96,5 +98,7 @@ class Nodes:
             if creator is not None:
                 self.guard.address_created(creator)
             addresses.resolve(address, requested, kind, self.settings.routing)  # lost a race?
+        if known is None:
+            metrics.address_seen(address, topic=kind is AddressKind.TOPIC)
         self.kinds[address] = kind
         return kind

@@ -2,6 +2,14 @@
 The per-message counters and the delivery latency histogram: plain ints and lists on the hot
 path (``Counters``), turned into Prometheus families when Prometheus scrapes (``HotMetrics``),
 and tallied again per interval for the metric records (``records.py``).
+
+Every series is born at 0 before its first event, so ``increase()`` and ``rate()`` see that event
+(a series first scraped at 5 counts as having been 5 all along): an address's counters when this
+replica resolves it (``address_seen``), a subscription's when its first local consumer attaches
+(``subscription_seen``), and, from the cluster-wide backlog snapshot, every queue's and
+subscription's enqueued and dead-lettered counters (``entities_seen``), so the first dead letter
+of a queue whose consumer attached and rejected between two scrapes is still seen.
+Seeding happens when an entity appears, never per message.
 """
 
 import bisect
@@ -179,6 +187,40 @@ class Counters:
             histogram[bucket] += 1
             histogram[-1] += seconds
             buckets[_RECORD_BUCKET[bucket]] += 1
+
+
+OUTCOMES = ('accepted', 'released', 'modified', 'rejected')
+"""The ``outcome`` label values of ``shoal_deliveries_settled``."""
+
+
+def address_seen(address: str, *, topic: bool) -> None:
+    """An address this replica resolved: its counters exist from now on (0 until counted)."""
+    _COUNTS.setdefault(('enqueued', address), 0)
+    if topic:
+        _COUNTS.setdefault(('dropped', address), 0)
+
+
+def subscription_seen(address: str, group: str) -> None:
+    """A queue or subscription with a consumer on this replica: its counters and latency
+    histogram exist from now on."""
+    label = subscription_label(group)
+    for what in ('delivered', 'expired', 'dead_lettered', 'filtered'):
+        _COUNTS.setdefault((what, address, label), 0)
+    for outcome in OUTCOMES:
+        _COUNTS.setdefault(('settled', address, label, outcome), 0)
+    if (address, label) not in _LATENCIES:
+        _LATENCIES[(address, label)] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+
+
+def entities_seen(entities: Iterable[tuple[str, str]]) -> None:
+    """Every (address, subscription label) in Redis, cluster-wide: the dead-letter counter (what
+    ``ShoalDeadLetterQueueFilling`` watches) and its address's enqueued count exist on every
+    replica, whether or not one of its consumers ever attaches here. The rest wait for a local
+    consumer (``subscription_seen``): only a replica with one counts them, and each series costs
+    every scrape its bytes (tests/security/test_address_limits.py bounds them)."""
+    for address, label in entities:
+        _COUNTS.setdefault(('enqueued', address), 0)
+        _COUNTS.setdefault(('dead_lettered', address, label), 0)
 
 
 def _count(key: tuple[str, ...]) -> None:

@@ -1,12 +1,14 @@
 """
 The door, limits and storage: refusals and failures a user expects to count. Not per message,
 so plain prometheus_client counters. Every label takes its value from a closed set: a peer's
-input (a mechanism name it made up, a user name) never becomes a label value.
+input (a mechanism name it made up, a user name) never becomes a label value. So every series
+can exist from the start at 0 (``refusals_at_zero``), and ``rate()`` sees the first refusal.
 """
 
 from prometheus_client import Counter
 
 from shoal_broker.errors import BrokerError, StoreFull
+from shoal_broker.security.permissions import Operation
 
 SASL_MECHANISMS = ('ANONYMOUS', 'PLAIN', 'EXTERNAL', 'SCRAM-SHA-256', 'SCRAM-SHA-512')
 """The mechanisms the broker can offer; any other name a peer asks for is counted as ``other``."""
@@ -39,6 +41,42 @@ PUBLISHES_REFUSED = Counter(
     'redis_full, address_limit).',
     ['reason'],
 )
+
+
+_AUTHENTICATION_CASES = {
+    'none': ('protocol_header', 'malformed', 'mechanism', 'timeout', 'throttled'),
+    'other': ('mechanism', 'malformed', 'timeout'),
+    **dict.fromkeys(SASL_MECHANISMS, ('credentials', 'mechanism', 'malformed', 'timeout')),
+}
+"""(mechanism label, reasons) that can be counted: ``none`` never chose a mechanism, so it
+cannot fail on credentials, and only a connection that never chose one is throttled."""
+STORE_FULL_REASONS = ('redis_full', 'redis_watermark', 'address_limit')
+
+
+def _conditions() -> set[str]:
+    """The AMQP error condition of every BrokerError kind: all a refusal can carry."""
+    found, kinds = set(), [BrokerError]
+    while kinds:
+        kind = kinds.pop()
+        found.add(kind.condition)
+        kinds.extend(kind.__subclasses__())
+    return found
+
+
+def refusals_at_zero() -> None:
+    """Create every series of the refusal counters at 0 (once the modules defining error kinds
+    are imported)."""
+    for mechanism, reasons in _AUTHENTICATION_CASES.items():
+        for reason in reasons:
+            AUTHENTICATION_FAILURES.labels(mechanism, reason)
+    for operation in Operation:
+        AUTHORIZATION_FAILURES.labels(operation)
+    for condition in sorted(_conditions()):
+        CONNECTIONS_REFUSED.labels(condition)
+        for role in ('consumer', 'producer'):
+            LINKS_REFUSED.labels(role, condition)
+    for reason in STORE_FULL_REASONS:
+        PUBLISHES_REFUSED.labels(reason)
 
 
 def authentication_failed(mechanism: str | None, reason: str) -> None:

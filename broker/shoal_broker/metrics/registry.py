@@ -16,7 +16,15 @@ looked up once per address or subscription and cached (``Counters``), not per me
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from shoal_broker.metrics.hot import LATENCY_BUCKETS, LATENCY_HELP, LATENCY_NAME, Counters
+from shoal_broker.metrics.hot import (
+    LATENCY_BUCKETS,
+    LATENCY_HELP,
+    LATENCY_NAME,
+    Counters,
+    address_seen,
+    entities_seen,
+    subscription_seen,
+)
 from shoal_broker.metrics.labels import (
     OTHER_ADDRESSES,
     PRIVATE_LABEL,
@@ -43,6 +51,7 @@ from shoal_broker.metrics.refusals import (
     authentication_failed,
     link_refused,
     publish_refused,
+    refusals_at_zero,
 )
 from shoal_broker.metrics.scrape import (
     Counts,
@@ -85,17 +94,21 @@ __all__ = [
     'LinkDeliveries',
     'ScrapeTimeCounters',
     'ScrapeTimeGauges',
+    'address_seen',
     'authentication_failed',
     'cap_address_series',
     'cap_consumer_link_series',
+    'entities_seen',
     'link_attached',
     'link_deliveries_family',
     'link_detached',
     'link_refused',
     'publish_refused',
+    'refusals_at_zero',
     'register_counters',
     'register_gauges',
     'subscription_label',
+    'subscription_seen',
 ]  # fmt: skip
 
 REDIS_ROUND_TRIP = Histogram(

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_broker.metrics.registry import subscription_label
+from shoal_broker.metrics.registry import entities_seen, subscription_label
 from shoal_broker.store import registry
 from shoal_broker.store.inspect import Inspector
 from shoal_broker.store.upkeep import Upkeep
@@ -132,6 +132,7 @@ class BacklogSnapshot:
         self.samples = [([a, s], backlog) for a, s, backlog, _, _, _ in rows]
         self.in_flight = [([a, s], out) for a, s, _, out, _, _ in rows]
         self.declared = [([a, s, *owner], 1.0) for a, s, _, _, _, owner in rows if owner]
+        entities_seen((a, s) for a, s, _, _, _, _ in rows)
 
     async def refresh_forever(self) -> None:
         """Refresh whenever the last refresh (here or by the metric records) is an interval old."""

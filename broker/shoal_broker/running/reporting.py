@@ -28,12 +28,15 @@ from shoal_broker.store.replicas import Liveness
 
 logger = logging.getLogger(__name__)
 
+LINK_ROLES = ('producer', 'consumer', 'browser', 'lookup', 'coordinator')
+"""The ``role`` label of ``shoal_links``: the link state classes' names without ``Link``."""
+
 
 def broker_gauges(
     broker: Broker, backlog: BacklogSnapshot
 ) -> list[tuple[str, str, list[str], list[tuple[list[str], float]]]]:
     """The scrape-time gauges: this replica's connections, links and consumers; backlogs."""
-    links: dict[str, float] = {}
+    links = dict.fromkeys(LINK_ROLES, 0.0)  # 0, not absent, when no link of a role is attached
     for conn in broker.connections:
         for state in conn.links.values():
             role = type(state).__name__.removesuffix('Link').lower()
@@ -41,7 +44,11 @@ def broker_gauges(
     producers = links.get('producer', 0.0)
     blocked = [(['memory_ceiling'], producers if broker.guard.memory_high else 0.0),
                (['redis_watermark'], producers if broker.guard.store_full else 0.0)]  # fmt: skip
-    consumers = [
+    # every queue and subscription in Redis reports its consumers here, 0 when none is
+    # attached to this replica: a series that vanished with the last consumer would read as
+    # "no data" and hide a starved queue
+    consumers = [(labels, 0.0) for labels, _ in backlog.samples]
+    consumers += [
         ([sub.address, subscription_label(sub.group)], float(len(sub.consumers)))
         for sub in broker.subscriptions.values()
     ]

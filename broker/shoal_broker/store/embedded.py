@@ -5,7 +5,8 @@ So that one command runs a real broker (DESIGN.md §5). Append-only file on, dat
 the user names, reachable only through a Unix socket in a private temporary directory. Stopped
 (SIGTERM, then SIGKILL after a bound) when the broker exits; on Linux the kernel also sends it
 SIGTERM when the broker dies without stopping it (kill -9, OOM kill), so no orphaned Redis keeps
-the data directory and its AOF locked.
+the data directory and its AOF locked. Once it answers, its URL is announced for the ``shoal``
+command (``discovery.py``) until it stops.
 """
 
 import asyncio
@@ -24,6 +25,8 @@ from pathlib import Path
 
 import redis.asyncio
 
+from shoal_broker.store import discovery
+
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_SECONDS = 10.0
@@ -41,6 +44,7 @@ class EmbeddedRedis:
         self._socket_dir = Path(tempfile.mkdtemp(prefix=f'{SOCKET_DIR_PREFIX}{os.getpid()}-'))
         self.socket = self._socket_dir / 'redis.sock'
         self._process: subprocess.Popen[bytes] | None = None
+        self._announced: list[Path] = []
 
     @property
     def url(self) -> str:
@@ -71,6 +75,7 @@ class EmbeddedRedis:
                     raise RuntimeError(f'redis-server exited with {self._process.returncode}')
                 with contextlib.suppress(OSError, redis.exceptions.ConnectionError):
                     if await client.ping():
+                        self._announced = discovery.announce(self.data_dir, self.url)
                         return
                 if asyncio.get_running_loop().time() > deadline:
                     raise RuntimeError('redis-server did not answer in time')
@@ -92,6 +97,7 @@ class EmbeddedRedis:
         )
 
     def stop(self) -> None:
+        discovery.withdraw(self._announced)
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
