@@ -175,8 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not url:
         return _fail(
             2,
-            f'no Redis URL: pass --redis-url or set {ENV_REDIS_URL}; no running broker with '
-            f'an embedded Redis found in {"; ".join(looked)}',
+            f'no Redis URL: pass --redis-url or set {ENV_REDIS_URL}; found no running broker '
+            f'with an embedded Redis (looked in {"; ".join(looked)})',
         )
     try:
         inspector = Inspector.from_url(url)

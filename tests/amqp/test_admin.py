@@ -17,7 +17,8 @@ ENV_REDIS_URL = 'SHOAL_REDIS_URL'
 
 
 def shoal(*args: str, env_url: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != ENV_REDIS_URL}
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_REDIS_URL, 'XDG_RUNTIME_DIR')}
+    env['SHOAL_DATA_DIR'] = f'{os.devnull}/shoal'  # never a `make run` broker's data
     if env_url is not None:
         env[ENV_REDIS_URL] = env_url
     return subprocess.run(
