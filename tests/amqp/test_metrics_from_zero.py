@@ -7,7 +7,7 @@ Prometheus and the chart's alerting rules).
 
 from collections.abc import Callable
 
-from amqpclient import connect, flush, receiver, send_all, settle
+from amqpclient import Capabilities, connect, flush, receiver, send_all, sender, settle
 from exposition import Samples, samples, value
 from processes import BrokerProcess, wait_for
 from proton import Delivery
@@ -94,3 +94,16 @@ def test_a_queue_counts_from_zero_on_every_replica_before_its_first_dead_letter(
     assert value(found, 'shoal_consumers', **queue) == 0
     consumer.close()
     producer.close()
+
+
+def test_a_topic_counts_its_publishes_from_zero_once_a_producer_attaches(
+    start_broker: Callable[..., BrokerProcess], address: str
+) -> None:
+    b = start_broker(env=QUICK)
+    conn = connect(b.url)
+    sender(conn, address, Capabilities('topic'))
+    found = samples(b)
+    for name in ('shoal_messages_enqueued_total', 'shoal_messages_dropped_total'):
+        assert exported(found, name, address=address), name
+        assert value(found, name, address=address) == 0, name
+    conn.close()
