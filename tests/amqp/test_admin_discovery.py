@@ -133,3 +133,12 @@ def test_once_the_broker_stops_shoal_says_where_it_looked(
     assert stale.returncode == 2
     assert f'its broker, pid {int(gone.stdout)}, is gone' in stale.stderr
     assert '$XDG_RUNTIME_DIR (not set)' in stale.stderr
+    # several brokers announced in the runtime directory: shoal does not guess
+    (runtime / 'shoal').mkdir(exist_ok=True)
+    for pid in (os.getpid(), os.getppid()):  # two live processes
+        (runtime / 'shoal' / f'{pid}.json').write_text(
+            json.dumps({'url': 'unix:///nowhere/redis.sock', 'pid': pid})
+        )
+    several = shoal('queues', cwd=tmp_path, XDG_RUNTIME_DIR=str(runtime))
+    assert several.returncode == 2
+    assert '(2 brokers run, pids' in several.stderr

@@ -34,6 +34,11 @@ def announce(data_dir: Path, url: str) -> list[Path]:
     runtime = runtime_dir()
     if runtime is not None:
         places.append(runtime / f'{os.getpid()}.json')
+        for stale in runtime.glob('*.json'):  # of brokers killed before they could withdraw
+            found = _load(stale)
+            if found is not None and not _alive(found.pid):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
     written = []
     for path in places:
         try:
