@@ -231,7 +231,9 @@ class AmqpConnection(asyncio.Protocol):
         self.process()
 
     def _close_input(self) -> None:
-        if self._freed:
+        # once: the end of input (EOF) is followed by the socket's loss, and a second close of
+        # the engine's tail raises its transport error (and our log line) again
+        if self._freed or self.input_ended:
             return
         self.input_ended = True
         lib.pn_transport_close_tail(self.transport)
