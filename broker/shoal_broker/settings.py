@@ -302,8 +302,10 @@ class SecuritySettings:
     dropped when it detaches, so clients that attach and detach over and over do not grow it."""
 
     max_failed_logins_per_minute: int = 30
-    """Failed SASL authentications one source address may make per minute (0 = unlimited); past
-    it that address's connections are refused at once, before any credential is checked."""
+    """Refused credentials (wrong password, unknown user) one source address may give per minute
+    (0 = unlimited); past it that address's logins are answered with the sasl-outcome sys-temp,
+    before any credential is read. An unoffered mechanism or a malformed response is not counted:
+    it guesses nothing (docs/security.md#failed-login-throttle)."""
 
     max_backlog_per_address: int = 0
     """Messages an address may hold (0 = unlimited); see ``backlog_overflow``."""

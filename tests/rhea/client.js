@@ -263,7 +263,9 @@ if (!port) fail('no port given');
 const container = rhea.create_container({ id: `rhea-test-${process.pid}` });
 for (const event of ['connection_error', 'session_error', 'sender_error', 'receiver_error']) {
   container.on(event, (context) => {
-    const err = context[event.split('_')[0]].error;
+    // the peer's close carries its error on the endpoint; a transport error (a SASL outcome
+    // other than ok) comes only with the event
+    const err = context[event.split('_')[0]].error || context.error;
     fail(`${event}: ${JSON.stringify(plain(err))}`);
   });
 }

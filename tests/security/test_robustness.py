@@ -203,3 +203,26 @@ def test_many_slow_loris_connections_do_not_stop_a_new_client(
     finally:
         for sock in lingering:
             sock.close()
+
+
+@pytest.mark.parametrize(
+    'sent', [b'', SASL, AMQP[:5]], ids=['nothing', 'after-sasl', 'half-a-header']
+)
+def test_a_connection_that_leaves_before_its_amqp_header_is_logged_once(
+    broker: BrokerProcess, sent: bytes
+) -> None:
+    """Its end of input and then the loss of its socket both reached the engine, and each
+    logged proton's transport error: one line per connection is what an operator should read."""
+    with socket.create_connection((LOOPBACK, broker.port), timeout=5) as sock:
+        port = sock.getsockname()[1]
+        if sent == SASL:  # leave once SASL is over (ANONYMOUS), before the AMQP header
+            assert authenticate(Wire(sock)).code == 0
+        else:
+            sock.sendall(sent)
+    line = f'127.0.0.1:{port}: transport error'
+    wait_for(lambda: line in broker.log(), 10, 'the transport error logged')
+    # a full connection after it: by its end the socket loss of the first has been handled
+    marker = connect(broker.url)
+    send_all(marker, f'robust-{port}', ['marker'])
+    marker.close()
+    assert broker.log().count(line) == 1

@@ -6,6 +6,7 @@ from shoal_broker.routing import dispatch
 from shoal_broker.routing.dispatch import (
     MAX_HELD,
     MAX_HELD_BYTES,
+    NONE_SERVED,
     Take,
     Unwanted,
     due_parked,
@@ -35,12 +36,91 @@ def test_round_robin_picks_the_next_consumer_with_room(
     assert next_with_room(last, rooms) == expected
 
 
-def test_round_robin_deals_evenly() -> None:
-    last, served = 0, []
+def test_round_robin_deals_evenly_from_the_oldest() -> None:
+    last, served = NONE_SERVED, []
     for _ in range(6):
         last = next_with_room(last, [10, 10, 10])
         served.append(last)
-    assert served == [1, 2, 0, 1, 2, 0]
+    assert served == [0, 1, 2, 0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ('rooms', 'expected'),
+    [
+        ([1, 1], 0),  # two consumers with credit: the first message goes to the first
+        ([0, 1], 1),  # unless it has no room
+        ([0, 0], -1),
+        ([], -1),
+    ],
+)
+def test_nobody_served_yet_starts_at_the_oldest(rooms: list[int], expected: int) -> None:
+    assert next_with_room(NONE_SERVED, rooms) == expected
+
+
+class _Consumers(dispatch.Lane[str, str]):
+    """A lane over named consumers in attach order, each with endless credit, that says who is
+    served next, as ``LocalSubscription`` keeps its list."""
+
+    def __init__(self) -> None:
+        super().__init__(QUEUE_GROUP)
+        self.consumers: list[str] = []
+
+    def join(self, name: str, index: int | None = None) -> None:
+        index = len(self.consumers) if index is None else index
+        self.consumers.insert(index, name)
+        self.joined(index)
+
+    def leave(self, name: str) -> None:
+        index = self.consumers.index(name)
+        del self.consumers[index]
+        self.left(index)
+
+    def _with_credit(self) -> str | None:
+        index = next_with_room(self._next, [1] * len(self.consumers))
+        if index < 0:
+            return None
+        self._next = index
+        return self.consumers[index]
+
+    def deal(self, count: int) -> list[str | None]:
+        return [self._with_credit() for _ in range(count)]
+
+
+def test_the_turn_follows_the_consumers_as_they_come_and_go() -> None:
+    lane = _Consumers()
+    assert lane.deal(1) == [None]
+    lane.join('a')
+    lane.join('b')
+    assert lane.deal(3) == ['a', 'b', 'a']  # the TCK's createSharedConsumer*: first to the first
+    lane.leave('a')  # the one last served leaves: the one after it is next
+    assert lane.deal(2) == ['b', 'b']
+    lane.join('c')
+    assert lane.deal(3) == ['c', 'b', 'c']
+    lane.leave('c')
+    lane.leave('b')
+    lane.join('d')
+    lane.join('e')
+    assert lane.deal(2) == ['d', 'e']  # everyone left: the oldest of the new ones first
+
+
+def test_a_consumer_leaving_before_the_last_served_keeps_the_turn_fair() -> None:
+    lane = _Consumers()
+    for name in 'abcd':
+        lane.join(name)
+    assert lane.deal(2) == ['a', 'b']
+    lane.leave('a')
+    assert lane.deal(3) == ['c', 'd', 'b']
+    lane.leave('d')  # after the last served (b): nothing moves
+    assert lane.deal(2) == ['c', 'b']
+
+
+def test_an_older_attach_answered_late_takes_its_place_without_taking_the_turn() -> None:
+    lane = _Consumers()
+    lane.join('b')
+    assert lane.deal(1) == ['b']
+    lane.join('a', index=0)  # attached first, its store lookup answered second
+    assert lane.consumers == ['a', 'b']
+    assert lane.deal(3) == ['a', 'b', 'a']  # b was last served: a is next, then in order
 
 
 @pytest.mark.parametrize(

@@ -227,6 +227,7 @@ async def consumer(
             conn, link, name, address=address, group=QUEUE_GROUP, presettled=presettled,
             selector=selector, no_local=no_local,
         )  # fmt: skip
+        consumer.arrived = placeholder.arrived  # its rank is its attach's, not its answer's
         if kind is AddressKind.TOPIC:
             await _subscribe(parts, consumer, source, capabilities, selector_text)
         state = consumer

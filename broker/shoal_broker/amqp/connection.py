@@ -27,6 +27,7 @@ from shoal_broker.security.authenticator import Identity
 logger = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
+_arrivals = itertools.count()
 
 PN_DELIVERY = lib.PN_DELIVERY
 _next_event = wire.shoal_next_event
@@ -44,6 +45,10 @@ class LinkState:
     opened: bool = False
     owned_temporary: str | None = None
     """A dynamic node created by this link, deleted when the link goes."""
+    arrived: int = dataclasses.field(default_factory=_arrivals.__next__)
+    """When the peer's attach came, as a rank among every link's: a subscription deals to its
+    consumers in this order, oldest first (``LocalSubscription.add``), whichever attach the store
+    answered first."""
 
 
 class Door(Protocol):
@@ -226,7 +231,9 @@ class AmqpConnection(asyncio.Protocol):
         self.process()
 
     def _close_input(self) -> None:
-        if self._freed:
+        # once: the end of input (EOF) is followed by the socket's loss, and a second close of
+        # the engine's tail raises its transport error (and our log line) again
+        if self._freed or self.input_ended:
             return
         self.input_ended = True
         lib.pn_transport_close_tail(self.transport)

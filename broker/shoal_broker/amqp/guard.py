@@ -83,14 +83,10 @@ class Guard:
 
     def connection_made(self, conn: 'AmqpConnection', socket: asyncio.BaseTransport) -> None:
         conn.handshake = sasl.SaslHandshake(self.authenticator, certificate_name(socket))
-        source = source_host(socket)
-        if self._throttled(source):
-            metrics.authentication_failed(None, 'throttled')
-            logger.debug('connection %d from %s refused: too many failed logins', conn.id,
-                         conn.peer)  # fmt: skip
-            conn.handshake.failure = 'too many failed logins from this address'
-            conn.hang_up()
-            return
+        # A throttled address still gets our SASL header and mechanisms, and its sasl-init the
+        # outcome sys-temp (amqp/sasl.py), so its client can tell "try later" from a network
+        # fault; no credential is read or checked, and the SASL timeout bounds the wait.
+        conn.handshake.throttled = self._throttled(source_host(socket))
         loop = asyncio.get_running_loop()
         timers = [loop.call_later(self.settings.sasl_timeout_seconds, self._sasl_overdue, conn)]
         if self.settings.open_timeout_seconds > 0:
@@ -109,7 +105,10 @@ class Guard:
         if step.output:
             conn.write_raw(step.output)
         if handshake.state is sasl.State.FAILED:
-            logger.info('connection %d from %s refused: %s', conn.id, conn.peer, handshake.failure)
+            # a throttled address is already told of once, by the WARNING that started it
+            level = logging.DEBUG if handshake.throttled else logging.INFO
+            logger.log(level, 'connection %d from %s refused: %s', conn.id, conn.peer,
+                       handshake.failure)  # fmt: skip
             metrics.authentication_failed(handshake.mechanism, failure_reason(handshake, self))
             if handshake.credentials_refused:
                 self._login_failed(conn)
@@ -366,12 +365,17 @@ def certificate_name(socket: asyncio.BaseTransport) -> str | None:
 
 
 def failure_reason(handshake: sasl.SaslHandshake, guard: Guard) -> str:
-    """Why a SASL exchange failed, from a closed set (a metric label): ``protocol_header`` (no
-    SASL header, or none without ANONYMOUS), ``malformed`` frames, a ``mechanism`` not offered,
-    or the ``credentials`` (unknown user, wrong password or certificate)."""
+    """Why a SASL exchange failed, from a closed set (a metric label): ``throttled`` (the source
+    address failed too many logins), ``protocol_header`` (no SASL header, or none without
+    ANONYMOUS), ``malformed`` frames or responses, a ``mechanism`` not offered, or the
+    ``credentials`` (unknown user, wrong password or certificate: what the throttle counts)."""
+    if handshake.throttled:
+        return 'throttled'
     if handshake.failure_code is None:
         return 'protocol_header'
-    if handshake.failure_code is not sasl.Code.AUTH:
-        return 'malformed'
+    if handshake.credentials_refused:
+        return 'credentials'
     offered = guard.authenticator.mechanisms(handshake.certificate_name)
-    return 'credentials' if handshake.mechanism in offered else 'mechanism'
+    if handshake.failure_code is sasl.Code.AUTH and handshake.mechanism not in offered:
+        return 'mechanism'
+    return 'malformed'

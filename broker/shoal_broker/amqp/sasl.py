@@ -9,6 +9,10 @@ no SASL layer. Frames are decoded with ``codec.decode`` (the walk the fuzz harne
 
 A peer that skips SASL (AMQP header first) is let in only as ANONYMOUS, and only when that is
 enabled; otherwise it gets the SASL header (what this server speaks) and the socket is closed.
+
+A connection from an address the failed-login throttle holds (``throttled``) is answered as any
+other up to its sasl-init, then with the outcome ``sys-temp``: the client learns "try later", not
+a network fault, and the broker checks no credential for it.
 """
 
 import dataclasses
@@ -21,6 +25,7 @@ from shoal_broker.security.authenticator import (
     ANONYMOUS,
     AuthenticationFailed,
     Authenticator,
+    CredentialsRefused,
     Exchange,
     Identity,
 )
@@ -42,6 +47,9 @@ _DESCRIPTORS: Final = {
     codec.Symbol('amqp:sasl-init:list'): SASL_INIT,
     codec.Symbol('amqp:sasl-response:list'): SASL_RESPONSE,
 }
+
+
+THROTTLED: Final = 'too many failed logins from this address'
 
 
 class Code(enum.IntEnum):
@@ -87,6 +95,8 @@ class SaslHandshake:
         """The failure was a wrong password or unknown user (what login throttling counts)."""
         self.mechanism: str | None = None
         self.failure_code: Code | None = None
+        self.throttled = False
+        """The source address failed too many logins: its sasl-init is answered ``sys-temp``."""
         self._buffer = bytearray()
         self._exchange: Exchange | None = None
 
@@ -105,15 +115,16 @@ class SaslHandshake:
         except SaslProtocolError as exc:
             self._fail(step, Code.SYS_PERM, f'malformed SASL input: {exc}')
         except AuthenticationFailed as exc:
-            self._fail(step, Code.AUTH, f'authentication failed: {exc}')
+            credentials = isinstance(exc, CredentialsRefused)
+            self._fail(step, Code.AUTH, f'authentication failed: {exc}', credentials=credentials)
         return step
 
-    def _fail(self, step: Step, code: Code, why: str) -> None:
+    def _fail(self, step: Step, code: Code, why: str, *, credentials: bool = False) -> None:
         if self.state is not State.HEADER:  # before our header the peer cannot read an outcome
             step.output += frame(outcome(code))
         self.state = State.FAILED
         self.failure, self.failure_code = why, code
-        self.credentials_refused = code is Code.AUTH
+        self.credentials_refused = credentials
 
     def _advance(self, step: Step) -> bool:
         """One unit of progress; False when more bytes are needed."""
@@ -126,6 +137,9 @@ class SaslHandshake:
         if self.state is State.INIT:
             if descriptor != SASL_INIT:
                 raise SaslProtocolError(f'expected sasl-init, got descriptor {descriptor!r}')
+            if self.throttled:  # no credential is read, let alone checked
+                self._fail(step, Code.SYS_TEMP, THROTTLED)
+                return False
             mechanism = _field(fields, 0)
             if not isinstance(mechanism, str):
                 raise SaslProtocolError('sasl-init without a mechanism')
@@ -148,10 +162,13 @@ class SaslHandshake:
         if len(have) < 8:
             return False
         if have == AMQP_HEADER:  # no SASL at all: ANONYMOUS, if that is allowed
+            refused = THROTTLED if self.throttled else None
             if ANONYMOUS not in self.authenticator.mechanisms(self.certificate_name):
+                refused = 'no SASL layer and ANONYMOUS is not enabled'
+            if refused is not None:  # no outcome can be sent without SASL: only our header
                 step.output += SASL_HEADER
                 self.state = State.FAILED
-                self.failure = 'no SASL layer and ANONYMOUS is not enabled'
+                self.failure = refused
                 return False
             exchange = self.authenticator.start(ANONYMOUS, self.certificate_name)
             identity = exchange.respond(b'')

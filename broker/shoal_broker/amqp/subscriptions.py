@@ -3,7 +3,8 @@ This replica's consumers of one subscription, and the loop that feeds them.
 
 A subscription is a consumer group in Redis; this replica is one consumer of it, reading up to the
 summed link credit of its local consumers (``fetch`` COUNT = free credit) and dealing entries out
-round-robin among consumers that still have credit (seed 002). Exactly one fetch per subscription
+round-robin among consumers that still have credit (seed 002), in attach order: the first entry
+goes to the oldest consumer. Exactly one fetch per subscription
 is in flight; anything that could make more entries deliverable (new credit, a notification, a
 returned entry) while it is in flight sets ``again`` instead of starting a second one.
 
@@ -30,6 +31,7 @@ its way to a local consumer; the rules, and why each keeps the queue's order, ar
 the store in order, as if they had never been held.
 """
 
+import bisect
 import logging
 import time
 from collections.abc import Sequence
@@ -66,6 +68,10 @@ MAX_RETRY_SECONDS = 2.0
 PRIVATE_GROUP_PREFIX = 'nd:'
 """A plain topic subscriber's own consumer group (``attach.py``): only its replica reads it, so
 it stays out of the sharing between replicas."""
+
+
+def _arrived(consumer: ConsumerLink) -> int:
+    return consumer.arrived
 
 
 class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
@@ -106,14 +112,19 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
         self._consumers_changed()
 
     def add(self, consumer: ConsumerLink) -> None:
-        self.consumers.append(consumer)
+        """A consumer joins in attach order (``LinkState.arrived``), oldest first."""
+        index = bisect.bisect_right(self.consumers, consumer.arrived, key=_arrived)
+        self.consumers.insert(index, consumer)
+        self.joined(index)
         consumer.subscription = self
         self._consumers_changed()
         self.kick()
 
     def remove(self, consumer: ConsumerLink) -> None:
         if consumer in self.consumers:
-            self.consumers.remove(consumer)
+            index = self.consumers.index(consumer)
+            del self.consumers[index]
+            self.left(index)
         consumer.subscription = None
         self._consumers_changed()
         if not self.consumers:

@@ -6,7 +6,8 @@ holds) and makes the proton calls; what it does with an entry or a message publi
 decided here, with no proton, asyncio or Redis, so each rule is unit-tested on its own
 (tests/unit/test_dispatch.py):
 
-- round robin over consumers with room (seed 002): ``next_with_room``;
+- round robin over consumers with room (seed 002), in attach order and oldest first:
+  ``next_with_room``, ``Lane.joined`` and ``Lane.left``;
 - expiry at dispatch (a message's TTL, or a queue's retention.maxAge): ``expired``;
 - an entry no local consumer takes now: released, consumed unseen or parked (``unwanted``), and
   a parked entry's time with this replica (``PARK_SECONDS``, ``due_parked``);
@@ -74,10 +75,19 @@ MAX_HELD_BYTES: Final = 1024 * 1024
 they go to the store."""
 
 
+NONE_SERVED: Final = -1
+"""The round robin's ``last`` before any consumer was served: the first entry goes to the oldest
+consumer. JMS lets either of two consumers with credit have it, but the JMS 2.0 TCK
+(``jms/core20`` sessiontests and jmscontexttopictests, createShared*) expects the first consumer
+of a shared subscription to receive the first message and the second the next one, and the
+attach order is the only order a client can see."""
+
+
 def next_with_room(last: int, rooms: Sequence[int]) -> int:
     """Round robin: the first index after ``last`` (wrapping around) whose room is above 0, or
     -1 when none has any. ``rooms`` is each consumer's credit left, 0 for one that may not take
-    the entry at hand."""
+    the entry at hand; they are in attach order, so from ``NONE_SERVED`` the oldest comes
+    first."""
     count = len(rooms)
     for step in range(1, count + 1):
         index = (last + step) % count
@@ -183,8 +193,9 @@ class Lane(Generic[H, C]):
 
     def __init__(self, group: str) -> None:
         self.group = group
-        self._next = 0
-        """The consumer last served (``next_with_room``)."""
+        self._next = NONE_SERVED
+        """The index of the consumer last served (``next_with_room``), among consumers kept in
+        attach order; ``joined`` and ``left`` keep it on the same consumer as the list changes."""
         self._fetching = False
         self._exhausted = False
         """The last fetch came back short and nothing announced entries since."""
@@ -226,6 +237,18 @@ class Lane(Generic[H, C]):
         ):
             return self._with_credit()
         return None
+
+    def joined(self, index: int) -> None:
+        """A consumer took its place at ``index`` among the consumers in attach order (at the end,
+        unless an older attach was answered later): the turn stays where it was."""
+        if index <= self._next:
+            self._next += 1
+
+    def left(self, index: int) -> None:
+        """The consumer at ``index`` left: the turn stays with the consumer after the one last
+        served, and goes back to the oldest (``NONE_SERVED``) when all have left."""
+        if index <= self._next:
+            self._next -= 1
 
     def _with_credit(self) -> C | None:
         """The local consumer with credit next in turn (``next_with_room``); a Lane on its own

@@ -1,10 +1,10 @@
 """
 Deciding who a peer is: the SASL mechanisms on offer and each one's exchange, without the frames.
 
-``amqp/sasl.py`` carries the bytes; this module answers them. Every failure is the same
+``amqp/sasl.py`` carries the bytes; this module answers them. Every failure is an
 ``AuthenticationFailed`` whatever the reason (unknown user, wrong password, mechanism not
-offered), and an unknown name walks the same path as a known one, against a mock user: the peer
-learns nothing about which users exist.
+offered; ``CredentialsRefused`` when a credential was checked), and an unknown name walks the
+same path as a known one, against a mock user: the peer learns nothing about which users exist.
 """
 
 import dataclasses
@@ -36,6 +36,13 @@ ANONYMOUS_USER: Final = 'anonymous'
 
 class AuthenticationFailed(Exception):
     """The peer is not let in (deliberately without saying why)."""
+
+
+class CredentialsRefused(AuthenticationFailed):
+    """A credential was checked and refused: an unknown user, a wrong password or SCRAM proof, a
+    certificate naming no user. Only these count toward the failed-login throttle
+    (``amqp/guard.py``): they are what guessing passwords produces, while a mechanism not offered
+    or a malformed response checks no credential at all."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,7 +160,7 @@ class _External(Exchange):
         requested = data.decode('utf-8', 'replace')
         user = self.users.users.get(self.certificate_name)
         if user is None or requested not in ('', self.certificate_name):
-            raise AuthenticationFailed('certificate does not name a user')
+            raise CredentialsRefused('certificate does not name a user')
         return Identity(user.name, EXTERNAL, user.permissions), b''
 
 
@@ -182,7 +189,7 @@ class _Plain(Exchange):
         )
         matches = password_matches(checked, password)
         if not (known and matches) or authzid not in ('', authcid):
-            raise AuthenticationFailed('wrong user name or password')
+            raise CredentialsRefused('wrong user name or password')
         assert user is not None
         return Identity(user.name, PLAIN, user.permissions), b''
 
@@ -226,7 +233,7 @@ class _Scram(Exchange):
             self.server.set_client_final(data.decode('utf-8'))
             final = self.server.get_server_final()
         except (UnicodeDecodeError, scramp.ScramException) as exc:
-            raise AuthenticationFailed(f'SCRAM proof not accepted: {exc}') from None
+            raise CredentialsRefused(f'SCRAM proof not accepted: {exc}') from None
         if not self.known or self.user is None:  # unreachable short of guessing the mock
-            raise AuthenticationFailed('unknown user')
+            raise CredentialsRefused('unknown user')
         return Identity(self.user.name, self.mechanism, self.user.permissions), final.encode()
