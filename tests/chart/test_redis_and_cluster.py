@@ -117,8 +117,8 @@ def test_an_hpa_owns_the_replicas_the_chart_leaves_out() -> None:
     assert one(render(), 'BrokerCluster')['spec']['replicas'] == 2
     with pytest.raises(HelmRenderError, match='choose one'):
         render_raw({'exampleCluster': {'autoscaling': {'enabled': True, 'fromAnalytics': True}}})
+    metric = {'name': 'm', 'averageValue': 5000}
     with pytest.raises(HelmValuesError, match='averageValue'):  # quantities are strings
-        metric = {'name': 'm', 'averageValue': 5000}
         render_raw({'exampleCluster': {'autoscaling': {'enabled': True,
                                                        'externalMetrics': [metric]}}})  # fmt: skip
 
