@@ -27,6 +27,7 @@ PLURALS = {
     'PodDisruptionBudget': 'poddisruptionbudgets',
     'NetworkPolicy': 'networkpolicies',
     'ServiceMonitor': 'servicemonitors',
+    'HorizontalPodAutoscaler': 'horizontalpodautoscalers',
     'BrokerCluster': 'brokerclusters',
     'Queue': 'queues',
     'SharedSubscription': 'sharedsubscriptions',

@@ -14,6 +14,7 @@ from typing import Any
 
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy
 from shoal_broker.settings import Overflow
+from shoal_operator.autoscaling import Autoscaling
 
 GROUP = 'shoal.dev'
 VERSION = 'v1alpha1'
@@ -82,13 +83,6 @@ class Meta:
 class ClusterRef:
     namespace: str
     name: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Autoscaling:
-    from_analytics: bool = False
-    min_replicas: int = 1
-    max_replicas: int = 10
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -294,14 +288,10 @@ class BrokerCluster:
         monitor = (spec.get('metrics') or {}).get('serviceMonitor') or {}
         policy = spec.get('networkPolicy') or {}
         scale_down = spec.get('scaleDown') or {}
-        scaling = spec.get('autoscaling') or {}
-        autoscaling = Autoscaling(
-            from_analytics=bool(scaling.get('fromAnalytics', False)),
-            min_replicas=int(scaling.get('minReplicas', 1)),
-            max_replicas=int(scaling.get('maxReplicas', 10)),
-        )
-        if autoscaling.min_replicas > autoscaling.max_replicas:
-            raise InvalidSpec('autoscaling.minReplicas must not exceed autoscaling.maxReplicas')
+        try:
+            autoscaling = Autoscaling.of(spec)
+        except ValueError as exc:
+            raise InvalidSpec(str(exc)) from None
         service = spec.get('service') or {}
         return cls(
             meta=Meta.of(body),

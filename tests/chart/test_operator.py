@@ -25,6 +25,7 @@ NAMESPACED_NEEDS: dict[tuple[str, str], set[str]] = {
     ('policy', 'poddisruptionbudgets'): CHILD,
     ('networking.k8s.io', 'networkpolicies'): CHILD | {'delete'},
     ('monitoring.coreos.com', 'servicemonitors'): CHILD | {'delete'},
+    ('autoscaling', 'horizontalpodautoscalers'): CHILD | {'delete'},
     ('', 'events'): {'create'},
 }  # fmt: skip
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 from chartrender import NAMESPACE, container, env, find, one, render, render_raw
-from helm_python import HelmRenderError
+from helm_python import HelmRenderError, HelmValuesError
 
 from shoal_broker.store.connect import parse_sentinel_url
 
@@ -102,6 +102,25 @@ def test_autoscaling_from_analytics_reaches_the_cluster_and_is_bounded() -> None
     assert cluster['spec']['autoscaling'] == autoscaling
     with pytest.raises(HelmRenderError, match='minReplicas must not exceed maxReplicas'):
         render_raw({'exampleCluster': {'autoscaling': {'minReplicas': 5, 'maxReplicas': 4}}})
+
+
+HPA = {'enabled': True, 'minReplicas': 2, 'maxReplicas': 5, 'targetConnectionsPerReplica': 1500,
+       'externalMetrics': [{'name': 'shoal_messages_enqueued_rate', 'matchLabels': {'job': 'shoal'},
+                            'averageValue': '5000'}]}  # fmt: skip
+
+
+def test_an_hpa_owns_the_replicas_the_chart_leaves_out() -> None:
+    cluster = one(render({'exampleCluster': {'replicas': 3, 'autoscaling': HPA}}), 'BrokerCluster')
+    assert 'replicas' not in cluster['spec']  # helm upgrade does not set back what the HPA wrote
+    assert cluster['spec']['autoscaling'] == {**HPA, 'targetCPUUtilizationPercentage': 70,
+                                              'scaleDownStabilizationSeconds': 300}  # fmt: skip
+    assert one(render(), 'BrokerCluster')['spec']['replicas'] == 2
+    with pytest.raises(HelmRenderError, match='choose one'):
+        render_raw({'exampleCluster': {'autoscaling': {'enabled': True, 'fromAnalytics': True}}})
+    metric = {'name': 'm', 'averageValue': 5000}
+    with pytest.raises(HelmValuesError, match='averageValue'):  # quantities are strings
+        render_raw({'exampleCluster': {'autoscaling': {'enabled': True,
+                                                       'externalMetrics': [metric]}}})  # fmt: skip
 
 
 def test_notes_tell_how_to_connect_and_test() -> None:

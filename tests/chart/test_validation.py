@@ -4,7 +4,8 @@ Every documented values variant renders, lints clean (strict) for the oldest sup
 schemas of the oldest supported version and of 1.30 (kubernetes-validate, strict: unknown fields
 rejected), Shoal's own custom resources as the API server admits them (defaults applied, then the
 CRD's schema and CEL rules: crdrules), and the Spark operator's and Prometheus operator's against
-schemas of the fields we set (tests/chart/schemas/).
+schemas of the fields we set (tests/chart/schemas/). The HorizontalPodAutoscaler the operator
+builds for the autoscaled example cluster validates against both Kubernetes versions too.
 """
 
 import json
@@ -16,6 +17,10 @@ import jsonschema
 import kubernetes_validate
 from chartrender import CHART_DIR, VARIANTS, Manifest, find, render
 from crdcheck import load_crds, oldest_kubernetes
+from crdrules import defaulted, resource_schema
+
+from shoal_operator.manifests import autoscaler
+from shoal_operator.models import BrokerCluster
 
 KUBE_VERSIONS = (oldest_kubernetes(), '1.30.0')
 WORKLOADS = {'Deployment', 'StatefulSet'}
@@ -138,3 +143,14 @@ def test_pull_secrets_reach_every_pod() -> None:
         assert pod['imagePullSecrets'] == [{'name': 'registry'}]
     (app,) = find(operator_variant, 'ScheduledSparkApplication')
     assert app['spec']['template']['imagePullSecrets'] == ['registry']
+
+
+def test_the_hpa_the_operator_builds_for_the_autoscaled_chart_cluster_is_valid() -> None:
+    (cluster,) = find(render(VARIANTS['autoscaled-example-cluster']), 'BrokerCluster')
+    assert schema_errors(cluster) == []
+    served = defaulted(resource_schema(load_crds()['BrokerCluster']), cluster)
+    hpa = autoscaler.horizontal_pod_autoscaler(BrokerCluster.from_body(served, default_image='i'))
+    assert hpa is not None
+    assert hpa['spec']['scaleTargetRef']['name'] == cluster['metadata']['name']
+    assert [m['type'] for m in hpa['spec']['metrics']] == ['Resource', 'Pods', 'External']
+    assert schema_errors(dict(hpa)) == []

@@ -1,6 +1,7 @@
 """
 What the operator creates for a BrokerCluster is accepted by every supported Kubernetes version:
-each built-in child of the example cluster (and of a minimal one), as the API server hands the
+each built-in child of the example cluster (and of a minimal one, and of the autoscaled example
+with its HorizontalPodAutoscaler), as the API server hands the
 cluster over (defaults applied), validates against the OpenAPI schemas of the oldest supported
 version and of 1.30 (kubernetes-validate, strict: a field that version lacks is an error).
 """
@@ -21,6 +22,7 @@ from shoal_operator.models import BrokerCluster
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VERSIONS = (oldest_kubernetes(), '1.30.0')
 EXAMPLE = yaml.safe_load((ROOT / 'examples/brokercluster.yaml').read_text())
+AUTOSCALED = yaml.safe_load((ROOT / 'examples/brokercluster-autoscaled.yaml').read_text())
 MINIMAL = {'apiVersion': 'shoal.dev/v1alpha1', 'kind': 'BrokerCluster',
            'metadata': {'name': 'shoal'},
            'spec': {'redis': {'secretName': 'r'}, 'auth': {'usersSecretName': 'u'}}}  # fmt: skip
@@ -34,7 +36,9 @@ def children(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize('version', VERSIONS)
-@pytest.mark.parametrize('body', [EXAMPLE, MINIMAL], ids=['example', 'minimal'])
+@pytest.mark.parametrize(
+    'body', [EXAMPLE, MINIMAL, AUTOSCALED], ids=['example', 'minimal', 'autoscaled']
+)
 def test_every_built_in_child_is_valid_for_every_supported_version(
     body: dict[str, Any], version: str
 ) -> None:
@@ -54,3 +58,12 @@ def test_the_version_check_refuses_a_field_the_version_lacks() -> None:
     with pytest.raises(kubernetes_validate.ValidationError, match='appArmorProfile'):
         kubernetes_validate.validate(deployment, '1.28.0', strict=True)
     kubernetes_validate.validate(deployment, '1.30.0', strict=True)  # appArmorProfile: 1.30
+
+
+@pytest.mark.parametrize('version', VERSIONS)
+def test_the_hpa_is_checked_and_a_field_autoscaling_v2_lacks_is_refused(version: str) -> None:
+    (hpa,) = [c for c in children(AUTOSCALED) if c['kind'] == 'HorizontalPodAutoscaler']
+    kubernetes_validate.validate(hpa, version, strict=True)
+    hpa['spec']['metrics'][0]['resource']['target']['averageUtilisation'] = 70
+    with pytest.raises(kubernetes_validate.ValidationError, match='averageUtilisation'):
+        kubernetes_validate.validate(hpa, version, strict=True)

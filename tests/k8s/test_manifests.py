@@ -273,11 +273,13 @@ def test_build_all_orders_config_first_and_names_what_is_switched_off() -> None:
     kinds = [m['kind'] for m in manifests.build_all(model())]
     assert kinds == ['ConfigMap', 'Secret', 'Deployment', 'Service', 'Service',
                      'PodDisruptionBudget']  # fmt: skip
-    assert [k for _, k, _ in manifests.switched_off(model())] == ['NetworkPolicy', 'ServiceMonitor']
+    assert [k for _, k, _ in manifests.switched_off(model())] == [
+        'NetworkPolicy', 'ServiceMonitor', 'HorizontalPodAutoscaler']  # fmt: skip
     everything = model(
-        networkPolicy={'enabled': True}, metrics={'serviceMonitor': {'enabled': True}}
-    )
-    assert len(manifests.build_all(everything)) == 8
+        networkPolicy={'enabled': True}, metrics={'serviceMonitor': {'enabled': True}},
+        autoscaling={'enabled': True},
+    )  # fmt: skip
+    assert len(manifests.build_all(everything)) == 9
     assert manifests.switched_off(everything) == []
     for manifest in manifests.build_all(everything):
         assert manifest['metadata']['namespace'] == 'msg'

@@ -21,6 +21,7 @@ from shoal_operator.runtime import Settings
 CHILDREN = [('v1', 'configmaps', 'shoal-config'), ('v1', 'secrets', 'shoal-connection'),
             ('apps/v1', 'deployments', 'shoal'), ('v1', 'services', 'shoal'),
             ('policy/v1', 'poddisruptionbudgets', 'shoal'),
+            ('autoscaling/v2', 'horizontalpodautoscalers', 'shoal'),
             ('networking.k8s.io/v1', 'networkpolicies', 'shoal'),
             ('monitoring.coreos.com/v1', 'servicemonitors', 'shoal')]  # fmt: skip
 MANAGED_BY = 'app.kubernetes.io/managed-by'
@@ -64,6 +65,7 @@ async def test_the_operator_uses_every_grant_and_nothing_else(
     optional = {
         'metrics': {'serviceMonitor': {'enabled': True}},
         'networkPolicy': {'enabled': True},
+        'autoscaling': {'enabled': True},
     }
     await kube.create('brokerclusters', cluster_body(**optional))
     queue = {
@@ -92,9 +94,10 @@ async def test_the_operator_uses_every_grant_and_nothing_else(
         await kube.eventually(repaired, f'{plural}/{name} repaired')
 
     # optional children switched off are deleted
-    off = {'metrics': {'serviceMonitor': {'enabled': False}}, 'networkPolicy': {'enabled': False}}
+    off = {'metrics': {'serviceMonitor': {'enabled': False}}, 'networkPolicy': {'enabled': False},
+           'autoscaling': {'enabled': False}}  # fmt: skip
     await kube.patch('brokerclusters', 'shoal', {'spec': off})
-    for api_version, plural, name in CHILDREN[-2:]:
+    for api_version, plural, name in CHILDREN[-3:]:
 
         async def deleted(a: str = api_version, p: str = plural, n: str = name) -> bool:
             return await kube.get(p, n, api_version=a) is None

@@ -39,6 +39,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     'no-example-cluster': {'exampleCluster': {'enabled': False}},
     'anonymous-example-cluster': {'exampleCluster': {'auth': {'allowAnonymous': True}}},
+    'autoscaled-example-cluster': {'exampleCluster': {'autoscaling': {
+        'enabled': True, 'minReplicas': 2, 'maxReplicas': 4, 'targetConnectionsPerReplica': 2000,
+        'externalMetrics': [{'name': 'shoal_messages_enqueued_rate',
+                             'matchLabels': {'job': 'shoal'}, 'averageValue': '5k'}]}}},
     'external-broker-with-credentials': {
         'exampleCluster': {'enabled': False},
         'tests': {'brokerUrl': 'amqps://broker.example:5671', 'credentialsSecret': 'creds'},

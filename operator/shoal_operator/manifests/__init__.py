@@ -6,7 +6,7 @@ Pure builders: a BrokerCluster model -> the Kubernetes objects that run it.
 ``OPTIONAL_KINDS`` the kinds whose CRD a cluster may lack (the rest of the cluster works without).
 """
 
-from shoal_operator.manifests import config, network, workload
+from shoal_operator.manifests import autoscaler, config, network, workload
 from shoal_operator.manifests.config import Manifest
 from shoal_operator.models import BrokerCluster
 
@@ -20,7 +20,11 @@ def build_all(cluster: BrokerCluster, redis_url: str | None = None) -> list[Mani
     """``redis_url``: the rendered Redis URL (``redisurl.render``) of a cluster whose spec names
     its Redis by mode and hosts; None leaves its Secret as it is (its credentials cannot be read
     now), and for a cluster whose URL is the user's Secret."""
-    optional = [network.network_policy(cluster), network.service_monitor(cluster)]
+    optional = [
+        autoscaler.horizontal_pod_autoscaler(cluster),
+        network.network_policy(cluster),
+        network.service_monitor(cluster),
+    ]
     rendered = []
     if cluster.redis.rendered and redis_url is not None:
         rendered.append(config.redis_url_secret(cluster, redis_url))
@@ -44,4 +48,6 @@ def switched_off(cluster: BrokerCluster) -> list[tuple[str, str, str]]:
         off.append(('networking.k8s.io/v1', 'NetworkPolicy', name))
     if cluster.service_monitor is None:
         off.append(('monitoring.coreos.com/v1', 'ServiceMonitor', name))
+    if not cluster.autoscaling.enabled:
+        off.append((autoscaler.API, autoscaler.KIND, name))
     return off
