@@ -108,7 +108,8 @@ def generate(spec: Synthetic) -> pa.Table:
         **{name: pa.array(values, pa.int64()) for name, values in counts.items()},
         'consumers': pa.array(consumers, pa.int64()),
         'backlog': pa.array(backlog, pa.int64()),
-        'latency_buckets': pa.array(list(buckets), pa.list_(pa.int64())),
+        'latency_buckets': pa.array(list(buckets), pa.list_(pa.int64())),  # schema 2 records
+        'latency_sketch': pa.nulls(rows, pa.map_(pa.int32(), pa.int64())),
         'cr_namespace': pa.array(np.full(rows, '')),
         'cr_name': pa.array(np.full(rows, '')),
         'error': pa.nulls(rows, pa.string()),

@@ -216,9 +216,11 @@ def test_gaps_between_samples_break_the_lines() -> None:
 
 
 def test_spark_in_local_mode_listens_on_loopback_unless_told() -> None:
-    loopback = {'spark.driver.host': '127.0.0.1', 'spark.driver.bindAddress': '127.0.0.1'}
+    off = {'spark.ui.enabled': 'false'}
+    loopback = {'spark.driver.host': '127.0.0.1', 'spark.driver.bindAddress': '127.0.0.1', **off}
     assert loopback_conf('local[*]', {}, {}) == loopback
-    assert loopback_conf('local[2]', {'SPARK_LOCAL_IP': '10.0.0.5'}, {}) == {}
-    assert loopback_conf('local[*]', {}, {'spark.driver.host': 'driver.svc'}) == {}
+    assert loopback_conf('local[2]', {'SPARK_LOCAL_IP': '10.0.0.5'}, {}) == off
+    assert loopback_conf('local[*]', {}, {'spark.driver.host': 'driver.svc'}) == off
+    assert 'spark.ui.enabled' not in loopback_conf('local', {}, {'spark.ui.enabled': 'true'})
     assert loopback_conf('spark://127.0.0.1:7077', {}, {}) == {}
     assert loopback_conf('k8s://https://kubernetes.default.svc', {}, {}) == {}
