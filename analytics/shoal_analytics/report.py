@@ -69,6 +69,11 @@ def _sort_key(value: object) -> str:
     return str(value)
 
 
+def _numeric(value: object) -> str:
+    """Numbers are not broken inside (``1,2|34``); text wraps anywhere it must."""
+    return ' class="n"' if isinstance(value, int | float) and not isinstance(value, bool) else ''
+
+
 Cell = tuple[str, object]
 """Shown text and sort value."""
 
@@ -107,7 +112,7 @@ def _html_table(rows: list[dict[str, Cell]], columns: list[str], css: list[str],
     body = []
     for row, style in zip(rows, css, strict=True):
         cells = ''.join(
-            f'<td data-v="{html.escape(_sort_key(v))}">{html.escape(text)}</td>'
+            f'<td data-v="{html.escape(_sort_key(v))}"{_numeric(v)}>{html.escape(text)}</td>'
             for text, v in (row[c] for c in columns)
         )
         body.append(f'<tr class="{style}">{cells}</tr>')

@@ -73,7 +73,7 @@ def test_the_sketch_is_written_compactly_and_a_bad_one_is_refused() -> None:
     assert fields['latency_sketch'] == '-120:1 0:2 300:3'
     assert 'latency_buckets' not in fields
     for bad in ('1:0', '1:2 1:3', 'x:1', '1'):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match='latency_sketch'):
             MetricRecord.from_fields({**fields, 'latency_sketch': bad})
 
 

@@ -150,7 +150,10 @@ def _parse_sketch(raw: str) -> tuple[tuple[int, int], ...]:
     pairs = []
     for pair in raw.split():
         index, _, count = pair.partition(':')
-        pairs.append((int(index), int(count)))
+        try:
+            pairs.append((int(index), int(count)))
+        except ValueError:
+            raise ValueError(f'latency_sketch has a malformed bucket {pair!r}') from None
     if any(count <= 0 for _, count in pairs) or len({i for i, _ in pairs}) != len(pairs):
         raise ValueError('latency_sketch has a count that is not positive or a repeated bucket')
     return tuple(sorted(pairs))
