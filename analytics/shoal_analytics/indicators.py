@@ -168,8 +168,9 @@ def entity_summary(
 ) -> DataFrame:
     """Per entity over the lookback: totals, ratios, percentiles (the window SKETCHES merged);
     the backlog's trend over its samples and its newest value; rates of the newest complete
-    window; consumers of the newest window, the most in any window and the fraction of windows
-    that had any (a consumer attached all along is slow, not absent); time to drain."""
+    window; consumers of the newest window, the most in any window and the fraction of the
+    windows with something to deliver that had any (a consumer attached all along is slow, not
+    absent); time to drain."""
     totals = with_percentiles(
         _ratios(windows.groupBy(*ENTITY).agg(*_sums(*COUNTS))), sketches, *ENTITY
     )
@@ -204,7 +205,14 @@ def entity_summary(
     consumers = windows.groupBy(*ENTITY).agg(  # a gauge: the newest window's, complete or not
         F.max_by('consumers', 'window_start_ms').alias('consumers'),
         F.max('consumers').alias('consumers_max'),
-        F.avg((F.col('consumers') > 0).cast('double')).alias('consumer_presence'),
+        # of the windows with something to deliver: after its traffic ends, a queue whose
+        # consumer left is not one that had none
+        F.avg(
+            F.when(
+                (F.col('enqueued') > 0) | (F.col('delivered') > 0) | (F.col('backlog') > 0),
+                (F.col('consumers') > 0).cast('double'),
+            )
+        ).alias('consumer_presence'),
     )
     drain = F.col('out_rate') - F.col('in_rate')
     return (
