@@ -30,7 +30,11 @@ CHART_SERIES = 8
 
 
 def _asset(name: str) -> str:
-    return resources.files('shoal_analytics').joinpath('assets', name).read_text('utf-8')
+    text = resources.files('shoal_analytics').joinpath('assets', name).read_text('utf-8')
+    if name == 'uPlot.iife.min.js':  # its banner is a URL: the page names no address at all
+        banner = '/*! uPlot v1.6.32, MIT licence: shoal_analytics/assets/uPlot.LICENSE */'
+        text = text.replace('/*! https://github.com/leeoniya/uPlot (v1.6.32) */', banner)
+    return text
 
 
 def _table(lake: Lake, name: str) -> pd.DataFrame:

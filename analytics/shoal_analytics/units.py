@@ -55,10 +55,14 @@ def subscription_name(subscription: str) -> str:
         return ''
     if subscription == 'private':
         return '(plain subscribers)'
-    parts = subscription.split(':', 3)
-    if len(parts) == 4 and parts[0] in ('durable', 'volatile'):
-        _, scope, owner, name = parts
-        return name if scope == 'global' else f'{name} (client {owner})'
+    lifetime, _, rest = subscription.partition(':')
+    scope, _, rest = rest.partition(':')
+    if lifetime in ('durable', 'volatile') and scope == 'global' and rest.startswith('*:'):
+        return rest[2:]
+    if lifetime in ('durable', 'volatile') and scope == 'client' and ':' in rest:
+        # a generated ClientID has colons (ID:...:1); a name seldom does
+        owner, _, name = rest.rpartition(':')
+        return f'{name} (client {owner})'
     return subscription
 
 
