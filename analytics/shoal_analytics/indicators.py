@@ -106,6 +106,7 @@ def cells(records: DataFrame) -> DataFrame:
         F.count('*').alias('records'),
         *_sums(*COUNTS),
         F.max_by('consumers', 'ts_ms').alias('consumers'),
+        F.max('consumers').alias('consumers_max'),
         F.max_by('backlog', known_backlog).alias('backlog'),
         F.max(known_backlog).alias('backlog_ts'),
     )
@@ -136,7 +137,7 @@ def entity_windows(cells: DataFrame, sketches: DataFrame, params: AnalysisParams
     one each), less what it filtered out."""
     seconds = float(params.window_seconds)
     windows = cells.groupBy('window_start_ms', 'complete', *ENTITY).agg(
-        *_sums(*COUNTS, 'consumers'),
+        *_sums(*COUNTS, 'consumers', 'consumers_max'),
         F.max_by('backlog', 'backlog_ts').alias('backlog'),
         F.count('replica').alias('replicas'),
     )
@@ -204,13 +205,13 @@ def entity_summary(
     )
     consumers = windows.groupBy(*ENTITY).agg(  # a gauge: the newest window's, complete or not
         F.max_by('consumers', 'window_start_ms').alias('consumers'),
-        F.max('consumers').alias('consumers_max'),
+        F.max('consumers_max').alias('consumers_max'),
         # of the windows with something to deliver: after its traffic ends, a queue whose
         # consumer left is not one that had none
         F.avg(
             F.when(
                 (F.col('enqueued') > 0) | (F.col('delivered') > 0) | (F.col('backlog') > 0),
-                (F.col('consumers') > 0).cast('double'),
+                (F.col('consumers_max') > 0).cast('double'),
             )
         ).alias('consumer_presence'),
     )
