@@ -85,6 +85,4 @@ def headline(advice: Recommendation, current: int, anomalies: Sequence[Anomaly])
     if not actions:
         return f'No action needed: {current} broker(s) carry the load'
     text = '; '.join(actions)
-    if advice.replicas == current:
-        text += f' ({current} broker(s) are enough)'
     return text[0].upper() + text[1:]
