@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from shoal_analytics.analyze import Analysis, analyze
 from shoal_analytics.lake import Lake
 from shoal_analytics.params import AnalysisParams
-from shoal_analytics.report import _with_gaps, write_report
+from shoal_analytics.report import write_report
 from shoal_analytics.rows import RAW_DDL, raw_row
 from shoal_analytics.session import loopback_conf
 from shoal_broker.metrics.records import LATENCY_BOUNDS, LATENCY_BOUNDS_V1, MetricRecord
@@ -206,14 +206,6 @@ def test_the_report_tells_what_the_data_covers_in_human_units_and_is_screenshot(
     assert shot.read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
     assert shot.stat().st_size > 50_000  # a rendered page with its plots, not a blank one
     # (kept with the test's tmp_path, as pytest keeps the last runs' directories)
-
-
-def test_gaps_between_samples_break_the_lines() -> None:
-    frame = pd.DataFrame({'ts_ms': [0, 10, 20, 60, 70], 'backlog': [1, 2, 3, 4, 5]})
-    gapped = _with_gaps(frame, 'ts_ms', 10)
-    assert gapped['ts_ms'].tolist() == [0, 10, 20, 50, 60, 70]
-    assert gapped['backlog'].isna().tolist() == [False, False, False, True, False, False]
-    assert _with_gaps(frame.iloc[:3], 'ts_ms', 10).equals(frame.iloc[:3])
 
 
 def test_spark_in_local_mode_listens_on_loopback_unless_told() -> None:

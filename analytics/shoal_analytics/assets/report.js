@@ -26,7 +26,7 @@
     }
     var format = chart.log ? human : plain;
     var series = [{}].concat(chart.series.map(function (s, i) {
-      return {label: s.label, stroke: palette[i % palette.length], width: 1.5, spanGaps: false,
+      return {label: s.label, stroke: palette[i % palette.length], width: 1.5, spanGaps: true,
               points: {size: 4}, value: function (u, v) { return format(v); }};
     }));
     var options = {
