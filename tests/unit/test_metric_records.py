@@ -1,6 +1,9 @@
 """The metric record schema shared by the broker and the analytics job."""
 
+import bisect
 import json
+import math
+import random
 
 import pytest
 
@@ -154,3 +157,31 @@ def test_consumer_links_with_a_taken_name_or_named_like_the_aggregate_count_in_i
         s for s in registry.link_deliveries_family().samples if s.labels['address'] == address
     ]
     assert [(s.labels['link'], s.value) for s in samples] == [(registry.OTHER_LINKS, 5)]
+
+
+def _histogram_quantile(bounds: tuple[float, ...], waits: list[float], q: float) -> float:
+    """Prometheus's ``histogram_quantile``: linear inside the bucket the rank falls in."""
+    counts = [0] * (len(bounds) + 1)
+    for wait in waits:
+        counts[bisect.bisect_left(bounds, wait)] += 1
+    rank, below, lower = q * len(waits), 0, 0.0
+    for bound, count in zip(bounds, counts, strict=False):
+        if below + count >= rank:
+            return lower + (bound - lower) * (rank - below) / count
+        below, lower = below + count, bound
+    return bounds[-1]
+
+
+@pytest.mark.parametrize(
+    ('low', 'high'), [(1.0, 1.6), (0.2, 0.3), (0.022, 0.024), (50.0, 99.0), (0.001, 0.01)]
+)
+def test_histogram_quantile_over_the_delivery_buckets_is_within_about_10_percent(
+    low: float, high: float
+) -> None:
+    """The narrow shapes are the hard ones: a whole distribution inside two or three buckets."""
+    rng = random.Random(f'{low}-{high}')
+    waits = sorted(rng.uniform(low, high) for _ in range(5000))
+    for q in (0.5, 0.95, 0.99):
+        truth = waits[math.ceil(q * len(waits)) - 1]
+        estimate = _histogram_quantile(registry.DELIVERY_LATENCY_BUCKETS, waits, q)
+        assert estimate == pytest.approx(truth, rel=0.125), q

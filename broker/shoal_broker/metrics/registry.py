@@ -16,7 +16,13 @@ looked up once per address or subscription and cached (``Counters``), not per me
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from shoal_broker.metrics.hot import LATENCY_BUCKETS, LATENCY_HELP, LATENCY_NAME, Counters
+from shoal_broker.metrics.hot import (
+    DELIVERY_LATENCY_BUCKETS,
+    LATENCY_BUCKETS,
+    LATENCY_HELP,
+    LATENCY_NAME,
+    Counters,
+)
 from shoal_broker.metrics.labels import (
     OTHER_ADDRESSES,
     PRIVATE_LABEL,
@@ -58,6 +64,7 @@ __all__ = [
     'AUTHORIZATION_FAILURES',
     'BACKGROUND_FAILURES',
     'CONNECTIONS_REFUSED',
+    'DELIVERY_LATENCY_BUCKETS',
     'LATENCY_BUCKETS',
     'LATENCY_HELP',
     'LATENCY_NAME',
