@@ -8,7 +8,7 @@ Writes about ``--records`` synthetic raw records (all plants, 200 queues, 3 repl
 temporary lake, then times:
   cold   ``python -m shoal_analytics analyze`` as its own process (JVM start included), once;
   warm   ``analyze`` again and again in one session (``--reps`` times; median reported);
-  report ``shoal-analytics report`` (pandas + matplotlib, no Spark);
+  report ``shoal-analytics report`` (pandas, no Spark);
   ingest ``--ingest-records`` records XADDed to a private redis-server on a free loopback port,
          read by the Redis stream data source into a new lake (warm session).
 Also checks that the analysis found exactly the planted problems, so a fast wrong answer does

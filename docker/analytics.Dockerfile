@@ -43,7 +43,6 @@ ENV PATH=/opt/shoal/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
-    MPLCONFIGDIR=/tmp/matplotlib \
     SPARK_LOCAL_DIRS=/tmp
 USER 185:185
 WORKDIR /tmp

@@ -13,12 +13,19 @@ from pathlib import Path
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
-from shoal_analytics.anomalies import entity_anomalies, fairness_anomalies, replica_anomalies
+from shoal_analytics.anomalies import (
+    entity_anomalies,
+    fairness_anomalies,
+    ranked,
+    replica_anomalies,
+    share_anomalies,
+)
 from shoal_analytics.errors import AnalysisError
 from shoal_analytics.indicators import (
     backlog_samples,
     cells,
     cluster_rates,
+    entity_replica_shares,
     entity_summary,
     entity_windows,
     fairness,
@@ -28,7 +35,8 @@ from shoal_analytics.indicators import (
 )
 from shoal_analytics.lake import Lake
 from shoal_analytics.params import AnalysisParams
-from shoal_analytics.recommend import Recommendation, recommend
+from shoal_analytics.quantiles import sketch_rows
+from shoal_analytics.recommend import Recommendation, headline, recommend
 from shoal_broker.metrics.records import AnalyticsSummary
 
 
@@ -60,17 +68,27 @@ def analyze(spark: SparkSession, lake: Lake, params: AnalysisParams) -> Analysis
     record_count = sum(int(row['records']) for row in shares_rows)
     if record_count == 0:
         raise AnalysisError(f'no well-formed metric records under {lake.raw}')
-    windows = _write(entity_windows(per_cell, params), out / 'entity_windows.parquet')
+    # the sketches merged per window and entity: every percentile is read from these
+    sketches = _write(
+        sketch_rows(records, 'window_start_ms', 'address', 'subscription'),
+        out / 'latency_sketches.parquet',
+    )
+    windows = _write(entity_windows(per_cell, sketches, params), out / 'entity_windows.parquet')
     samples = _write(backlog_samples(records), out / 'backlog_samples.parquet')
-    entities = _write(entity_summary(windows, samples, params), out / 'entities.parquet')
+    entities = _write(entity_summary(windows, samples, sketches, params), out / 'entities.parquet')
+    entity_shares = _write(entity_replica_shares(per_cell), out / 'entity_replicas.parquet')
     fair = _write(fairness(per_cell, params), out / 'fairness.parquet')
     cluster = _write(cluster_rates(load), out / 'cluster_windows.parquet')
 
     entity_rows = [row.asDict() for row in entities.collect()]
-    anomalies = (
+    hot = replica_anomalies(shares_rows, params)
+    anomalies = ranked(
         entity_anomalies(entity_rows, params)
         + fairness_anomalies(row.asDict() for row in fair.where('starved').collect())
-        + replica_anomalies(shares_rows, params)
+        + hot
+        + share_anomalies(
+            (row.asDict() for row in entity_shares.collect()), params, (a.replica for a in hot)
+        )
     )
     rates = cluster.orderBy('window_start_ms').collect()
     current = params.current_replicas
@@ -95,6 +113,7 @@ def analyze(spark: SparkSession, lake: Lake, params: AnalysisParams) -> Analysis
     ).coalesce(1).write.mode('overwrite').parquet(str(out / 'anomalies.parquet'))
     document = {
         **json.loads(summary.to_fields()['summary']),
+        'headline': headline(advice, current, anomalies),
         'malformed_records': span.malformed,
         # what the records cover (the lookback above is only how far back they were read)
         'data_start_ms': span.data_start_ms,

@@ -32,7 +32,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from shoal_analytics.params import AnalysisParams
-from shoal_analytics.quantiles import bucket_columns, summed_buckets, with_quantiles
+from shoal_analytics.quantiles import record_sketch, with_percentiles
 from shoal_broker.metrics.records import COUNTS
 
 ENTITY = ('address', 'subscription')
@@ -94,7 +94,7 @@ def select_span(raw: DataFrame, params: AnalysisParams) -> tuple[DataFrame, Span
         window_start.alias('window_start_ms'),
         complete.alias('complete'),
         'ts_ms', 'interval_ms', *ENTITY, 'replica', *COUNTS, 'consumers', 'backlog',
-        *bucket_columns(F.col('latency_buckets')),
+        record_sketch(raw),
     )  # fmt: skip
     return records, Span(start_ms, end_ms, int(stats['malformed']), data_start_ms)
 
@@ -106,9 +106,9 @@ def cells(records: DataFrame) -> DataFrame:
         F.count('*').alias('records'),
         *_sums(*COUNTS),
         F.max_by('consumers', 'ts_ms').alias('consumers'),
+        F.max('consumers').alias('consumers_max'),
         F.max_by('backlog', known_backlog).alias('backlog'),
         F.max(known_backlog).alias('backlog_ts'),
-        *summed_buckets(),
     )
 
 
@@ -130,16 +130,16 @@ def backlog_samples(records: DataFrame) -> DataFrame:
     )
 
 
-def entity_windows(cells: DataFrame, params: AnalysisParams) -> DataFrame:
-    """Per (window, address, subscription): rates, ratios, backlog, consumers, percentiles. A
-    topic subscription's ``enqueued`` is what the topic received (times its consumers for the
-    private subscriptions, one each), less what it filtered out."""
+def entity_windows(cells: DataFrame, sketches: DataFrame, params: AnalysisParams) -> DataFrame:
+    """Per (window, address, subscription): rates, ratios, backlog, consumers, percentiles (of
+    SKETCHES, ``quantiles.sketch_rows`` per window and entity). A topic subscription's
+    ``enqueued`` is what the topic received (times its consumers for the private subscriptions,
+    one each), less what it filtered out."""
     seconds = float(params.window_seconds)
     windows = cells.groupBy('window_start_ms', 'complete', *ENTITY).agg(
-        *_sums(*COUNTS, 'consumers'),
+        *_sums(*COUNTS, 'consumers', 'consumers_max'),
         F.max_by('backlog', 'backlog_ts').alias('backlog'),
         F.count('replica').alias('replicas'),
-        *summed_buckets(),
     )
     published = windows.where(F.col('subscription') == TOPIC).select(
         'window_start_ms', 'address', F.col('enqueued').alias('published')
@@ -161,15 +161,19 @@ def entity_windows(cells: DataFrame, params: AnalysisParams) -> DataFrame:
         .withColumn('in_rate', F.col('enqueued') / seconds)
         .withColumn('out_rate', F.col('accepted') / seconds)
     )
-    return with_quantiles(_ratios(windows))
+    return with_percentiles(_ratios(windows), sketches, 'window_start_ms', *ENTITY)
 
 
-def entity_summary(windows: DataFrame, samples: DataFrame, params: AnalysisParams) -> DataFrame:
-    """Per entity over the lookback: totals, ratios, percentiles; the backlog's trend over its
-    samples and its newest value; rates of the newest complete window, consumers of the newest
-    window; time to drain."""
-    totals = with_quantiles(
-        _ratios(windows.groupBy(*ENTITY).agg(*_sums(*COUNTS), *summed_buckets()))
+def entity_summary(
+    windows: DataFrame, samples: DataFrame, sketches: DataFrame, params: AnalysisParams
+) -> DataFrame:
+    """Per entity over the lookback: totals, ratios, percentiles (the window SKETCHES merged);
+    the backlog's trend over its samples and its newest value; rates of the newest complete
+    window; consumers of the newest window, the most in any window and the fraction of the
+    windows with something to deliver that had any (a consumer attached all along is slow, not
+    absent); time to drain."""
+    totals = with_percentiles(
+        _ratios(windows.groupBy(*ENTITY).agg(*_sums(*COUNTS))), sketches, *ENTITY
     )
     by_time = Window.partitionBy(*ENTITY).orderBy('ts_ms')
     # the intervals from the previous sample to this one (1 when no record was left out): the
@@ -200,7 +204,16 @@ def entity_summary(windows: DataFrame, samples: DataFrame, params: AnalysisParam
         )
     )
     consumers = windows.groupBy(*ENTITY).agg(  # a gauge: the newest window's, complete or not
-        F.max_by('consumers', 'window_start_ms').alias('consumers')
+        F.max_by('consumers', 'window_start_ms').alias('consumers'),
+        F.max('consumers_max').alias('consumers_max'),
+        # of the windows with something to deliver: after its traffic ends, a queue whose
+        # consumer left is not one that had none
+        F.avg(
+            F.when(
+                (F.col('enqueued') > 0) | (F.col('delivered') > 0) | (F.col('backlog') > 0),
+                (F.col('consumers_max') > 0).cast('double'),
+            )
+        ).alias('consumer_presence'),
     )
     drain = F.col('out_rate') - F.col('in_rate')
     return (
@@ -278,6 +291,24 @@ def fairness(cells: DataFrame, params: AnalysisParams) -> DataFrame:
         )
         .drop('ranked_sum', 'total_per_consumer')
     )
+
+
+def entity_replica_shares(cells: DataFrame) -> DataFrame:
+    """Per entity and replica: deliveries and the replica's share of the entity's deliveries,
+    with the replica's mean consumers while it had any (a 2:1 split may be 2:1 consumers)."""
+    per_replica = (
+        cells.where(F.col('subscription') != TOPIC)
+        .groupBy(*ENTITY, 'replica')
+        .agg(
+            F.sum('delivered').alias('delivered'),
+            F.avg(F.when(F.col('consumers') > 0, F.col('consumers'))).alias('consumers'),
+        )
+        .where(F.col('delivered') > 0)
+    )
+    entity = Window.partitionBy(*ENTITY)
+    return per_replica.withColumn(
+        'share', F.col('delivered') / F.sum('delivered').over(entity)
+    ).withColumn('replicas', F.count('*').over(entity))
 
 
 def replica_windows(cells: DataFrame, params: AnalysisParams) -> DataFrame:

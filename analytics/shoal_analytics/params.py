@@ -43,6 +43,12 @@ class AnalysisParams:
     """A replica's consumers are starved below this fraction of the mean per-consumer deliveries."""
     hot_share_factor: float = 1.5
     """A replica is hot when its share of the cluster's transfers exceeds this times 1/replicas."""
+    min_dead_letters: int = 1
+    """Dead-lettered messages over the lookback that flag an entity (each one is a message its
+    consumers could not process)."""
+    share_skew_ratio: float = 1.5
+    """A queue or subscription served by several replicas is flagged when the busiest replica's
+    share of its deliveries is at least this times the least busy one's."""
     min_transfers: int = 1000
     """Cluster transfers over the lookback before the hot-replica flag may fire."""
 

@@ -1,102 +1,100 @@
 """
-Latency percentiles from summed bucket counts, as Spark column expressions.
+Latency percentiles from the records' sketches, merged exactly, as Spark column expressions.
 
-Prometheus ``histogram_quantile`` semantics: linear interpolation inside the bucket the rank falls
-in (the first bucket starts at 0), and a rank in the +Inf bucket answers the largest finite bound,
-because nothing better is known. Expressions, not a Python UDF, so they stay in the JVM.
+A record's sketch (``records.latency_sketch``) counts waits per logarithmic bucket index; merging
+sketches is adding counts per index, so any grouping (a window, the lookback, a replica) is
+exact. A percentile is the nearest rank: the value of the first bucket, in index order, whose
+cumulative count reaches q of the total; it is within 2 % of the true percentile of the waits.
+Expressions and a window sum, not a Python UDF, so the work stays in the JVM.
 
-Records of schema 1 (``records.LATENCY_BOUNDS_V1``, buckets up to 30 s) share the columns of the
-bounds they have; what they counted beyond 30 s has a column of its own (``OVER_V1_TOP``), ranked
-after 30 s, and a rank in it answers 30 s: all that is known of those waits.
+Records written before the sketch (schemas 1 and 2) count waits per fixed upper bound. They are
+turned into sketches: a bucket's count goes to the sketch index of its upper bound (all that is
+known of those waits is that they were at most that), and the +Inf bucket's to an index of its
+own past every real one (``CAPPED``), which answers the largest bound, marked as a lower bound
+(``anomalies.is_capped``): 30 s for schema 1, an hour for schema 2.
 """
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from shoal_broker.metrics.records import LATENCY_BOUNDS, LATENCY_BOUNDS_V1
+from shoal_broker.metrics.records import (
+    LATENCY_BOUNDS,
+    LATENCY_BOUNDS_V1,
+    SKETCH_GAMMA,
+    sketch_index,
+)
 
-BUCKETS = len(LATENCY_BOUNDS) + 1
 QUANTILES = {'p50_ms': 0.50, 'p95_ms': 0.95, 'p99_ms': 0.99}
 TOP_BOUND_MS = LATENCY_BOUNDS[-1] * 1000
-"""The answer of a rank in the +Inf bucket (``anomalies.is_capped``)."""
+"""The answer of a rank in a schema 2 record's +Inf bucket."""
 V1_TOP_MS = LATENCY_BOUNDS_V1[-1] * 1000
-"""The answer of a rank among schema 1's waits beyond its largest bound."""
-OVER_V1_TOP = 'lat_b_v1_over'
-"""Schema 1's +Inf bucket: waits beyond 30 s, how far beyond unknown."""
+"""The answer of a rank in a schema 1 record's +Inf bucket (waits beyond 30 s)."""
+CAPPED = 1_000_000
+"""Sketch indices from here on are old records' +Inf buckets: ``CAPPED + index of the bound``."""
+SKETCH = 'latency'
+"""The sketch column of the records ``select_span`` selects."""
+INDEX, COUNT = 'lat_index', 'lat_count'
 
 
-def bucket_column(index: int) -> str:
-    return f'lat_b{index}'
+def _old_buckets(bounds: tuple[float, ...]) -> list[int]:
+    return [*(sketch_index(b) for b in bounds), CAPPED + sketch_index(bounds[-1])]
 
 
-_V1_SPLIT = len(LATENCY_BOUNDS_V1)
-RANKED = (
-    *(bucket_column(i) for i in range(_V1_SPLIT)),
-    OVER_V1_TOP,
-    *(bucket_column(i) for i in range(_V1_SPLIT, BUCKETS)),
-)
-"""Every bucket column in the order of the waits they count."""
-
-
-def bucket_columns(buckets: Column) -> list[Column]:
-    """The bucket columns of a record's ``latency_buckets`` array, whichever schema wrote it (the
-    array's length tells)."""
-    v1 = F.size(buckets) == _V1_SPLIT + 1
-    zero = F.lit(0).cast('long')
-    return [
-        *(F.get(buckets, i).alias(bucket_column(i)) for i in range(_V1_SPLIT)),
-        F.when(v1, F.get(buckets, _V1_SPLIT)).otherwise(zero).alias(OVER_V1_TOP),
-        *(F.when(v1, zero).otherwise(F.get(buckets, i)).alias(bucket_column(i))
-          for i in range(_V1_SPLIT, BUCKETS)),
-    ]  # fmt: skip
-
-
-def summed_buckets() -> list[Column]:
-    """Aggregations summing each bucket column (use inside ``agg``)."""
-    return [F.sum(name).alias(name) for name in RANKED]
-
-
-def _cumulative_column(name: str) -> str:
-    return f'{name}_cum'
-
-
-def quantile_ms(q: float) -> Column:
-    """
-    The q-quantile in milliseconds of the bucket columns; null when they hold no sample.
-
-    Reads the cumulative columns ``with_quantiles`` adds: spelling the running sums out inside
-    every branch would grow the expression quadratically (seconds of code generation per query).
-    """
-    counts = {name: F.coalesce(F.col(name), F.lit(0)) for name in RANKED}
-    total = F.col(_cumulative_column(RANKED[-1]))
-    rank = total * F.lit(q)
-    expression = F.when(total == 0, F.lit(None).cast('double'))
-    lower, below = 0.0, F.lit(0)
-    bounds = iter(LATENCY_BOUNDS)
-    for name in RANKED[:-1]:  # the last is +Inf: ``otherwise``
-        cumulative = F.col(_cumulative_column(name))
-        if name == OVER_V1_TOP:
-            expression = expression.when(cumulative >= rank, F.lit(V1_TOP_MS))
-        else:
-            bound = next(bounds)
-            inside = (rank - below) / F.nullif(counts[name], F.lit(0))
-            expression = expression.when(
-                cumulative >= rank,
-                F.lit(lower * 1000) + F.lit((bound - lower) * 1000) * inside,
-            )
-            lower = bound
-        below = cumulative
-    return expression.otherwise(F.lit(TOP_BOUND_MS))
-
-
-def with_quantiles(frame: DataFrame) -> DataFrame:
-    """``frame`` (with the bucket columns) plus ``p50_ms``, ``p95_ms`` and ``p99_ms``."""
-    cumulative, previous = frame, F.lit(0)
-    for name in RANKED:
-        count = F.coalesce(F.col(name), F.lit(0)) if name in frame.columns else F.lit(0)
-        cumulative = cumulative.withColumn(_cumulative_column(name), previous + count)
-        previous = F.col(_cumulative_column(name))
-    quantiles = cumulative.select(
-        '*', *(quantile_ms(q).alias(name) for name, q in QUANTILES.items())
+def record_sketch(raw: DataFrame) -> Column:
+    """A raw record's sketch: its own (schema 3), or the one its old buckets make."""
+    buckets = F.col('latency_buckets')
+    old = F.when(
+        F.size(buckets) == len(LATENCY_BOUNDS_V1) + 1,
+        F.map_from_arrays(F.array(*map(F.lit, _old_buckets(LATENCY_BOUNDS_V1))), buckets),
+    ).when(
+        F.size(buckets) == len(LATENCY_BOUNDS) + 1,
+        F.map_from_arrays(F.array(*map(F.lit, _old_buckets(LATENCY_BOUNDS))), buckets),
     )
-    return quantiles.drop(*(_cumulative_column(name) for name in RANKED))
+    if 'latency_sketch' not in raw.columns:  # a lake ingested before the sketch
+        return old.alias(SKETCH)
+    return F.coalesce(F.col('latency_sketch'), old).alias(SKETCH)
+
+
+def sketch_rows(records: DataFrame, *keys: str) -> DataFrame:
+    """The records' sketches merged per KEYS: one row per (KEYS, bucket index) with its count."""
+    return (
+        records.select(*keys, F.explode(SKETCH).alias(INDEX, COUNT))
+        .where(F.col(COUNT) > 0)
+        .groupBy(*keys, INDEX)
+        .agg(F.sum(COUNT).alias(COUNT))
+    )
+
+
+def _value_ms(index: Column) -> Column:
+    """The bucket's value (``records.sketch_value``), or an old record's largest bound."""
+    return (
+        F.when(index == CAPPED + sketch_index(LATENCY_BOUNDS_V1[-1]), F.lit(V1_TOP_MS))
+        .when(index == CAPPED + sketch_index(LATENCY_BOUNDS[-1]), F.lit(TOP_BOUND_MS))
+        .otherwise(F.lit(2000 / (SKETCH_GAMMA + 1)) * F.pow(F.lit(SKETCH_GAMMA), index))
+    )
+
+
+def percentiles(sketches: DataFrame, *keys: str) -> DataFrame:
+    """Per KEYS (of ``sketch_rows`` rows, merged further if KEYS are fewer): ``p50_ms``,
+    ``p95_ms``, ``p99_ms`` and ``latency_samples``."""
+    merged = sketches.groupBy(*keys, INDEX).agg(F.sum(COUNT).alias(COUNT))
+    ordered = Window.partitionBy(*keys).orderBy(INDEX)
+    everything = Window.partitionBy(*keys)
+    ranked = merged.select(
+        *keys,
+        INDEX,
+        F.sum(COUNT).over(ordered.rowsBetween(Window.unboundedPreceding, 0)).alias('cum'),
+        F.sum(COUNT).over(everything).alias('total'),
+    )
+    return ranked.groupBy(*keys).agg(
+        *(
+            _value_ms(F.min(F.when(F.col('cum') >= F.col('total') * q, F.col(INDEX)))).alias(name)
+            for name, q in QUANTILES.items()
+        ),
+        F.max('total').alias('latency_samples'),
+    )
+
+
+def with_percentiles(frame: DataFrame, sketches: DataFrame, *keys: str) -> DataFrame:
+    """FRAME with the percentiles of SKETCHES per KEYS (null where no wait was recorded)."""
+    return frame.join(percentiles(sketches, *keys), list(keys), 'left')

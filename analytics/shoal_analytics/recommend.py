@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 
 from shoal_analytics.params import AnalysisParams
+from shoal_analytics.units import entity_name
+from shoal_broker.metrics.records import Anomaly
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,3 +53,36 @@ def recommend(
     elif growing_backlogs:
         reason += f'; {growing_backlogs} backlog(s) grow while replicas idle: consumer-bound'
     return Recommendation(needed, reason, p95, utilisation)
+
+
+def headline(advice: Recommendation, current: int, anomalies: Sequence[Anomaly]) -> str:
+    """What to do, first: consumers for the entities whose consumers are absent or fall behind
+    (more brokers would not help them), then the broker count."""
+
+    def names(*flags: str, critical: bool | None = None) -> list[str]:
+        found = [
+            entity_name(a.address, a.subscription)
+            for a in anomalies
+            if a.flag in flags and (critical is None or (a.severity == 'critical') == critical)
+        ]
+        return list(dict.fromkeys(found))
+
+    def listed(items: list[str]) -> str:
+        return ', '.join(items[:3]) + (f' and {len(items) - 3} more' if len(items) > 3 else '')
+
+    actions = []
+    absent = names('growing_backlog', critical=True)
+    if absent:
+        actions.append(f'Attach consumers to {listed(absent)}')
+    behind = [n for n in names('growing_backlog', 'slow_consumer') if n not in absent]
+    if behind:
+        actions.append(f'add consumers to {listed(behind)}' if actions
+                       else f'Add consumers to {listed(behind)}')  # fmt: skip
+    if advice.replicas > current:
+        actions.append(f'scale brokers to {advice.replicas}')
+    elif advice.replicas < current and not actions:
+        actions.append(f'scale brokers down to {advice.replicas}')
+    if not actions:
+        return f'No action needed: {current} broker(s) carry the load'
+    text = '; '.join(actions)
+    return text[0].upper() + text[1:]

@@ -18,16 +18,18 @@ RAW_DDL = ', '.join(
         'stream_id STRING',
         *(f'{name} {"STRING" if name in STRING_FIELDS else "BIGINT"}'
           for name in (f.name for f in dataclasses.fields(MetricRecord))
-          if name != 'latency_buckets'),
+          if name not in ('latency_buckets', 'latency_sketch')),
         'latency_buckets ARRAY<BIGINT>',
+        'latency_sketch MAP<INT, BIGINT>',
         'error STRING',
     ]
 )  # fmt: skip
 """Spark DDL of the raw table, in the column order of ``raw_row``."""
 
-RAW_COLUMNS = tuple(part.split(' ')[0] for part in RAW_DDL.split(', '))
+RAW_COLUMNS = tuple(part.split(' ')[0] for part in RAW_DDL.replace('<INT, ', '<INT,').split(', '))
 
 _BUCKETS_INDEX = RAW_COLUMNS[1:-1].index('latency_buckets')
+_SKETCH_INDEX = RAW_COLUMNS[1:-1].index('latency_sketch')
 
 RawRow = tuple[object, ...]
 
@@ -40,5 +42,7 @@ def raw_row(stream_id: str, fields: Mapping[str, str]) -> RawRow:
         return (stream_id, *([None] * (len(RAW_COLUMNS) - 2)), f'{type(exc).__name__}: {exc}')
     # getattr, not dataclasses.asdict: asdict deep-copies and cost most of the ingest's CPU.
     values = [getattr(record, name) for name in RAW_COLUMNS[1:-1]]
-    values[_BUCKETS_INDEX] = list(record.latency_buckets)
+    # a record has either (schema 3: the sketch; 1 and 2: the buckets); the other is null
+    values[_BUCKETS_INDEX] = list(record.latency_buckets) or None
+    values[_SKETCH_INDEX] = dict(record.latency_sketch) if not record.latency_buckets else None
     return (stream_id, *values, None)

@@ -8,6 +8,7 @@ one of those on one entity or replica, as the analysis should then report it.
 """
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,12 +17,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shoal_analytics.rows import RAW_COLUMNS
-from shoal_broker.metrics.records import COUNTS, LATENCY_BOUNDS
+from shoal_broker.metrics.records import COUNTS, LATENCY_BOUNDS, sketch_index
 
 PLANTS = ('growing_backlog', 'starved_consumer', 'redelivery_storm', 'slow_consumer',
           'hot_replica', 'expiry_storm')  # fmt: skip
 HEALTHY_LATENCY = (0.35, 0.3, 0.15, 0.15, 0.04, 0.009, 0.001, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 SLOW_LATENCY = (0.05, 0.05, 0.05, 0.1, 0.1, 0.15, 0.2, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0)
+"""Probabilities of a wait in each of ``LATENCY_BOUNDS``' ranges (and beyond the last)."""
+_EDGES = (0.0005, *LATENCY_BOUNDS, 7200.0)
+WAIT_OF_RANGE = tuple(sketch_index((low * high) ** 0.5) for low, high in itertools.pairwise(_EDGES))
+"""The sketch bucket of the waits drawn in each range: its geometric middle."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -108,7 +113,11 @@ def generate(spec: Synthetic) -> pa.Table:
         **{name: pa.array(values, pa.int64()) for name, values in counts.items()},
         'consumers': pa.array(consumers, pa.int64()),
         'backlog': pa.array(backlog, pa.int64()),
-        'latency_buckets': pa.array(list(buckets), pa.list_(pa.int64())),
+        'latency_buckets': pa.nulls(rows, pa.list_(pa.int64())),  # schema 3: a sketch
+        'latency_sketch': pa.array(
+            [[(WAIT_OF_RANGE[i], int(n)) for i, n in enumerate(row) if n] for row in buckets],
+            pa.map_(pa.int32(), pa.int64()),
+        ),
         'cr_namespace': pa.array(np.full(rows, '')),
         'cr_name': pa.array(np.full(rows, '')),
         'error': pa.nulls(rows, pa.string()),

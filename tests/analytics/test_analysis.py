@@ -3,13 +3,15 @@ Analysis acceptance on synthetic records: every planted problem is flagged, noth
 healthy traffic raises no flag; plus the indicators behind the flags and the summary hand-off.
 """
 
+import math
+import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import redis
 from processes import RedisServer, free_port
 from pyspark.sql import Row, SparkSession
-from pyspark.sql import functions as F
 
 from shoal_analytics.analyze import Analysis, analyze
 from shoal_analytics.anomalies import is_capped
@@ -17,9 +19,9 @@ from shoal_analytics.errors import AnalyticsError
 from shoal_analytics.lake import Lake
 from shoal_analytics.params import AnalysisParams
 from shoal_analytics.publish import publish_summary, publish_to
-from shoal_analytics.quantiles import BUCKETS, bucket_column, bucket_columns, with_quantiles
+from shoal_analytics.quantiles import QUANTILES, percentiles, record_sketch, sketch_rows
 from shoal_analytics.synthetic import PLANTS, Synthetic, write_raw
-from shoal_broker.metrics.records import AnalyticsSummary
+from shoal_broker.metrics.records import AnalyticsSummary, sketch_index
 from shoal_broker.store import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # the first also starts the JVM
@@ -101,35 +103,59 @@ def test_indicators_behind_the_flags(
     assert len(windows) == window_count  # records run up to the end of the newest window
 
 
-def test_percentiles_follow_histogram_quantile(spark: SparkSession) -> None:
-    # 100 samples: 50 in (1 ms, 5 ms], 45 in (5, 10], 4 in (10, 50], 1 beyond an hour.
-    counts = [0, 50, 45, 4, *[0] * 9, 1]
-    assert len(counts) == BUCKETS
-    frame = spark.createDataFrame([tuple(counts)], [bucket_column(i) for i in range(BUCKETS)])
-    row = with_quantiles(frame).select('p50_ms', 'p95_ms', 'p99_ms').first()
-    assert row is not None
-    assert row['p50_ms'] == pytest.approx(5.0)  # rank 50: the top of (1, 5]
-    assert row['p95_ms'] == pytest.approx(10.0)  # rank 95: the top of (5, 10]
-    assert row['p99_ms'] == pytest.approx(50.0)  # rank 99: the top of (10, 50]
-    empty = spark.createDataFrame([(0,) * BUCKETS], [bucket_column(i) for i in range(BUCKETS)])
-    assert with_quantiles(empty).select('p50_ms', 'p95_ms', 'p99_ms').first() == (None,) * 3
+def _percentiles(spark: SparkSession, rows: Sequence[tuple[str, object, object]]) -> dict[str, Row]:
+    frame = spark.createDataFrame(
+        rows, 'entity STRING, latency_buckets ARRAY<BIGINT>, latency_sketch MAP<INT, BIGINT>'
+    )
+    sketches = sketch_rows(frame.select('entity', record_sketch(frame)), 'entity')
+    return {row['entity']: row for row in percentiles(sketches, 'entity').collect()}
 
 
-def test_waits_of_minutes_get_their_own_bucket_and_schema_1_ones_stay_at_least_30_s(
+def _nearest_rank(waits: list[float], q: float) -> float:
+    ordered = sorted(waits)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def test_percentiles_of_merged_sketches_are_within_2_percent_of_the_true_ones(
     spark: SparkSession,
 ) -> None:
-    """A record array of either schema: minutes-long waits interpolate in (30 s, 60 s] and
-    (60 s, 5 min]; schema 1 counted them only as "beyond 30 s", which is what they answer."""
-    current = [0] * 9 + [60, 40, 0, 0, 0]  # 60 in (30 s, 60 s], 40 in (60 s, 300 s]
+    """Waits from 1 ms to an hour, sketched on three replicas apart and merged in Spark."""
+    rng = random.Random(7)
+    waits = {
+        'fast': [rng.uniform(0.001, 0.003) for _ in range(3000)],
+        'slow': [rng.uniform(1.0, 1.6) for _ in range(3000)],
+        'stuck': [rng.uniform(600, 3600) for _ in range(300)],
+    }
+    rows = []
+    for entity, values in waits.items():
+        for replica in range(3):
+            sketch: dict[int, int] = {}
+            for wait in values[replica::3]:
+                index = sketch_index(wait)
+                sketch[index] = sketch.get(index, 0) + 1
+            rows.append((entity, None, sketch))
+    found = _percentiles(spark, rows)
+    for entity, values in waits.items():
+        for name, q in QUANTILES.items():
+            truth = _nearest_rank(values, q) * 1000
+            assert found[entity][name] == pytest.approx(truth, rel=0.02), (entity, name)
+        assert found[entity]['latency_samples'] == len(values)
+
+
+def test_old_records_answer_the_upper_bound_of_their_bucket_and_beyond_the_top_at_least_it(
+    spark: SparkSession,
+) -> None:
+    """Schema 2 and 1 records: what they counted is known up to the bucket's upper bound;
+    schema 1 counted waits past 30 s only as "beyond 30 s", which is what they answer."""
+    schema_2 = [0] * 9 + [60, 40, 0, 0, 0]  # 60 in (30 s, 60 s], 40 in (60 s, 300 s]
     schema_1 = [50, *[0] * 8, 50]  # 50 under 1 ms, 50 beyond 30 s
-    frame = spark.createDataFrame([(current,), (schema_1,)], 'latency_buckets ARRAY<BIGINT>')
-    rows = with_quantiles(frame.select(*bucket_columns(F.col('latency_buckets')))).collect()
-    assert rows[0]['p50_ms'] == pytest.approx(30_000 + 30_000 * 50 / 60)
-    assert rows[0]['p95_ms'] == pytest.approx(60_000 + 240_000 * 35 / 40)
-    assert not is_capped(rows[0]['p50_ms'])
-    assert rows[1]['p50_ms'] == pytest.approx(1.0)  # rank 50: the top of [0, 1 ms]
-    assert rows[1]['p95_ms'] == rows[1]['p99_ms'] == 30_000
-    assert is_capped(rows[1]['p95_ms'])
+    found = _percentiles(spark, [('two', schema_2, None), ('one', schema_1, None)])
+    assert found['two']['p50_ms'] == pytest.approx(60_000, rel=0.02)
+    assert found['two']['p95_ms'] == pytest.approx(300_000, rel=0.02)
+    assert not is_capped(found['two']['p95_ms'])
+    assert found['one']['p50_ms'] == pytest.approx(1.0, rel=0.02)
+    assert found['one']['p95_ms'] == found['one']['p99_ms'] == 30_000
+    assert is_capped(found['one']['p95_ms'])
 
 
 def test_the_summary_reaches_the_operator_hash(

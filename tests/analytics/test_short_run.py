@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from shoal_analytics.analyze import Analysis, analyze
 from shoal_analytics.lake import Lake
 from shoal_analytics.params import AnalysisParams
-from shoal_analytics.report import _with_gaps, write_report
+from shoal_analytics.report import write_report
 from shoal_analytics.rows import RAW_DDL, raw_row
 from shoal_analytics.session import loopback_conf
 from shoal_broker.metrics.records import LATENCY_BOUNDS, LATENCY_BOUNDS_V1, MetricRecord
@@ -174,23 +174,24 @@ def test_the_report_tells_what_the_data_covers_in_human_units_and_is_screenshot(
     parser = _Cells()
     parser.feed(page)
     tables = [row for row in parser.rows if row]
-    header = next(row for row in tables if row[:2] == ['address', 'subscription'] and 'p99' in row)
+    header = next(row for row in tables if row[:2] == ['queue or topic', 'subscription'])
     entities = {(row[0], row[1]): dict(zip(header, row, strict=True)) for row in tables
                 if len(row) == len(header) and row != header}  # fmt: skip
-    jobs = entities[('jobs', 'queue')]
+    jobs = entities[('jobs', '')]  # a queue has no subscription
     assert jobs['backlog'] == '1,500'  # the newest sample: where the backlog plot ends
-    assert (jobs['p50'], jobs['p99']) == ('45 s', '59.7 s')  # not "≥ 30 s": the real bucket
+    # schema 2 records: the waits were at most their bucket's upper bound, not "≥ 30 s"
+    assert (jobs['p50'], jobs['p99']) == ('1 min', '1 min')
     assert jobs['time to drain'] == 'not draining'
     assert jobs['enqueued'] == '2,250'
-    work = entities[('work', 'queue')]  # schema 1 records know no more than "beyond 30 s"
+    work = entities[('work', '')]  # schema 1 records know no more than "beyond 30 s"
     assert work['p50'] == work['p99'] == '≥ 30 s'
-    dlq = entities[('DLQ', 'queue')]
+    dlq = entities[('DLQ', '')]
     assert (dlq['backlog'], dlq['redelivered'], dlq['p99']) == ('468', '—', '—')
     audit = entities[('prices', 'audit')]
     assert (audit['redelivered'], audit['time to drain'], audit['p99']) == (
         '0.0%',
         'empty',
-        '0.99 ms',
+        '1.01 ms',
     )
     assert not [row for row in tables if row[:2] == ['prices', '']]
 
@@ -207,18 +208,12 @@ def test_the_report_tells_what_the_data_covers_in_human_units_and_is_screenshot(
     # (kept with the test's tmp_path, as pytest keeps the last runs' directories)
 
 
-def test_gaps_between_samples_break_the_lines() -> None:
-    frame = pd.DataFrame({'ts_ms': [0, 10, 20, 60, 70], 'backlog': [1, 2, 3, 4, 5]})
-    gapped = _with_gaps(frame, 'ts_ms', 10)
-    assert gapped['ts_ms'].tolist() == [0, 10, 20, 50, 60, 70]
-    assert gapped['backlog'].isna().tolist() == [False, False, False, True, False, False]
-    assert _with_gaps(frame.iloc[:3], 'ts_ms', 10).equals(frame.iloc[:3])
-
-
 def test_spark_in_local_mode_listens_on_loopback_unless_told() -> None:
-    loopback = {'spark.driver.host': '127.0.0.1', 'spark.driver.bindAddress': '127.0.0.1'}
+    off = {'spark.ui.enabled': 'false'}
+    loopback = {'spark.driver.host': '127.0.0.1', 'spark.driver.bindAddress': '127.0.0.1', **off}
     assert loopback_conf('local[*]', {}, {}) == loopback
-    assert loopback_conf('local[2]', {'SPARK_LOCAL_IP': '10.0.0.5'}, {}) == {}
-    assert loopback_conf('local[*]', {}, {'spark.driver.host': 'driver.svc'}) == {}
+    assert loopback_conf('local[2]', {'SPARK_LOCAL_IP': '10.0.0.5'}, {}) == off
+    assert loopback_conf('local[*]', {}, {'spark.driver.host': 'driver.svc'}) == off
+    assert 'spark.ui.enabled' not in loopback_conf('local', {}, {'spark.ui.enabled': 'true'})
     assert loopback_conf('spark://127.0.0.1:7077', {}, {}) == {}
     assert loopback_conf('k8s://https://kubernetes.default.svc', {}, {}) == {}

@@ -1,6 +1,9 @@
 """The metric record schema shared by the broker and the analytics job."""
 
+import bisect
 import json
+import math
+import random
 
 import pytest
 
@@ -13,7 +16,7 @@ def _record(**counts: int) -> MetricRecord:
     return MetricRecord.of(
         ts_ms=1_700_000_000_000, interval_ms=10_000, replica='r1', address='orders',
         subscription='queue', counts=counts, consumers=2, backlog=7,
-        latency=[1, 2, *[0] * (len(records.LATENCY_BOUNDS) - 2), 3],
+        latency={-120: 1, 0: 2, 300: 3},
     )  # fmt: skip
 
 
@@ -34,13 +37,14 @@ def test_another_schema_version_is_refused() -> None:
 def test_a_schema_1_record_is_read_with_its_buckets_ending_at_30_s() -> None:
     """Records a replica wrote before its upgrade: its +Inf bucket holds every wait past 30 s."""
     fields = _record(accepted=3).to_fields()
+    del fields['latency_sketch']
     old = {**fields, 'v': '1', 'latency_buckets': json.dumps([1] + [0] * 8 + [2])}
     record = MetricRecord.from_fields(old)
     assert record.latency_buckets == (1, *[0] * 8, 2)
     assert len(record.latency_buckets) == len(records.LATENCY_BOUNDS_V1) + 1
     assert record.to_fields() == old
     with pytest.raises(ValueError, match='buckets'):  # schema 1 with schema 2's buckets
-        MetricRecord.from_fields({**fields, 'v': '1'})
+        MetricRecord.from_fields({**old, 'latency_buckets': json.dumps([0] * 14)})
 
 
 def test_unknown_counts_are_refused() -> None:
@@ -53,6 +57,34 @@ def test_a_wrong_number_of_latency_buckets_is_refused() -> None:
     fields['latency_buckets'] = '[1, 2]'
     with pytest.raises(ValueError, match='buckets'):
         MetricRecord.from_fields(fields)
+    with pytest.raises(ValueError, match='buckets'):
+        MetricRecord.from_fields({**fields, 'v': '2'})
+
+
+def test_a_schema_2_record_is_read_with_its_buckets() -> None:
+    fields = _record(accepted=3).to_fields()
+    del fields['latency_sketch']
+    old = {**fields, 'v': '2', 'latency_buckets': json.dumps([0] * 13 + [3])}
+    record = MetricRecord.from_fields(old)
+    assert record.latency_buckets == (0,) * 13 + (3,)
+    assert record.latency_sketch == ()
+    assert record.to_fields() == old
+
+
+def test_the_sketch_is_written_compactly_and_a_bad_one_is_refused() -> None:
+    fields = _record().to_fields()
+    assert fields['latency_sketch'] == '-120:1 0:2 300:3'
+    assert 'latency_buckets' not in fields
+    for bad in ('1:0', '1:2 1:3', 'x:1', '1'):
+        with pytest.raises(ValueError, match='latency_sketch'):
+            MetricRecord.from_fields({**fields, 'latency_sketch': bad})
+
+
+@pytest.mark.parametrize('seconds', [1e-4, 0.00123, 0.02, 1.0, 1.6, 99.0, 3600.0, 86_400.0])
+def test_a_sketch_bucket_value_is_within_2_percent_of_every_wait_in_it(seconds: float) -> None:
+    for wait in (seconds, seconds * 1.019, seconds * 0.981):
+        value = records.sketch_value(records.sketch_index(wait))
+        assert abs(value - wait) <= 0.02 * wait * (1 + 1e-9)
 
 
 @pytest.mark.parametrize(
@@ -95,14 +127,12 @@ LATENCIES = [0.0, 0.0004, 0.0005, 0.0007, 0.001, 0.003, 0.005, 0.02, 0.05, 0.3, 
 def test_an_accepted_delivery_counts_in_the_record_bucket_its_latency_falls_in(
     seconds: float,
 ) -> None:
-    # Counters.accepted_all derives the record bucket from the Prometheus one (one bisection)
+    # Counters.accepted_all inlines records.sketch_index
     counters = Counters()
-    counters.accepted_all('records-test', 'queue', [seconds])
+    counters.accepted_all('records-test', 'queue', [seconds, seconds])
     tallies, latencies = counters.take()
-    assert tallies[('records-test', 'queue')]['accepted'] == 1
-    expected = [0] * (len(records.LATENCY_BOUNDS) + 1)
-    expected[records.bucket_index(seconds)] = 1
-    assert latencies[('records-test', 'queue')] == expected
+    assert tallies[('records-test', 'queue')]['accepted'] == 2
+    assert latencies[('records-test', 'queue')] == {records.sketch_index(seconds): 2}
 
 
 def test_consumer_links_with_a_taken_name_or_named_like_the_aggregate_count_in_it() -> None:
@@ -127,3 +157,31 @@ def test_consumer_links_with_a_taken_name_or_named_like_the_aggregate_count_in_i
         s for s in registry.link_deliveries_family().samples if s.labels['address'] == address
     ]
     assert [(s.labels['link'], s.value) for s in samples] == [(registry.OTHER_LINKS, 5)]
+
+
+def _histogram_quantile(bounds: tuple[float, ...], waits: list[float], q: float) -> float:
+    """Prometheus's ``histogram_quantile``: linear inside the bucket the rank falls in."""
+    counts = [0] * (len(bounds) + 1)
+    for wait in waits:
+        counts[bisect.bisect_left(bounds, wait)] += 1
+    rank, below, lower = q * len(waits), 0, 0.0
+    for bound, count in zip(bounds, counts, strict=False):
+        if below + count >= rank:
+            return lower + (bound - lower) * (rank - below) / count
+        below, lower = below + count, bound
+    return bounds[-1]
+
+
+@pytest.mark.parametrize(
+    ('low', 'high'), [(1.0, 1.6), (0.2, 0.3), (0.022, 0.024), (50.0, 99.0), (0.001, 0.01)]
+)
+def test_histogram_quantile_over_the_delivery_buckets_is_within_about_10_percent(
+    low: float, high: float
+) -> None:
+    """The narrow shapes are the hard ones: a whole distribution inside two or three buckets."""
+    rng = random.Random(f'{low}-{high}')
+    waits = sorted(rng.uniform(low, high) for _ in range(5000))
+    for q in (0.5, 0.95, 0.99):
+        truth = waits[math.ceil(q * len(waits)) - 1]
+        estimate = _histogram_quantile(registry.DELIVERY_LATENCY_BUCKETS, waits, q)
+        assert estimate == pytest.approx(truth, rel=0.125), q

@@ -101,6 +101,9 @@ class Returns:
             header = recode.delivery_header(entry.header, entry.delivery_count)
             moved = OutgoingMessage(entry.band, header, rest, 0)
             await self.store.messages.publish(target, AddressKind.QUEUE, moved)
+            # an arrival like any other on the dead-letter (or expiry) queue: counted as enqueued
+            # there, so the queue's records and the replica's load show it
+            self.counters.enqueued(target)
             # the publish notifies other replicas only (as in producing.py): wake ours, or a
             # consumer already attached here to the dead-letter or expiry queue would wait for
             # the next one

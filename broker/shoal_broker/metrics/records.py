@@ -3,25 +3,41 @@ The metric record: one per entity (queue or subscription) per interval, per repl
 
 The schema shared by the broker, which appends records to a bounded Redis stream, and the
 analytics package, which reads that stream into Spark. Pure (stdlib only) so both can import it.
-Counts are deltas over the interval; ``consumers`` and ``backlog`` are gauges at its end;
-``latency_buckets`` counts accepted deliveries per fixed upper bound (seconds, ``LATENCY_BOUNDS``,
-the last bucket is +Inf), so percentiles can be estimated from summed histograms. A schema 1
-record's buckets end at 30 s (``LATENCY_BOUNDS_V1``); it is still read, with its own bounds, and
-the number of its buckets tells it apart.
+Counts are deltas over the interval; ``consumers`` and ``backlog`` are gauges at its end.
+
+``latency_sketch`` (schema 3) counts accepted deliveries per logarithmic bucket, as DDSketch does:
+bucket ``i`` holds the waits in (g^(i-1), g^i] seconds with g = (1 + a)/(1 - a) and a = 0.02,
+so the bucket's representative value ``sketch_value(i)`` is within 2 % of every wait in it, from
+0.1 ms to days. Only the buckets that counted something are written. Sketches merge exactly by
+adding counts per index, in any order: the analytics job sums them per entity and window and reads
+percentiles from the sums, still within 2 % of the true (nearest-rank) percentile.
+
+Records of schemas 1 and 2 have ``latency_buckets`` instead: counts per fixed upper bound
+(``LATENCY_BOUNDS_V1``, ending at 30 s, or ``LATENCY_BOUNDS``, ending at an hour; the last bucket
+is +Inf). They are still read, and the number of their buckets tells the two apart.
 """
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Mapping
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+SKETCH_RELATIVE_ACCURACY = 0.02
+"""Every wait a sketch bucket holds is within 2 % of the bucket's value."""
+SKETCH_GAMMA = (1 + SKETCH_RELATIVE_ACCURACY) / (1 - SKETCH_RELATIVE_ACCURACY)
+SKETCH_MULTIPLIER = 1 / math.log(SKETCH_GAMMA)
+SKETCH_MIN_SECONDS = 1e-4
+"""Waits up to 0.1 ms share the bucket of 0.1 ms (and 0 has no logarithm)."""
+SKETCH_MIN_INDEX = math.ceil(math.log(SKETCH_MIN_SECONDS) * SKETCH_MULTIPLIER)
 LATENCY_BOUNDS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0,
                                      300.0, 900.0, 3600.0)  # fmt: skip
 """Up to the Prometheus histogram's top finite bucket (an hour), so a wait of minutes is told."""
 LATENCY_BOUNDS_V1 = LATENCY_BOUNDS[:9]
 """Schema 1's bounds: its +Inf bucket holds every wait beyond 30 s."""
 BOUNDS_BY_VERSION = {1: LATENCY_BOUNDS_V1, 2: LATENCY_BOUNDS}
+"""The buckets of the records written before the sketch (schema 3)."""
 SUMMARY_SCHEMA_VERSION = 1
 """Of ``AnalyticsSummary``: versioned apart from the records, which the operator never reads."""
 COUNTS = ('enqueued', 'delivered', 'accepted', 'released', 'modified', 'rejected', 'expired',
@@ -49,7 +65,10 @@ class MetricRecord:
     consumers: int = 0
     backlog: int = -1
     """Cluster-wide backlog; -1 when it was not known at the end of the interval."""
-    latency_buckets: tuple[int, ...] = (0,) * (len(LATENCY_BOUNDS) + 1)
+    latency_sketch: tuple[tuple[int, int], ...] = ()
+    """(bucket index, accepted deliveries) by index, nonzero counts only (``sketch_index``)."""
+    latency_buckets: tuple[int, ...] = ()
+    """Schemas 1 and 2 only: counts per ``BOUNDS_BY_VERSION`` bound, then +Inf."""
     cr_namespace: str = ''
     cr_name: str = ''
     """The Queue/SharedSubscription custom resource, when the entity was provisioned by one."""
@@ -66,7 +85,7 @@ class MetricRecord:
         counts: Mapping[str, int],
         consumers: int,
         backlog: int,
-        latency: Sequence[int] | None,
+        latency: Mapping[int, int] | None,
     ) -> 'MetricRecord':
         """A record from a replica's tallies; unknown count names are refused."""
         unknown = set(counts) - set(COUNTS)
@@ -75,33 +94,47 @@ class MetricRecord:
         record = cls(
             ts_ms=ts_ms, interval_ms=interval_ms, replica=replica, address=address,
             subscription=subscription, consumers=consumers, backlog=backlog,
-            latency_buckets=tuple(latency) if latency else (0,) * (len(LATENCY_BOUNDS) + 1),
+            latency_sketch=tuple(sorted(latency.items())) if latency else (),
         )  # fmt: skip
         changes: dict[str, Any] = dict(counts)
         return dataclasses.replace(record, **changes)
 
     def to_fields(self) -> dict[str, str]:
         """Stream entry fields (all strings)."""
-        version = 1 if len(self.latency_buckets) == len(LATENCY_BOUNDS_V1) + 1 else SCHEMA_VERSION
+        version = SCHEMA_VERSION
+        if self.latency_buckets:  # a record read from an older replica, written back as it was
+            version = 1 if len(self.latency_buckets) == len(LATENCY_BOUNDS_V1) + 1 else 2
         fields = {'v': str(version)}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            fields[field.name] = json.dumps(list(value)) if isinstance(value, tuple) else str(value)
+            if field.name == 'latency_sketch':
+                if version == SCHEMA_VERSION:  # compact: "index:count ..."
+                    fields[field.name] = ' '.join(f'{i}:{n}' for i, n in value)
+            elif field.name == 'latency_buckets':
+                if version != SCHEMA_VERSION:
+                    fields[field.name] = json.dumps(list(value))
+            else:
+                fields[field.name] = str(value)
         return fields
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> 'MetricRecord':
-        """Parse stream entry fields (schema 1 or 2: its buckets as they were written); ValueError
-        on another schema version or bad values."""
-        bounds = {str(v): b for v, b in BOUNDS_BY_VERSION.items()}.get(fields.get('v', ''))
-        if bounds is None:
-            raise ValueError(f'metric record schema {fields.get("v")!r} is not 1 or 2')
+        """Parse stream entry fields (schema 3, or 1 or 2 with their buckets as they were
+        written); ValueError on another schema version or bad values."""
+        version = fields.get('v', '')
+        bounds = {str(v): b for v, b in BOUNDS_BY_VERSION.items()}.get(version)
+        if bounds is None and version != str(SCHEMA_VERSION):
+            raise ValueError(f'metric record schema {fields.get("v")!r} is not 1, 2 or 3')
         values: dict[str, object] = {}
         for field in dataclasses.fields(cls):
             raw = fields.get(field.name)
             if raw is None:
                 continue
-            if field.name == 'latency_buckets':
+            if field.name == 'latency_sketch':
+                values[field.name] = _parse_sketch(raw)
+            elif field.name == 'latency_buckets':
+                if bounds is None:
+                    raise ValueError('a schema 3 record has a sketch, not latency_buckets')
                 buckets = tuple(int(x) for x in json.loads(raw))
                 if len(buckets) != len(bounds) + 1:
                     raise ValueError('latency_buckets has the wrong number of buckets')
@@ -113,8 +146,33 @@ class MetricRecord:
         return cls(**values)  # type: ignore[arg-type]  # each field's type is checked above
 
 
+def _parse_sketch(raw: str) -> tuple[tuple[int, int], ...]:
+    pairs = []
+    for pair in raw.split():
+        index, _, count = pair.partition(':')
+        try:
+            pairs.append((int(index), int(count)))
+        except ValueError:
+            raise ValueError(f'latency_sketch has a malformed bucket {pair!r}') from None
+    if any(count <= 0 for _, count in pairs) or len({i for i, _ in pairs}) != len(pairs):
+        raise ValueError('latency_sketch has a count that is not positive or a repeated bucket')
+    return tuple(sorted(pairs))
+
+
+def sketch_index(seconds: float) -> int:
+    """The sketch bucket a wait falls in (``Counters.accepted_all`` inlines this)."""
+    if seconds <= SKETCH_MIN_SECONDS:
+        return SKETCH_MIN_INDEX
+    return math.ceil(math.log(seconds) * SKETCH_MULTIPLIER)
+
+
+def sketch_value(index: int) -> float:
+    """Seconds: the value within 2 % of every wait in bucket ``index``."""
+    return 2 * SKETCH_GAMMA**index / (SKETCH_GAMMA + 1)
+
+
 def bucket_index(seconds: float) -> int:
-    """The latency bucket a delivery latency falls in."""
+    """The schema 2 latency bucket a delivery latency falls in."""
     for index, bound in enumerate(LATENCY_BOUNDS):
         if seconds <= bound:
             return index

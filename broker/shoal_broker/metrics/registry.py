@@ -17,6 +17,7 @@ looked up once per address or subscription and cached (``Counters``), not per me
 from prometheus_client import Counter, Gauge, Histogram
 
 from shoal_broker.metrics.hot import (
+    DELIVERY_LATENCY_BUCKETS,
     LATENCY_BUCKETS,
     LATENCY_HELP,
     LATENCY_NAME,
@@ -67,6 +68,7 @@ __all__ = [
     'AUTHORIZATION_FAILURES',
     'BACKGROUND_FAILURES',
     'CONNECTIONS_REFUSED',
+    'DELIVERY_LATENCY_BUCKETS',
     'LATENCY_BUCKETS',
     'LATENCY_HELP',
     'LATENCY_NAME',
