@@ -90,6 +90,9 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
         self._held_since = 0.0
         self.private = group.startswith(PRIVATE_GROUP_PREFIX)
         self._share_check = False
+        self.paused = False
+        """Delivery paused by an operator (``Nodes.apply_pauses``): nothing is fetched, and a
+        message published here goes to the store."""
 
     def apply(self, policy: EntityPolicy, defaults: RoutingSettings) -> None:
         """Take the declared policy (looked up once here, not per message), falling back to the
@@ -104,6 +107,11 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
         self.ahead_allowed = defaults.deliver_ahead
         self.hold_seconds = max(0.0, defaults.handover_hold_seconds)
         self._consumers_changed()
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+        if not paused and self.consumers:
+            self.kick()
 
     def add(self, consumer: ConsumerLink) -> None:
         self.consumers.append(consumer)
@@ -146,6 +154,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
     ) -> bool:
         """Hand an at-most-once message published here to a local consumer without the store, or
         hold it until it may go; False when it must be stored (see the module doc)."""
+        if self.paused:
+            return False
         verdict = self.take_rule()
         if verdict is STORE:
             return False
@@ -242,6 +252,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
     def kick(self) -> None:
         """Fetch for the free credit of the local consumers, unless a fetch is in flight."""
         self._exhausted = False
+        if self.paused:
+            return
         if self._fetching or self.recovering:
             self._again = True
             return
