@@ -154,8 +154,6 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
     ) -> bool:
         """Hand an at-most-once message published here to a local consumer without the store, or
         hold it until it may go; False when it must be stored (see the module doc)."""
-        if self.paused:
-            return False
         verdict = self.take_rule()
         if verdict is STORE:
             return False
