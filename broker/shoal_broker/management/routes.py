@@ -122,7 +122,7 @@ class Routes:
         identity = request[IDENTITY]
         if not self.access.allows(identity, operation, address):
             if operation is Operation.MANAGE:
-                audit(identity, request.path, address, 'denied', '')
+                audit(identity, f'{request.method}:{request.path}', address, 'denied', '')
             raise OperationError(403, f'{identity.name} may not {operation} {address!r}')
         return identity
 
