@@ -64,4 +64,3 @@ def test_the_openapi_document_needs_no_credentials(secure_broker: BrokerProcess)
     assert status == 200
     assert doc['openapi'].startswith('3.')
     assert '/queues/{name}/move' in doc['paths']
-
