@@ -143,7 +143,8 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
             }
 
         operations = Operations(admin, store.upkeep.backlog_limit)
-        api = Routes(operations, Access(broker.guard.authenticator)).app()
+        access = Access(broker.guard.authenticator, settings.security.management_credentials_dir)
+        api = Routes(operations, access).app()
         health = HealthServer(readiness, api)
         await health.start(*split_host_port(settings.http))
     backlog = BacklogSnapshot(

@@ -2,6 +2,7 @@
 every write an audit line and a counted metric."""
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,3 +65,20 @@ def test_the_openapi_document_needs_no_credentials(secure_broker: BrokerProcess)
     assert status == 200
     assert doc['openapi'].startswith('3.')
     assert '/queues/{name}/move' in doc['paths']
+
+
+def test_the_operators_management_credentials_work_on_the_api_only(
+    start_broker: Any, tmp_path: Path, address: str
+) -> None:
+    (tmp_path / 'username').write_text('shoal-admin\n')
+    (tmp_path / 'password').write_text('s3cret-from-the-operator')
+    b = start_broker(env={
+        'SHOAL_ALLOW_ANONYMOUS': 'false', 'SHOAL_MANAGEMENT_CREDENTIALS_DIR': str(tmp_path),
+    })  # fmt: skip
+    admin = Api(b, 'shoal-admin', 's3cret-from-the-operator')
+    assert admin.call('GET', '/queues')[0] == 200
+    assert admin.call('POST', f'/queues/{quoted(address)}/purge')[0] == 404  # let in, no queue
+    assert Api(b, 'shoal-admin', 'guess').call('GET', '/queues')[0] == 401
+    (tmp_path / 'password').write_text('rotated')  # a Secret update applies at once
+    assert Api(b, 'shoal-admin', 'rotated').call('GET', '/queues')[0] == 200
+    assert admin.call('GET', '/queues')[0] == 401
