@@ -38,7 +38,8 @@ async def test_auth_and_tls_mount_their_secrets_and_configure_the_brokers(
                        'management': 'shoal-management'}  # fmt: skip
     container = broker_container(found)
     mounts = {m['name']: (m['mountPath'], m['readOnly'])
-              for m in container['volumeMounts'] if m['name'] not in ('tmp', 'management')}  # fmt: skip
+              for m in container['volumeMounts']
+              if m['name'] not in ('tmp', 'management')}  # fmt: skip
     assert mounts == {'users': ('/etc/shoal/users', True), 'tls': ('/etc/shoal/tls', True),
                       'client-ca': ('/etc/shoal/client-ca', True)}  # fmt: skip
     env = plain_env(container)
