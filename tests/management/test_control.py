@@ -70,6 +70,9 @@ def test_subscription_browse_purge_and_delete(
     assert listed['items'][0]['id'] == sid
     shown = api.get(f'/subscriptions/{quoted(sid)}/messages', selector='n > 0')
     assert [m['body']['text'] for m in shown['messages']] == ['1', '2']
+    assert api.post(f'/subscriptions/{quoted(sid)}/pause') == {'paused': True}
+    assert api.get(f'/subscriptions/{quoted(sid)}')['paused'] is True
+    assert api.post(f'/subscriptions/{quoted(sid)}/resume') == {'paused': False}
     status, refused = api.call('DELETE', f'/subscriptions/{quoted(sid)}')
     assert status == 409, refused  # a consumer is attached
     assert api.post(f'/subscriptions/{quoted(sid)}/purge') == {'purged': 3, 'in_flight': 0}
