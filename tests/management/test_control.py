@@ -117,3 +117,21 @@ def test_connections_are_listed_and_closed_from_any_replica(
     wait_for(gone, 10, 'the connection closed')
     assert 'forced' in closed[0]
     wait_for(lambda: not mine(), 15, 'the connection unlisted')
+
+
+def test_rates_come_from_the_replicas_metric_records(start_broker: Any, address: str) -> None:
+    b = start_broker(env={'SHOAL_METRICS_INTERVAL_SECONDS': '0.5'})
+    conn = connect(b.url)
+    snd = sender(conn, address, Capabilities('queue'))
+    for n in range(5):
+        snd.send(Message(body=n))
+    receive_all(receiver(conn, address, credit=5), 5)
+    api = Api(b)
+
+    def rates() -> dict[str, Any]:
+        found: dict[str, Any] = api.get(f'/queues/{quoted(address)}')['rates']
+        return found
+
+    wait_for(lambda: rates()['delivered_per_second'] > 0, 15, 'a delivery rate')
+    assert set(rates()['delivered_per_second_per_replica']) == {b.replica_id}
+    conn.close()

@@ -11,17 +11,25 @@ request run again copies nothing twice and finishes the removal.
 """
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
 from shoal_broker import selector as selectors
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.management import views
+from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.routing.policies import entity_field
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.store.declarations import Removal
 from shoal_broker.store.management import StoreAdmin, StoredMessage, parse_message_id
+
+RATE_RECORDS = 5000
+"""Newest metric records read for the rates (every replica's, all entities)."""
+
+RATE_HORIZON_MS = 60_000
+"""A replica's latest record older than this says nothing about the current rate."""
 
 MAX_PAGE = 500
 """Messages one browse page returns at most: a larger ``limit`` is refused (400)."""
@@ -228,6 +236,33 @@ class Operations:
         if removal is not Removal.DELETED:
             raise OperationError(404, f'no subscription {subscription_id!r}')
         return {'deleted': subscription_id}
+
+    async def rates(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Per (address, subscription label): messages per second enqueued, delivered and
+        acknowledged over each replica's latest metric record (``SHOAL_METRICS_INTERVAL_SECONDS``;
+        none when the records are off), with the delivered rate per replica."""
+        latest: dict[tuple[str, str, str], MetricRecord] = {}
+        now_ms = time.time() * 1000
+        for fields in await self.admin.recent_records(RATE_RECORDS):
+            try:
+                record = MetricRecord.from_fields(fields)
+            except (ValueError, TypeError):
+                continue
+            key = (record.address, record.subscription, record.replica)
+            if key not in latest and now_ms - record.ts_ms <= RATE_HORIZON_MS:
+                latest[key] = record
+        rates: dict[tuple[str, str], dict[str, Any]] = {}
+        for (address, label, replica), r in latest.items():
+            seconds = max(r.interval_ms, 1) / 1000
+            row = rates.setdefault((address, label), {
+                'enqueued_per_second': 0.0, 'delivered_per_second': 0.0,
+                'acknowledged_per_second': 0.0, 'delivered_per_second_per_replica': {},
+            })  # fmt: skip
+            row['enqueued_per_second'] += r.enqueued / seconds
+            row['delivered_per_second'] += r.delivered / seconds
+            row['acknowledged_per_second'] += r.accepted / seconds
+            row['delivered_per_second_per_replica'][replica] = r.delivered / seconds
+        return rates
 
     async def pause(self, entity: str, user: str, *, paused: bool) -> None:
         if paused:

@@ -170,8 +170,8 @@ class Routes:
             and self.access.allows(identity, Operation.BROWSE, a.name)
         ]  # fmt: skip
         rows = await self.ops.admin.registry.queues(names[offset : offset + limit])
-        paused = await self.ops.admin.paused()
-        items = [_queue_row(dataclasses.asdict(q), paused) for q in rows]
+        paused, rates = await self.ops.admin.paused(), await self.ops.rates()
+        items = [_queue_row(dataclasses.asdict(q), paused, rates) for q in rows]
         return web.json_response({'total': len(names), 'offset': offset, 'items': items})
 
     async def queue(self, request: web.Request) -> web.Response:
@@ -179,8 +179,8 @@ class Routes:
         self._check(request, Operation.BROWSE, name)
         await self.ops.queue(name)
         rows = await self.ops.admin.registry.queues([name])
-        paused = await self.ops.admin.paused()
-        return web.json_response(_queue_row(dataclasses.asdict(rows[0]), paused))
+        paused, rates = await self.ops.admin.paused(), await self.ops.rates()
+        return web.json_response(_queue_row(dataclasses.asdict(rows[0]), paused, rates))
 
     async def queue_messages(self, request: web.Request) -> web.Response:
         name = request.match_info['name']
@@ -204,9 +204,10 @@ class Routes:
             s for s in await self.ops.admin.registry.subscriptions()
             if search in s.id and self.access.allows(identity, Operation.BROWSE, s.topic)
         ]  # fmt: skip
-        paused = await self.ops.admin.paused()
+        paused, rates = await self.ops.admin.paused(), await self.ops.rates()
         items = [
-            _subscription_row(dataclasses.asdict(s), paused) for s in rows[offset : offset + limit]
+            _subscription_row(dataclasses.asdict(s), paused, rates)
+            for s in rows[offset : offset + limit]
         ]
         return web.json_response({'total': len(rows), 'offset': offset, 'items': items})
 
@@ -217,8 +218,8 @@ class Routes:
         found = [s for s in await self.ops.admin.registry.subscriptions() if s.id == sid]
         if not found:
             raise OperationError(404, f'no subscription {sid!r}')
-        paused = await self.ops.admin.paused()
-        return web.json_response(_subscription_row(dataclasses.asdict(found[0]), paused))
+        paused, rates = await self.ops.admin.paused(), await self.ops.rates()
+        return web.json_response(_subscription_row(dataclasses.asdict(found[0]), paused, rates))
 
     async def subscription_messages(self, request: web.Request) -> web.Response:
         sid = request.match_info['id']
@@ -314,13 +315,28 @@ class Routes:
         return await self._write(request, 'close-connection', f'{replica}/{connection}', run())
 
 
-def _queue_row(row: dict[str, Any], paused: dict[str, Any]) -> dict[str, Any]:
-    oldest = row.get('oldest_ms')
-    age = max(0.0, time.time() - oldest / 1000) if oldest else None
-    return {**row, 'oldest_age_seconds': age, 'paused': entity(row['name'], QUEUE_GROUP) in paused}
+Rates = dict[tuple[str, str], dict[str, Any]]
+NO_RATES = {
+    'enqueued_per_second': 0.0, 'delivered_per_second': 0.0, 'acknowledged_per_second': 0.0,
+    'delivered_per_second_per_replica': {},
+}  # fmt: skip
 
 
-def _subscription_row(row: dict[str, Any], paused: dict[str, Any]) -> dict[str, Any]:
+def _age(row: dict[str, Any]) -> float | None:
     oldest = row.get('oldest_ms')
-    age = max(0.0, time.time() - oldest / 1000) if oldest else None
-    return {**row, 'oldest_age_seconds': age, 'paused': entity('', row['id']) in paused}
+    return max(0.0, time.time() - oldest / 1000) if oldest else None
+
+
+def _queue_row(row: dict[str, Any], paused: dict[str, Any], rates: Rates) -> dict[str, Any]:
+    return {
+        **row, 'oldest_age_seconds': _age(row),
+        'paused': entity(row['name'], QUEUE_GROUP) in paused,
+        'rates': rates.get((row['name'], QUEUE_GROUP), NO_RATES),
+    }  # fmt: skip
+
+
+def _subscription_row(row: dict[str, Any], paused: dict[str, Any], rates: Rates) -> dict[str, Any]:
+    return {
+        **row, 'oldest_age_seconds': _age(row), 'paused': entity('', row['id']) in paused,
+        'rates': rates.get((row['topic'], row['id']), NO_RATES),
+    }  # fmt: skip

@@ -176,6 +176,11 @@ class StoreAdmin:
         found = await _call(self._raw.hgetall(keys.SubscriptionKeys.of(subscription_id).definition))
         return {_text(f): _text(v) for f, v in found.items()}
 
+    async def recent_records(self, most: int) -> list[dict[str, str]]:
+        """The newest ``most`` metric records of every replica (``keys.METRICS``), newest first."""
+        found = await _call(self._raw.xrevrange(keys.METRICS, '+', '-', count=most))
+        return [{_text(k): _text(v) for k, v in fields.items()} for _, fields in found]
+
     # -- pause flags ------------------------------------------------------------------------------
 
     async def paused(self) -> dict[str, dict[str, Any]]:
