@@ -1,6 +1,7 @@
 """Who may use the management API: the users file and permissions of AMQP, over HTTP Basic;
 every write an audit line and a counted metric."""
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from amqpclient import Capabilities, connect, sender
 from exposition import samples
 from mgmtapi import Api, quoted
 from processes import BrokerProcess
-from proton import Message
+from proton import Message, symbol
 from testusers import PASSWORDS, write_users
 
 
@@ -82,3 +83,21 @@ def test_the_operators_management_credentials_work_on_the_api_only(
     (tmp_path / 'password').write_text('rotated')  # a Secret update applies at once
     assert Api(b, 'shoal-admin', 'rotated').call('GET', '/queues')[0] == 200
     assert admin.call('GET', '/queues')[0] == 401
+
+
+def test_a_retry_moves_only_to_addresses_the_caller_may_manage(
+    secure_broker: BrokerProcess,
+) -> None:
+    dlq, original = f'news.dlq-{uuid.uuid4().hex[:6]}', f'orders.retry-{uuid.uuid4().hex[:6]}'
+    conn = connect(
+        secure_broker.url, user='carol', password=PASSWORDS['carol'], allowed_mechs='PLAIN'
+    )
+    sender(conn, original, Capabilities('queue'))  # the original queue exists
+    dead = Message(body='dead', annotations={symbol('x-opt-shoal-original-address'): original})
+    sender(conn, dlq, Capabilities('queue')).send(dead)
+    conn.close()
+    alice, carol = _as(secure_broker, 'alice'), _as(secure_broker, 'carol')
+    refused = alice.post(f'/queues/{quoted(dlq)}/retry')  # manage on news.*, not orders.*
+    assert (refused['moved'], refused['denied']) == (0, 1)
+    done = carol.post(f'/queues/{quoted(dlq)}/retry')
+    assert (done['moved'], done['targets']) == (1, {original: 1})

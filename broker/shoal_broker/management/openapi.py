@@ -180,6 +180,7 @@ def document() -> dict[str, Any]:
                 'Transfer': {'type': 'object', 'properties': {
                     'moved': {'type': 'integer'}, 'in_flight': {'type': 'integer'},
                     'duplicated': {'type': 'integer'}, 'skipped': {'type': 'integer'},
+                    'denied': {'type': 'integer'},
                     'targets': {'type': 'object', 'additionalProperties': {'type': 'integer'}},
                 }},
             },

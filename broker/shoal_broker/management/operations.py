@@ -64,6 +64,8 @@ class Transfer:
     """Copied, then found taken by a consumer before their removal: delivered from both."""
     skipped: int = 0
     """Not picked: no original address to retry to (or it no longer exists)."""
+    denied: int = 0
+    """Left: the caller may not ``manage`` the address they would go to."""
     targets: dict[str, int] = dataclasses.field(default_factory=dict)
     """Messages moved per target address."""
 
@@ -157,13 +159,18 @@ class Operations:
         await self.kind(target)
         return await self._transfer(source, lambda m: target if pick(m) else None)
 
-    async def retry(self, source: str, pick: Pick) -> Transfer:
-        """Each picked message back to the address it was dead-lettered or expired from."""
+    async def retry(
+        self, source: str, pick: Pick, allowed: Callable[[str], bool] = lambda _: True
+    ) -> Transfer:
+        """Each picked message back to the address it was dead-lettered or expired from, where
+        the caller is ``allowed`` to send it (the others stay, counted ``denied``)."""
         return await self._transfer(
-            source, lambda m: views.annotation(m, ORIGINAL_ADDRESS) if pick(m) else None
+            source, lambda m: views.annotation(m, ORIGINAL_ADDRESS) if pick(m) else None, allowed
         )
 
-    async def _transfer(self, source: str, route: Route) -> Transfer:
+    async def _transfer(
+        self, source: str, route: Route, allowed: Callable[[str], bool] = lambda _: True
+    ) -> Transfer:
         done = Transfer()
         kinds: dict[str, str | None] = {}
         cursor: str | None = None
@@ -174,6 +181,9 @@ class Operations:
                 target = route(m)
                 if target is None or target == source:
                     done.skipped += target is not None
+                    continue
+                if not allowed(target):
+                    done.denied += 1
                     continue
                 if m.state == 'in-flight':
                     done.in_flight += 1

@@ -267,7 +267,12 @@ class Routes:
         ids, selector = _selection(await _body(request, {'ids', 'selector'}))
         pick = picker(ids, selector)
         await self.ops.queue(name)
-        return await self._write(request, 'retry', name, self.ops.retry(name, pick))
+        identity = request[IDENTITY]
+
+        def allowed(target: str) -> bool:
+            return self.access.allows(identity, Operation.MANAGE, target)
+
+        return await self._write(request, 'retry', name, self.ops.retry(name, pick, allowed))
 
     async def pause_queue(self, request: web.Request) -> web.Response:
         name = request.match_info['name']
