@@ -51,14 +51,22 @@ class Control:
         self.admin = admin
         self.broker = broker
         self.replica_id = replica_id
+        self._listed = ''
+        self._listed_at = -float(CONNECTIONS_TTL_SECONDS)
 
     async def refresh_pauses(self) -> None:
         paused = await self.admin.paused()
         self.broker.nodes.apply_pauses(frozenset(paused))
 
     async def once(self) -> None:
+        # written when it changed, else before it expires: a large list is no write every second
         listed = json.dumps(connection_rows(self.broker))
-        await self.admin.publish_connections(self.replica_id, listed, CONNECTIONS_TTL_SECONDS)
+        if (
+            listed != self._listed
+            or time.monotonic() - self._listed_at > CONNECTIONS_TTL_SECONDS / 2
+        ):
+            await self.admin.publish_connections(self.replica_id, listed, CONNECTIONS_TTL_SECONDS)
+            self._listed, self._listed_at = listed, time.monotonic()
         for command in await self.admin.take_commands(self.replica_id):
             verb, _, argument = command.partition(' ')
             if verb == 'close':
