@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shoal_broker import useradmin
+from shoal_broker import operate, useradmin
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.settings import ENV_REDIS_URL, BrokerSettings
 from shoal_broker.store import discovery
@@ -107,6 +107,8 @@ def parser() -> argparse.ArgumentParser:
         'clients': 'JMS ClientIDs held, and by which replica and connection',
     }
     sub.add_parser('user', help='add a user to a users file (shoal user add --help)')
+    for command in operate.COMMANDS:
+        sub.add_parser(command, help=f'{operate.HELPS[command]} (shoal {command} --help)')
     for command in COMMANDS:
         c = sub.add_parser(command, help=helps[command], description=helps[command])
         # also accepted after the command; SUPPRESS keeps a --json given before it
@@ -156,10 +158,18 @@ def _fail(code: int, message: str) -> int:
     return code
 
 
+def _operation(argv: list[str]) -> bool:
+    """Whether the command line names one of the management API's operations (the listings'
+    commands take no positional argument, so such a word is the command)."""
+    return any(word in operate.COMMANDS or word in ('--api-url', '--user') for word in argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ['user']:  # the users file, not Redis: its own parser
         return useradmin.main(argv[1:])
+    if _operation(argv):  # a write or a browse: through a broker's management API
+        return operate.main(argv)
     args = parser().parse_args(argv)
     url: str | None = args.redis_url
     looked: tuple[str, ...] = ()

@@ -23,6 +23,10 @@ from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.selector_offload import SWITCH_INTERVAL_SECONDS
 from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
 from shoal_broker.health import HealthServer
+from shoal_broker.management.access import Access
+from shoal_broker.management.control import Control
+from shoal_broker.management.operations import Operations
+from shoal_broker.management.routes import Routes
 from shoal_broker.metrics.registry import (
     BACKGROUND_FAILURES,
     LEASE_UP,
@@ -42,6 +46,7 @@ from shoal_broker.security.tls import redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store.embedded import EmbeddedRedis
+from shoal_broker.store.management import StoreAdmin
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.replicas import LeaseKeeper, Liveness
 
@@ -126,6 +131,9 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         lambda: AmqpConnection(broker), host, port, backlog=LISTEN_BACKLOG, reuse_address=True
     )
     tls_servers, tls_tasks = await listen_tls(settings, broker)
+    admin = StoreAdmin.from_url(url)
+    control = Control(admin, broker, settings.replica_id)
+    await control.refresh_pauses()  # paused before a restart: paused from the first attach
     health: HealthServer | None = None
     if settings.http:
 
@@ -136,7 +144,10 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
                 'store_memory_watch': broker.guard.store_memory_denied is None,
             }
 
-        health = HealthServer(readiness)
+        operations = Operations(admin, store.upkeep.backlog_limit)
+        access = Access(broker.guard.authenticator, settings.security.management_credentials_dir)
+        api = Routes(operations, access).app()
+        health = HealthServer(readiness, api)
         await health.start(*split_host_port(settings.http))
     backlog = BacklogSnapshot(
         url, settings.store.backlog_refresh_seconds, shared=store.upkeep,
@@ -160,6 +171,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         'policies': lambda: chores.refresh_policies_forever(store, broker),
         'backlog': lambda: backlog.refresh_forever(),
         'store_memory': lambda: broker.guard.watch_store_memory(store.upkeep),
+        'management': control.run_forever,
     }
     if settings.store.metrics_interval_seconds > 0:
         tasks['metric_records'] = lambda: record_metrics(settings, store, broker, backlog, liveness)
@@ -195,6 +207,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     if health is not None:
         await health.close()
     await backlog.close()
+    await admin.close()
     await store.close()
     logger.info('stopped')
     return 0

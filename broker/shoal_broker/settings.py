@@ -45,6 +45,7 @@ ENV_REPLICATION_TIMEOUT = 'SHOAL_REPLICATION_TIMEOUT_MS'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
 ENV_ALLOW_ANONYMOUS = 'SHOAL_ALLOW_ANONYMOUS'
 ENV_USERS_FILE = 'SHOAL_USERS_FILE'
+ENV_MANAGEMENT_CREDENTIALS_DIR = 'SHOAL_MANAGEMENT_CREDENTIALS_DIR'
 ENV_SASL_TIMEOUT = 'SHOAL_SASL_TIMEOUT_SECONDS'
 ENV_OPEN_TIMEOUT = 'SHOAL_OPEN_TIMEOUT_SECONDS'
 ENV_TLS_LISTEN = 'SHOAL_TLS_LISTEN'
@@ -242,6 +243,11 @@ class SecuritySettings:
     """JSON users file (salted SCRAM keys and permissions; a Kubernetes Secret mount works),
     re-read when it changes. Empty: no users, so only ANONYMOUS can connect, unrestricted."""
 
+    management_credentials_dir: str = ''
+    """A directory holding files ``username`` and ``password`` (the operator's management
+    Secret, mounted): one more user, with every permission, for the management API only (not
+    AMQP); read at each request, so a rotated Secret applies at once. Empty: none."""
+
     sasl_timeout_seconds: float = 10.0
     """A connection that has not finished SASL (or sent its AMQP header) by then is dropped."""
 
@@ -418,6 +424,9 @@ def _security_from_env(env: Mapping[str, str], d: SecuritySettings) -> SecurityS
     return SecuritySettings(
         allow_anonymous=_flag(env, ENV_ALLOW_ANONYMOUS, d.allow_anonymous),
         users_file=env.get(ENV_USERS_FILE, d.users_file),
+        management_credentials_dir=env.get(
+            ENV_MANAGEMENT_CREDENTIALS_DIR, d.management_credentials_dir
+        ),
         sasl_timeout_seconds=float(env.get(ENV_SASL_TIMEOUT, d.sasl_timeout_seconds)),
         open_timeout_seconds=float(env.get(ENV_OPEN_TIMEOUT, d.open_timeout_seconds)),
         tls_listen=env.get(ENV_TLS_LISTEN, d.tls_listen),

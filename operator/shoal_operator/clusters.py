@@ -4,6 +4,7 @@ status from the Deployment and a Redis probe, and the analytics job's summary (i
 """
 
 import logging
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +44,11 @@ async def apply_cluster(runtime: Runtime, body: Mapping[str, Any]) -> BrokerClus
             redis_url = await runtime.redis_url(cluster)
         except ClusterUnavailable:  # reported on the RedisConnected condition; the rest applies
             pass
-    for manifest in manifests.build_all(cluster, redis_url):
+    # the management password is made once and kept: tools holding it keep working
+    management = naming.management_secret(cluster)
+    password = await kube.secret_value(cluster.meta.namespace, management, 'password')
+    password = password or secrets.token_urlsafe(24)
+    for manifest in manifests.build_all(cluster, redis_url, password):
         manifest['metadata']['ownerReferences'] = [owner]
         try:
             await kube.apply(manifest)

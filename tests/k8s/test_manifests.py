@@ -38,8 +38,13 @@ def test_the_deployment_runs_stateless_non_root_replicas_with_probes_and_a_drain
     assert security['runAsNonRoot'] is True
     assert security['runAsUser'] == 10001
     assert security['readOnlyRootFilesystem'] is True
-    assert container['volumeMounts'] == [{'name': 'tmp', 'mountPath': '/tmp'}]
-    assert pod['volumes'] == [{'name': 'tmp', 'emptyDir': {}}]
+    assert container['volumeMounts'][0] == {'name': 'tmp', 'mountPath': '/tmp'}
+    assert pod['volumes'][0] == {'name': 'tmp', 'emptyDir': {}}
+    # the management Secret, optional: the pods may start before the operator writes it
+    management = {'name': 'management', 'mountPath': '/etc/shoal/management', 'readOnly': True}
+    assert container['volumeMounts'][1:] == [management]
+    assert pod['volumes'][1]['secret']['secretName'] == 'shoal-management'
+    assert pod['volumes'][1]['secret']['optional'] is True
     assert pod['terminationGracePeriodSeconds'] == 7 + 20 + 5
     env = {e['name']: e for e in container['env']}
     assert env[broker.ENV_REDIS_URL]['valueFrom']['secretKeyRef'] == {'name': 'redis', 'key': 'url'}
@@ -327,7 +332,7 @@ def test_users_come_from_a_read_only_secret_volume_the_broker_rereads() -> None:
     env = {e['name']: e.get('value') for e in container['env']}
     assert env[broker.ENV_ALLOW_ANONYMOUS] == 'true'
     assert broker.ENV_USERS_FILE not in env
-    assert [v['name'] for v in anonymous['spec']['volumes']] == ['tmp']
+    assert [v['name'] for v in anonymous['spec']['volumes']] == ['tmp', 'management']
 
 
 TLS = {'secretName': 'shoal-tls', 'clientAuth': 'Required', 'clientCASecretName': 'clients'}
@@ -370,7 +375,10 @@ def test_tls_adds_an_amqps_listener_on_the_mounted_certificates() -> None:
     assert [i['key'] for i in volumes['tls']['items']] == ['tls.crt', 'tls.key']
     assert volumes['client-ca']['secretName'] == 'clients'
     mounts = {m['name']: m['mountPath'] for m in container['volumeMounts'] if m.get('readOnly')}
-    assert mounts == {'tls': '/etc/shoal/tls', 'client-ca': '/etc/shoal/client-ca'}
+    assert mounts == {
+        'tls': '/etc/shoal/tls', 'client-ca': '/etc/shoal/client-ca',
+        'management': '/etc/shoal/management',
+    }  # fmt: skip
     assert container['readinessProbe']['httpGet'] == {'path': '/readyz', 'port': 'http'}
     server_only = workload.deployment(model(tls={'secretName': 'shoal-tls'}))
     [container] = server_only['spec']['template']['spec']['containers']

@@ -34,10 +34,12 @@ async def test_auth_and_tls_mount_their_secrets_and_configure_the_brokers(
     found = await operator.eventually(deployment, 'the Deployment')
     pod = found['spec']['template']['spec']
     secrets = {v['name']: v['secret']['secretName'] for v in pod['volumes'] if 'secret' in v}
-    assert secrets == {'users': 'shoal-users', 'tls': 'shoal-tls', 'client-ca': 'client-ca'}
+    assert secrets == {'users': 'shoal-users', 'tls': 'shoal-tls', 'client-ca': 'client-ca',
+                       'management': 'shoal-management'}  # fmt: skip
     container = broker_container(found)
     mounts = {m['name']: (m['mountPath'], m['readOnly'])
-              for m in container['volumeMounts'] if m['name'] != 'tmp'}  # fmt: skip
+              for m in container['volumeMounts']
+              if m['name'] not in ('tmp', 'management')}  # fmt: skip
     assert mounts == {'users': ('/etc/shoal/users', True), 'tls': ('/etc/shoal/tls', True),
                       'client-ca': ('/etc/shoal/client-ca', True)}  # fmt: skip
     env = plain_env(container)
@@ -76,7 +78,10 @@ async def test_auth_and_tls_mount_their_secrets_and_configure_the_brokers(
         )
 
     changed = await operator.eventually(opened, 'the Deployment allowing ANONYMOUS')
-    assert [v['name'] for v in changed['spec']['template']['spec']['volumes']] == ['tmp']
+    assert [v['name'] for v in changed['spec']['template']['spec']['volumes']] == [
+        'tmp',
+        'management',
+    ]
     env = plain_env(broker_container(changed))
     assert broker.ENV_USERS_FILE not in env
     assert broker.ENV_TLS_LISTEN not in env

@@ -56,6 +56,11 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     # security and limits (docs/security.md)
     'SHOAL_ALLOW_ANONYMOUS': ('false', 'security.allow_anonymous', False),
     'SHOAL_USERS_FILE': ('/etc/shoal/users.json', 'security.users_file', '/etc/shoal/users.json'),
+    'SHOAL_MANAGEMENT_CREDENTIALS_DIR': (
+        '/etc/shoal/management',
+        'security.management_credentials_dir',
+        '/etc/shoal/management',
+    ),
     'SHOAL_SASL_TIMEOUT_SECONDS': ('3', 'security.sasl_timeout_seconds', 3.0),
     'SHOAL_OPEN_TIMEOUT_SECONDS': ('30', 'security.open_timeout_seconds', 30.0),
     'SHOAL_TLS_LISTEN': ('0.0.0.0:5671', 'security.tls_listen', '0.0.0.0:5671'),

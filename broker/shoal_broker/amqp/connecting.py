@@ -214,16 +214,18 @@ class Connecting:
         """Close every connection (clients fail over elsewhere); by default stop taking more."""
         self.turns.accepting = not stop_accepting
         for conn in list(self.connections):
-            for state in list(conn.links.values()):
-                if isinstance(state, ConsumerLink):
-                    # not a failure of the consumer: return without counting an attempt
-                    for entry in state.unacked.values():
-                        self.consuming.release(
-                            state.address, state.group, entry, delivery_failed=False
-                        )
-                    state.unacked.clear()
-                    for ahead in state.ahead.values():
-                        ahead.settle = self.consuming.returner(state)
-                    state.ahead.clear()
-            conn.fail(condition, description)
-            conn.process()
+            self.close_one(conn, condition, description)
+
+    def close_one(self, conn: AmqpConnection, condition: str, description: str) -> None:
+        """Close one connection; what its consumers hold goes back without counting an
+        attempt (an operator's close, or shutdown, is not a failure of the consumer)."""
+        for state in list(conn.links.values()):
+            if isinstance(state, ConsumerLink):
+                for entry in state.unacked.values():
+                    self.consuming.release(state.address, state.group, entry, delivery_failed=False)
+                state.unacked.clear()
+                for ahead in state.ahead.values():
+                    ahead.settle = self.consuming.returner(state)
+                state.ahead.clear()
+        conn.fail(condition, description)
+        conn.process()

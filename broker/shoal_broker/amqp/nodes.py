@@ -30,6 +30,8 @@ class Nodes:
         self.by_address: dict[str, list[LocalSubscription]] = {}
         self.policies: dict[str, EntityPolicy] = {}
         """Declared queues' and subscriptions' policies by entity (``apply_policies``)."""
+        self.paused: frozenset[str] = frozenset()
+        """Entities whose delivery the management API paused (``apply_pauses``)."""
         self._serial = itertools.count(1)
         self._outlet: Outlet | None = None
         self._intake: Intake | None = None
@@ -46,6 +48,7 @@ class Nodes:
             sub = LocalSubscription(self._outlet, self._intake, address, group)
             metrics.subscription_seen(address, group)
             sub.apply(self.policy(address, group), self.settings.routing)
+            sub.paused = entity_field(address, group) in self.paused
             self.subscriptions[(address, group)] = sub
             self.by_address.setdefault(address, []).append(sub)
             self.store.watching.watch(address, sub.on_notify)
@@ -66,6 +69,15 @@ class Nodes:
 
     def policy(self, address: str, group: str) -> EntityPolicy:
         return self.policies.get(entity_field(address, group)) or NO_POLICY
+
+    def apply_pauses(self, paused: frozenset[str]) -> None:
+        """The paused entities as just read from the store: a paused local subscription fetches
+        nothing; one resumed fetches again at once."""
+        if paused == self.paused:
+            return
+        self.paused = paused
+        for (address, group), sub in self.subscriptions.items():
+            sub.set_paused(entity_field(address, group) in paused)
 
     def apply_policies(self, policies: dict[str, EntityPolicy]) -> None:
         """The declared policies as just read from the store: every local subscription whose

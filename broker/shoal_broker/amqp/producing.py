@@ -188,7 +188,8 @@ class Producing:
             self.mark_dirty(producer.conn)
             return
         due = view.annotations.get('x-opt-delivery-time')
-        if kind is AddressKind.QUEUE and (sub := self.subscriptions.get((address, QUEUE_GROUP))):
+        sub = self.subscriptions.get((address, QUEUE_GROUP))
+        if kind is AddressKind.QUEUE and sub is not None and not sub.paused:
             if (
                 message.settled
                 and due is None

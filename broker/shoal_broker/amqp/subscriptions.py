@@ -96,6 +96,9 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
         self._held_since = 0.0
         self.private = group.startswith(PRIVATE_GROUP_PREFIX)
         self._share_check = False
+        self.paused = False
+        """Delivery paused by an operator (``Nodes.apply_pauses``): nothing is fetched, and a
+        message published here goes to the store."""
 
     def apply(self, policy: EntityPolicy, defaults: RoutingSettings) -> None:
         """Take the declared policy (looked up once here, not per message), falling back to the
@@ -110,6 +113,11 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
         self.ahead_allowed = defaults.deliver_ahead
         self.hold_seconds = max(0.0, defaults.handover_hold_seconds)
         self._consumers_changed()
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+        if not paused and self.consumers:
+            self.kick()
 
     def add(self, consumer: ConsumerLink) -> None:
         """A consumer joins in attach order (``LinkState.arrived``), oldest first."""
@@ -253,6 +261,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
     def kick(self) -> None:
         """Fetch for the free credit of the local consumers, unless a fetch is in flight."""
         self._exhausted = False
+        if self.paused:
+            return
         if self._fetching or self.recovering:
             self._again = True
             return

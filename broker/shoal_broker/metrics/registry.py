@@ -119,6 +119,13 @@ REDIS_ROUND_TRIP = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 LEASE_UP = Gauge('shoal_replica_lease_up', 'Whether this replica holds its liveness lease.')
+MANAGEMENT_WRITES = Counter(
+    'shoal_management_writes',
+    'Writes through the management API (each also an audit log line), by operation and outcome '
+    '(ok, refused, denied, failed).',
+    ['operation', 'outcome'],
+)
+
 BACKGROUND_FAILURES = Counter(
     'shoal_background_task_failures',
     'Failed rounds of a background safety task (lease, store_memory, trim, policies, reaping).',

@@ -189,8 +189,10 @@ class Inspector:
         raw = await self._call(self._client.hgetall(keys.PROVISIONED))
         return {_text(k): _text(v) for k, v in raw.items()}
 
-    async def queues(self) -> list[QueueInfo]:
-        names = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
+    async def queues(self, names: list[str] | None = None) -> list[QueueInfo]:
+        """Every queue, or the ``names`` given (queues known to exist: a page of a listing)."""
+        if names is None:
+            names = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
         groups = [(name, QUEUE_GROUP) for name in names]
         found = await self._backlogs(groups)
         per_replica = await self._per_replica(groups)

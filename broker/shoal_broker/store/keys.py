@@ -83,6 +83,7 @@ __all__ = [
     'ANALYTICS_SUMMARY',
     'CLIENTS',
     'COMMIT_BUCKETS',
+    'PAUSED',
     'RECLAIMED',
     'REPLICAS',
     'SCHEDULED',
@@ -99,6 +100,8 @@ __all__ = [
     'notified_address',
     'reaping',
     'replica_channel',
+    'replica_connections',
+    'replica_control',
 ]  # fmt: skip
 
 
@@ -171,6 +174,13 @@ class AddressKeys:
         that completing a commit again applies nothing twice (docs/redis-modes.md)."""
         return f'{self.tag}:txns'
 
+    @property
+    def imports(self) -> str:
+        """HASH ``<source address>|<band>|<entry id>`` -> id of the copy: messages a management
+        move or retry copied here and has not yet removed from their source, so that running
+        it again after a crash copies none twice (``lua/manage_copy.lua``)."""
+        return f'{self.tag}:imports'
+
     def transaction_marker(self, transaction_id: str) -> str:
         """STRING with a short lifetime, written by a one-slot commit's ``MULTI``: whether that
         ``EXEC`` ran, when its reply was lost (``store/transactions.py``)."""
@@ -220,6 +230,24 @@ DELETION_POLICIES = f'{PREFIX}:deletion-policies'
 """HASH entity (the same fields as ``PROVISIONED``) -> ``deletionPolicy`` of the declaring resource
 (``Retain``, ``Delete``, ``DeleteIfEmpty``): what the operator carries out when it finds a
 declaration whose resource is gone, also one deleted while no operator ran (none: ``Retain``)."""
+
+
+PAUSED = f'{PREFIX}:paused'
+"""HASH entity (the same fields as ``PROVISIONED``) -> JSON ``{"by": user, "at": ms}``: queues and
+subscriptions whose delivery the management API paused; every replica reads it with the
+policies and fetches nothing for a paused one (``management/control.py``)."""
+
+
+def replica_connections(replica_id: str) -> str:
+    """STRING (JSON, expires): the replica's client connections as it last listed them for the
+    management API, so that any replica answers for all (``management/control.py``)."""
+    return f'{PREFIX}:{{r:{replica_id}}}:connections'
+
+
+def replica_control(replica_id: str) -> str:
+    """LIST of commands for one replica from the management API of any replica (``close
+    <connection>``, ``refresh``), popped by the replica every second."""
+    return f'{PREFIX}:{{r:{replica_id}}}:control'
 
 
 def provisioned_queue(address: str) -> str:

@@ -147,6 +147,10 @@ class Upkeep:
         (``reject-publish``) or the oldest entries are dropped (``drop-oldest``). 0 = no cap."""
         self._backlogs.set_everywhere(limit, overflow)
 
+    def backlog_limit(self, address: str) -> int:
+        """The address's backlog limit in entries, as publishes apply it; 0 when it has none."""
+        return self._backlogs.limit(address)
+
     def limit_address_backlogs(self, limits: Mapping[str, tuple[int, str]]) -> None:
         """Replace the per-address caps (address -> (limit, overflow)) that override
         ``limit_backlog`` for those addresses: declared queues' ``retention.maxMessages``."""

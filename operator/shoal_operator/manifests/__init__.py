@@ -16,10 +16,13 @@ OPTIONAL_KINDS = {'ServiceMonitor': 'spec.metrics.serviceMonitor.enabled'}
 """Kind -> the spec field that asks for it."""
 
 
-def build_all(cluster: BrokerCluster, redis_url: str | None = None) -> list[Manifest]:
+def build_all(
+    cluster: BrokerCluster, redis_url: str | None = None, management_password: str | None = None
+) -> list[Manifest]:
     """``redis_url``: the rendered Redis URL (``redisurl.render``) of a cluster whose spec names
     its Redis by mode and hosts; None leaves its Secret as it is (its credentials cannot be read
-    now), and for a cluster whose URL is the user's Secret."""
+    now), and for a cluster whose URL is the user's Secret. ``management_password``: the
+    management Secret's (None leaves that Secret as it is)."""
     optional = [
         autoscaler.horizontal_pod_autoscaler(cluster),
         network.network_policy(cluster),
@@ -28,6 +31,8 @@ def build_all(cluster: BrokerCluster, redis_url: str | None = None) -> list[Mani
     rendered = []
     if cluster.redis.rendered and redis_url is not None:
         rendered.append(config.redis_url_secret(cluster, redis_url))
+    if management_password is not None:
+        rendered.append(config.management_secret(cluster, management_password))
     return [
         config.configmap(cluster),
         *rendered,

@@ -114,6 +114,28 @@ def connection_secret(cluster: BrokerCluster) -> Manifest:
     }
 
 
+MANAGEMENT_USER = 'shoal-admin'
+"""The user of the management Secret: every permission, on the management API only."""
+
+
+def management_uri(cluster: BrokerCluster) -> str:
+    return f'http://{naming.service_host(cluster)}:{naming.HTTP_PORT}/api'
+
+
+def management_secret(cluster: BrokerCluster, password: str) -> Manifest:
+    """The management API's URL and credentials for operators and tools; the broker pods mount
+    it too (``SHOAL_MANAGEMENT_CREDENTIALS_DIR``) and accept this user on the API. The
+    password is made once and kept (``clusters.apply_cluster``)."""
+    data = {'uri': management_uri(cluster), 'username': MANAGEMENT_USER, 'password': password}
+    return {
+        'apiVersion': 'v1',
+        'kind': 'Secret',
+        'type': 'kubernetes.io/basic-auth',
+        'metadata': naming.metadata(cluster, naming.management_secret(cluster)),
+        'data': {key: _b64(value) for key, value in data.items()},
+    }
+
+
 def connection_details(cluster: BrokerCluster) -> dict[str, str]:
     host = naming.service_host(cluster)
     details = {
@@ -122,6 +144,7 @@ def connection_details(cluster: BrokerCluster) -> dict[str, str]:
         'host': host,
         'port': str(naming.AMQP_PORT),
         'uri': f'amqp://{host}:{naming.AMQP_PORT}',
+        'management-uri': management_uri(cluster),
     }
     if cluster.tls is not None:
         details['amqps-port'] = str(naming.AMQPS_PORT)

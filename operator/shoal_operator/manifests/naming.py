@@ -34,6 +34,11 @@ def redis_url_secret(cluster: BrokerCluster) -> str:
     return child(cluster, 'redis-url')
 
 
+def management_secret(cluster: BrokerCluster) -> str:
+    """The Secret with the management API's URL and the operator-made credentials for it."""
+    return child(cluster, 'management')
+
+
 def service_host(cluster: BrokerCluster) -> str:
     return f'{child(cluster)}.{cluster.meta.namespace}.svc'
 

@@ -8,6 +8,8 @@ from shoal_operator.manifests.config import Manifest
 from shoal_operator.models import BrokerCluster
 
 BROKER_UID = 10001
+MANAGEMENT_DIR = '/etc/shoal/management'
+"""Where the pods mount the management Secret (optional: the pods start before it exists)."""
 DEFAULT_RESOURCES = {'requests': {'cpu': '100m', 'memory': '256Mi'}, 'limits': {'memory': '1Gi'}}
 
 
@@ -41,6 +43,7 @@ def _container(cluster: BrokerCluster) -> dict[str, Any]:
                 'name': broker.ENV_REPLICA_ID,
                 'valueFrom': {'fieldRef': {'fieldPath': 'metadata.name'}},
             },
+            {'name': broker.ENV_MANAGEMENT_CREDENTIALS_DIR, 'value': MANAGEMENT_DIR},
             *security.env(cluster),
         ],
         'resources': cluster.resources or DEFAULT_RESOURCES,
@@ -59,7 +62,11 @@ def _container(cluster: BrokerCluster) -> dict[str, Any]:
             'capabilities': {'drop': ['ALL']},
             'seccompProfile': {'type': 'RuntimeDefault'},
         },
-        'volumeMounts': [{'name': 'tmp', 'mountPath': '/tmp'}, *security.volume_mounts(cluster)],
+        'volumeMounts': [
+            {'name': 'tmp', 'mountPath': '/tmp'},
+            {'name': 'management', 'mountPath': MANAGEMENT_DIR, 'readOnly': True},
+            *security.volume_mounts(cluster),
+        ],
     }
 
 
@@ -96,7 +103,16 @@ def deployment(cluster: BrokerCluster) -> Manifest:
         'securityContext': {'runAsNonRoot': True, 'fsGroup': BROKER_UID,
                             'seccompProfile': {'type': 'RuntimeDefault'}},
         'containers': [_container(cluster)],
-        'volumes': [{'name': 'tmp', 'emptyDir': {}}, *security.volumes(cluster)],
+        'volumes': [
+            {'name': 'tmp', 'emptyDir': {}},
+            {'name': 'management', 'secret': {
+                'secretName': naming.management_secret(cluster), 'optional': True,
+                'items': [{'key': 'username', 'path': 'username'},
+                          {'key': 'password', 'path': 'password'}],
+                'defaultMode': security.READ_ONLY_FOR_GROUP,
+            }},
+            *security.volumes(cluster),
+        ],
         **_spreading(cluster),
     }  # fmt: skip
     for field in ('nodeSelector', 'tolerations', 'priorityClassName'):
