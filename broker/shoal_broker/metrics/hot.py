@@ -215,7 +215,7 @@ def subscription_seen(address: str, group: str) -> None:
     for outcome in OUTCOMES:
         _COUNTS.setdefault(('settled', address, label, outcome), 0)
     if (address, label) not in _LATENCIES:
-        _LATENCIES[(address, label)] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        _LATENCIES[(address, label)] = [0.0] * (len(DELIVERY_LATENCY_BUCKETS) + 2)
 
 
 def entities_seen(entities: Iterable[tuple[str, str]]) -> None:
