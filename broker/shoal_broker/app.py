@@ -45,6 +45,7 @@ from shoal_broker.running.reporting import broker_gauges, record_metrics, store_
 from shoal_broker.security.tls import redis_url_with_ca
 from shoal_broker.settings import BrokerSettings, Durability
 from shoal_broker.stopping import cancel_and_wait
+from shoal_broker.store.duplicates import window_of
 from shoal_broker.store.embedded import EmbeddedRedis
 from shoal_broker.store.management import StoreAdmin
 from shoal_broker.store.redisstore import RedisStore
@@ -113,6 +114,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     store.upkeep.limit_backlog(
         settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
     )
+    store.messages.duplicates.everywhere = window_of(settings.duplicates)
     await _check_memory_watch(store.upkeep, settings.security.redis_memory_high_watermark)
     token = uuid.uuid4().hex
     liveness = Liveness(store, settings.replica_id, token, settings.store.lease_seconds)

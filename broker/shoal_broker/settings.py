@@ -69,6 +69,12 @@ ENV_BACKLOG_OVERFLOW = 'SHOAL_BACKLOG_OVERFLOW'
 ENV_MEMORY_CEILING = 'SHOAL_MEMORY_CEILING_MB'
 ENV_REDIS_MEMORY_WATERMARK = 'SHOAL_REDIS_MEMORY_HIGH_WATERMARK'
 
+# duplicate detection (DuplicateSettings)
+ENV_DUPLICATE_DETECTION = 'SHOAL_DUPLICATE_DETECTION'
+ENV_DUPLICATE_WINDOW = 'SHOAL_DUPLICATE_WINDOW'
+ENV_DUPLICATE_WINDOW_SECONDS = 'SHOAL_DUPLICATE_WINDOW_SECONDS'
+ENV_DUPLICATE_ID_PROPERTY = 'SHOAL_DUPLICATE_ID_PROPERTY'
+
 
 class AddressKind(enum.StrEnum):
     """How an address distributes messages; fixed when the address is created."""
@@ -329,11 +335,27 @@ class SecuritySettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class DuplicateSettings:
+    """Every address's duplicate detection unless its Queue/SharedSubscription says otherwise
+    (docs/redis-modes.md#duplicate-detection)."""
+
+    enabled: bool = False
+    """Drop (and answer ``accepted``) a message whose id the address stored within the window."""
+    window: int = 10_000
+    """Ids remembered per address, newest kept (bounds the window's memory)."""
+    window_seconds: int = 600
+    """How long an id is remembered; older ones are forgotten, and accepted again."""
+    id_property: str = ''
+    """Application property holding the id (e.g. ``_AMQ_DUPL_ID``); empty: the AMQP message-id."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BrokerSettings:
     amqp: AmqpSettings = dataclasses.field(default_factory=AmqpSettings)
     routing: RoutingSettings = dataclasses.field(default_factory=RoutingSettings)
     store: StoreSettings = dataclasses.field(default_factory=StoreSettings)
     security: SecuritySettings = dataclasses.field(default_factory=SecuritySettings)
+    duplicates: DuplicateSettings = dataclasses.field(default_factory=DuplicateSettings)
 
     replica_id: str = dataclasses.field(
         default_factory=lambda: f'{socket.gethostname()}-{os.getpid()}'
@@ -412,6 +434,7 @@ class BrokerSettings:
                 ),
             ),
             security=_security_from_env(env, d.security),
+            duplicates=_duplicates_from_env(env, d.duplicates),
             replica_id=env.get(ENV_REPLICA_ID) or d.replica_id,
             http=env.get(ENV_HTTP, d.http),
             log_format=LogFormat(env.get(ENV_LOG_FORMAT, d.log_format)),
@@ -463,6 +486,15 @@ def _security_from_env(env: Mapping[str, str], d: SecuritySettings) -> SecurityS
         redis_memory_high_watermark=float(
             env.get(ENV_REDIS_MEMORY_WATERMARK, d.redis_memory_high_watermark)
         ),
+    )
+
+
+def _duplicates_from_env(env: Mapping[str, str], d: DuplicateSettings) -> DuplicateSettings:
+    return DuplicateSettings(
+        enabled=_flag(env, ENV_DUPLICATE_DETECTION, d.enabled),
+        window=int(env.get(ENV_DUPLICATE_WINDOW, d.window)),
+        window_seconds=int(env.get(ENV_DUPLICATE_WINDOW_SECONDS, d.window_seconds)),
+        id_property=env.get(ENV_DUPLICATE_ID_PROPERTY, d.id_property),
     )
 
 

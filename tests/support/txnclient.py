@@ -51,13 +51,14 @@ class Controller:
 
 
 def send_in(conn: BlockingConnection, snd: BlockingSender, txn: bytes, body: Any) -> Any:
-    """A transactional send; returns the broker's disposition state and data."""
+    """A transactional send (``body`` a Message, or the body of one); returns the broker's
+    disposition state and data."""
     link = snd.link
     conn.wait(lambda: link.credit > 0, timeout=TIMEOUT, msg='credit')
     delivery = link.delivery(uuid.uuid4().hex)
     delivery.local.data = [txn]
     delivery.update(TRANSACTIONAL_STATE)
-    link.send(Message(body=body).encode())
+    link.send((body if isinstance(body, Message) else Message(body=body)).encode())
     link.advance()
     conn.wait(lambda: delivery.settled, timeout=TIMEOUT, msg='send disposition')
     return delivery

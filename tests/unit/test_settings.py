@@ -87,6 +87,11 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_BACKLOG_OVERFLOW': ('drop-oldest', 'security.backlog_overflow', Overflow.DROP_OLDEST),
     'SHOAL_MEMORY_CEILING_MB': ('512', 'security.memory_ceiling_mb', 512),
     'SHOAL_REDIS_MEMORY_HIGH_WATERMARK': ('0.8', 'security.redis_memory_high_watermark', 0.8),
+    # duplicate detection
+    'SHOAL_DUPLICATE_DETECTION': ('true', 'duplicates.enabled', True),
+    'SHOAL_DUPLICATE_WINDOW': ('500', 'duplicates.window', 500),
+    'SHOAL_DUPLICATE_WINDOW_SECONDS': ('60', 'duplicates.window_seconds', 60),
+    'SHOAL_DUPLICATE_ID_PROPERTY': ('_AMQ_DUPL_ID', 'duplicates.id_property', '_AMQ_DUPL_ID'),
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -115,6 +120,10 @@ DEFAULTS: dict[str, Any] = {
     'security.max_connections': 0,
     'security.backlog_overflow': Overflow.REJECT_PUBLISH,
     'security.redis_memory_high_watermark': 0.9,
+    'duplicates.enabled': False,
+    'duplicates.window': 10_000,
+    'duplicates.window_seconds': 600,
+    'duplicates.id_property': '',
 }
 
 

@@ -19,6 +19,7 @@ import time
 from shoal_broker.amqp import codec, engine, transactions
 from shoal_broker.amqp import outcome_codes as codes
 from shoal_broker.amqp.consuming import Consuming
+from shoal_broker.amqp.duplicate_ids import duplicate_id
 from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.amqp.guard import Guard, user_name
 from shoal_broker.amqp.linking import Linking
@@ -78,6 +79,7 @@ class Producing:
         self.mark_delivering = turns.mark_delivering
         self.top_up = turns.top_up
         self.top_up_later = turns.top_up_later
+        self.duplicate_window = store.messages.duplicate_window
         self.spawn = turns.spawn
         self.release = consuming.release
         self.schedule_recovery = consuming.schedule_recovery
@@ -174,6 +176,14 @@ class Producing:
             ),
             producer.conn.container_id or '',  # origin
         )
+        window = self.duplicate_window(address)
+        if window is not None:  # checked where it is stored; b'': it has no id, unchecked
+            try:
+                stored.duplicate_id = duplicate_id(view.rest, window.id_property) or b''
+            except codec.DecodeError as exc:
+                self.refuse(producer, message.delivery, message.settled, BrokerError(str(exc)),
+                            'amqp:decode-error')  # fmt: skip
+                return
         if message.transaction is not None:  # held until the transaction is discharged
             message.transaction.sends.append((address, kind, stored))
             if message.settled:
@@ -189,7 +199,12 @@ class Producing:
             return
         due = view.annotations.get('x-opt-delivery-time')
         sub = self.subscriptions.get((address, QUEUE_GROUP))
-        if kind is AddressKind.QUEUE and sub is not None and not sub.paused:
+        if (
+            kind is AddressKind.QUEUE
+            and window is None  # past a local consumer, a duplicate would reach it unchecked
+            and sub is not None
+            and not sub.paused
+        ):
             if (
                 message.settled
                 and due is None

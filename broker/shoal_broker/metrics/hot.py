@@ -42,6 +42,11 @@ _HOT_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         'Messages published to a topic nobody subscribed to.',
         ('address',),
     ),
+    'duplicate': (
+        'shoal_messages_duplicate',
+        'Messages dropped (and answered accepted) as duplicates of one stored within the window.',
+        ('address',),
+    ),
     'delivered': (
         'shoal_messages_delivered',
         'Transfers sent to consumers.',
@@ -227,6 +232,13 @@ def entities_seen(entities: Iterable[tuple[str, str]]) -> None:
     for address, label in entities:
         _COUNTS.setdefault(('enqueued', address), 0)
         _COUNTS.setdefault(('dead_lettered', address, label), 0)
+
+
+def duplicates_dropped(address: str, count: int) -> None:
+    """Duplicates dropped at an address with duplicate detection; 0 creates its series, so that
+    an alert on the rate sees the address from its first publish."""
+    key = ('duplicate', address)
+    _COUNTS[key] = _COUNTS.get(key, 0) + count
 
 
 def _count(key: tuple[str, ...]) -> None:

@@ -23,6 +23,7 @@ from shoal_broker.metrics.hot import (
     LATENCY_NAME,
     Counters,
     address_seen,
+    duplicates_dropped,
     entities_seen,
     subscription_seen,
 )
@@ -100,6 +101,7 @@ __all__ = [
     'authentication_failed',
     'cap_address_series',
     'cap_consumer_link_series',
+    'duplicates_dropped',
     'entities_seen',
     'link_attached',
     'link_deliveries_family',

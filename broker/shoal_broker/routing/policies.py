@@ -11,7 +11,8 @@ attributes and never looks a policy up. Unset fields fall back to the broker-wid
 import dataclasses
 import json
 
-from shoal_broker.settings import Overflow
+from shoal_broker.routing.storage import DuplicateWindow
+from shoal_broker.settings import DuplicateSettings, Overflow
 
 QUEUE_GROUP = 'queue'
 """The group of a queue (the same constant as ``storage.QUEUE_GROUP``, kept here so this leaf
@@ -27,6 +28,26 @@ class EntityPolicy:
     max_messages: int | None = None
     """Queues only: the address's backlog limit, overriding SHOAL_MAX_BACKLOG_PER_ADDRESS."""
     overflow: Overflow = Overflow.REJECT_PUBLISH
+    # duplicate detection (``duplicateDetection{}``): of the queue, or of a subscription's topic
+    duplicate_detection: bool | None = None
+    """On or off for the address; None: the broker-wide SHOAL_DUPLICATE_DETECTION."""
+    duplicate_window: int | None = None
+    duplicate_window_seconds: int | None = None
+    duplicate_id_property: str | None = None
+    topic: str | None = None
+    """A subscription's topic, filed with its duplicate detection (whose address it is)."""
+
+    def duplicates(self, defaults: DuplicateSettings) -> DuplicateWindow | None:
+        """The window this policy sets (unset fields from ``defaults``); None when off."""
+        if not self.duplicate_detection:
+            return None
+        return DuplicateWindow(
+            self.duplicate_window or defaults.window,
+            self.duplicate_window_seconds or defaults.window_seconds,
+            defaults.id_property
+            if self.duplicate_id_property is None
+            else self.duplicate_id_property,
+        )
 
     @property
     def empty(self) -> bool:
@@ -51,6 +72,29 @@ class EntityPolicy:
             return dataclasses.replace(policy, overflow=Overflow(policy.overflow))
         except (TypeError, json.JSONDecodeError) as exc:
             raise ValueError(f'not a policy: {text!r} ({exc})') from exc
+
+
+def declared_duplicates(
+    policies: dict[str, EntityPolicy], defaults: DuplicateSettings
+) -> dict[str, DuplicateWindow | None]:
+    """Address -> the duplicate detection its declarations set (None: off), for the addresses
+    whose queue or subscriptions set one. A topic whose subscriptions disagree has it on if any
+    of them does, with the largest window and the first id property."""
+    found: dict[str, DuplicateWindow | None] = {}
+    for entity, policy in sorted(policies.items()):
+        if policy.duplicate_detection is None:
+            continue
+        address = entity.removeprefix('queue:') if entity.startswith('queue:') else policy.topic
+        if address is None:
+            continue
+        window, known = policy.duplicates(defaults), found.get(address)
+        if known is not None and window is not None:
+            window = DuplicateWindow(
+                max(known.count, window.count), max(known.seconds, window.seconds),
+                known.id_property,
+            )  # fmt: skip
+        found[address] = window or known
+    return found
 
 
 def entity_field(address: str, group: str) -> str:

@@ -37,6 +37,19 @@ class OutgoingMessage:
     """Absolute expiry, ms since the epoch; 0 means never."""
     origin: str = ''
     """Container-id of the publishing connection (no-local subscribers skip their own)."""
+    duplicate_id: bytes | None = None
+    """The id duplicate detection checks (``amqp/duplicate_ids.py``); None: not checked."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DuplicateWindow:
+    """An address's duplicate detection: the ids of its last ``count`` messages stored within
+    ``seconds`` are remembered, and a message with one of them is dropped (answered accepted)."""
+
+    count: int
+    seconds: int
+    id_property: str = ''
+    """Application property holding the id; empty: the AMQP message-id."""
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: built once per message
@@ -124,6 +137,11 @@ class MessagePort(Protocol):
         answered, ``callback(tokens, kept, None)`` or ``callback(tokens, None, error)``. The
         messages of one cycle for the same address and band that name the same ``callback`` are
         stored together and answered in one call, ``tokens`` in the order they were published."""
+        ...
+
+    def duplicate_window(self, address: str) -> DuplicateWindow | None:
+        """The address's duplicate detection; None when off. A message published with a
+        ``duplicate_id`` is checked against the window in the same script that stores it."""
         ...
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:

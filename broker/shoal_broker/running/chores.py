@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from shoal_broker.amqp.broker import Broker
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.metrics.registry import BACKGROUND_FAILURES, LEASE_UP, LOOP_LAG, REDIS_UP
+from shoal_broker.routing.policies import declared_duplicates
 from shoal_broker.running.backlog import BacklogSnapshot
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.replicas import Liveness
@@ -146,6 +147,8 @@ async def refresh_policies(store: RedisStore, broker: Broker) -> None:
         for entity, policy in policies.items()
         if entity.startswith('queue:') and policy.max_messages
     })  # fmt: skip
+    defaults = broker.settings.duplicates
+    store.messages.duplicates.set_per_address(declared_duplicates(policies, defaults))
 
 
 async def refresh_policies_forever(store: RedisStore, broker: Broker) -> None:

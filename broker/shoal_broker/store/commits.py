@@ -41,7 +41,8 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import redis.asyncio
@@ -50,7 +51,8 @@ import redis.exceptions
 from redis.crc import key_slot
 
 from shoal_broker.errors import CommitInDoubt, StoreUnavailable
-from shoal_broker.routing.storage import Entry, OutgoingMessage
+from shoal_broker.metrics.registry import duplicates_dropped
+from shoal_broker.routing.storage import DuplicateWindow, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys, scripts
 from shoal_broker.store.commit_nodes import NOTHING_RAN, Batch, ClusterNodes, NodeClients
@@ -82,13 +84,17 @@ class Part:
     sends: tuple[OutgoingMessage, ...]
     acks: tuple[tuple[str, Entry], ...]
     """(group, entry) pairs."""
+    window: DuplicateWindow | None = None
+    """The address's duplicate detection, when on: its sends are checked as they are applied."""
 
 
 def plan(
     sends: Sequence[tuple[str, AddressKind, OutgoingMessage]],
     acks: Sequence[tuple[str, str, Entry]],
+    windows: Mapping[str, DuplicateWindow] = MappingProxyType({}),
 ) -> list[Part]:
-    """The parts of a transaction, one per address, in the order the addresses first appear."""
+    """The parts of a transaction, one per address, in the order the addresses first appear;
+    ``windows``: the duplicate detection of addresses that have it."""
     kinds: dict[str, AddressKind] = {}
     sent: dict[str, list[OutgoingMessage]] = {}
     acked: dict[str, list[tuple[str, Entry]]] = {}
@@ -101,7 +107,13 @@ def plan(
         sent.setdefault(address, [])
         acked.setdefault(address, []).append((group, entry))
     return [
-        Part(address, kinds[address], tuple(sent[address]), tuple(acked[address]))
+        Part(
+            address,
+            kinds[address],
+            tuple(sent[address]),
+            tuple(acked[address]),
+            windows.get(address),
+        )
         for address in sent
     ]
 
@@ -116,16 +128,22 @@ def apply_arguments(part: Part) -> list[bytes]:
     (filled in by whoever applies), the counts, the groups, the sends and the acks."""
     groups = list(dict.fromkeys(group for group, _ in part.acks))
     number = {group: i + 1 for i, group in enumerate(groups)}
+    window = part.window
+    sends = str(len(part.sends))
+    if window is not None:  # sends <n>:<window>:<ms> (an older record says <n>): sextuples
+        sends += f':{window.count}:{window.seconds * 1000}'
     args: list[bytes] = [
         part.kind.value.encode(),
         keys.AddressKeys.of(part.address).notify.encode(),
-        str(len(part.sends)).encode(),
+        sends.encode(),
         str(len(groups)).encode(),
         *(g.encode() for g in groups),
     ]
     for m in part.sends:
         args += [str(m.band).encode(), m.header, m.rest, str(m.expiry_ms).encode(),
                  m.origin.encode()]  # fmt: skip
+        if window is not None:
+            args.append(m.duplicate_id or b'')
     for group, entry in part.acks:
         args += [str(number[group]).encode(), str(entry.band).encode(), entry.id.encode()]
     return args
@@ -192,11 +210,12 @@ class CommitLog:
         self,
         sends: Sequence[tuple[str, AddressKind, OutgoingMessage]],
         acks: Sequence[tuple[str, str, Entry]],
+        windows: Mapping[str, DuplicateWindow] = MappingProxyType({}),
     ) -> None:
         """Commit a transaction over any addresses: returns once every address has it; raises
         StoreUnavailable when it was rolled back (nothing of it applied anywhere), and
-        CommitInDoubt when that could not be learnt."""
-        parts = plan(sends, acks)
+        CommitInDoubt when that could not be learnt. ``windows`` as ``plan``'s."""
+        parts = plan(sends, acks, windows)
         if not parts:
             return
         commit_id = uuid.uuid4().hex
@@ -339,7 +358,7 @@ class CommitLog:
         groups = [g.decode() for g in args[4 : 4 + int(args[3])]]
         script_keys = (
             k.commit_markers, *k.streams, k.groups, k.watchers,
-            *(k.delivery_counts(g) for g in groups),
+            *(k.delivery_counts(g) for g in groups), k.duplicates,
         )  # fmt: skip
         argv = (record, args[0], args[1], self._replica_id, *args[2:])
 
@@ -349,6 +368,8 @@ class CommitLog:
         outcome, confirmed = await self._retrying(k.commit_markers, run)
         if not confirmed:  # committed, but not safe to forget yet: completed again later
             raise CommitInDoubt(f'no Redis replica confirmed a commit on {address!r} in time')
+        if outcome[0] == b'applied' and len(outcome) > 3:
+            duplicates_dropped(address, int(outcome[3]))
         return bool(outcome[0] == b'applied')
 
     async def _run(

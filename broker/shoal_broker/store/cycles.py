@@ -42,6 +42,7 @@ from shoal_broker.store.ops import (
     fail,
     is_noscript,
     quadruples,
+    quintuples,
     refusal,
     settle,
     unconfirmed,
@@ -412,6 +413,14 @@ class Cycles:
             return [
                 ('EVAL', source['publish'], 3, k.streams[band], k.groups, k.watchers, kind,
                  *announce, args)
+            ]  # fmt: skip
+        if key[0] == 'unique':  # by source, as publish; with no limit, '0' and an unread overflow
+            _, _, band, kind, count, seconds = key
+            unique_keys = (k.streams[band], k.groups, k.watchers, k.duplicates, *k.streams)
+            return [
+                ('EVAL', source['publish_unique'], len(unique_keys), *unique_keys, kind,
+                 k.notify, self._replica_id, count, seconds * 1000,
+                 *(self._backlogs.of(key[1]) or (0, '')), quintuples(members))
             ]  # fmt: skip
         if key[0] == 'claim':  # by source, as publish
             _, _, band, group, _ = key

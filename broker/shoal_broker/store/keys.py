@@ -181,6 +181,13 @@ class AddressKeys:
         it again after a crash copies none twice (``lua/manage_copy.lua``)."""
         return f'{self.tag}:imports'
 
+    @property
+    def duplicates(self) -> str:
+        """ZSET message id (``amqp/duplicate_ids.py``) -> ms when stored: the duplicate window of
+        an address with duplicate detection (``lua/duplicate_window.lua``), at most its window's
+        count of ids, none older than its window's time."""
+        return f'{self.tag}:dups'
+
     def transaction_marker(self, transaction_id: str) -> str:
         """STRING with a short lifetime, written by a one-slot commit's ``MULTI``: whether that
         ``EXEC`` ran, when its reply was lost (``store/transactions.py``)."""

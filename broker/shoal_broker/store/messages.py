@@ -16,10 +16,12 @@ from typing import Any
 import redis.asyncio
 
 from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull
+from shoal_broker.metrics.registry import duplicates_dropped
 from shoal_broker.routing.storage import (
     NORMAL_BAND,
     BrowseCursor,
     ClaimCallback,
+    DuplicateWindow,
     Entry,
     Fetched,
     OutgoingMessage,
@@ -32,6 +34,7 @@ from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import Scripts, as_text, call
 from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.cycles import Cycles
+from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.ops import Op, Tokens, no_result
 from shoal_broker.store.replies import entries_of, new_entries
@@ -75,11 +78,14 @@ class Messages:
         durability: Durability = Durability.MEMORY,
         replication_timeout_ms: int = 1000,
         commits: CommitLog | None = None,
+        duplicates: DuplicateWindows | None = None,
     ) -> None:
         self._client = client
+        self.duplicates = duplicates or DuplicateWindows()
         self.transactions = Transactions(
-            client, scripts, replica_id, announce, durability, replication_timeout_ms, commits
-        )
+            client, scripts, replica_id, announce, durability, replication_timeout_ms, commits,
+            duplicates=self.duplicates,
+        )  # fmt: skip
         self._scripts = scripts
         self._cycles = cycles
         self._replica_id = replica_id
@@ -110,8 +116,12 @@ class Messages:
         future: asyncio.Future[bool] = (
             self._cycles.loop or asyncio.get_running_loop()
         ).create_future()
-        self._queue_publish(address, kind, message, future, None)
+        queue = self._queue_publish if message.duplicate_id is None else self._queue_unique
+        queue(address, kind, message, future, None)
         return future
+
+    def duplicate_window(self, address: str) -> DuplicateWindow | None:
+        return self.duplicates.of(address)
 
     def _encoded(self, message: OutgoingMessage) -> tuple[bytes, ...]:
         """A message's four script arguments (header, rest, expiry, origin) as the
@@ -139,6 +149,9 @@ class Messages:
         callback: PublishCallback[T],
         token: T,
     ) -> None:
+        if message.duplicate_id is not None:  # its address checks for duplicates
+            self._queue_unique(address, kind, message, None, callback, token)
+            return
         batched = self._open_publishes.get(('publish', address, message.band, kind))
         # this cycle's op for the address and band takes the message, if it answers the same
         # callback (written out here: this runs once per message)
@@ -164,12 +177,7 @@ class Messages:
             self._open_publishes.pop(key, None)
 
         def finish(replies: list[Any]) -> bool:
-            if replies[0] == -1:
-                self._kinds.pop(address, None)
-                raise AddressNotFound(f'{address!r} no longer exists')
-            if replies[0] == -2:
-                limit = self._backlogs.limit(address)
-                raise StoreFull(f'{address!r} holds its limit of {limit} messages', 'address_limit')
+            self._refused(address, replies[0])
             return bool(replies[0])
 
         answer = None
@@ -186,6 +194,49 @@ class Messages:
             answer,  # callback
         )
         self._enqueue(op)
+        self._wake()
+
+    def _refused(self, address: str, reply: Any) -> None:  # a publish script's -1 or -2
+        if reply == -1:
+            self._kinds.pop(address, None)
+            raise AddressNotFound(f'{address!r} no longer exists')
+        if reply == -2:
+            limit = self._backlogs.limit(address)
+            raise StoreFull(f'{address!r} holds its limit of {limit} messages', 'address_limit')
+
+    def _queue_unique(
+        self,
+        address: str,
+        kind: AddressKind,
+        message: OutgoingMessage,
+        future: asyncio.Future[bool] | None,
+        callback: PublishCallback[Any] | None,
+        token: Any = None,
+    ) -> None:
+        """``_queue_publish`` with duplicate detection (publish_unique.lua, the window as now).
+        Every message of such an address comes here (b'': no id, unchecked): none overtakes."""
+        window = self.duplicates.of(address) or DuplicateWindow(1, 1)  # turned off meanwhile
+        key = ('unique', address, message.band, kind, window.count, window.seconds)
+        parts = (*self._encoded(message), encode(message.duplicate_id or b''))
+        opened = self._open_publishes
+        batched = opened.get(key) if callback is not None else opened.pop(key, None)
+        if batched is not None and batched.callback is callback:
+            batched.args += parts
+            batched.tokens.append(token)
+            return
+        args = list(parts)
+
+        def finish(replies: list[Any]) -> bool:
+            self._refused(address, replies[0])
+            if not isinstance(replies[0], list):  # a topic nobody subscribes to
+                return False
+            duplicates_dropped(address, int(replies[0][1]))
+            return True  # duplicates too: answered accepted, or the producer sends them again
+
+        answer = None
+        if callback is not None:
+            answer = self._open_publishes[key] = Tokens(callback, token, args)
+        self._enqueue(Op([], finish, future, None, False, key, args, answer))
         self._wake()
 
     def leave_sharing(self, address: str, group: str) -> Awaitable[None]:

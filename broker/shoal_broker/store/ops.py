@@ -25,7 +25,7 @@ PARTS_PER_MESSAGE = 7
 """A published message's script arguments as encoded parts: the header's bulk-string head,
 the header, CRLF, the same three for the rest, and the expiry and origin, encoded together."""
 
-WRITES = ('publish', 'claim')
+WRITES = ('publish', 'claim', 'unique')
 """Batched ops that append messages: a replicated durability waits for them, and fails them
 unconfirmed."""
 
@@ -153,6 +153,17 @@ def unconfirmed(ops: list[Op]) -> None:
     for op in ops:
         if op.batch is not None and op.batch[0] in WRITES and not op.done():
             fail(op, StoreUnavailable('no Redis replica confirmed the write in time'))
+
+
+UNIQUE_PARTS_PER_MESSAGE = PARTS_PER_MESSAGE + 1
+"""A message checked for duplicates: its ``PARTS_PER_MESSAGE``, then its id encoded."""
+
+
+def quintuples(members: list[Op]) -> Encoded:
+    """The merged publish ops of an address with duplicate detection as publish_unique.lua's
+    quintuples (the four of publish.lua, then the id), in order."""
+    parts = [part for op in members for part in op.batch_args]
+    return Encoded(parts, len(parts) // UNIQUE_PARTS_PER_MESSAGE * 5)
 
 
 def quadruples(members: list[Op]) -> Encoded:

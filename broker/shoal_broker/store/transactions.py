@@ -34,11 +34,13 @@ from typing import Any
 import redis.asyncio
 
 from shoal_broker.errors import CommitInDoubt, StoreUnavailable
+from shoal_broker.metrics.registry import duplicates_dropped
 from shoal_broker.routing.storage import Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
 from shoal_broker.store.commits import SETTLE_PAUSES, SETTLE_SECONDS, CommitLog, plan, spans_slots
+from shoal_broker.store.duplicates import DuplicateWindows
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +66,11 @@ class Transactions:
         replication_timeout_ms: int,
         commits: CommitLog | None = None,
         settle_seconds: float = SETTLE_SECONDS,
+        duplicates: DuplicateWindows | None = None,
     ) -> None:
-        """``commits``: on Redis Cluster, the replica's commit records."""
+        """``commits``: on Redis Cluster, the replica's commit records. ``duplicates``: the
+        addresses' duplicate detection, applied to a send as the commit applies it."""
+        self._duplicates = duplicates or DuplicateWindows()
         self._client = client
         self._scripts = scripts
         self.replica_id = replica_id
@@ -91,7 +96,13 @@ class Transactions:
         if self.commits is not None:
             parts = plan(sends, acks)
             if spans_slots(parts):
-                await self.commits.commit(sends, acks)  # wakes the addresses' watchers itself
+                windows = {
+                    address: window
+                    for address, _, message in sends
+                    if message.duplicate_id is not None
+                    and (window := self._duplicates.of(address)) is not None
+                }
+                await self.commits.commit(sends, acks, windows)  # wakes the watchers itself
                 for address in {address for address, _, _ in sends}:
                     await self._announce(address)
                 return
@@ -108,6 +119,16 @@ class Transactions:
         pipe.set(marker, b'1', px=int(MARKER_SECONDS * 1000))  # read back if the reply is lost
         for address, kind, message in sends:
             k = keys.AddressKeys.of(address)
+            unique = message.duplicate_id
+            window = None if unique is None else self._duplicates.of(address)
+            if unique is not None and window is not None:  # checked as the EXEC applies it
+                pipe.eval(
+                    self._scripts.source['publish_unique'], 6, k.streams[message.band], k.groups,
+                    k.watchers, k.duplicates, *k.streams, kind.value, '', self.replica_id,
+                    window.count, window.seconds * 1000, 0, '', message.header, message.rest,
+                    str(message.expiry_ms), message.origin, unique,
+                )  # fmt: skip
+                continue
             pipe.eval(
                 self._scripts.source['publish'], 3, k.streams[message.band], k.groups, k.watchers,
                 kind.value, '', self.replica_id,  # announced below, once committed (and WAITed)
@@ -126,6 +147,9 @@ class Transactions:
         errors = [r for r in replies if isinstance(r, Exception)]
         if errors:
             raise StoreUnavailable(f'Redis refused part of a commit: {errors[0]}')
+        for (address, _, _), reply in zip(sends, replies[1:], strict=False):
+            if isinstance(reply, list):  # publish_unique.lua's: {added, duplicates dropped}
+                duplicates_dropped(address, int(reply[1]))
         if self._durability is Durability.REPLICATED:
             # the WAIT follows a write on its own connection (the marker's PEXPIRE): on another
             # pooled connection than the EXEC's it would confirm only that one's older writes

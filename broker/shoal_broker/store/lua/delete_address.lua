@@ -2,7 +2,7 @@
 -- from the global index only while the index still names this epoch (index_forget.lua).
 --
 -- KEYS[1] meta HASH, KEYS[2..] the address's other keys (streams, groups, each group's keys,
--- schedule, watchers, commit markers)
+-- schedule, watchers, commit markers, duplicate window)
 -- Returns {kind, epoch} it had (false for either it lacked: an address of the older layout).
 local meta = redis.call('HMGET', KEYS[1], 'kind', 'epoch')
 redis.call('DEL', unpack(KEYS))
