@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from amqpclient import connect, nothing_more, receive_all, receiver, send_with_outcome, sender
 from exposition import samples, value
-from processes import BrokerProcess, wait_for
+from processes import BrokerProcess, RedisServer, wait_for
 from proton import Delivery, Message
 from txnclient import Controller, send_in
 
@@ -179,3 +179,32 @@ def test_off_stores_every_copy(broker: BrokerProcess, address: str, store_client
         assert not store_client.exists(keys.AddressKeys.of(address).duplicates)
     finally:
         conn.close()
+
+
+def test_a_resend_of_what_no_replica_confirmed_is_not_a_second_copy(address: str) -> None:
+    """In ``replicated`` durability a message whose WAIT timed out is released but stays in
+    Redis; the producer's resend of it (the same message-id) must not store it twice."""
+    primary = RedisServer()
+    replica: RedisServer | None = None
+    b = BrokerProcess(
+        primary.url,
+        env={**ON, 'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '200'},
+    )
+    try:
+        conn = connect(b.url)
+        snd = sender(conn, address)
+        unconfirmed = message('written, unconfirmed', 'ID:resent-1')
+        assert send_with_outcome(conn, snd, unconfirmed) == (Delivery.RELEASED, None)
+        replica = RedisServer(None, '--replicaof', '127.0.0.1', str(primary.port))
+        wait_for(replica.linked, 20, 'the replica')
+        resent = message('resent', 'ID:resent-1')
+        wait_for(lambda: send_with_outcome(conn, snd, resent) == ACCEPTED, 20, 'an accept')
+        rcv = receiver(conn, address)
+        assert [m.body for m in receive_all(rcv, 1)] == ['written, unconfirmed']
+        assert nothing_more(rcv)
+        conn.close()
+    finally:
+        b.stop()
+        if replica is not None:
+            replica.stop()
+        primary.stop()
