@@ -162,9 +162,7 @@ def test_a_transactional_send_of_a_duplicate(
             rcv = receiver(conn, name)
             assert [m.body for m in receive_all(rcv, 2)] == ['plain', 'new']
             assert nothing_more(rcv)
-        wait_for(
-            lambda: value(samples(b), DUPLICATES, address=address) == 2, 10, 'the duplicates'
-        )
+        wait_for(lambda: value(samples(b), DUPLICATES, address=address) == 2, 10, 'the duplicates')
     finally:
         conn.close()
 
