@@ -350,8 +350,9 @@ def _bounded(section: Mapping[str, Any], field: str, low: int, high: int) -> int
     return value
 
 
-def _policy(spec: Mapping[str, Any], *, queue: bool) -> EntityPolicy:
-    """``delivery{}`` and ``retention{}`` in the broker's vocabulary (the CRD bounds again)."""
+def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -> EntityPolicy:
+    """``delivery{}``, ``retention{}`` and ``duplicateDetection{}`` in the broker's vocabulary
+    (the CRD bounds again); a subscription's duplicate detection names its ``topic``."""
     delivery = spec.get('delivery') or {}
     retention = spec.get('retention') or {}
     dla = delivery.get('deadLetterAddress')
@@ -369,7 +370,28 @@ def _policy(spec: Mapping[str, Any], *, queue: bool) -> EntityPolicy:
         max_age_seconds=_bounded(retention, 'maxAgeSeconds', 1, 31_536_000),
         max_messages=max_messages,
         overflow=_OVERFLOW[overflow],
+        **_duplicates(spec.get('duplicateDetection'), topic),
     )
+
+
+def _duplicates(section: Mapping[str, Any] | None, topic: str | None) -> dict[str, Any]:
+    """``duplicateDetection{}`` as the policy's fields (the CRD bounds again)."""
+    if section is None:
+        return {}
+    enabled = section.get('enabled')
+    if not isinstance(enabled, bool):
+        raise InvalidSpec(f'duplicateDetection.enabled must be true or false, not {enabled!r}')
+    prop = section.get('idProperty')
+    if prop is not None and (not str(prop) or any(c.isspace() for c in str(prop))):
+        raise InvalidSpec(f'idProperty {prop!r} must be non-empty without whitespace')
+    fields = {
+        'duplicate_window': _bounded(section, 'window', 1, 1_000_000),
+        'duplicate_window_seconds': _bounded(section, 'windowSeconds', 1, 604_800),
+        'duplicate_id_property': None if prop is None else str(prop),
+    }
+    if not enabled and any(v is not None for v in fields.values()):
+        raise InvalidSpec('window, windowSeconds and idProperty need enabled: true')
+    return {'duplicate_detection': enabled, **fields, 'topic': topic}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -447,7 +469,7 @@ class SharedSubscription:
             max_consumers=int(max_consumers) if max_consumers is not None else None,
             deletion_policy=deletion,
             management_policy=ManagementPolicy(spec.get('managementPolicy', 'Managed')),
-            policy=_policy(spec, queue=False),
+            policy=_policy(spec, queue=False, topic=topic),
         )
 
     @property

@@ -58,7 +58,12 @@ def queue(**spec: Any) -> dict[str, Any]:
     queue(delivery={'deadLetterAddress': 'orders-dlq'},
           retention={'maxMessages': 3, 'overflow': 'DropOldest', 'maxAgeSeconds': 60}),
     queue(retention={'maxMessages': 3}),
-], ids=['subscription', 'attempts-only', 'queue', 'max-messages-only'])  # fmt: skip
+    queue(duplicateDetection={'enabled': True, 'window': 1000, 'windowSeconds': 60,
+                              'idProperty': '_AMQ_DUPL_ID'}),
+    queue(duplicateDetection={'enabled': False}),
+    sub(duplicateDetection={'enabled': True}),
+], ids=['subscription', 'attempts-only', 'queue', 'max-messages-only', 'duplicates',
+        'duplicates-off', 'subscription-duplicates'])  # fmt: skip
 def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> None:
     assert validate(doc) == []
 
@@ -105,6 +110,13 @@ def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> No
     (queue(retention={'maxMessages': 3, 'overflow': 'DropNewest'}), "'DropNewest' is not one of"),
     (queue(retention={'overflow': 'DropOldest'}), 'overflow needs maxMessages'),
     (queue(delivery={'maxDeliveryAttempts': 1001}), '1001 is greater than the maximum of 1000'),
+    (queue(duplicateDetection={'window': 10}), "'enabled' is a required property"),
+    (queue(duplicateDetection={'enabled': False, 'window': 10}),
+     'window, windowSeconds and idProperty need enabled: true'),
+    (sub(duplicateDetection={'enabled': True, 'window': 0}), '0 is less than the minimum of 1'),
+    (queue(duplicateDetection={'enabled': True, 'windowSeconds': 604801}),
+     '604801 is greater than the maximum of 604800'),
+    (queue(duplicateDetection={'enabled': True, 'idProperty': 'a b'}), "'a b' does not match"),
     (cluster(auth={'allowAnonymous': True}, broker={'metricsHeartbeatSeconds': -1}),
      '-1 is less than the minimum of 0'),
     (cluster(auth={'allowAnonymous': True}, broker={'metricsHeartbeatSeconds': 3601}),

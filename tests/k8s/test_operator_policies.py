@@ -98,3 +98,45 @@ async def test_a_queue_policy_is_provisioned_and_enforced_by_a_broker(
         return policy_in(rds, entity) is None and await cluster.get('queues', name) is None
 
     await cluster.eventually(removed, 'the queue and its policy removed')
+
+
+async def test_a_queue_duplicate_detection_is_provisioned_and_enforced_by_a_broker(
+    cluster: Kube, rds: redis.Redis, start_broker: Any, address: str
+) -> None:
+    body = {
+        'kind': 'Queue',
+        'metadata': {'name': f'q-{uuid.uuid4().hex[:8]}'},
+        'spec': {'clusterRef': {'name': 'shoal'}, 'queueName': address, 'deletionPolicy': 'Delete',
+                 'duplicateDetection': {'enabled': True, 'idProperty': '_AMQ_DUPL_ID'}},
+    }  # fmt: skip
+    name = body['metadata']['name']
+    await cluster.create('queues', body)
+    await body_when(cluster, 'queues', name, ready_at(1), 'Ready')
+    entity = keys.provisioned_queue(address)
+    assert policy_in(rds, entity) == {
+        'duplicate_detection': True, 'duplicate_id_property': '_AMQ_DUPL_ID',
+        'overflow': 'reject-publish',
+    }  # fmt: skip
+    b: BrokerProcess = start_broker()  # SHOAL_DUPLICATE_DETECTION off: the queue turns it on
+    conn = connect(b.url)
+    snd = sender(conn, address)
+    for body_text in ('first', 'again'):
+        message = Message(body=body_text, properties={'_AMQ_DUPL_ID': 'order-1'})
+        assert send_with_outcome(conn, snd, message) == (Delivery.ACCEPTED, None)
+    assert rds.zcard(keys.AddressKeys.of(address).duplicates) == 1
+    conn.close()
+    await cluster.delete('queues', name)
+
+
+async def test_a_subscription_duplicate_detection_names_its_topic(
+    cluster: Kube, rds: redis.Redis, address: str
+) -> None:
+    name = f'dup-{uuid.uuid4().hex[:8]}'
+    entity = keys.provisioned_subscription(f'durable:global:*:{name}')
+    await cluster.create('sharedsubscriptions', subscription_body(
+        name, address, duplicateDetection={'enabled': True, 'window': 50}))  # fmt: skip
+    await body_when(cluster, 'sharedsubscriptions', name, ready_at(1), 'Ready')
+    assert policy_in(rds, entity) == {
+        'duplicate_detection': True, 'duplicate_window': 50, 'topic': address,
+        'overflow': 'reject-publish',
+    }  # fmt: skip

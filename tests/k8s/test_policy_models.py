@@ -44,6 +44,18 @@ def test_a_subscription_declaration_carries_its_policy_and_no_backlog_limit() ->
     assert declaration.policy == EntityPolicy(max_delivery_attempts=2, max_age_seconds=30)
 
 
+def test_duplicate_detection_is_carried_and_a_subscription_names_its_topic() -> None:
+    parsed = Queue.from_body(queue(duplicateDetection={'enabled': True, 'windowSeconds': 30}))
+    assert parsed.policy == EntityPolicy(duplicate_detection=True, duplicate_window_seconds=30)
+    off = Queue.from_body(queue(duplicateDetection={'enabled': False}))
+    assert off.policy == EntityPolicy(duplicate_detection=False)
+    declaration = provisioning.declaration(SharedSubscription.from_body(sub(
+        duplicateDetection={'enabled': True, 'idProperty': '_AMQ_DUPL_ID'})))  # fmt: skip
+    assert declaration.policy == EntityPolicy(
+        duplicate_detection=True, duplicate_id_property='_AMQ_DUPL_ID', topic='prices'
+    )
+
+
 @pytest.mark.parametrize(('spec', 'message'), [
     ({'delivery': {'maxDeliveryAttempts': 0}}, 'maxDeliveryAttempts must be an integer from 1'),
     ({'delivery': {'maxDeliveryAttempts': '3'}}, 'maxDeliveryAttempts must be an integer'),
@@ -51,6 +63,10 @@ def test_a_subscription_declaration_carries_its_policy_and_no_backlog_limit() ->
     ({'retention': {'maxAgeSeconds': -1}}, 'maxAgeSeconds must be an integer from 1'),
     ({'retention': {'maxMessages': 3, 'overflow': 'Sideways'}}, 'overflow must be'),
     ({'retention': {'overflow': 'DropOldest'}}, 'overflow needs maxMessages'),
+    ({'duplicateDetection': {'window': 3}}, 'duplicateDetection.enabled must be true or false'),
+    ({'duplicateDetection': {'enabled': False, 'window': 3}}, 'need enabled: true'),
+    ({'duplicateDetection': {'enabled': True, 'window': 0}}, 'window must be an integer from 1'),
+    ({'duplicateDetection': {'enabled': True, 'idProperty': 'a b'}}, 'idProperty'),
 ])  # fmt: skip
 def test_a_policy_the_crd_would_refuse_is_an_invalid_spec(spec: dict[str, Any], message: str
                                                           ) -> None:  # fmt: skip

@@ -92,7 +92,10 @@ class Registry(Inspector):
         if outcome == Provisioned.RECREATED:
             await self._delete_group(detail, key.id)
         await self._create_group(topic, key.id, from_start=False)
-        changed = await self._write_policy(entity_field(topic, key.id), declaration.policy)
+        policy = declaration.policy
+        if policy.duplicate_detection is not None:  # the replicas check it where topic is stored
+            policy = dataclasses.replace(policy, topic=topic)
+        changed = await self._write_policy(entity_field(topic, key.id), policy)
         changed = await self._file_on_deletion(field, declaration.on_deletion) or changed
         if changed and outcome == Provisioned.UNCHANGED:
             return Provisioned.UPDATED
