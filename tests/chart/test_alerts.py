@@ -70,6 +70,7 @@ def test_the_chart_ships_the_rule_file_promtool_tests() -> None:
         'ShoalDeadLetterQueueFilling',
         'ShoalRedisUnreachable', 'ShoalReplicaLeaseLost', 'ShoalReplicaDown',
         'ShoalReplicasMissing', 'ShoalProducersBlocked', 'ShoalPublishesRefused',
+        'ShoalDuplicatesDropped',
     }  # fmt: skip
 
 
@@ -107,6 +108,7 @@ BROKEN = {
     'ShoalReplicasMissing': ('and on (namespace, deployment)', 'or on (namespace, deployment)'),
     'ShoalProducersBlocked': ('> 0', '>= 0'),  # nobody held back
     'ShoalPublishesRefused': ('> 0', '>= 0'),  # nothing refused any more
+    'ShoalDuplicatesDropped': ('> 0', '>= 0'),  # none dropped
 }
 """Per alert, an edit that makes it fire on a healthy series of its unit test."""
 
