@@ -48,6 +48,7 @@ import statistics
 import struct
 import sys
 import time
+import uuid
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +58,7 @@ from proton import Message
 
 MARK = b'\x8eSHOALBENCH\x01'
 STAMP = struct.Struct('<QQ')  # sequence, send time in ns
+ID_PLACEHOLDER = b'0' * 16
 TAG = struct.Struct('<Q')
 BATCH = 256  # most messages encoded per loop turn
 HIGH_WATER = 1 << 20  # stop encoding while this many bytes wait for the socket
@@ -242,8 +244,11 @@ class Producer:
         template = Message(body=MARK + bytes(STAMP.size), durable=opts.durable)
         template.body += b'.' * (opts.size - len(template.body))
         template.inferred = True  # bytes as a data section
+        if opts.message_ids:  # as Qpid JMS's: ID:<uuid>:1:1:1-<seq>, the sequence patched in place
+            template.id = f'ID:{uuid.uuid4()}:1:1:1-{ID_PLACEHOLDER.decode()}'
         self.payload = bytearray(template.encode())
         self.at = self.payload.index(MARK) + len(MARK)
+        self.id_at = self.payload.index(ID_PLACEHOLDER) if opts.message_ids else -1
         self.payload_ptr = ffi.from_buffer(self.payload)
         self.tag = bytearray(8)
         self.tag_arg = (8, ffi.from_buffer(self.tag))
@@ -302,11 +307,14 @@ class Producer:
         )
         stamp, pack_tag, clock = STAMP.pack_into, TAG.pack_into, time.monotonic_ns
         self.first_ns = self.first_ns or clock()
+        id_at, id_end = self.id_at, self.id_at + len(ID_PLACEHOLDER)
         for seq in range(self.sent, self.sent + room):
             link = links[seq % spread]
             pack_tag(tag, 0, seq)
             delivery = new(link, tag_arg)
             stamp(payload, at, seq, clock())
+            if id_at >= 0:
+                payload[id_at:id_end] = b'%016d' % seq
             write(link, payload_ptr, size)
             advance(link)
             if presettled:
@@ -665,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument('--fanout', action='store_true', help='every consumer receives every message')
     p.add_argument('--presettled', action='store_true', help='at-most-once, settled on send')
     p.add_argument('--durable', action='store_true', help='durable messages and termini')
+    p.add_argument('--message-ids', action='store_true', help='a message-id per message')
     p.add_argument('--max-backlog', type=int, default=0, help='closed loop bound, 0: open loop')
     p.add_argument('--rate', type=float, default=0, help='msg/s, 0: as fast as allowed')
     p.add_argument('--reps', type=int, default=1, help='repetitions (the median is reported)')
