@@ -29,10 +29,13 @@ def duplicate_id(rest: bytes, id_property: str) -> bytes | None:
     empty) or that application property; None when the message has none (it is not checked)."""
     if not id_property:  # what Qpid JMS sends: annotations, then a str8 message-id, read directly
         pos = codec.skip(rest, 3) if rest[:3] == _ANNOTATIONS else 0
-        if rest[pos : pos + 3] == _PROPERTIES and rest[pos + 3] == 0xC0 and rest[pos + 5]:
-            if rest[pos + 6] == 0xA1:
-                size = rest[pos + 7]
-                return b's' + rest[pos + 8 : pos + 8 + size]
+        if (
+            rest[pos : pos + 3] == _PROPERTIES
+            and rest[pos + 3] == 0xC0  # a list of up to 255 bytes
+            and rest[pos + 5]  # whose count is not 0
+            and rest[pos + 6] == 0xA1  # and whose first item, the message-id, is a str8
+        ):
+            return b's' + rest[pos + 8 : pos + 8 + rest[pos + 7]]
     return _walked(rest, id_property)
 
 
