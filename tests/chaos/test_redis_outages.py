@@ -4,10 +4,11 @@ import signal
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
-from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
+from loadclient import ChaosConsumer, ChaosProducer, ChaosRun, Receipt
 
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.store import keys
@@ -32,6 +33,18 @@ def _config_dir(url: str) -> str:
         return str(client.config_get('dir')['dir'])
     finally:
         client.close()
+
+
+def _unmarked_redeliveries(receipts: list[Receipt]) -> list[Any]:
+    """Messages delivered again with delivery-count 0 (JMSRedelivered false) although they
+    were delivered before: the application may already have processed them."""
+    seen: set[Any] = set()
+    unmarked = []
+    for receipt in sorted(receipts, key=lambda r: r.at):
+        if receipt.body in seen and receipt.delivery_count == 0:
+            unmarked.append(receipt.body)
+        seen.add(receipt.body)
+    return unmarked
 
 
 def _publish_one(url: str, address: str) -> None:
@@ -230,12 +243,15 @@ def test_replies_lost_on_the_way_from_redis_strand_no_accepted_message(
     summary = (
         f'{proxy.cuts} cuts between broker and Redis while draining {len(backlog.accepted)} '
         f'accepted messages: {len(lost)} never delivered (e.g. {sorted(lost)[:5]}); Redis then '
-        f'had {pending["pending"]} entries pending for {pending["consumers"]}'
+        f'had {pending["pending"]} entries pending for {pending["consumers"]}; '
+        f'{len(unmarked := _unmarked_redeliveries(run.receipts))} delivered again with '
+        f'delivery-count 0 (e.g. {unmarked[:5]})'
     )
     cluster.report(summary)
     record_property('stranded', len(lost))
     assert len(backlog.accepted) == LOAD
     assert not lost, summary
+    assert not unmarked, summary
 
 
 @pytest.mark.timeout(90)
@@ -274,7 +290,10 @@ def test_consumers_of_a_backlog_resume_after_the_store_connection_failed(
         f'{len(backlog.accepted - run.received)} of {len(backlog.accepted)} accepted messages '
         f'not delivered {time.monotonic() - resumed_at:.1f} s after Redis took connections '
         f'again; the queue still had {group["lag"]} entries never read; fetch failures logged: '
-        f'{b.log().count("failed: Redis unreachable")}'
+        f'{b.log().count("failed: Redis unreachable")}; '
+        f'{len(unmarked := _unmarked_redeliveries(run.receipts))} delivered again with '
+        f'delivery-count 0 (e.g. {unmarked[:5]})'
     )
     cluster.report(summary)
     assert finished, summary
+    assert not unmarked, summary

@@ -183,3 +183,14 @@ async def test_a_cluster_of_one_primary_serves_the_store() -> None:
     finally:
         client.close()
         node.stop()
+
+
+async def test_stranded_entries_come_back_counted_on_a_cluster(store: RedisStore) -> None:
+    address = f'stranded-{uuid.uuid4().hex[:8]}'
+    await store.registry.create_address(address, AddressKind.QUEUE)
+    for body in (b'a', b'b'):
+        await store.messages.publish(address, AddressKind.QUEUE, message(body))
+    fetched = await store.messages.fetch(address, QUEUE_GROUP, 2)
+    assert await store.messages.return_stranded(address, QUEUE_GROUP, {fetched[1].key}) == 1
+    again = await store.messages.fetch(address, QUEUE_GROUP, 10)
+    assert [(e.rest, e.delivery_count) for e in again] == [(b'a', 1)]

@@ -384,3 +384,15 @@ async def test_an_unreachable_redis_fails_operations_instead_of_pretending() -> 
     with pytest.raises(StoreUnavailable):
         await s.registry.address_kind('never-seen')
     await s.close()
+
+
+async def test_stranded_entries_come_back_counted_as_possibly_delivered(
+    store: RedisStore, name: str
+) -> None:
+    """What a replica claimed but no longer holds (a fetch reply lost, or an acknowledgement lost
+    with its connection) is returned with one more attempt: delivered again, it says so."""
+    fetched = await queue_then_fetch(store, name, published=3, fetched=3)
+    held = {fetched[0].key}
+    assert await store.messages.return_stranded(name, QUEUE_GROUP, held) == 2
+    again = await store.messages.fetch(name, QUEUE_GROUP, 10)
+    assert [(e.rest, e.delivery_count) for e in again] == [(b'1', 1), (b'2', 1)]

@@ -31,13 +31,14 @@ from shoal_broker.routing.storage import (
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.calls import Scripts, as_text, call
+from shoal_broker.store.calls import Scripts, as_text
 from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.ops import Op, Tokens, no_result
 from shoal_broker.store.replies import entries_of, new_entries
+from shoal_broker.store.stranded import return_stranded
 from shoal_broker.store.transactions import Transactions
 
 logger = logging.getLogger(__name__)
@@ -473,25 +474,9 @@ class Messages:
         await self.transactions.commit(sends, acks)
 
     async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:
-        """Return this replica's pending entries of a subscription that it does not hold (a lost
-        fetch reply left them claimed but undelivered); their count is unchanged."""
-        k = keys.AddressKeys.of(address)
-        returned = 0
-        for band, stream in enumerate(k.streams):
-            pending = await call(
-                self._client.xpending_range(stream, group, '-', '+', 10_000, self._replica_id)
-            )
-            members = [
-                keys.entry_member(band, as_text(p['message_id']))
-                for p in pending
-                if (band, as_text(p['message_id'])) not in held
-            ]
-            if members:
-                await call(self._client.zadd(k.returned(group), dict.fromkeys(members, 0)))
-                returned += len(members)
-        if returned:
-            await self._announce(address)
-        return returned
+        """See ``stranded.return_stranded``."""
+        return await return_stranded(self._client, self._replica_id, address, group, held,
+                                     self._announce)  # fmt: skip
 
 
 async def _true_when_done(future: Awaitable[Any]) -> bool:
