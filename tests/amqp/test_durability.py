@@ -1,10 +1,16 @@
 """SHOAL_DURABILITY: a message is accepted only once it reached the promised point."""
 
+import signal
+
 import pytest
-from amqpclient import connect, receive_all, receiver, sender
-from processes import BrokerProcess, RedisServer
+import redis
+from amqpclient import connect, nothing_more, receive_all, receiver, sender
+from processes import BrokerProcess, RedisServer, wait_for
 from proton import Delivery, Message
 from proton.utils import SendException
+
+from shoal_broker.routing.storage import QUEUE_GROUP
+from shoal_broker.store import keys
 
 
 def test_fsync_refuses_to_start_on_a_redis_that_does_not_fsync(address: str) -> None:
@@ -61,6 +67,39 @@ def test_replicated_accepts_once_a_replica_has_the_message(address: str) -> None
         assert receive_all(receiver(conn, address, credit=1), 1)[0].body == 'confirmed'
         conn.close()
     finally:
+        b.stop()
+        replica.stop()
+        primary.stop()
+
+
+def test_replicated_delivers_only_what_a_replica_knows_is_claimed(address: str) -> None:
+    """A fetch waits for a replica too: a message is handed to a consumer once the replica has
+    its claim, so a failover cannot make the delivery look new (docs/redis-modes.md)."""
+    primary = RedisServer()
+    replica = RedisServer(None, '--replicaof', '127.0.0.1', str(primary.port))
+    b = BrokerProcess(
+        primary.url, env={'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '8000'}
+    )
+    frozen = False
+    try:
+        wait_for(replica.linked, 20, 'the replica')
+        conn = connect(b.url)
+        sender(conn, address).send(Message(body='claimed', durable=True))
+        replica.process.send_signal(signal.SIGSTOP)
+        frozen = True
+        rcv = receiver(conn, address, credit=1)
+        assert nothing_more(rcv, wait=1.5)  # its claim is not on the replica yet
+        replica.process.send_signal(signal.SIGCONT)
+        frozen = False
+        assert rcv.receive(timeout=20).body == 'claimed'
+        on_replica = redis.Redis(host='127.0.0.1', port=replica.port)
+        stream = keys.AddressKeys.of(address).streams[0]
+        assert on_replica.xpending(stream, QUEUE_GROUP)['pending'] == 1
+        on_replica.close()
+        conn.close()
+    finally:
+        if frozen:
+            replica.process.send_signal(signal.SIGCONT)
         b.stop()
         replica.stop()
         primary.stop()

@@ -214,9 +214,7 @@ class Cycles:
         for address in announced:  # by source, like publish: a lost script must not lose it
             k = keys.AddressKeys.of(address)
             commands.append(('EVAL', notify, 1, k.watchers, k.notify, self._replica_id))
-        waits = self._durability is Durability.REPLICATED and any(
-            op.batch is not None and op.batch[0] in WRITES for op in ops
-        )
+        waits = self._durability is Durability.REPLICATED and _writes(ops)
         if waits:  # accepted only once a Redis replica has it
             commands.append(('WAIT', 1, self._replication_timeout_ms))
         self.pipelines += 1
@@ -466,7 +464,9 @@ _KEY_HEAD_BYTES = _KEY_HEAD.encode()
 
 
 def _writes(ops: list[Op]) -> bool:
-    return any(op.batch is not None and op.batch[0] in WRITES for op in ops)
+    """Whether ``replicated`` durability waits for a replica after these ops: they append
+    messages, or they are fetches (``Op.confirmed``)."""
+    return any((op.batch is not None and op.batch[0] in WRITES) or op.confirmed for op in ops)
 
 
 class _NoPool:

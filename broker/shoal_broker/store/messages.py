@@ -314,7 +314,7 @@ class Messages:
         credit: int = 0,
     ) -> None:
         commands, finish = self._fetch_op(address, group, count, consumers, credit or count)
-        self._enqueue(Op(commands, finish, None, None, False, None, (), callback))
+        self._enqueue(Op(commands, finish, None, None, False, None, (), callback, confirmed=True))
         self._wake()
 
     def _fetch_op(

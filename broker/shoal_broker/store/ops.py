@@ -49,6 +49,11 @@ class Op:
     """Called with (result, None) or (None, error) as the replies are read: a future and its
     scheduled callback cost ~4 µs per message (``publish_then``)."""
     answered: bool = False
+    confirmed: bool = False
+    """A fetch: in ``replicated`` durability its pipeline waits for a replica, so that what it
+    claims is on the replica before a consumer gets it (docs/performance.md#durable-fetches).
+    Not confirmed in time, the entries are delivered all the same: consumers do not stall while
+    the primary has no replica."""
 
     def done(self) -> bool:
         return self.answered or (self.future is not None and self.future.done())
