@@ -76,6 +76,58 @@ def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_f
     assert UNCONFIRMED in logs  # why messages were released meanwhile
 
 
+@pytest.mark.timeout(120)
+def test_with_duplicate_detection_a_failover_stores_no_resend_twice(
+    cluster, record_property
+) -> None:  # type: ignore[no-untyped-def]
+    """The same failover, producers resending what was released with the same message-id:
+    a resend of a message whose write landed is dropped, and a message delivered again after
+    the failover says it may have been delivered (delivery-count >= 1)."""
+    group = cluster.sentinels()
+    env = {**REPLICATED, 'SHOAL_DUPLICATE_DETECTION': 'true'}
+    a = cluster.broker(group.url, replica_id='dedup-a', env=env)
+    b = cluster.broker(group.url, replica_id='dedup-b', env=env)
+    queue = f'chaos-{uuid.uuid4().hex[:8]}'
+    run = crossed_load(a.url, b.url, queue, LOAD, message_ids=True)
+    try:
+        assert run.wait(lambda r: len(r.accepted) >= LOAD // 3, timeout=40), run.log
+        old = group.primary_port()
+        assert old is not None
+        killed_at = cluster.kill_9(group.running(old).process)
+        new, _ = group.wait_promoted(old, timeout=30)
+        wait_for(lambda: UNCONFIRMED in a.log() + b.log(), 20, 'writes left unconfirmed')
+        group.server('--replicaof', '127.0.0.1', str(new), port=old)
+        group.wait_linked(old, timeout=15)
+        finished = run.wait(ChaosRun.delivered_all, timeout=60)
+        time.sleep(0.5)  # late duplicates
+    finally:
+        run.stop()
+    counted = tally(run, killed_at)
+    unmarked = _unmarked(run)
+    summary = (
+        f'sentinel failover (replicated, duplicate detection): accepted {len(run.accepted)} of '
+        f'{LOAD}, {run.released} released and sent again, {len(run.received)} received, '
+        f'{len(counted.lost)} lost, {len(counted.duplicates)} bodies delivered more than once, '
+        f'{len(unmarked)} of them again with delivery-count 0'
+    )
+    cluster.report(summary)
+    record_property('duplicates', len(counted.duplicates))
+    assert not counted.lost, summary
+    assert finished, summary
+    assert not unmarked, f'{summary}; e.g. {unmarked[:10]}'
+
+
+def _unmarked(run: ChaosRun) -> list[object]:
+    """Bodies delivered again with delivery-count 0: stored twice, or a delivery undone."""
+    seen: set[object] = set()
+    unmarked = []
+    for receipt in sorted(run.receipts, key=lambda r: r.at):
+        if receipt.body in seen and receipt.delivery_count == 0:
+            unmarked.append(receipt.body)
+        seen.add(receipt.body)
+    return unmarked
+
+
 def _ready_after(broker, since: float) -> float | None:  # type: ignore[no-untyped-def]
     """Seconds from ``since`` until the broker's /readyz answers 200 (it pings the primary)."""
     while time.monotonic() - since < FOLLOW_BOUND_SECONDS:

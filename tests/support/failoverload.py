@@ -16,13 +16,16 @@ REPLICATED = {'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': 
 """A broker's environment for ``replicated`` durability: a write counts once a replica has it."""
 
 
-def crossed_load(a_url: str, b_url: str, queue: str, load: int) -> ChaosRun:
+def crossed_load(
+    a_url: str, b_url: str, queue: str, load: int, *, message_ids: bool = False
+) -> ChaosRun:
     """Started: bodies ``0 .. load - 1`` sent to ``queue``, the even ones first through broker a
     and the odd ones first through b, and consumed by two consumers, one starting on each; every
-    client moves to the other broker when its connection is lost."""
+    client moves to the other broker when its connection is lost. ``message_ids``: each body
+    has a message-id of its own, the same when it is sent again."""
     return ChaosRun(
-        [ChaosProducer([a_url, b_url], queue, range(0, load, 2)),
-         ChaosProducer([b_url, a_url], queue, range(1, load, 2))],
+        [ChaosProducer([a_url, b_url], queue, range(0, load, 2), message_ids=message_ids),
+         ChaosProducer([b_url, a_url], queue, range(1, load, 2), message_ids=message_ids)],
         [ChaosConsumer([a_url, b_url], queue, 'c0', credit=50),
          ChaosConsumer([b_url, a_url], queue, 'c1', credit=50)],
         timeout=100,

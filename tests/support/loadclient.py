@@ -293,6 +293,9 @@ class ChaosProducer:
     route: Callable[[Any], tuple[str, int | None]] | None = None
     """With the anonymous relay (``address`` None): each body's ``to`` and x-opt-jms-dest."""
     resend_released: bool = True
+    message_ids: bool = False
+    """Give each body a message-id of its own, the same when it is sent again (what duplicate
+    detection compares)."""
 
 
 @dataclasses.dataclass
@@ -522,6 +525,8 @@ class ChaosRun(MessagingHandler):  # type: ignore[misc]
             else:
                 return
             message = Message(body=body, durable=True)
+            if producer.message_ids:
+                message.id = f'ID:chaos:{body}'
             if producer.route is not None:
                 to, jms_dest = producer.route(body)
                 message.address = to
