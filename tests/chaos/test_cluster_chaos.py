@@ -17,10 +17,11 @@ from shoal_broker.store import keys
 LOAD = 4_000
 
 
-def _start(cluster, group: ClusterGroup, queue: str, env: dict[str, str]) -> ChaosRun:  # type: ignore[no-untyped-def]
+def _start(cluster, group: ClusterGroup, queue: str, env: dict[str, str],  # type: ignore[no-untyped-def]
+           *, message_ids: bool = False) -> ChaosRun:  # fmt: skip
     a = cluster.broker(group.url, replica_id=f'cl-a-{queue[-4:]}', env=env)
     b = cluster.broker(group.url, replica_id=f'cl-b-{queue[-4:]}', env=env)
-    return crossed_load(a.url, b.url, queue, LOAD)
+    return crossed_load(a.url, b.url, queue, LOAD, message_ids=message_ids)
 
 
 def _accounting(run: ChaosRun, since: float) -> tuple[set[int], set[int], str]:
@@ -58,6 +59,40 @@ def test_kill_9_of_the_primary_holding_the_queue_loses_no_accepted_message(clust
     assert not lost, f'{summary}; lost e.g. {sorted(lost)[:10]}'
     assert finished, summary
     assert not unexplained, f'{summary}; e.g. {sorted(unexplained)[:10]}'
+
+
+@pytest.mark.timeout(150)
+def test_with_duplicate_detection_a_primary_kill_stores_no_resend_twice(cluster) -> None:  # type: ignore[no-untyped-def]
+    """The same kill, producers resending with the same message-id and the address checking
+    it: nothing delivered again with delivery-count 0 (stored twice, or a delivery undone)."""
+    group = ClusterGroup()
+    try:
+        queue = f'chaos-{uuid.uuid4().hex[:8]}'
+        env = {**REPLICATED, 'SHOAL_DUPLICATE_DETECTION': 'true'}
+        run = _start(cluster, group, queue, env, message_ids=True)
+        try:
+            assert run.wait(lambda r: len(r.accepted) >= LOAD // 3, timeout=40), run.log
+            killed_at = time.monotonic()
+            victim, _, _ = group.kill_primary_of(keys.AddressKeys.of(queue).tag)
+            group.restart(victim)
+            finished = run.wait(ChaosRun.delivered_all, timeout=80)
+            time.sleep(0.5)  # late duplicates
+        finally:
+            run.stop()
+    finally:
+        group.stop()
+    lost, _, summary = _accounting(run, killed_at)
+    seen: set[object] = set()
+    unmarked = []
+    for receipt in sorted(run.receipts, key=lambda r: r.at):
+        if receipt.body in seen and receipt.delivery_count == 0:
+            unmarked.append(receipt.body)
+        seen.add(receipt.body)
+    summary += f', {len(unmarked)} of them again with delivery-count 0'
+    cluster.report(f'cluster primary killed (replicated, duplicate detection): {summary}')
+    assert not lost, f'{summary}; lost e.g. {sorted(lost)[:10]}'
+    assert finished, summary
+    assert not unmarked, f'{summary}; e.g. {unmarked[:10]}'
 
 
 @pytest.mark.timeout(150)
