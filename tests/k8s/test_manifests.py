@@ -108,6 +108,13 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
     assert broker.BrokerSettings.from_env(data).routing.deliver_ahead is False
     assert broker.ENV_AUTO_CREATE_TOPICS not in data
     assert broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY not in data
+    detecting = config.configmap(model(broker={
+        'duplicateDetection': True, 'duplicateWindow': 500, 'duplicateWindowSeconds': 60,
+        'duplicateIdProperty': '_AMQ_DUPL_ID'}))['data']  # fmt: skip
+    duplicates = broker.BrokerSettings.from_env(detecting).duplicates
+    assert duplicates == broker.DuplicateSettings(
+        enabled=True, window=500, window_seconds=60, id_property='_AMQ_DUPL_ID'
+    )
     denying = config.configmap(model(subscriptions={'undeclared': 'Deny'}))['data']
     assert denying[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] == 'true'
 

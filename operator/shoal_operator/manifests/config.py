@@ -25,6 +25,11 @@ _SETTINGS = {
     'metricsIntervalSeconds': broker.ENV_METRICS_INTERVAL,
     'metricsHeartbeatSeconds': broker.ENV_METRICS_HEARTBEAT,
     'logLevel': broker.ENV_LOG_LEVEL,
+    # duplicate detection
+    'duplicateDetection': broker.ENV_DUPLICATE_DETECTION,
+    'duplicateWindow': broker.ENV_DUPLICATE_WINDOW,
+    'duplicateWindowSeconds': broker.ENV_DUPLICATE_WINDOW_SECONDS,
+    'duplicateIdProperty': broker.ENV_DUPLICATE_ID_PROPERTY,
 }
 """BrokerCluster ``spec.broker`` field -> the broker's environment variable."""
 CONFIG_CHECKSUM = 'shoal.dev/config-checksum'
