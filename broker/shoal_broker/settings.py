@@ -12,6 +12,8 @@ import os
 import socket
 from collections.abc import Mapping
 
+from shoal_broker.settings_duplicates import DuplicateSettings as DuplicateSettings
+
 ENV_LISTEN = 'SHOAL_LISTEN'
 ENV_HTTP = 'SHOAL_HTTP'
 ENV_REDIS_URL = 'SHOAL_REDIS_URL'
@@ -69,7 +71,6 @@ ENV_BACKLOG_OVERFLOW = 'SHOAL_BACKLOG_OVERFLOW'
 ENV_MEMORY_CEILING = 'SHOAL_MEMORY_CEILING_MB'
 ENV_REDIS_MEMORY_WATERMARK = 'SHOAL_REDIS_MEMORY_HIGH_WATERMARK'
 
-# duplicate detection (DuplicateSettings)
 ENV_DUPLICATE_DETECTION = 'SHOAL_DUPLICATE_DETECTION'
 ENV_DUPLICATE_WINDOW = 'SHOAL_DUPLICATE_WINDOW'
 ENV_DUPLICATE_WINDOW_SECONDS = 'SHOAL_DUPLICATE_WINDOW_SECONDS'
@@ -332,21 +333,6 @@ class SecuritySettings:
     """With a Redis ``maxmemory``: once Redis uses this fraction of it, messages are refused
     with ``amqp:resource-limit-exceeded`` (sampled every 0.1 s), keeping the rest for the writes
     consumers need (returns, acks, leases). 0 = refuse only when Redis itself refuses (OOM)."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DuplicateSettings:
-    """Every address's duplicate detection unless its Queue/SharedSubscription says otherwise
-    (docs/redis-modes.md#duplicate-detection)."""
-
-    enabled: bool = False
-    """Drop (and answer ``accepted``) a message whose id the address stored within the window."""
-    window: int = 10_000
-    """Ids remembered per address, newest kept (bounds the window's memory)."""
-    window_seconds: int = 600
-    """How long an id is remembered; older ones are forgotten, and accepted again."""
-    id_property: str = ''
-    """Application property holding the id (e.g. ``_AMQ_DUPL_ID``); empty: the AMQP message-id."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
