@@ -127,11 +127,14 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     health: HealthServer | None = None
     if settings.http:
 
-        async def readiness() -> dict[str, bool]:
+        async def readiness() -> dict[str, bool | int | float]:
             return {
                 'accepting': broker.accepting,
                 'redis': await store.ping(),
                 'store_memory_watch': broker.guard.store_memory_denied is None,
+                # figures, not checks: sends held through a store outage (amqp/holding.py)
+                'held_sends': broker.holding.count,
+                'held_sends_oldest_seconds': round(broker.holding.oldest_seconds(), 3),
             }
 
         health = HealthServer(readiness)

@@ -4,7 +4,9 @@ The HTTP side door: liveness, readiness and metrics for Kubernetes probes and Pr
 A deliberately tiny HTTP/1.1 responder on the broker's own event loop (no thread, no framework):
 three GET routes, one response per connection. ``/livez`` answers while the loop turns;
 ``/readyz`` answers 200 only while the broker accepts AMQP connections, Redis answers a PING
-and the Redis memory watermark can sample (each check is named in the JSON body).
+and the Redis memory watermark can sample (each check is named in the JSON body, a boolean).
+Figures beside the checks (numbers: the sends held through a store outage and the age of the
+oldest) inform and never decide.
 """
 
 import asyncio
@@ -18,7 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_SECONDS = 5.0
-Readiness = Callable[[], Awaitable[dict[str, bool]]]
+Readiness = Callable[[], Awaitable[dict[str, bool | int | float]]]
+"""Checks (booleans, all true when ready) and figures (numbers) for the JSON body."""
 
 
 class HealthServer:
@@ -68,7 +71,8 @@ class HealthServer:
         if path == '/readyz':
             checks = await self._readiness()
             body = json.dumps(checks).encode() + b'\n'
-            status = '200 OK' if all(checks.values()) else '503 Service Unavailable'
+            ready = all(value for value in checks.values() if isinstance(value, bool))
+            status = '200 OK' if ready else '503 Service Unavailable'
             return status, 'application/json', body
         if path == '/metrics':
             return '200 OK', CONTENT_TYPE_LATEST, generate_latest()

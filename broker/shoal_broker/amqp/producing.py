@@ -7,9 +7,10 @@ relay) and goes one of four ways (``_publish``): held by its transaction until d
 to a local consumer without the store (an at-most-once message, ``LocalSubscription.take``); sent
 ahead to a local consumer while the store appends and claims it (``_send_ahead``); or appended
 (``store.messages.publish_then``, batched per loop turn and address). The producer is answered
-when the store is (``_stored``): accepted, or released on a store failure (it may send again),
-or rejected when it would be refused again; never an accept that is then lost. Credit comes back
-as messages are answered (``Turns.top_up``).
+when the store is (``_stored``): accepted, or rejected when it would be refused again; never an
+accept that is then lost. A write the store could not confirm for a transient reason is held
+and written again once the store answers (``holding.py``); with the hold off it is released (the
+peer may send it again). Credit comes back as messages are answered (``Turns.top_up``).
 """
 
 import asyncio
@@ -21,6 +22,7 @@ from shoal_broker.amqp import outcome_codes as codes
 from shoal_broker.amqp.consuming import Consuming
 from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.amqp.guard import Guard, user_name
+from shoal_broker.amqp.holding import HeldSend, HoldExpired, Holding
 from shoal_broker.amqp.linking import Linking
 from shoal_broker.amqp.links import Ahead, ConsumerLink, PendingMessage, ProducerLink, close_link
 from shoal_broker.amqp.nodes import Nodes
@@ -63,8 +65,10 @@ class Producing:
         coordinator: transactions.Coordinator,
         consuming: Consuming,
         linking: Linking,
+        holding: Holding,
     ) -> None:
         self.max_message_size = max_message_size
+        self.holding = holding
         self.store = store
         self.guard = guard
         self.counters = counters
@@ -84,6 +88,10 @@ class Producing:
         self.forget = linking.link_gone
         self._on_stored = self._stored  # one bound method: publish_then batches by callback
         self._on_claimed = self._claimed  # and so does claim_then
+        self._on_rewritten = self._rewritten  # held messages written again
+        self._on_reclaimed = self._reclaimed
+        self._give_up = lambda send, expired: self._stored([send.token], None, expired)
+        self._claim_given_up = lambda send, expired: self._claimed([send.token], None, expired)
 
     def incoming(self, producer: ProducerLink, delivery: Ptr) -> None:
         size = wire.shoal_pending(delivery, self.max_message_size)
@@ -188,6 +196,10 @@ class Producing:
             self.mark_dirty(producer.conn)
             return
         due = view.annotations.get('x-opt-delivery-time')
+        message.stored, message.kind = stored, kind  # kept for a write held through an outage
+        if self.holding.active and not message.settled:  # behind what the hold already has
+            self._hold_new(producer, message, address, due)
+            return
         if kind is AddressKind.QUEUE and (sub := self.subscriptions.get((address, QUEUE_GROUP))):
             if (
                 message.settled
@@ -213,6 +225,7 @@ class Producing:
         if message.settled:  # pre-settled by the peer: nothing to answer, free it now
             lib.pn_delivery_settle(message.delivery)
         if isinstance(due, int) and due > time.time() * 1000:
+            message.due = due
             future = self.store.messages.schedule(address, stored, due)  # JMS delivery delay
             future.add_done_callback(  # type: ignore[attr-defined]
                 lambda f: self._stored([(producer, message, address)], *_outcome_of(f))
@@ -259,7 +272,11 @@ class Producing:
         """The store's answer for messages sent ahead: the producers are answered as for any
         publish; each delivery becomes an entry its consumer holds, and what its consumer decided
         meanwhile is applied. Refused, the messages were never stored: what the consumers do
-        with them no longer matters to Redis, and each producer may send its message again."""
+        with them no longer matters to Redis, and each producer may send its message again. A
+        transient failure holds them instead (``_hold_claims``): their consumers have them."""
+        if isinstance(error, StoreUnavailable) and self.holding.enabled:
+            self._hold_claims(claims)
+            return
         self._stored([claim[:3] for claim in claims], True if error is None else None, error)
         for claim in claims:
             claim[3].claims -= 1
@@ -310,6 +327,10 @@ class Producing:
     ) -> None:
         """The store's answer for messages to one address (``publish_then``: one call for a
         cycle's messages to an address and band)."""
+        if error is not None and isinstance(error, StoreUnavailable) and self.holding.enabled:
+            stored = self._hold_failed(stored)  # those the hold keeps are answered later
+            if not stored:
+                return
         address = stored[0][2]
         refusal: BrokerError | None = None
         if error is None:
@@ -322,8 +343,8 @@ class Producing:
         else:
             if isinstance(error, AddressNotFound):
                 self.kinds.pop(address, None)
-            if isinstance(error, StoreFull | AddressNotFound):  # stays so if sent again
-                refusal = error  # refused, not released
+            if isinstance(error, StoreFull | AddressNotFound | HoldExpired):  # stays so if sent
+                refusal = error  # again (or waited its bound: holding.py): refused, not released
             # never an accept that is then lost: on a store failure the peer may send it again
             state = lib.PN_RELEASED
         for producer, message, _ in stored:
@@ -340,6 +361,104 @@ class Producing:
             except Exception:
                 logger.exception('answering a stored message on connection %d failed',
                                  producer.conn.id)  # fmt: skip
+
+    # -- writes held through a store outage (holding.py) ----------------------------------------
+
+    def _hold_new(
+        self, producer: ProducerLink, message: PendingMessage, address: str, due: object
+    ) -> None:
+        """A message that arrives while sends are held joins the hold, never sent yet."""
+        if isinstance(due, int) and due > time.time() * 1000:
+            message.due = due
+        producer.in_store += 1
+        self.holding.hold(self._held(producer, message, address, sent=False))
+
+    def _held(
+        self, producer: ProducerLink, message: PendingMessage, address: str, *, sent: bool
+    ) -> HeldSend:
+        stored = message.stored
+        size = len(stored.header) + len(stored.rest) if stored is not None else 0
+        token = (producer, message, address)
+        return HeldSend(producer, size, self._rewrite, self._give_up, token, sent)
+
+    def _hold_failed(
+        self, stored: list[tuple[ProducerLink, PendingMessage, str]]
+    ) -> list[tuple[ProducerLink, PendingMessage, str]]:
+        """Hold the messages of a failed write that a producer still waits for; return the
+        others (pre-settled, or their producer gone), to be answered as before."""
+        others = []
+        for producer, message, address in stored:
+            if message.settled or not producer.alive or message.stored is None:
+                others.append((producer, message, address))
+            else:
+                self.holding.hold(self._held(producer, message, address, sent=True))
+        return others
+
+    def _rewrite(self, send: HeldSend) -> None:
+        producer, message, address = send.token
+        if not producer.alive:  # nobody waits for it: it was never accepted
+            producer.in_store -= 1
+            self.holding.drop(send)
+            return
+        stored, kind = message.stored, message.kind
+        assert stored is not None
+        assert kind is not None
+        if message.due is not None:
+            future = self.store.messages.schedule(address, stored, message.due)
+            future.add_done_callback(  # type: ignore[attr-defined]
+                lambda f: self._rewritten([send], *_outcome_of(f))
+            )
+        else:
+            self.store.messages.publish_then(address, kind, stored, self._on_rewritten, send)
+        for sub in self.by_address.get(address, ()):
+            sub.kick()
+
+    def _rewritten(self, sends: list[HeldSend], kept: bool | None, error: BrokerError | None
+                   ) -> None:  # fmt: skip
+        """The store's answer for held messages written again: held once more while it fails
+        for a transient reason, otherwise answered as any write."""
+        if isinstance(error, StoreUnavailable):
+            for send in sends:
+                self.holding.hold(send)
+            return
+        for send in sends:
+            self.holding.written(send)
+        self._stored([send.token for send in sends], kept, error)
+
+    def _hold_claims(
+        self,
+        claims: list[
+            tuple[ProducerLink, PendingMessage, str, LocalSubscription, ConsumerLink, Ahead]
+        ],
+    ) -> None:
+        """Messages sent ahead whose claim failed are claimed again once the store answers:
+        their consumers have them already, so writing them as new messages would deliver them
+        twice. Held even when their producer is gone."""
+        for claim in claims:
+            ahead = claim[5]
+            size = len(ahead.message.header) + len(ahead.message.rest)
+            send = HeldSend(claim[0], size, self._reclaim, self._claim_given_up, claim, True)
+            self.holding.hold(send)
+
+    def _reclaim(self, send: HeldSend) -> None:
+        address, ahead = send.token[2], send.token[5]
+        self.store.messages.claim_then(
+            address, QUEUE_GROUP, ahead.message, self._on_reclaimed, send
+        )
+
+    def _reclaimed(
+        self,
+        sends: list[HeldSend],
+        result: tuple[list[str], list[Entry]] | None,
+        error: BrokerError | None,
+    ) -> None:
+        if isinstance(error, StoreUnavailable):
+            for send in sends:
+                self.holding.hold(send)
+            return
+        for send in sends:
+            self.holding.written(send)
+        self._claimed([send.token for send in sends], result, error)
 
     def refuse(
         self,
