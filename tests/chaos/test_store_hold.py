@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
+from proton import Described, Message, ulong
 from proton.utils import BlockingConnection
 from txnclient import ACCEPTED, Controller, send_in
 
@@ -24,7 +25,7 @@ def _aof_args(data: Path) -> tuple[str, ...]:
 
 
 def _held(b: Any) -> dict[str, Any]:
-    status, body = b.http_get('/readyz')
+    _, body = b.http_get('/readyz')
     return dict(json.loads(body))
 
 
@@ -85,3 +86,85 @@ def test_a_synchronous_producer_waits_through_a_10_s_redis_stop_and_no_send_fail
     assert any(receipt.at > restarted_at for receipt in run.receipts)
     assert _held(b)['held_sends'] == 0
     assert b.process.poll() is None
+
+
+@pytest.mark.timeout(150)
+def test_past_the_hold_bound_a_send_is_rejected_with_a_reason_and_nothing_accepted_is_lost(
+    cluster, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    args = _aof_args(tmp_path)
+    server = cluster.redis(*args)
+    b = cluster.broker(server.url, env={'SHOAL_STORE_HOLD_SECONDS': '2'})
+    queue = f'hold-{uuid.uuid4().hex[:8]}'
+    count = 1_000
+    run = ChaosRun([ChaosProducer([b.url], queue, range(count), window=1)], [], timeout=120).start()
+    try:
+        assert run.wait(lambda r: len(r.accepted) >= 100, timeout=60), run.log
+        server.stop()
+        stopped_at = time.monotonic()
+        assert run.wait(lambda r: len(r.rejected) >= 2, timeout=20), (run.log, _held(b))
+        given_up_after = time.monotonic() - stopped_at
+        cluster.redis(*args, port=server.port)
+        assert run.wait(ChaosRun.producers_done, timeout=60), (run.log[-10:], _held(b))
+    finally:
+        run.stop()
+    drained = ChaosRun([], [ChaosConsumer([b.url], queue, 'drain', credit=100)], timeout=60)
+    drained.start()
+    try:
+        drained.wait(lambda r: run.accepted <= r.received, timeout=45)
+    finally:
+        drained.stop()
+    rejected = {body for body, _ in run.rejected}
+    cluster.report(
+        f'redis stopped past a 2 s hold: {len(run.accepted)} accepted, {len(rejected)} '
+        f'rejected (first after {given_up_after:.1f} s), {run.released} released, '
+        f'{len(run.in_doubt)} in doubt; e.g. {run.rejected[:1]}'
+    )
+    assert run.released == 0
+    assert all('amqp:resource-limit-exceeded' in condition for _, condition in run.rejected)
+    assert all('did not answer for 2 s' in condition for _, condition in run.rejected)
+    assert given_up_after >= 2.0
+    assert not run.in_doubt
+    assert run.accepted | rejected == set(range(count))
+    assert not run.accepted - drained.received  # nothing accepted is lost
+    assert b.process.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_commit_during_a_redis_stop_waits_and_completes(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    args = _aof_args(tmp_path)
+    server = cluster.redis(*args)
+    b = cluster.broker(server.url)
+    queue = f'hold-txn-{uuid.uuid4().hex[:8]}'
+    conn = BlockingConnection(b.url, timeout=60)
+    try:
+        controller = Controller(conn)
+        sender = conn.create_sender(queue)
+        txn = controller.declare()
+        for i in range(5):
+            assert send_in(conn, sender, txn, f'm{i}').remote_state != 0
+        server.stop()
+        stopped_at = time.monotonic()
+        restart = threading.Timer(
+            OUTAGE_SECONDS / 2, lambda: cluster.redis(*args, port=server.port)
+        )
+        restart.start()
+        link = controller.link
+        conn.wait(lambda: link.credit > 0, timeout=10, msg='coordinator credit')
+        # a discharge as Controller.discharge sends it, waited for longer than its 10 s
+        delivery = link.delivery(uuid.uuid4().hex)
+        link.send(Message(body=Described(ulong(0x32), [txn, False])).encode())
+        link.advance()
+        conn.wait(lambda: delivery.settled, timeout=60, msg='the discharge answered')
+        answered_after = time.monotonic() - stopped_at
+        restart.join()
+        assert delivery.remote_state == ACCEPTED, delivery.remote.condition
+        receiver = conn.create_receiver(queue, credit=10)
+        bodies = [receiver.receive(timeout=10).body for _ in range(5)]
+        receiver.accept()
+    finally:
+        conn.close()
+    cluster.report(f'a commit during a {OUTAGE_SECONDS / 2:g} s redis stop: accepted after '
+                   f'{answered_after:.1f} s')  # fmt: skip
+    assert bodies == [f'm{i}' for i in range(5)]
+    assert answered_after >= OUTAGE_SECONDS / 2 - 0.5
