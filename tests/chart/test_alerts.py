@@ -70,6 +70,7 @@ def test_the_chart_ships_the_rule_file_promtool_tests() -> None:
         'ShoalDeadLetterQueueFilling',
         'ShoalRedisUnreachable', 'ShoalReplicaLeaseLost', 'ShoalReplicaDown',
         'ShoalReplicasMissing', 'ShoalProducersBlocked', 'ShoalPublishesRefused',
+        'ShoalSendsHeld', 'ShoalHeldSendsGivenUp',
     }  # fmt: skip
 
 
@@ -107,6 +108,8 @@ BROKEN = {
     'ShoalReplicasMissing': ('and on (namespace, deployment)', 'or on (namespace, deployment)'),
     'ShoalProducersBlocked': ('> 0', '>= 0'),  # nobody held back
     'ShoalPublishesRefused': ('> 0', '>= 0'),  # nothing refused any more
+    'ShoalSendsHeld': ('> 10', '>= 0'),  # a few seconds' hold of a routine failover
+    'ShoalHeldSendsGivenUp': ('> 0', '>= 0'),  # nothing given up
 }
 """Per alert, an edit that makes it fire on a healthy series of its unit test."""
 

@@ -82,6 +82,9 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_BACKLOG_OVERFLOW': ('drop-oldest', 'security.backlog_overflow', Overflow.DROP_OLDEST),
     'SHOAL_MEMORY_CEILING_MB': ('512', 'security.memory_ceiling_mb', 512),
     'SHOAL_REDIS_MEMORY_HIGH_WATERMARK': ('0.8', 'security.redis_memory_high_watermark', 0.8),
+    # sends held through a store outage
+    'SHOAL_STORE_HOLD_SECONDS': ('45', 'store.hold_seconds', 45.0),
+    'SHOAL_STORE_HOLD_MAX_BYTES': ('1048576', 'store.hold_max_bytes', 1048576),
 }
 
 DEFAULTS: dict[str, Any] = {

@@ -25,6 +25,8 @@ _SETTINGS = {
     'metricsIntervalSeconds': broker.ENV_METRICS_INTERVAL,
     'metricsHeartbeatSeconds': broker.ENV_METRICS_HEARTBEAT,
     'logLevel': broker.ENV_LOG_LEVEL,
+    # sends held through a store outage
+    'storeHoldSeconds': broker.ENV_STORE_HOLD,
 }
 """BrokerCluster ``spec.broker`` field -> the broker's environment variable."""
 CONFIG_CHECKSUM = 'shoal.dev/config-checksum'
