@@ -174,8 +174,9 @@ def test_consumed_entries_are_trimmed_and_unconsumed_ones_kept(
 def test_during_a_redis_outage_messages_are_released_not_lost_and_service_resumes(
     address: str,
 ) -> None:
+    """With the hold off (tests/chaos/test_store_hold.py: with it, sends wait instead)."""
     server = RedisServer()
-    b = BrokerProcess(server.url)
+    b = BrokerProcess(server.url, env={'SHOAL_STORE_HOLD_SECONDS': '0'})
     try:
         conn = connect(b.url)
         snd = sender(conn, address)
