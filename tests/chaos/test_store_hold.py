@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from failoverload import REPLICATED
 from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
 from proton import Described, Message, ulong
 from proton.utils import BlockingConnection
@@ -168,3 +169,45 @@ def test_a_commit_during_a_redis_stop_waits_and_completes(cluster, tmp_path: Pat
                    f'{answered_after:.1f} s')  # fmt: skip
     assert bodies == [f'm{i}' for i in range(5)]
     assert answered_after >= OUTAGE_SECONDS / 2 - 0.5
+
+
+@pytest.mark.timeout(150)
+def test_a_synchronous_producer_through_a_sentinel_failover_sees_no_send_fail(cluster) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 of the primary in ``replicated`` mode: the sends wait through the promotion and
+    until the promoted primary has a replica that confirms them, then complete."""
+    group = cluster.sentinels()
+    b = cluster.broker(group.url, replica_id='hold-sentinel', env=REPLICATED)
+    queue = f'hold-{uuid.uuid4().hex[:8]}'
+    count = 1_500
+    run = ChaosRun(
+        [ChaosProducer([b.url], queue, range(count), window=1)],
+        [ChaosConsumer([b.url], queue, 'c0', credit=20)],
+        timeout=120,
+    ).start()
+    try:
+        assert run.wait(lambda r: len(r.accepted) >= 200, timeout=60), run.log
+        old = group.primary_port()
+        assert old is not None
+        killed_at = cluster.kill_9(group.running(old).process)
+        new, promoted_at = group.wait_promoted(old, timeout=30)
+        group.server('--replicaof', '127.0.0.1', str(new), port=old)
+        group.wait_linked(old, timeout=15)
+        linked_at = time.monotonic()
+        assert run.wait(ChaosRun.delivered_all, timeout=90), (run.log[-10:], _held(b))
+        time.sleep(0.5)
+    finally:
+        run.stop()
+    slowest = max(run.answer_seconds)
+    cluster.report(
+        f'sentinel failover (replicated) under a synchronous producer: {len(run.accepted)} of '
+        f'{count} accepted, {run.released} released, {len(run.rejected)} rejected, '
+        f'{len(run.in_doubt)} in doubt; promoted {promoted_at - killed_at:.2f} s and linked '
+        f'{linked_at - killed_at:.2f} s after the kill; slowest send {slowest:.2f} s'
+    )
+    assert run.released == 0
+    assert not run.rejected
+    assert not run.in_doubt, run.log
+    assert run.accepted == set(range(count))
+    assert not run.missing()
+    assert slowest < linked_at - killed_at + 5  # answered soon after a replica confirms again
+    assert b.process.poll() is None
