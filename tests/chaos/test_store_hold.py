@@ -15,7 +15,10 @@ from failoverload import REPLICATED
 from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
 from proton import Described, Message, ulong
 from proton.utils import BlockingConnection
+from redisclusters import ClusterGroup
 from txnclient import ACCEPTED, Controller, send_in
+
+from shoal_broker.store import keys
 
 OUTAGE_SECONDS = 10.0
 SENDS = 3_000
@@ -211,3 +214,45 @@ def test_a_synchronous_producer_through_a_sentinel_failover_sees_no_send_fail(cl
     assert not run.missing()
     assert slowest < linked_at - killed_at + 5  # answered soon after a replica confirms again
     assert b.process.poll() is None
+
+
+@pytest.mark.timeout(180)
+def test_a_synchronous_producer_through_a_cluster_primary_kill_sees_no_send_fail(cluster) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 of the primary serving the queue's slot in ``replicated`` mode: the lanes' own
+    retries and then the hold carry the sends through the promotion."""
+    group = ClusterGroup()
+    try:
+        queue = f'hold-{uuid.uuid4().hex[:8]}'
+        b = cluster.broker(group.url, replica_id=f'hold-cl-{queue[-4:]}', env=REPLICATED)
+        count = 1_500
+        run = ChaosRun(
+            [ChaosProducer([b.url], queue, range(count), window=1)],
+            [ChaosConsumer([b.url], queue, 'c0', credit=20)],
+            timeout=150,
+        ).start()
+        try:
+            assert run.wait(lambda r: len(r.accepted) >= 200, timeout=60), run.log
+            killed_at = time.monotonic()
+            victim, _, promoted_at = group.kill_primary_of(keys.AddressKeys.of(queue).tag)
+            group.restart(victim)  # the promoted primary's replica again: WAIT 1 confirms
+            restarted_at = time.monotonic()
+            finished = run.wait(ChaosRun.delivered_all, timeout=100)
+            time.sleep(0.5)
+        finally:
+            run.stop()
+    finally:
+        group.stop()
+    slowest = max(run.answer_seconds)
+    cluster.report(
+        f'cluster primary killed (replicated) under a synchronous producer: '
+        f'{len(run.accepted)} of {count} accepted, {run.released} released, '
+        f'{len(run.rejected)} rejected, {len(run.in_doubt)} in doubt; promoted '
+        f'{promoted_at - killed_at:.2f} s, its replica back {restarted_at - killed_at:.2f} s after '
+        f'the kill; slowest send {slowest:.2f} s'
+    )
+    assert finished, run.log[-10:]
+    assert run.released == 0
+    assert not run.rejected
+    assert not run.in_doubt, run.log
+    assert run.accepted == set(range(count))
+    assert slowest < restarted_at - killed_at + 5
