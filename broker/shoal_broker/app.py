@@ -101,6 +101,8 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     store = RedisStore.from_url(
         url, settings.replica_id, settings.store.durability, settings.store.replication_timeout_ms
     )
+    # an applied commit waits as long as a held send for a replica to confirm it
+    store.messages.transactions.confirm_seconds = settings.store.hold_seconds
     await store.start()
     await store.check_durability()
     store.upkeep.limit_backlog(
