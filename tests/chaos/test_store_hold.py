@@ -1,6 +1,7 @@
 """Sends held through a Redis outage (amqp/holding.py): a producer waiting for each outcome, as
-Qpid JMS does, sees its sends wait and then accepted, never released; past the hold's bound it
-gets a clear rejection, and nothing accepted is lost. Consumers keep their links meanwhile."""
+Qpid JMS does, sees its sends wait and then accepted, never released; past the hold's bound, or
+past its memory bound, it gets a clear rejection, and nothing accepted is lost. Consumers keep
+their links meanwhile."""
 
 import collections
 import json
@@ -84,6 +85,8 @@ def test_a_synchronous_producer_waits_through_a_10_s_redis_stop_and_no_send_fail
     assert run.accepted == set(range(SENDS))
     assert set(copies) == set(range(SENDS))
     assert not twice, twice[:10]
+    # written again in the order they were sent: the one consumer got them in that order
+    assert [receipt.body for receipt in run.receipts] == list(range(SENDS))
     assert slowest < OUTAGE_SECONDS + 5  # the held send completes soon after the store is back
     # the consumer kept its link and connection through the outage and received after it
     assert not [what for _, what in run.log if 'lost' in what or 'refused' in what], run.log
@@ -256,3 +259,33 @@ def test_a_synchronous_producer_through_a_cluster_primary_kill_sees_no_send_fail
     assert not run.in_doubt, run.log
     assert run.accepted == set(range(count))
     assert slowest < restarted_at - killed_at + 5
+
+
+@pytest.mark.timeout(120)
+def test_past_the_memory_bound_a_held_send_is_rejected_at_once(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A producer with 20 sends in flight while Redis is stopped: the hold keeps what fits in
+    SHOAL_STORE_HOLD_MAX_BYTES and rejects the rest at once; what it kept is accepted after."""
+    args = _aof_args(tmp_path)
+    server = cluster.redis(*args)
+    b = cluster.broker(server.url, env={'SHOAL_STORE_HOLD_MAX_BYTES': '4000'})
+    queue = f'hold-{uuid.uuid4().hex[:8]}'
+    bodies = [f'{n:04d}' + 'x' * 1000 for n in range(200)]  # about 1 KiB each, once encoded
+    run = ChaosRun([ChaosProducer([b.url], queue, bodies, window=20)], [], timeout=90).start()
+    try:
+        assert run.wait(lambda r: len(r.accepted) >= 20, timeout=60), run.log
+        server.stop()
+        assert run.wait(lambda r: len(r.rejected) >= 5, timeout=20), (run.log, _held(b))
+        during = _held(b)
+        cluster.redis(*args, port=server.port)
+        assert run.wait(ChaosRun.producers_done, timeout=60), (run.log[-10:], _held(b))
+    finally:
+        run.stop()
+    cluster.report(
+        f'held sends past a 4000-byte bound: {len(run.accepted)} accepted, {len(run.rejected)} '
+        f'rejected, {run.released} released; held during the outage: {during}'
+    )
+    assert 1 <= during['held_sends'] <= 3  # what fits in 4000 bytes
+    assert run.released == 0
+    assert all('amqp:resource-limit-exceeded' in c for _, c in run.rejected)
+    assert all('4000 bytes of messages are held' in c for _, c in run.rejected)
+    assert run.accepted | {body for body, _ in run.rejected} == set(bodies)
