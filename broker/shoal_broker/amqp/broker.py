@@ -71,8 +71,9 @@ class Broker:
             self.coordinator, self.connections,
         )  # fmt: skip
         self.holding = Holding(
-            self.turns, settings.store.hold_seconds, settings.store.hold_max_bytes, self._producers
-        )
+            self.turns, settings.store.hold_seconds, settings.store.hold_max_bytes, self._producers,
+            store.messages.replica_ready,
+        )  # fmt: skip
         self.producing = Producing(
             settings.amqp.max_message_size, store, self.guard, self.counters, self.turns,
             self.nodes, self.coordinator, self.consuming, self.linking, self.holding,

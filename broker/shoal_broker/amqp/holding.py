@@ -26,24 +26,32 @@ lost reply, a ``WAIT`` timeout) may be in Redis already: writing it again is a s
 which the duplicate detection of the publish script drops when it is on.
 
 Attempts are spaced by ``PAUSES`` while they fail; one success writes whatever else is held at
-once. The hold costs the hot path one attribute test per message (``Holding.active``).
+once. A write that Redis made but no replica confirmed (``StoreUnconfirmed``: a promoted primary
+without a replica yet) is not written again until a replica is back (``MessagePort.
+replica_ready``, ``WAIT 0 0`` and ``ROLE``): every attempt before would only add a copy in
+Redis. The
+hold costs the hot path one attribute test per message (``Holding.active``).
 """
 
+import asyncio
 import collections
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from shoal_broker.amqp.links import ProducerLink
 from shoal_broker.amqp.turns import Turns
-from shoal_broker.errors import ResourceLimitExceeded
+from shoal_broker.errors import BrokerError, ResourceLimitExceeded
 from shoal_broker.metrics.registry import HELD_SENDS_GIVEN_UP
 
 logger = logging.getLogger(__name__)
 
 PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)
 """Pauses between attempts while they fail (the last one repeated)."""
+
+PROBE_SECONDS = 2.0
+"""How long the question whether a replica is back may go unanswered before it is asked again."""
 
 
 class HoldExpired(ResourceLimitExceeded):
@@ -72,6 +80,7 @@ class HeldSend:
     """Loop time it was first held."""
     writing: bool = False
     """Written again by the hold and not answered yet."""
+    address: str = ''
 
 
 class Holding:
@@ -81,6 +90,7 @@ class Holding:
         hold_seconds: float,
         max_bytes: int,
         producers: Callable[[], Iterable[ProducerLink]],
+        replica_ready: Callable[[str], Awaitable[bool]],
     ) -> None:
         self.turns = turns
         self.hold_seconds = hold_seconds
@@ -98,12 +108,19 @@ class Holding:
         self._failures = 0
         """Attempts that failed in a row (the pause grows with it)."""
         self._timer: Any = None
+        self._replica_ready = replica_ready
+        self._unconfirmed: str | None = None
+        """An address a write was not confirmed on: nothing is written until a replica is."""
+        self._probing = False
 
     # -- what producing tells the hold -----------------------------------------------------------
 
-    def hold(self, send: HeldSend) -> None:
+    def hold(self, send: HeldSend, *, unconfirmed: bool = False) -> None:
         """A message enters the hold: never sent (``sent`` False), its first write just failed,
-        or the hold's own write of it did (``writing``)."""
+        or the hold's own write of it did (``writing``); ``unconfirmed``: Redis has it, no
+        replica confirmed it."""
+        if unconfirmed:
+            self._unconfirmed = send.address
         if send.writing:
             send.writing = False
             self._writing.discard(send)
@@ -164,11 +181,18 @@ class Holding:
         flight; give up what waited too long."""
         self._timer = None
         deadline = self.turns.loop.time() - self.hold_seconds
+        if self._unconfirmed is not None and not self._probing:
+            self._probing = True
+            self.turns.spawn(self._probe(self._unconfirmed))
         for producer, queue in list(self._queues.items()):
             while queue and queue[0].since <= deadline:
                 send = queue.popleft()
                 self.bytes -= send.size
                 self._expire(send, 'time')
+            if self._unconfirmed is not None:
+                if not queue:
+                    del self._queues[producer]
+                continue  # written again once a replica is back
             if queue and producer.in_store <= len(queue):  # none of its writes in flight
                 del self._queues[producer]
                 for send in queue:
@@ -182,6 +206,24 @@ class Holding:
         elif self._queues and self._timer is None:  # look again: expiries, writes answered
             pause = PAUSES[min(max(self._failures, 1), len(PAUSES)) - 1]
             self._timer = self.turns.loop.call_later(pause, self._pump)
+
+    async def _probe(self, address: str) -> None:
+        """Ask whether a replica is back; if so, writing resumes."""
+        try:
+            ready = await asyncio.wait_for(self._replica_ready(address), PROBE_SECONDS)
+        except (BrokerError, TimeoutError):
+            ready = False
+        except Exception:  # a bug must not stop the probes: messages would wait out the bound
+            logger.exception('asking whether a Redis replica is back failed')
+            ready = False
+        finally:
+            self._probing = False
+        if ready:
+            self._unconfirmed = None
+            self._failures = 0
+        else:
+            self._failures += 1
+        self._schedule()
 
     def _expire(self, send: HeldSend, reason: str) -> None:
         HELD_SENDS_GIVEN_UP.labels(reason).inc()
@@ -205,6 +247,7 @@ class Holding:
         self.active = False
         self.turns.holding = False
         self._failures = 0
+        self._unconfirmed = None
         logger.warning('the store answers again: held sends are written, producers get credit')
         for producer in list(self._producers()):
             if producer.alive:

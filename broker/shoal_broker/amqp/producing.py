@@ -22,11 +22,12 @@ from shoal_broker.amqp import outcome_codes as codes
 from shoal_broker.amqp.consuming import Consuming
 from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.amqp.guard import Guard, user_name
-from shoal_broker.amqp.holding import HeldSend, HoldExpired, Holding
+from shoal_broker.amqp.holding import HoldExpired, Holding
 from shoal_broker.amqp.linking import Linking
 from shoal_broker.amqp.links import Ahead, ConsumerLink, PendingMessage, ProducerLink, close_link
 from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outlets import Fed, Held
+from shoal_broker.amqp.rewrites import Rewrites
 from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import (
@@ -36,6 +37,7 @@ from shoal_broker.errors import (
     MessageSizeExceeded,
     StoreFull,
     StoreUnavailable,
+    StoreUnconfirmed,
 )
 from shoal_broker.metrics import registry as metrics
 from shoal_broker.metrics.registry import Counters
@@ -88,10 +90,7 @@ class Producing:
         self.forget = linking.link_gone
         self._on_stored = self._stored  # one bound method: publish_then batches by callback
         self._on_claimed = self._claimed  # and so does claim_then
-        self._on_rewritten = self._rewritten  # held messages written again
-        self._on_reclaimed = self._reclaimed
-        self._give_up = lambda send, expired: self._stored([send.token], None, expired)
-        self._claim_given_up = lambda send, expired: self._claimed([send.token], None, expired)
+        self.rewrites = Rewrites(store, holding, nodes.by_address, self._stored, self._claimed)
 
     def incoming(self, producer: ProducerLink, delivery: Ptr) -> None:
         size = wire.shoal_pending(delivery, self.max_message_size)
@@ -198,7 +197,7 @@ class Producing:
         due = view.annotations.get('x-opt-delivery-time')
         message.stored, message.kind = stored, kind  # kept for a write held through an outage
         if self.holding.active and not message.settled:  # behind what the hold already has
-            self._hold_new(producer, message, address, due)
+            self.rewrites.hold_new(producer, message, address, due)
             return
         if kind is AddressKind.QUEUE and (sub := self.subscriptions.get((address, QUEUE_GROUP))):
             if (
@@ -275,7 +274,7 @@ class Producing:
         with them no longer matters to Redis, and each producer may send its message again. A
         transient failure holds them instead (``_hold_claims``): their consumers have them."""
         if isinstance(error, StoreUnavailable) and self.holding.enabled:
-            self._hold_claims(claims)
+            self.rewrites.hold_claims(claims, isinstance(error, StoreUnconfirmed))
             return
         self._stored([claim[:3] for claim in claims], True if error is None else None, error)
         for claim in claims:
@@ -328,7 +327,7 @@ class Producing:
         """The store's answer for messages to one address (``publish_then``: one call for a
         cycle's messages to an address and band)."""
         if error is not None and isinstance(error, StoreUnavailable) and self.holding.enabled:
-            stored = self._hold_failed(stored)  # those the hold keeps are answered later
+            stored = self.rewrites.hold_failed(stored, isinstance(error, StoreUnconfirmed))
             if not stored:
                 return
         address = stored[0][2]
@@ -361,104 +360,6 @@ class Producing:
             except Exception:
                 logger.exception('answering a stored message on connection %d failed',
                                  producer.conn.id)  # fmt: skip
-
-    # -- writes held through a store outage (holding.py) ----------------------------------------
-
-    def _hold_new(
-        self, producer: ProducerLink, message: PendingMessage, address: str, due: object
-    ) -> None:
-        """A message that arrives while sends are held joins the hold, never sent yet."""
-        if isinstance(due, int) and due > time.time() * 1000:
-            message.due = due
-        producer.in_store += 1
-        self.holding.hold(self._held(producer, message, address, sent=False))
-
-    def _held(
-        self, producer: ProducerLink, message: PendingMessage, address: str, *, sent: bool
-    ) -> HeldSend:
-        stored = message.stored
-        size = len(stored.header) + len(stored.rest) if stored is not None else 0
-        token = (producer, message, address)
-        return HeldSend(producer, size, self._rewrite, self._give_up, token, sent)
-
-    def _hold_failed(
-        self, stored: list[tuple[ProducerLink, PendingMessage, str]]
-    ) -> list[tuple[ProducerLink, PendingMessage, str]]:
-        """Hold the messages of a failed write that a producer still waits for; return the
-        others (pre-settled, or their producer gone), to be answered as before."""
-        others = []
-        for producer, message, address in stored:
-            if message.settled or not producer.alive or message.stored is None:
-                others.append((producer, message, address))
-            else:
-                self.holding.hold(self._held(producer, message, address, sent=True))
-        return others
-
-    def _rewrite(self, send: HeldSend) -> None:
-        producer, message, address = send.token
-        if not producer.alive:  # nobody waits for it: it was never accepted
-            producer.in_store -= 1
-            self.holding.drop(send)
-            return
-        stored, kind = message.stored, message.kind
-        assert stored is not None
-        assert kind is not None
-        if message.due is not None:
-            future = self.store.messages.schedule(address, stored, message.due)
-            future.add_done_callback(  # type: ignore[attr-defined]
-                lambda f: self._rewritten([send], *_outcome_of(f))
-            )
-        else:
-            self.store.messages.publish_then(address, kind, stored, self._on_rewritten, send)
-        for sub in self.by_address.get(address, ()):
-            sub.kick()
-
-    def _rewritten(self, sends: list[HeldSend], kept: bool | None, error: BrokerError | None
-                   ) -> None:  # fmt: skip
-        """The store's answer for held messages written again: held once more while it fails
-        for a transient reason, otherwise answered as any write."""
-        if isinstance(error, StoreUnavailable):
-            for send in sends:
-                self.holding.hold(send)
-            return
-        for send in sends:
-            self.holding.written(send)
-        self._stored([send.token for send in sends], kept, error)
-
-    def _hold_claims(
-        self,
-        claims: list[
-            tuple[ProducerLink, PendingMessage, str, LocalSubscription, ConsumerLink, Ahead]
-        ],
-    ) -> None:
-        """Messages sent ahead whose claim failed are claimed again once the store answers:
-        their consumers have them already, so writing them as new messages would deliver them
-        twice. Held even when their producer is gone."""
-        for claim in claims:
-            ahead = claim[5]
-            size = len(ahead.message.header) + len(ahead.message.rest)
-            send = HeldSend(claim[0], size, self._reclaim, self._claim_given_up, claim, True)
-            self.holding.hold(send)
-
-    def _reclaim(self, send: HeldSend) -> None:
-        address, ahead = send.token[2], send.token[5]
-        self.store.messages.claim_then(
-            address, QUEUE_GROUP, ahead.message, self._on_reclaimed, send
-        )
-
-    def _reclaimed(
-        self,
-        sends: list[HeldSend],
-        result: tuple[list[str], list[Entry]] | None,
-        error: BrokerError | None,
-    ) -> None:
-        if isinstance(error, StoreUnavailable):
-            for send in sends:
-                self.holding.hold(send)
-            return
-        for send in sends:
-            self.holding.written(send)
-        self._claimed([send.token for send in sends], result, error)
 
     def refuse(
         self,
