@@ -109,6 +109,8 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     store = RedisStore.from_url(
         url, settings.replica_id, settings.store.durability, settings.store.replication_timeout_ms
     )
+    # an applied commit waits as long as a held send for a replica to confirm it
+    store.messages.transactions.confirm_seconds = settings.store.hold_seconds
     await store.start()
     await store.check_durability()
     store.upkeep.limit_backlog(
@@ -139,11 +141,14 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     health: HealthServer | None = None
     if settings.http:
 
-        async def readiness() -> dict[str, bool]:
+        async def readiness() -> dict[str, bool | int | float]:
             return {
                 'accepting': broker.accepting,
                 'redis': await store.ping(),
                 'store_memory_watch': broker.guard.store_memory_denied is None,
+                # figures, not checks: sends held through a store outage (amqp/holding.py)
+                'held_sends': broker.holding.count,
+                'held_sends_oldest_seconds': round(broker.holding.oldest_seconds(), 3),
             }
 
         operations = Operations(admin, store.upkeep.backlog_limit)

@@ -98,6 +98,14 @@ class StoreUnavailable(BrokerError):
     condition = 'amqp:resource-limit-exceeded'
 
 
+# -- sends held through a store outage (amqp/holding.py) --
+
+
+class StoreUnconfirmed(StoreUnavailable):
+    """Written, but no Redis replica confirmed it in time (``replicated``): the write is on the
+    primary, so writing it again before a replica is back would only add copies."""
+
+
 class CommitInDoubt(StoreUnavailable):
     """Whether a transaction was committed could not be learnt in time: Redis holds either all
     of it or none of it (a commit record that a live replica completes), so the client must be

@@ -4,7 +4,9 @@ and the management API mounted under ``/api`` (``management/``).
 
 aiohttp on the broker's own event loop (no thread). ``/livez`` answers while the loop turns;
 ``/readyz`` answers 200 only while the broker accepts AMQP connections, Redis answers a PING
-and the Redis memory watermark can sample (each check is named in the JSON body).
+and the Redis memory watermark can sample (each check is named in the JSON body, a boolean).
+Figures beside the checks (numbers: the sends held through a store outage and the age of the
+oldest) inform and never decide.
 """
 
 import json
@@ -18,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_SECONDS = 5.0
 """A client that has not sent its request head by then is dropped."""
-Readiness = Callable[[], Awaitable[dict[str, bool]]]
+Readiness = Callable[[], Awaitable[dict[str, bool | int | float]]]
+"""Checks (booleans, all true when ready) and figures (numbers) for the JSON body."""
 
 
 class HealthServer:
@@ -58,7 +61,7 @@ class HealthServer:
         checks = await self._readiness()
         return web.Response(
             body=json.dumps(checks).encode() + b'\n', content_type='application/json',
-            status=200 if all(checks.values()) else 503,
+            status=200 if all(v for v in checks.values() if isinstance(v, bool)) else 503,
         )  # fmt: skip
 
     async def _metrics(self, _: web.Request) -> web.Response:

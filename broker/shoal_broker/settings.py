@@ -70,6 +70,9 @@ ENV_MAX_BACKLOG = 'SHOAL_MAX_BACKLOG_PER_ADDRESS'
 ENV_BACKLOG_OVERFLOW = 'SHOAL_BACKLOG_OVERFLOW'
 ENV_MEMORY_CEILING = 'SHOAL_MEMORY_CEILING_MB'
 ENV_REDIS_MEMORY_WATERMARK = 'SHOAL_REDIS_MEMORY_HIGH_WATERMARK'
+# sends held through a store outage (amqp/holding.py)
+ENV_STORE_HOLD = 'SHOAL_STORE_HOLD_SECONDS'
+ENV_STORE_HOLD_BYTES = 'SHOAL_STORE_HOLD_MAX_BYTES'
 
 ENV_DUPLICATE_DETECTION = 'SHOAL_DUPLICATE_DETECTION'
 ENV_DUPLICATE_WINDOW = 'SHOAL_DUPLICATE_WINDOW'
@@ -217,6 +220,19 @@ class StoreSettings:
     """A replica that has not renewed its lease for this long is taken for dead: another replica
     returns its in-flight deliveries (within about this plus one second) and releases its
     consumers and ClientIDs. Renewed every third of it."""
+
+    # -- sends held through a store outage (amqp/holding.py) --
+
+    hold_seconds: float = 30.0
+    """How long a producer's unsettled message waits for the store while it is unreachable,
+    failing over or has not confirmed a write: the broker withholds new credit meanwhile and
+    writes the held messages, in order, once the store answers again. Past this, a message is
+    rejected with ``amqp:resource-limit-exceeded`` and a description (never released). 0 turns
+    the hold off: a store failure releases the message at once, as before."""
+
+    hold_max_bytes: int = 64 * 1024 * 1024
+    """Bound on the bytes of messages held at once (their encoded sections); a message that
+    would pass it is rejected at once like one held too long."""
 
 
 class ClientAuth(enum.StrEnum):
@@ -418,6 +434,9 @@ class BrokerSettings:
                 replication_timeout_ms=int(
                     env.get(ENV_REPLICATION_TIMEOUT, d.store.replication_timeout_ms)
                 ),
+                # sends held through a store outage
+                hold_seconds=float(env.get(ENV_STORE_HOLD, d.store.hold_seconds)),
+                hold_max_bytes=int(env.get(ENV_STORE_HOLD_BYTES, d.store.hold_max_bytes)),
             ),
             security=_security_from_env(env, d.security),
             duplicates=_duplicates_from_env(env, d.duplicates),

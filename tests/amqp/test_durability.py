@@ -35,16 +35,25 @@ def test_fsync_accepts_on_a_redis_that_fsyncs_every_write(address: str) -> None:
         server.stop()
 
 
-def test_replicated_releases_what_no_replica_confirmed(address: str) -> None:
+@pytest.mark.parametrize(
+    ('hold', 'state'), [('1', Delivery.REJECTED), ('0', Delivery.RELEASED)], ids=['held', 'no-hold']
+)
+def test_replicated_never_accepts_what_no_replica_confirmed(
+    address: str, hold: str, state: int
+) -> None:
+    """Held and written again for SHOAL_STORE_HOLD_SECONDS, then rejected with the reason;
+    with the hold off, released at once (the client may send it again)."""
     server = RedisServer()  # no replica at all
-    b = BrokerProcess(
-        server.url, env={'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '200'}
-    )
+    env = {
+        'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '200',
+        'SHOAL_STORE_HOLD_SECONDS': hold,
+    }  # fmt: skip
+    b = BrokerProcess(server.url, env=env)
     try:
         conn = connect(b.url)
         with pytest.raises(SendException) as refused:
             sender(conn, address).send(Message(body='unconfirmed', durable=True))
-        assert refused.value.state == Delivery.RELEASED  # the client may send it again
+        assert refused.value.state == state  # the condition: tests/chaos/test_store_hold.py
         conn.close()
     finally:
         b.stop()

@@ -95,7 +95,10 @@ def test_health_endpoints_answer(broker: BrokerProcess) -> None:
     assert broker.http_get('/livez') == (200, b'ok\n')
     status, body = broker.http_get('/readyz')
     assert status == 200
-    assert json.loads(body) == {'accepting': True, 'redis': True, 'store_memory_watch': True}
+    assert json.loads(body) == {
+        'accepting': True, 'redis': True, 'store_memory_watch': True,
+        'held_sends': 0, 'held_sends_oldest_seconds': 0.0,  # figures beside the checks
+    }  # fmt: skip
     status, body = broker.http_get('/metrics')
     assert status == 200
     assert b'# TYPE' in body
@@ -174,8 +177,9 @@ def test_consumed_entries_are_trimmed_and_unconsumed_ones_kept(
 def test_during_a_redis_outage_messages_are_released_not_lost_and_service_resumes(
     address: str,
 ) -> None:
+    """With the hold off (tests/chaos/test_store_hold.py: with it, sends wait instead)."""
     server = RedisServer()
-    b = BrokerProcess(server.url)
+    b = BrokerProcess(server.url, env={'SHOAL_STORE_HOLD_SECONDS': '0'})
     try:
         conn = connect(b.url)
         snd = sender(conn, address)

@@ -71,6 +71,7 @@ def test_the_chart_ships_the_rule_file_promtool_tests() -> None:
         'ShoalRedisUnreachable', 'ShoalReplicaLeaseLost', 'ShoalReplicaDown',
         'ShoalReplicasMissing', 'ShoalProducersBlocked', 'ShoalPublishesRefused',
         'ShoalDuplicatesDropped',
+        'ShoalSendsHeld', 'ShoalHeldSendsGivenUp',
     }  # fmt: skip
 
 
@@ -109,6 +110,8 @@ BROKEN = {
     'ShoalProducersBlocked': ('> 0', '>= 0'),  # nobody held back
     'ShoalPublishesRefused': ('> 0', '>= 0'),  # nothing refused any more
     'ShoalDuplicatesDropped': ('> 0', '>= 0'),  # none dropped
+    'ShoalSendsHeld': ('> 10', '>= 0'),  # a few seconds' hold of a routine failover
+    'ShoalHeldSendsGivenUp': ('> 0', '>= 0'),  # nothing given up
 }
 """Per alert, an edit that makes it fire on a healthy series of its unit test."""
 

@@ -127,6 +127,10 @@ def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> No
      '3601 is greater than the maximum of 3600'),
     (cluster(auth={'allowAnonymous': True}, broker={'metricsHeartbeatSeconds': '30s'}),
      "'30s' is not of type 'integer'"),
+    (cluster(auth={'allowAnonymous': True}, broker={'storeHoldSeconds': -1}),
+     '-1 is less than the minimum of 0'),
+    (cluster(auth={'allowAnonymous': True}, broker={'storeHoldSeconds': 3601}),
+     '3601 is greater than the maximum of 3600'),
 ])  # fmt: skip
 def test_invalid_resources_are_rejected_with_their_message(doc: dict[str, Any], message: str
                                                            ) -> None:  # fmt: skip
@@ -194,6 +198,11 @@ def test_any_heartbeat_within_bounds_is_accepted_whatever_the_interval(
     """The broker writes a record every interval when the heartbeat is at or below it, so no
     rule orders the two."""
     assert validate(cluster(auth={'allowAnonymous': True}, broker=metrics)) == []
+
+
+@pytest.mark.parametrize('hold', [0, 30, 3600])
+def test_a_store_hold_within_bounds_is_accepted(hold: int) -> None:
+    assert validate(cluster(auth={'allowAnonymous': True}, broker={'storeHoldSeconds': hold})) == []
 
 
 def test_a_stored_cluster_gains_no_metrics_setting_from_the_schema() -> None:

@@ -153,6 +153,19 @@ def test_a_cluster_written_before_a_setting_existed_keeps_its_configmap_and_pod_
     )
 
 
+def test_the_store_hold_reaches_the_brokers_settings_and_unset_changes_nothing() -> None:
+    data = config.configmap(model(broker={'storeHoldSeconds': 60}))['data']
+    assert data[broker.ENV_STORE_HOLD] == '60'
+    assert broker.BrokerSettings.from_env(data).store.hold_seconds == 60.0
+    # unset, the brokers keep their own default and an earlier cluster its pod template
+    earlier = model(broker={'metricsIntervalSeconds': 10, 'logLevel': 'INFO'})
+    assert broker.ENV_STORE_HOLD not in config.configmap(earlier)['data']
+    assert template_checksum(earlier) == (
+        '798b8e34b923bf69d566ed9691e4da66331a11dc0a56e7432aa303ea64c04ae3'
+    )
+    assert broker.BrokerSettings().store.hold_seconds >= 30
+
+
 def template_checksum(cluster: BrokerCluster) -> str:
     checksum: str = workload.deployment(cluster)['spec']['template']['metadata']['annotations'][
         config.CONFIG_CHECKSUM
@@ -175,6 +188,7 @@ def test_the_pod_template_changes_with_the_broker_settings_and_only_with_them() 
         model(broker={**settings, 'logLevel': 'INFO'}),
         model(broker={**settings, 'maxDeliveryAttempts': 6}),
         model(broker={**settings, 'metricsHeartbeatSeconds': 20}),
+        model(broker={**settings, 'storeHoldSeconds': 60}),
         model(broker={key: v for key, v in settings.items() if key != 'autoCreateTopics'}),
         model(broker=settings, durability='fsync'),
         model(broker=settings, subscriptions={'undeclared': 'Deny'}),

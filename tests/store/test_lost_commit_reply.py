@@ -11,8 +11,9 @@ A proxy between the broker and Redis (``execcut.ExecCutter``) catches the commit
 - it does the same and also keeps Redis out of the broker's reach for longer than the broker
   asks (its settle time): the connection closes unanswered, and once Redis is back the broker
   learns the commit was applied and keeps its acks;
-- it resets the connection just before the ``EXEC`` reaches Redis: nothing ran, the answer is
-  "rolled back" and the acknowledged message comes back.
+- it resets the connection just before the ``EXEC`` reaches Redis: nothing ran, so the commit is
+  tried again within the store hold and answered committed, each message once; with the hold
+  off the answer is "rolled back" and the acknowledged message comes back.
 
 And a commit nothing breaks, in ``replicated`` durability: confirmed, answered committed.
 """
@@ -45,8 +46,12 @@ def cut_broker(
     request: pytest.FixtureRequest,
 ) -> Iterator[tuple[RedisServer, ExecCutter, BrokerProcess]]:
     """A broker reaching its Redis through the cutter; ``replicated`` (indirect parameter): in
-    that durability, the Redis with a replica of its own."""
+    that durability, the Redis with a replica of its own; ``no-hold``: memory durability with
+    the store hold off (SHOAL_STORE_HOLD_SECONDS=0)."""
     durability = getattr(request, 'param', 'memory')
+    env = {'SHOAL_DURABILITY': durability}
+    if durability == 'no-hold':
+        env = {'SHOAL_DURABILITY': 'memory', 'SHOAL_STORE_HOLD_SECONDS': '0'}
     server = RedisServer()
     replica = None
     cutter = ExecCutter(server.port)
@@ -55,7 +60,7 @@ def cut_broker(
         if durability == 'replicated':
             replica = RedisServer(None, '--replicaof', LOOPBACK, str(server.port))
             wait_for(replica.linked, 10, 'the replica linked to its primary')
-        broker = BrokerProcess(cutter.url, env={'SHOAL_DURABILITY': durability})
+        broker = BrokerProcess(cutter.url, env=env)
         yield server, cutter, broker
     finally:
         if broker is not None:
@@ -176,6 +181,32 @@ def test_a_lost_exec_reply_with_redis_out_of_reach_closes_the_connection_unanswe
 
 
 @pytest.mark.timeout(60)
+def test_a_commit_cut_before_its_exec_ran_is_committed_again_within_the_hold(
+    cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
+) -> None:
+    _, cutter, broker = cut_broker
+    source, target = f'{address}-in', f'{address}-out'
+    before = [f'{address}-{n}' for n in range(EARLIER)]
+    conn = connect(broker.url)
+    send_all(conn, source, before)
+    conn.close()
+    taken, answer = _commit_caught(broker, cutter, source, target, run=False)
+    assert cutter.exec_dropped.is_set(), 'the EXEC was not caught'
+    assert answer is not None, 'the discharge was not answered'
+    assert answer.remote_state == Delivery.ACCEPTED, answer.remote.condition
+    assert 'commit not applied' in broker.log()  # tried again
+    conn = connect(broker.url)
+    try:
+        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
+    finally:
+        conn.close()
+    assert sorted(moved, key=str) == sorted(MOVED), f'not each once: {moved}'
+    assert taken == before[0]
+    assert sorted(back, key=str) == sorted(before[1:], key=str), f'lost or back: {back}'
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('cut_broker', ['no-hold'], indirect=True)
 def test_a_commit_cut_before_its_exec_ran_is_rolled_back_and_returns_its_acks(
     cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
 ) -> None:

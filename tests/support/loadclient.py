@@ -296,6 +296,9 @@ class ChaosProducer:
     message_ids: bool = False
     """Give each body a message-id of its own, the same when it is sent again (what duplicate
     detection compares)."""
+    window: int | None = None
+    """At most this many sends unanswered at a time; 1 is a synchronous producer, as Qpid JMS
+    sends a persistent message outside a transaction (waiting for each outcome)."""
 
 
 @dataclasses.dataclass
@@ -337,6 +340,7 @@ class _Slot:
     link: Any = None
     reconnect_at: float | None = None
     unsettled: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    sent_at: dict[Any, float] = dataclasses.field(default_factory=dict)
     resend: collections.deque[tuple[float, Any]] = dataclasses.field(
         default_factory=collections.deque
     )
@@ -378,6 +382,8 @@ class ChaosRun(MessagingHandler):  # type: ignore[misc]
         """Bodies released at least once (sent again): a store that wrote one but could not
         confirm it in time (``replicated``) may deliver both copies."""
         self.sent = 0
+        self.answer_seconds: list[float] = []
+        """How long each answered send waited for its outcome."""
         self.receipts: list[Receipt] = []
         self.received: set[Any] = set()
         self.log: list[tuple[float, str]] = []
@@ -517,6 +523,8 @@ class ChaosRun(MessagingHandler):  # type: ignore[misc]
         sender = slot.link
         now = time.monotonic()
         while sender.credit > 0:
+            if producer.window is not None and len(slot.unsettled) >= producer.window:
+                return
             if slot.resend and slot.resend[0][0] <= now:
                 body = slot.resend.popleft()[1]
             elif slot.next_body < len(producer.bodies):
@@ -532,14 +540,22 @@ class ChaosRun(MessagingHandler):  # type: ignore[misc]
                 message.address = to
                 if jms_dest is not None:
                     message.annotations = {symbol('x-opt-jms-dest'): byte(jms_dest)}
-            slot.unsettled[sender.send(message)] = body
+            delivery = sender.send(message)
+            slot.unsettled[delivery] = body
+            slot.sent_at[delivery] = time.monotonic()
             self.sent += 1
 
     def _answered(self, event: Any) -> tuple[_Slot | None, Any]:
         slot = self._by_link.get(event.link)
         if slot is None:
             return None, None
-        return slot, slot.unsettled.pop(event.delivery, None)
+        sent_at = slot.sent_at.pop(event.delivery, None)
+        if sent_at is not None:
+            self.answer_seconds.append(time.monotonic() - sent_at)
+        body = slot.unsettled.pop(event.delivery, None)
+        if self.producers[slot.index].window is not None and slot.link is not None:
+            self._container.schedule(0, _Call(lambda: slot.link is not None and self._pump(slot)))
+        return slot, body
 
     def on_accepted(self, event: Any) -> None:
         slot, body = self._answered(event)
@@ -604,6 +620,7 @@ class ChaosRun(MessagingHandler):  # type: ignore[misc]
         self._note(f'{slot.role} {slot.index} lost its connection to {slot.url}')
         self.in_doubt.update(slot.unsettled.values())
         slot.unsettled.clear()
+        slot.sent_at.clear()
         self._by_link.pop(slot.link, None)
         slot.link = slot.connection = None
         slot.reconnect_at = time.monotonic() + self.reconnect_delay

@@ -33,6 +33,7 @@ from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.consuming import Consuming
 from shoal_broker.amqp.engine import Ptr, lib
 from shoal_broker.amqp.guard import Guard
+from shoal_broker.amqp.holding import Holding
 from shoal_broker.amqp.linking import Linking
 from shoal_broker.amqp.links import BrowserLink, ConsumerLink, ProducerLink
 from shoal_broker.amqp.nodes import Nodes
@@ -57,7 +58,9 @@ class Broker:
         self.turns = Turns(self.guard, settings.amqp.producer_credit)
         self.nodes = Nodes(settings, store, self.guard)
         self.returns = Returns(settings.routing, store, self.counters, self.turns, self.nodes)
-        self.coordinator = transactions.Coordinator(store, self.turns, self.nodes, self.returns)
+        self.coordinator = transactions.Coordinator(
+            store, self.turns, self.nodes, self.returns, settings.store.hold_seconds
+        )
         self.consuming = Consuming(
             settings.routing, store, self.counters, self.turns, self.nodes, self.returns,
             self.coordinator,
@@ -67,9 +70,13 @@ class Broker:
             settings, store, self.guard, self.turns, self.nodes, self.browsing, self.consuming,
             self.coordinator, self.connections,
         )  # fmt: skip
+        self.holding = Holding(
+            self.turns, settings.store.hold_seconds, settings.store.hold_max_bytes, self._producers,
+            store.messages.replica_ready,
+        )  # fmt: skip
         self.producing = Producing(
             settings.amqp.max_message_size, store, self.guard, self.counters, self.turns,
-            self.nodes, self.coordinator, self.consuming, self.linking,
+            self.nodes, self.coordinator, self.consuming, self.linking, self.holding,
         )  # fmt: skip
         self.connecting = Connecting(
             settings, version, store, self.guard, self.turns, self.linking, self.consuming,
@@ -125,6 +132,14 @@ class Broker:
             state.subscription.credit_added(state)
         elif isinstance(state, BrowserLink):
             self.browsing.browse(state)
+
+    def _producers(self) -> list[ProducerLink]:
+        return [
+            state
+            for conn in self.connections
+            for state in conn.links.values()
+            if isinstance(state, ProducerLink) and state.opened
+        ]
 
     # -- what the composition root (app.py) asks of the node -------------------------------------
 

@@ -59,6 +59,11 @@ class PendingMessage:
     settled: bool
     transaction: Any = None
     """The ``transactions.Transaction`` this send belongs to, if any."""
+    stored: OutgoingMessage | None = None
+    """What is written to the store, kept for a write held through an outage (``holding.py``)."""
+    kind: AddressKind | None = None
+    due: int | None = None
+    """A delayed message's delivery time (ms since the epoch)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)

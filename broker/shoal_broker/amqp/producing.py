@@ -7,9 +7,10 @@ relay) and goes one of four ways (``_publish``): held by its transaction until d
 to a local consumer without the store (an at-most-once message, ``LocalSubscription.take``); sent
 ahead to a local consumer while the store appends and claims it (``_send_ahead``); or appended
 (``store.messages.publish_then``, batched per loop turn and address). The producer is answered
-when the store is (``_stored``): accepted, or released on a store failure (it may send again),
-or rejected when it would be refused again; never an accept that is then lost. Credit comes back
-as messages are answered (``Turns.top_up``).
+when the store is (``_stored``): accepted, or rejected when it would be refused again; never an
+accept that is then lost. A write the store could not confirm for a transient reason is held
+and written again once the store answers (``holding.py``); with the hold off it is released (the
+peer may send it again). Credit comes back as messages are answered (``Turns.top_up``).
 """
 
 import asyncio
@@ -22,10 +23,12 @@ from shoal_broker.amqp.consuming import Consuming
 from shoal_broker.amqp.duplicate_ids import duplicate_id
 from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.amqp.guard import Guard, user_name
+from shoal_broker.amqp.holding import HoldExpired, Holding
 from shoal_broker.amqp.linking import Linking
 from shoal_broker.amqp.links import Ahead, ConsumerLink, PendingMessage, ProducerLink, close_link
 from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outlets import Fed, Held
+from shoal_broker.amqp.rewrites import Rewrites
 from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import (
@@ -35,6 +38,7 @@ from shoal_broker.errors import (
     MessageSizeExceeded,
     StoreFull,
     StoreUnavailable,
+    StoreUnconfirmed,
 )
 from shoal_broker.metrics import registry as metrics
 from shoal_broker.metrics.registry import Counters
@@ -64,8 +68,10 @@ class Producing:
         coordinator: transactions.Coordinator,
         consuming: Consuming,
         linking: Linking,
+        holding: Holding,
     ) -> None:
         self.max_message_size = max_message_size
+        self.holding = holding
         self.store = store
         self.guard = guard
         self.counters = counters
@@ -86,6 +92,7 @@ class Producing:
         self.forget = linking.link_gone
         self._on_stored = self._stored  # one bound method: publish_then batches by callback
         self._on_claimed = self._claimed  # and so does claim_then
+        self.rewrites = Rewrites(store, holding, nodes.by_address, self._stored, self._claimed)
 
     def incoming(self, producer: ProducerLink, delivery: Ptr) -> None:
         size = wire.shoal_pending(delivery, self.max_message_size)
@@ -198,6 +205,10 @@ class Producing:
             self.mark_dirty(producer.conn)
             return
         due = view.annotations.get('x-opt-delivery-time')
+        message.stored, message.kind = stored, kind  # kept for a write held through an outage
+        if self.holding.active and not message.settled:  # behind what the hold already has
+            self.rewrites.hold_new(producer, message, address, due)
+            return
         sub = self.subscriptions.get((address, QUEUE_GROUP))
         if (
             kind is AddressKind.QUEUE
@@ -229,6 +240,7 @@ class Producing:
         if message.settled:  # pre-settled by the peer: nothing to answer, free it now
             lib.pn_delivery_settle(message.delivery)
         if isinstance(due, int) and due > time.time() * 1000:
+            message.due = due
             future = self.store.messages.schedule(address, stored, due)  # JMS delivery delay
             future.add_done_callback(  # type: ignore[attr-defined]
                 lambda f: self._stored([(producer, message, address)], *_outcome_of(f))
@@ -275,7 +287,11 @@ class Producing:
         """The store's answer for messages sent ahead: the producers are answered as for any
         publish; each delivery becomes an entry its consumer holds, and what its consumer decided
         meanwhile is applied. Refused, the messages were never stored: what the consumers do
-        with them no longer matters to Redis, and each producer may send its message again."""
+        with them no longer matters to Redis, and each producer may send its message again. A
+        transient failure holds them instead (``_hold_claims``): their consumers have them."""
+        if isinstance(error, StoreUnavailable) and self.holding.enabled:
+            self.rewrites.hold_claims(claims, isinstance(error, StoreUnconfirmed))
+            return
         self._stored([claim[:3] for claim in claims], True if error is None else None, error)
         for claim in claims:
             claim[3].claims -= 1
@@ -326,6 +342,10 @@ class Producing:
     ) -> None:
         """The store's answer for messages to one address (``publish_then``: one call for a
         cycle's messages to an address and band)."""
+        if error is not None and isinstance(error, StoreUnavailable) and self.holding.enabled:
+            stored = self.rewrites.hold_failed(stored, isinstance(error, StoreUnconfirmed))
+            if not stored:
+                return
         address = stored[0][2]
         refusal: BrokerError | None = None
         if error is None:
@@ -338,8 +358,8 @@ class Producing:
         else:
             if isinstance(error, AddressNotFound):
                 self.kinds.pop(address, None)
-            if isinstance(error, StoreFull | AddressNotFound):  # stays so if sent again
-                refusal = error  # refused, not released
+            if isinstance(error, StoreFull | AddressNotFound | HoldExpired):  # stays so if sent
+                refusal = error  # again (or waited its bound: holding.py): refused, not released
             # never an accept that is then lost: on a store failure the peer may send it again
             state = lib.PN_RELEASED
         for producer, message, _ in stored:

@@ -9,7 +9,9 @@ the held sends are gone and the acked entries, still pending under the dead repl
 redelivered by the reaper with delivery-count + 1 — a rollback. Rollback does the same at once.
 A commit whose outcome the store cannot learn (``CommitInDoubt``) closes the client's connection
 unanswered; its acked entries stay held until the store knows, and are returned only if nothing
-of it was applied.
+of it was applied. Through a store outage a commit is tried again for up to the hold's bound
+(``SHOAL_STORE_HOLD_SECONDS``, ``_commit_within_hold``): while the store says nothing of it ran,
+or until it learns that of a commit in doubt; only then is it answered.
 
 python-qpid-proton 0.40 has no constants for these dispositions, so they are used by number (the
 outcomes' numbers from the table in ``outcome_codes.py``).
@@ -32,7 +34,7 @@ from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outcome_codes import ACCEPTED
 from shoal_broker.amqp.returns import Returns
 from shoal_broker.amqp.turns import Turns
-from shoal_broker.errors import BrokerError, CommitInDoubt
+from shoal_broker.errors import BrokerError, CommitInDoubt, StoreUnavailable
 from shoal_broker.routing.storage import Entry, MessageStore, OutgoingMessage
 from shoal_broker.settings import AddressKind
 
@@ -109,8 +111,17 @@ def accepted_in(txn_id: bytes) -> list[Any]:
 class Coordinator:
     """Declares, discharges and rolls back the transactions of this replica's connections."""
 
-    def __init__(self, store: MessageStore, turns: Turns, nodes: Nodes, returns: Returns) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        turns: Turns,
+        nodes: Nodes,
+        returns: Returns,
+        hold_seconds: float = 0.0,
+    ) -> None:
         self.store = store
+        self.hold_seconds = hold_seconds
+        """How long a commit is tried again through a store outage (0: once)."""
         self.turns = turns
         self.nodes = nodes
         self.returns = returns
@@ -118,6 +129,9 @@ class Coordinator:
         self.in_doubt: dict[bytes, Transaction] = {}
         """Transactions whose commit's outcome the store is still learning: their acknowledged
         entries stay pending until it is known."""
+        self.committing: dict[bytes, Transaction] = {}
+        """Transactions whose commit is under way (tried again through an outage): their
+        acknowledged entries stay pending meanwhile."""
 
     def control(self, link: CoordinatorLink, delivery: Ptr) -> None:
         """A declare or discharge arrived on a coordinator link."""
@@ -162,8 +176,9 @@ class Coordinator:
         elif fail:
             await self.rollback(txn)
         else:
+            self.committing[txn.id] = txn
             try:
-                await self.store.messages.commit(txn.sends, txn.acks)
+                await self._commit_within_hold(txn)
             except CommitInDoubt as exc:
                 self._in_doubt(link, txn, exc)
                 return
@@ -172,6 +187,8 @@ class Coordinator:
                 error = TransactionError(f'the commit could not be applied: {exc}')
             else:
                 self._committed(txn)
+            finally:
+                self.committing.pop(txn.id, None)
         if link.alive and link.conn.alive:
             if error is None:
                 lib.pn_delivery_update(delivery, lib.PN_ACCEPTED)
@@ -179,6 +196,38 @@ class Coordinator:
             else:
                 _reject(delivery, error)
             self.turns.mark_dirty(link.conn)
+
+    async def _commit_within_hold(self, txn: Transaction) -> None:
+        """Commit, trying again through a store outage for up to ``hold_seconds``: after a
+        refusal that means nothing of it ran (``StoreUnavailable``: rolled back), and after a
+        commit in doubt once the store learns that none of it applied. A commit in doubt whose
+        outcome is not learnt within the bound, or is learnt applied, is raised as before: its
+        in-doubt rules stay (applied but not known to be confirmed is no accept)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.hold_seconds
+        pause = 0.05
+        while True:
+            try:
+                await self.store.messages.commit(txn.sends, txn.acks)
+                return
+            except CommitInDoubt as exc:
+                outcome = exc.outcome
+                left = deadline - loop.time()
+                if outcome is None or left <= 0 or asyncio.ensure_future(outcome).done():
+                    raise  # already known: applied, not confirmed
+                try:
+                    applied = await asyncio.wait_for(asyncio.shield(outcome), left)
+                except TimeoutError:
+                    raise exc from None
+                if applied:
+                    raise exc from None
+                logger.warning('a commit in doubt is found not applied: committing again')
+            except StoreUnavailable as exc:
+                if loop.time() + pause >= deadline:
+                    raise
+                logger.warning('commit not applied (%s): trying again in %.2f s', exc, pause)
+            await asyncio.sleep(pause)
+            pause = min(1.0, pause * 2)
 
     def _in_doubt(self, link: CoordinatorLink, txn: Transaction, exc: CommitInDoubt) -> None:
         """The commit's record may be in Redis but its outcome could not be learnt: the store
@@ -239,7 +288,9 @@ class Coordinator:
         pending on purpose until discharge, or until the outcome is known."""
         return {
             entry.key
-            for txn in itertools.chain(self.open.values(), self.in_doubt.values())
+            for txn in itertools.chain(
+                self.open.values(), self.committing.values(), self.in_doubt.values()
+            )
             for a, g, entry in txn.acks
             if a == address and g == group
         }

@@ -27,6 +27,8 @@ class Turns:
         self.window = producer_credit
         """The credit a producer is kept at while the store keeps up."""
         self.accepting = True
+        self.holding = False
+        """True while sends are held through a store outage (``holding.py``): no new credit."""
         """False once the replica stops taking connections and attaches (``Broker.close_all``)."""
         self.loop = asyncio.get_running_loop()
         self._dirty: set[AmqpConnection] = set()
@@ -77,8 +79,8 @@ class Turns:
 
     def top_up(self, producer: ProducerLink) -> None:
         """Give a producer credit back as its messages are stored (the back-pressure valve)."""
-        if self.guard.memory_high:  # back-pressure: credit again once memory falls
-            return
+        if self.guard.memory_high or self.holding:  # credit again once memory falls, or once
+            return  # the store answers (Holding._stop tops every producer up)
         window = self.window
         credit = lib.pn_link_credit(producer.ptr)
         grant = window - producer.in_store - len(producer.waiting) - credit

@@ -42,6 +42,16 @@ PUBLISHES_REFUSED = Counter(
     ['reason'],
 )
 
+HELD_SENDS_GIVEN_UP = Counter(
+    'shoal_held_sends_given_up',
+    'Messages held through a store outage and rejected (amqp:resource-limit-exceeded) unstored, '
+    'by reason (time: held SHOAL_STORE_HOLD_SECONDS; memory: the held bytes at '
+    'SHOAL_STORE_HOLD_MAX_BYTES).',
+    ['reason'],
+)
+for _reason in ('time', 'memory'):  # both series exist from the start: alerts see increase()
+    HELD_SENDS_GIVEN_UP.labels(_reason)
+
 
 _AUTHENTICATION_CASES = {
     'none': ('protocol_header', 'malformed', 'mechanism', 'timeout', 'throttled'),

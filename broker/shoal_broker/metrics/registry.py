@@ -47,6 +47,7 @@ from shoal_broker.metrics.refusals import (
     AUTHENTICATION_FAILURES,
     AUTHORIZATION_FAILURES,
     CONNECTIONS_REFUSED,
+    HELD_SENDS_GIVEN_UP,
     LINKS_REFUSED,
     PUBLISHES_REFUSED,
     SASL_MECHANISMS,
@@ -70,6 +71,7 @@ __all__ = [
     'BACKGROUND_FAILURES',
     'CONNECTIONS_REFUSED',
     'DELIVERY_LATENCY_BUCKETS',
+    'HELD_SENDS_GIVEN_UP',
     'LATENCY_BUCKETS',
     'LATENCY_HELP',
     'LATENCY_NAME',
@@ -147,7 +149,8 @@ PRODUCERS_BLOCKED = 'shoal_producers_blocked'
 PRODUCERS_BLOCKED_HELP = (
     'Producer links on this replica held back now, by reason (memory_ceiling: no credit while '
     'resident memory is over the ceiling; redis_watermark: every message refused while Redis is '
-    'over its high watermark).'
+    'over its high watermark; store_hold: no credit while sends are held through a store '
+    'outage).'
 )
 REDIS_RECONNECTS = 'shoal_redis_reconnects'
 REDIS_RECONNECTS_HELP = (

@@ -176,6 +176,11 @@ class MessagePort(Protocol):
         (what was reserved for it goes back to the others)."""
         ...
 
+    def replica_ready(self, address: str) -> Awaitable[bool]:
+        """Whether a Redis replica of the primary serving ``address`` has everything the
+        message path wrote there (``replicated``: a write would be confirmed now)."""
+        ...
+
     def can_claim(self, address: str) -> bool:
         """Whether ``claim_then`` may take messages to ``address`` (no limit could refuse them)."""
         ...

@@ -43,7 +43,8 @@ def broker_gauges(
             links[role] = links.get(role, 0) + 1
     producers = links.get('producer', 0.0)
     blocked = [(['memory_ceiling'], producers if broker.guard.memory_high else 0.0),
-               (['redis_watermark'], producers if broker.guard.store_full else 0.0)]  # fmt: skip
+               (['redis_watermark'], producers if broker.guard.store_full else 0.0),
+               (['store_hold'], producers if broker.holding.active else 0.0)]  # fmt: skip
     # every queue and subscription in Redis reports its consumers here, 0 when none is
     # attached to this replica: a series that vanished with the last consumer would read as
     # "no data" and hide a starved queue
@@ -61,6 +62,12 @@ def broker_gauges(
         ('shoal_links', 'Attached links on this replica, by role.', ['role'],
          [([role], n) for role, n in sorted(links.items())]),
         (PRODUCERS_BLOCKED, PRODUCERS_BLOCKED_HELP, ['reason'], blocked),
+        ('shoal_held_sends', 'Messages held unanswered on this replica while the store does '
+         'not answer (amqp/holding.py): written and accepted once it does.', [],
+         [([], float(broker.holding.count))]),
+        ('shoal_held_sends_oldest_seconds', 'How long the oldest held message has waited (0 '
+         'when none is); past SHOAL_STORE_HOLD_SECONDS it is rejected unstored.', [],
+         [([], broker.holding.oldest_seconds())]),
         ('shoal_consumers', 'Consumers attached to this replica.', ['address', 'subscription'],
          consumers),
         ('shoal_backlog_messages', 'Messages not yet consumed, cluster-wide (read every '

@@ -411,6 +411,10 @@ class CommitLog:
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
             await self._refresh()
 
+    async def refresh_nodes(self) -> None:
+        """Ask for the slot map again (a one-slot commit found its node no longer serving)."""
+        await self._refresh()
+
     async def _refresh(self) -> None:
         try:
             await self._nodes.refresh()

@@ -328,14 +328,15 @@ class Cycles:
             self._notify_local(address)
 
     def _warn_unconfirmed(self) -> None:
-        """Say why every message is released while the primary has no replica (after a
-        Sentinel failover, until one joins), once per UNCONFIRMED_WARNING_SECONDS."""
+        """Say why no message is accepted while the primary has no replica (after a Sentinel
+        failover, until one joins), once per UNCONFIRMED_WARNING_SECONDS."""
         now = time.monotonic()
         if now - self._unconfirmed_warned_at >= UNCONFIRMED_WARNING_SECONDS:
             self._unconfirmed_warned_at = now
             logger.warning(
-                'no Redis replica confirmed writes within %d ms: messages are released, not '
-                'accepted (SHOAL_DURABILITY=replicated needs a replica of the Redis primary)',
+                'no Redis replica confirmed writes within %d ms: messages are not accepted '
+                '(held up to SHOAL_STORE_HOLD_SECONDS; SHOAL_DURABILITY=replicated needs a '
+                'replica of the Redis primary)',
                 self._replication_timeout_ms,
             )
 

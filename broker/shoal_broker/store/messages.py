@@ -245,6 +245,14 @@ class Messages:
         shares = keys.AddressKeys.of(address).shares(group)
         return self._queue([('HDEL', shares, self._replica_id)], no_result)
 
+    def replica_ready(self, address: str) -> Awaitable[bool]:
+        """``WAIT 0 0`` and ``ROLE`` in the message path's pipeline, on the node of
+        ``address`` (the ``EXISTS`` only routes it there), answered at once. Asked before held
+        messages a replica did not confirm are written again (``amqp/holding.py``): each
+        attempt while none is back would be one more copy."""
+        groups = keys.AddressKeys.of(address).groups
+        return self._queue([('EXISTS', groups), ('WAIT', 0, 0), ('ROLE',)], _replica_ready)
+
     def can_claim(self, address: str) -> bool:
         """Whether ``claim_then`` may take a message to ``address``: not when the address has a
         backlog limit, which could refuse it after a consumer has it."""
@@ -477,6 +485,18 @@ class Messages:
         """See ``stranded.return_stranded``."""
         return await return_stranded(self._client, self._replica_id, address, group, held,
                                      self._announce)  # fmt: skip
+
+
+def _replica_ready(replies: list[Any]) -> bool:
+    """From ``WAIT 0 0`` and ``ROLE``: a replica has all this connection wrote, or one is
+    connected and streaming (its acknowledged offset is not behind the primary's by more than
+    what it has yet to read: the next write's ``WAIT`` confirms it)."""
+    if isinstance(replies[1], int) and replies[1] >= 1:
+        return True
+    role = replies[2]
+    if not isinstance(role, list) or len(role) < 3 or as_text(role[0]) != 'master':
+        return False
+    return any(int(replica[2]) > 0 for replica in role[2])
 
 
 async def _true_when_done(future: Awaitable[Any]) -> bool:

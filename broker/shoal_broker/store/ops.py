@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.exceptions
 
-from shoal_broker.errors import BrokerError, StoreFull, StoreUnavailable
+from shoal_broker.errors import BrokerError, StoreFull, StoreUnavailable, StoreUnconfirmed
 from shoal_broker.routing.storage import ClaimCallback, PublishCallback
 from shoal_broker.store.lane import Encoded
 
@@ -157,7 +157,7 @@ def unconfirmed(ops: list[Op]) -> None:
     """Messages written but not confirmed by a Redis replica in time: never accept them."""
     for op in ops:
         if op.batch is not None and op.batch[0] in WRITES and not op.done():
-            fail(op, StoreUnavailable('no Redis replica confirmed the write in time'))
+            fail(op, StoreUnconfirmed('no Redis replica confirmed the write in time'))
 
 
 UNIQUE_PARTS_PER_MESSAGE = PARTS_PER_MESSAGE + 1

@@ -17,7 +17,10 @@ a ``WAIT`` on the same connection confirms the ``EXEC`` before it): found, the c
 applied and answered as such; not found, nothing of it ran and it is rolled back. While Redis
 does not answer it asks again after the ``commits.SETTLE_PAUSES`` for up to ``settle_seconds``,
 then raises ``CommitInDoubt`` and keeps asking in the background until the marker's lifetime
-is nearly over; the exception's ``outcome`` says what it learnt. The normal path pays one
+is nearly over; the exception's ``outcome`` says what it learnt. A commit applied but not yet
+confirmed by a replica asks again for up to ``confirm_seconds`` (the broker's store hold: a
+promoted primary gains a replica within seconds) before it is in doubt; a marker found gone
+meanwhile means the commit went with the old primary: rolled back. The normal path pays one
 ``SET`` inside the ``MULTI``, no round trip; in ``replicated`` durability its ``WAIT`` follows
 the marker's ``PEXPIRE`` on one connection, as after a lost reply (a ``WAIT`` alone, on whichever
 pooled connection, would confirm that connection's own writes, not the ``EXEC``).
@@ -32,6 +35,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio
+import redis.exceptions
 
 from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.metrics.registry import duplicates_dropped
@@ -39,6 +43,7 @@ from shoal_broker.routing.storage import Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
+from shoal_broker.store.commit_nodes import NOTHING_RAN
 from shoal_broker.store.commits import SETTLE_PAUSES, SETTLE_SECONDS, CommitLog, plan, spans_slots
 from shoal_broker.store.duplicates import DuplicateWindows
 
@@ -81,6 +86,9 @@ class Transactions:
         self._settle_seconds = settle_seconds
         self._learning: set[asyncio.Task[bool]] = set()
         """Commits whose reply was lost and whose marker Redis has not shown yet."""
+        self.confirm_seconds = 0.0
+        """``replicated``: how long an applied commit waits for a replica to confirm it
+        (``SHOAL_STORE_HOLD_SECONDS``; 0: one ``WAIT``) before it is in doubt."""
 
     async def close(self) -> None:
         """Stop learning the outcomes in doubt: their acks stay pending in Redis, returned by this
@@ -144,6 +152,9 @@ class Transactions:
         except REDIS_DOWN as exc:
             await self._after_lost_reply(client, marker, started, sends, exc)
             return
+        except (*NOTHING_RAN, redis.exceptions.ExecAbortError) as exc:  # a failover: discarded
+            await self._refresh_nodes()
+            raise StoreUnavailable(f'the commit was rolled back: Redis refused it ({exc})') from exc
         errors = [r for r in replies if isinstance(r, Exception)]
         if errors:
             raise StoreUnavailable(f'Redis refused part of a commit: {errors[0]}')
@@ -157,8 +168,12 @@ class Transactions:
             try:
                 found, confirmed = await self._marker_found(client, marker)
             except REDIS_DOWN as exc:
-                found, confirmed, unconfirmed = False, False, exc
-            if not (found and confirmed):
+                found, confirmed, unconfirmed = True, False, exc  # applied: the EXEC answered
+            if found and not confirmed and self.confirm_seconds > 0:
+                found, confirmed, unconfirmed = await self._confirm(client, marker, unconfirmed)
+            if not found:  # gone with a primary that failed over before a replica had it
+                raise StoreUnavailable('the commit was lost in a failover before a replica had it')
+            if not confirmed:
                 # applied on the primary, and lost only if a failover comes first: "rolled
                 # back" would be false (the client would do again what its sends already did)
                 await self._announce_all(sends)
@@ -167,6 +182,26 @@ class Transactions:
                     outcome=_known(True),
                 )
         await self._announce_all(sends)
+
+    async def _confirm(
+        self, client: 'redis.asyncio.Redis', marker: str, why: BaseException | str
+    ) -> tuple[bool, bool, BaseException | str]:
+        """Ask again, for up to ``confirm_seconds``, whether a replica has an applied commit:
+        (found, confirmed, why not). Found gone, it was lost in a failover."""
+        deadline = time.monotonic() + self.confirm_seconds
+        pause = 0.05
+        found, confirmed = True, False
+        while time.monotonic() + pause < deadline:
+            await asyncio.sleep(pause)
+            pause = min(1.0, pause * 2)
+            try:
+                found, confirmed = await self._marker_found(client, marker)
+            except REDIS_DOWN as exc:
+                why = exc
+                continue
+            if confirmed or not found:
+                break
+        return found, confirmed, why
 
     async def _after_lost_reply(
         self,
@@ -237,20 +272,39 @@ class Transactions:
         """Whether the marker is there (its ``EXEC`` ran), and whether a replica confirmed it.
         ``PEXPIRE`` writes only when the marker is there; a ``WAIT`` after it on the same
         connection then confirms everything the primary applied before, the ``EXEC`` too."""
+        if self.commits is not None:  # the slot's primary now: a failover may have moved it
+            client = self.commits.node_for(marker)
         pipe = client.pipeline(transaction=False)
         pipe.pexpire(marker, int(MARKER_SECONDS * 1000))
         if self._durability is Durability.REPLICATED:
             pipe.execute_command('WAIT', 1, self._replication_timeout_ms)
-        replies: list[Any] = await pipe.execute()
+        try:
+            replies: list[Any] = await pipe.execute()
+        except NOTHING_RAN as exc:  # no answer from this node: its slot's new primary next time
+            await self._refresh_nodes()
+            raise redis.exceptions.ConnectionError(f'the slot is served elsewhere: {exc}') from exc
+        except REDIS_DOWN:  # a node gone: the slot map may name its successor by the next time
+            await self._refresh_nodes()
+            raise
         applied = bool(replies[0])
         confirmed = self._durability is not Durability.REPLICATED or (
             isinstance(replies[1], int) and replies[1] >= 1
         )
         return applied, confirmed
 
+    async def _refresh_nodes(self) -> None:
+        if self.commits is not None:
+            await self.commits.refresh_nodes()
+
     async def _announce_all(self, sends: Sends) -> None:
+        """Wake the addresses' consumers. The commit is applied by now: a failed wake-up must
+        not make it look rolled back (it would be committed again, its sends twice); a
+        notification channel that was lost lets every watched address be fetched once anyway."""
         for address in {address for address, _, _ in sends}:
-            await self._announce(address)
+            try:
+                await self._announce(address)
+            except StoreUnavailable as exc:
+                logger.warning('a committed transaction could not wake %r: %s', address, exc)
 
 
 def _known(applied: bool) -> 'asyncio.Future[bool]':

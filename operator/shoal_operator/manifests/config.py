@@ -30,6 +30,8 @@ _SETTINGS = {
     'duplicateWindow': broker.ENV_DUPLICATE_WINDOW,
     'duplicateWindowSeconds': broker.ENV_DUPLICATE_WINDOW_SECONDS,
     'duplicateIdProperty': broker.ENV_DUPLICATE_ID_PROPERTY,
+    # sends held through a store outage
+    'storeHoldSeconds': broker.ENV_STORE_HOLD,
 }
 """BrokerCluster ``spec.broker`` field -> the broker's environment variable."""
 CONFIG_CHECKSUM = 'shoal.dev/config-checksum'
