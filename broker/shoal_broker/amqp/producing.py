@@ -46,6 +46,7 @@ from shoal_broker.routing import addresses, outcomes
 from shoal_broker.routing.storage import (
     NORMAL_BAND,
     QUEUE_GROUP,
+    DuplicateWindow,
     Entry,
     MessageStore,
     OutgoingMessage,
@@ -164,6 +165,20 @@ class Producing:
         finally:
             producer.resolving = False
 
+    def _stamp_duplicate_id(
+        self, producer: ProducerLink, message: PendingMessage, stored: OutgoingMessage,
+        window: DuplicateWindow,
+    ) -> bool:  # fmt: skip
+        """Gives ``stored`` the id its address's window checks where it is stored (b'': it has
+        none, stored unchecked); False when the id cannot be read, the send refused."""
+        try:
+            stored.duplicate_id = duplicate_id(message.view.rest, window.id_property) or b''
+        except codec.DecodeError as exc:
+            self.refuse(producer, message.delivery, message.settled, BrokerError(str(exc)),
+                        'amqp:decode-error')  # fmt: skip
+            return False
+        return True
+
     def _publish(
         self, producer: ProducerLink, message: PendingMessage, address: str, kind: AddressKind
     ) -> None:
@@ -184,13 +199,8 @@ class Producing:
             producer.conn.container_id or '',  # origin
         )
         window = self.duplicate_window(address)
-        if window is not None:  # checked where it is stored; b'': it has no id, unchecked
-            try:
-                stored.duplicate_id = duplicate_id(view.rest, window.id_property) or b''
-            except codec.DecodeError as exc:
-                self.refuse(producer, message.delivery, message.settled, BrokerError(str(exc)),
-                            'amqp:decode-error')  # fmt: skip
-                return
+        if window is not None and not self._stamp_duplicate_id(producer, message, stored, window):
+            return
         if message.transaction is not None:  # held until the transaction is discharged
             message.transaction.sends.append((address, kind, stored))
             if message.settled:

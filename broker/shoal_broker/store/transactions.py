@@ -162,26 +162,30 @@ class Transactions:
             if isinstance(reply, list):  # publish_unique.lua's: {added, duplicates dropped}
                 duplicates_dropped(address, int(reply[1]))
         if self._durability is Durability.REPLICATED:
-            # the WAIT follows a write on its own connection (the marker's PEXPIRE): on another
-            # pooled connection than the EXEC's it would confirm only that one's older writes
-            unconfirmed: BaseException | str = 'WAIT'
-            try:
-                found, confirmed = await self._marker_found(client, marker)
-            except REDIS_DOWN as exc:
-                found, confirmed, unconfirmed = True, False, exc  # applied: the EXEC answered
-            if found and not confirmed and self.confirm_seconds > 0:
-                found, confirmed, unconfirmed = await self._confirm(client, marker, unconfirmed)
-            if not found:  # gone with a primary that failed over before a replica had it
-                raise StoreUnavailable('the commit was lost in a failover before a replica had it')
-            if not confirmed:
-                # applied on the primary, and lost only if a failover comes first: "rolled
-                # back" would be false (the client would do again what its sends already did)
-                await self._announce_all(sends)
-                raise CommitInDoubt(
-                    f'no Redis replica confirmed the commit in time: {unconfirmed}',
-                    outcome=_known(True),
-                )
+            await self._replicated(client, marker, sends)
         await self._announce_all(sends)
+
+    async def _replicated(self, client: 'redis.asyncio.Redis', marker: str, sends: Sends) -> None:
+        """In ``replicated`` mode, a commit EXEC applied counts once a replica has its marker."""
+        # the WAIT follows a write on its own connection (the marker's PEXPIRE): on another
+        # pooled connection than the EXEC's it would confirm only that one's older writes
+        unconfirmed: BaseException | str = 'WAIT'
+        try:
+            found, confirmed = await self._marker_found(client, marker)
+        except REDIS_DOWN as exc:
+            found, confirmed, unconfirmed = True, False, exc  # applied: the EXEC answered
+        if found and not confirmed and self.confirm_seconds > 0:
+            found, confirmed, unconfirmed = await self._confirm(client, marker, unconfirmed)
+        if not found:  # gone with a primary that failed over before a replica had it
+            raise StoreUnavailable('the commit was lost in a failover before a replica had it')
+        if not confirmed:
+            # applied on the primary, and lost only if a failover comes first: "rolled
+            # back" would be false (the client would do again what its sends already did)
+            await self._announce_all(sends)
+            raise CommitInDoubt(
+                f'no Redis replica confirmed the commit in time: {unconfirmed}',
+                outcome=_known(True),
+            )
 
     async def _confirm(
         self, client: 'redis.asyncio.Redis', marker: str, why: BaseException | str
