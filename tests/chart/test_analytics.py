@@ -7,7 +7,12 @@ NetworkPolicy caveat of Spark on Kubernetes (driver <-> executor, Redis, API ser
 import shlex
 from typing import Any
 
+import kubernetes_validate
+import pytest
+import yaml
 from chartrender import Manifest, container, env, find, one, render
+from crdcheck import oldest_kubernetes
+from podsecurity import restricted_violations
 
 ANALYTICS_KINDS = {'CronJob', 'ScheduledSparkApplication', 'PersistentVolumeClaim'}
 JOB_SCRIPT = '/opt/shoal/analytics-job.py'
@@ -96,16 +101,116 @@ def test_spark_operator_application_runs_the_same_script_as_driver() -> None:
 
 
 def test_spark_driver_may_manage_its_executors_and_nothing_more() -> None:
-    manifests = render({'analytics': {'enabled': True, 'runner': 'sparkOperator'}})
-    app = one(manifests, 'ScheduledSparkApplication')
-    account = one(manifests, 'ServiceAccount', 'rel-shoal-analytics')
-    assert app['spec']['template']['driver']['serviceAccount'] == account['metadata']['name']
-    role = one(manifests, 'Role', 'rel-shoal-spark-driver')
-    resources = {r for rule in role['rules'] for r in rule['resources']}
-    assert resources == {'pods', 'configmaps', 'persistentvolumeclaims', 'services'}
-    assert all(rule['apiGroups'] == [''] for rule in role['rules'])
-    binding = one(manifests, 'RoleBinding', 'rel-shoal-spark-driver')
-    assert binding['subjects'][0]['name'] == 'rel-shoal-analytics'
+    """The verbs themselves are held to a real driver's requests in tests/k8s/test_spark_submit.py;
+    here, that both Kubernetes runners bind the same Role to the driver's ServiceAccount."""
+    for runner in ('sparkOperator', 'sparkSubmit'):
+        manifests = render({'analytics': {'enabled': True, 'runner': runner}})
+        account = one(manifests, 'ServiceAccount', 'rel-shoal-analytics')
+        assert account['automountServiceAccountToken'] is True
+        role = one(manifests, 'Role', 'rel-shoal-spark-driver')
+        resources = {r for rule in role['rules'] for r in rule['resources']}
+        assert resources == {'pods', 'configmaps', 'services'}  # no PVCs: the lake is a claim
+        assert all(rule['apiGroups'] == [''] for rule in role['rules'])
+        binding = one(manifests, 'RoleBinding', 'rel-shoal-spark-driver')
+        assert binding['subjects'][0]['name'] == 'rel-shoal-analytics'
+    app = one(render({'analytics': {'enabled': True, 'runner': 'sparkOperator'}}),
+              'ScheduledSparkApplication')  # fmt: skip
+    assert app['spec']['template']['driver']['serviceAccount'] == 'rel-shoal-analytics'
+
+
+def spark_submit_args(manifests: list[Manifest]) -> list[str]:
+    args: list[str] = container(cronjob_pod(manifests)['spec'], 'spark-submit')['args']
+    return args
+
+
+def pod_templates(manifests: list[Manifest]) -> dict[str, dict[str, Any]]:
+    data = one(manifests, 'ConfigMap', 'rel-shoal-spark-pod-templates')['data']
+    return {name: yaml.safe_load(text) for name, text in data.items()}
+
+
+def test_spark_submit_runs_the_job_in_cluster_mode_with_its_own_identity_and_templates() -> None:
+    manifests = render({'analytics': {'enabled': True, 'runner': 'sparkSubmit'}})
+    assert find(manifests, 'ScheduledSparkApplication') == []
+    pod = cronjob_pod(manifests)['spec']
+    assert pod['serviceAccountName'] == 'rel-shoal-spark-submit'
+    args = spark_submit_args(manifests)
+    assert args[:5] == ['spark-submit', '--master', 'k8s://https://kubernetes.default.svc:443',
+                        '--deploy-mode', 'cluster']  # fmt: skip
+    assert args[-1] == f'local://{JOB_SCRIPT}'
+    conf = dict(a.split('=', 1) for a in args[args.index('--conf') + 1 : -1 : 2])
+    assert conf['spark.kubernetes.authenticate.driver.serviceAccountName'] == 'rel-shoal-analytics'
+    assert conf['spark.kubernetes.submission.waitAppCompletion'] == 'true'  # Forbid means it
+    assert conf['spark.kubernetes.driver.pod.excludedFeatureSteps'].endswith(
+        'NetworkPolicyFeatureStep'
+    )
+    assert conf['spark.kubernetes.driver.ownPersistentVolumeClaim'] == 'false'
+    assert conf['spark.sql.shuffle.partitions'] == '8'
+    assert conf['spark.kubernetes.driver.podTemplateFile'] == '/opt/shoal/pod-templates/driver.yaml'
+    mounts = container(pod, 'spark-submit')['volumeMounts']
+    assert {'name': 'pod-templates', 'mountPath': '/opt/shoal/pod-templates', 'readOnly': True} in (
+        mounts
+    )
+    templates = pod_templates(manifests)
+    (driver,) = templates['driver.yaml']['spec']['containers']
+    assert env(driver)['SHOAL_REDIS_URL'] == {
+        'secretKeyRef': {'name': 'rel-shoal-redis', 'key': 'url'}
+    }
+    for template in templates.values():
+        (each,) = template['spec']['containers']
+        assert {'name': 'lake', 'mountPath': '/data/lake'} in each['volumeMounts']
+    submitter = one(manifests, 'Role', 'rel-shoal-spark-submit')
+    assert one(manifests, 'RoleBinding', 'rel-shoal-spark-submit')['subjects'][0]['name'] == (
+        'rel-shoal-spark-submit'
+    )
+    assert {r for rule in submitter['rules'] for r in rule['resources']} == {
+        'pods', 'services', 'configmaps'
+    }  # fmt: skip
+
+
+def pod_errors(pod: Manifest) -> list[str]:
+    """Why the API server of the oldest supported Kubernetes or of 1.30 would refuse ``pod``."""
+    errors = []
+    for version in (oldest_kubernetes(), '1.30.0'):
+        try:
+            kubernetes_validate.validate(pod, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            errors.append(f'{version} {list(error.path)}: {error.message}')
+    return errors
+
+
+def test_spark_submit_pod_templates_are_valid_pods() -> None:
+    manifests = render({'analytics': {'enabled': True, 'runner': 'sparkSubmit'},
+                        'imagePullSecrets': [{'name': 'registry'}]})  # fmt: skip
+    for name, template in pod_templates(manifests).items():
+        template['metadata']['name'] = name.removesuffix('.yaml')
+        assert pod_errors(template) == [], name
+        assert template['spec']['imagePullSecrets'] == [{'name': 'registry'}]
+    broken = pod_templates(manifests)['driver.yaml']
+    broken['metadata']['name'] = 'driver'
+    broken['spec']['containers'][0]['volumeMounts'] = 'lake'
+    assert pod_errors(broken)  # the check can fail
+
+
+@pytest.mark.parametrize('runner', ['cronJob', 'sparkOperator', 'sparkSubmit'])
+def test_every_runner_passes_pod_security_restricted(runner: str) -> None:
+    """docs/analytics.md: every runner's pods are admitted under PodSecurity "restricted" (for
+    sparkOperator, as far as the application's driver and executor specs decide it)."""
+    manifests = render({'analytics': {'enabled': True, 'runner': runner}})
+    specs: list[dict[str, Any]] = []
+    if runner != 'sparkOperator':
+        specs.append(cronjob_pod(manifests)['spec'])
+    if runner == 'sparkSubmit':
+        specs += [t['spec'] for t in pod_templates(manifests).values()]
+    if runner == 'sparkOperator':
+        template = one(manifests, 'ScheduledSparkApplication')['spec']['template']
+        for role in ('driver', 'executor'):
+            spec = template[role]
+            specs.append({'securityContext': spec['podSecurityContext'], 'containers': [
+                {'name': role, 'securityContext': spec['securityContext']}]})  # fmt: skip
+    for spec in specs:
+        assert restricted_violations(spec) == []
+    loose = {**specs[0], 'containers': [{**specs[0]['containers'][0], 'securityContext': {}}]}
+    assert restricted_violations(loose)  # the check can fail
 
 
 def network_policy(manifests: list[Manifest], name: str) -> Manifest:

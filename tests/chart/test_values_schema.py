@@ -22,7 +22,7 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     'no redis at all': ({'redis': {'enabled': False}}, '/redis/existingSecret/name'),
     'appendfsync': ({'redis': {'appendfsync': 'sometimes'}}, '/redis/appendfsync'),
     'two analytics runs at once': ({'analytics': {'concurrencyPolicy': 'Allow'}}, 'Forbid'),
-    'unknown runner': ({'analytics': {'runner': 'sparkSubmit'}}, '/analytics/runner'),
+    'unknown runner': ({'analytics': {'runner': 'sparkSubmitter'}}, '/analytics/runner'),
     'spark memory': ({'analytics': {'driver': {'memory': '1 GB'}}}, '/analytics/driver/memory'),
     'pull policy': ({'operator': {'image': {'pullPolicy': 'Sometimes'}}}, 'pullPolicy'),
     'log level': ({'operator': {'logLevel': 'verbose'}}, '/operator/logLevel'),

@@ -37,6 +37,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
         'networkPolicy': {'enabled': True},
         'redis': {'enabled': False, 'existingSecret': {'name': 'my-redis', 'key': 'uri'}},
     },
+    'spark-submit': {'analytics': {'enabled': True, 'runner': 'sparkSubmit'}},
+    'spark-submit-network-policy-pull-secrets': {
+        'analytics': {'enabled': True, 'runner': 'sparkSubmit'},
+        'networkPolicy': {'enabled': True},
+        'imagePullSecrets': [{'name': 'registry'}],
+    },
     'no-example-cluster': {'exampleCluster': {'enabled': False}},
     'anonymous-example-cluster': {'exampleCluster': {'auth': {'allowAnonymous': True}}},
     'autoscaled-example-cluster': {'exampleCluster': {'autoscaling': {
