@@ -77,7 +77,7 @@ class Turns:
 
     def top_up(self, producer: ProducerLink) -> None:
         """Give a producer credit back as its messages are stored (the back-pressure valve)."""
-        if self.guard.memory_high:  # back-pressure: credit again once memory falls
+        if self.guard.memory_high or not self.accepting:  # back-pressure, or stopping
             return
         window = self.window
         credit = lib.pn_link_credit(producer.ptr)
