@@ -4,10 +4,10 @@ The composition root: Redis (embedded or not), the store, the AMQP node, the lis
 Owns the process lifecycle. On SIGTERM (what Kubernetes sends, after the preStop hook) the broker
 stops accepting and drains (``running/draining.py``: each connection is closed with
 ``amqp:connection:forced`` once its sends are answered and its deliveries settled, within
-``SHOAL_DRAIN_SECONDS``), closes what is left the same way, returns what it still holds to the
-store, waits (bounded) for in-flight store work, then stops Redis if it started it. What runs
-beside the AMQP node (background chores, gauges, metric records, the TLS listener) lives in
-``running/``.
+``SHOAL_CONNECTION_DRAIN_SECONDS``), closes what is left the same way, returns what it still
+holds to the store, waits (bounded) for in-flight store work, then stops Redis if it started
+it. What runs beside the AMQP node (background chores, gauges, metric records, the TLS
+listener) lives in ``running/``.
 """
 
 import asyncio
@@ -193,7 +193,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     logger.info('shutting down')
     for listener in (server, *tls_servers):
         listener.close()
-    await draining.drain(broker, settings.drain_seconds)
+    await draining.drain(broker, settings.connection_drain_seconds)
     broker.close_all(draining.CLOSE_CONDITION, draining.CLOSE_DESCRIPTION)  # what is left
     await asyncio.sleep(0.05)  # let the Close frames reach the sockets
     for conn in list(broker.connections):

@@ -8,9 +8,10 @@ connection is then closed with ``amqp:connection:forced`` as soon as it owes not
 it made is stored and accepted, its producers hold no credit, and every delivery out at its
 consumers is settled. A client that fails over so has no send in doubt to repeat and no message
 to see again: the move costs it a reconnect. A consumer-only connection typically goes at once,
-a producer's after one round trip. All of it within ``SHOAL_DRAIN_SECONDS``; what is left then
-is handled by the close itself (deliveries go back to the store with delivery-count + 1, sends
-not yet answered are in doubt for their producers, as with any lost connection).
+a producer's after one round trip. All of it within ``SHOAL_CONNECTION_DRAIN_SECONDS``; what
+is left then is handled by the close itself (deliveries go back to the store with
+delivery-count + 1, sends not yet answered are in doubt for their producers, as with any lost
+connection).
 
 No ``amqp:connection:redirect`` to another replica: a pod address is the wrong place to send a
 client (it bypasses the Service's balancing, and that pod may be the next to go in a scale-down
