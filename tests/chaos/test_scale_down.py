@@ -2,9 +2,9 @@
 A scale-down nobody notices: replicas go 4 → 2 → 4 → 1 under a steady JMS-shaped load that
 reaches them through one address (a Service), and the app sees nothing but a short pause.
 
-Each replica that goes is first dropped from the balancer (its readiness going false and
-kube-proxy routing new connections elsewhere), then sent SIGTERM, as Kubernetes does; new ones
-are started and added. Producers send persistent messages synchronously at a steady rate,
+The replicas share the test run's store (any mode: SHOAL_TEST_STORE). Each replica that goes
+is first dropped from the balancer (its readiness going false and kube-proxy routing new
+connections elsewhere), then sent SIGTERM, as Kubernetes does; new ones are started and added. Producers send persistent messages synchronously at a steady rate,
 consumers auto-acknowledge; both fail over through the same address (``jmsfailover.py``).
 """
 
@@ -18,8 +18,9 @@ from balancer import Balancer
 from jmsfailover import FailoverRun
 from processes import BrokerProcess
 
-RATE = 25.0
-"""Messages a second per producer: 2 producers, 50 a second in all."""
+PRODUCERS = CONSUMERS = 3
+RATE = 50.0 / PRODUCERS
+"""Messages a second per producer: 50 a second in all."""
 PHASE_SECONDS = 7.0
 STEPS = (4, 2, 4, 1)
 MAX_PAUSE_SECONDS = 2.0
@@ -52,23 +53,24 @@ def _scale(cluster, balancer: Balancer, live: list[BrokerProcess], redis_url: st
 
 @pytest.mark.timeout(180)
 def test_replicas_go_4_2_4_1_under_a_steady_jms_load_and_nobody_notices(
-    cluster, record_property
+    cluster, store_url: str, record_property
 ) -> None:  # type: ignore[no-untyped-def]
-    server = cluster.redis()
     balancer = Balancer()
     names: collections.Counter[str] = collections.Counter()
     live: list[BrokerProcess] = []
     queue = f'scale-{uuid.uuid4().hex[:8]}'
     stops: list[float] = []
     try:
-        _scale(cluster, balancer, live, server.url, STEPS[0], names)
-        run = FailoverRun(balancer.url, queue, producers=2, consumers=2, rate=RATE).start()
+        _scale(cluster, balancer, live, store_url, STEPS[0], names)
+        run = FailoverRun(
+            balancer.url, queue, producers=PRODUCERS, consumers=CONSUMERS, rate=RATE
+        ).start()
         try:
             assert run.wait(FailoverRun.attached, timeout=20), run.errors
             run.send_for(PHASE_SECONDS * len(STEPS))
             for to in STEPS[1:]:
                 time.sleep(PHASE_SECONDS)
-                stops += _scale(cluster, balancer, live, server.url, to, names)
+                stops += _scale(cluster, balancer, live, store_url, to, names)
             assert run.wait(FailoverRun.sending_done, timeout=PHASE_SECONDS + 20)
             run.wait(lambda r: r.accepted <= r.received(), timeout=20)
             time.sleep(0.5)  # late duplicates
@@ -98,7 +100,7 @@ def test_replicas_go_4_2_4_1_under_a_steady_jms_load_and_nobody_notices(
     record_property('duplicates', len(duplicates))
     assert run.moves >= 2, summary  # clients did move
     assert not run.failed, summary
-    assert len(run.accepted) == len(run.intended) >= RATE * 2 * PHASE_SECONDS * 3, summary
+    assert len(run.accepted) == len(run.intended) >= 50 * PHASE_SECONDS * 3, summary
     assert not lost, summary
     assert duplicates <= flagged, summary  # at least once, and a redelivery says so
     assert worst <= MAX_PAUSE_SECONDS, summary
