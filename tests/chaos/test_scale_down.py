@@ -4,8 +4,9 @@ reaches them through one address (a Service), and the app sees nothing but a sho
 
 The replicas share the test run's store (any mode: SHOAL_TEST_STORE). Each replica that goes
 is first dropped from the balancer (its readiness going false and kube-proxy routing new
-connections elsewhere), then sent SIGTERM, as Kubernetes does; new ones are started and added. Producers send persistent messages synchronously at a steady rate,
-consumers auto-acknowledge; both fail over through the same address (``jmsfailover.py``).
+connections elsewhere), then sent SIGTERM, as Kubernetes does; new ones are started and added.
+Producers send persistent messages synchronously at a steady rate, consumers auto-acknowledge;
+both fail over through the same address (``jmsfailover.py``).
 """
 
 import collections
