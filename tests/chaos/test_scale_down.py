@@ -61,6 +61,8 @@ def test_replicas_go_4_2_4_1_under_a_steady_jms_load_and_nobody_notices(
     live: list[BrokerProcess] = []
     queue = f'scale-{uuid.uuid4().hex[:8]}'
     stops: list[float] = []
+    steps: list[tuple[float, str]] = []
+    """(when a step began, which): to tell where the longest pause fell."""
     try:
         _scale(cluster, balancer, live, store_url, STEPS[0], names)
         run = FailoverRun(
@@ -71,6 +73,7 @@ def test_replicas_go_4_2_4_1_under_a_steady_jms_load_and_nobody_notices(
             run.send_for(PHASE_SECONDS * len(STEPS))
             for to in STEPS[1:]:
                 time.sleep(PHASE_SECONDS)
+                steps.append((time.monotonic(), f'{len(live)}→{to}'))
                 stops += _scale(cluster, balancer, live, store_url, to, names)
             assert run.wait(FailoverRun.sending_done, timeout=PHASE_SECONDS + 20)
             run.wait(lambda r: r.accepted <= r.received(), timeout=20)
@@ -82,17 +85,24 @@ def test_replicas_go_4_2_4_1_under_a_steady_jms_load_and_nobody_notices(
     by_body = collections.Counter(r.body for r in run.receipts)
     duplicates = {b for b, n in by_body.items() if n > 1}
     flagged = {r.body for r in run.receipts if r.delivery_count > 0}
-    first = {}
+    first: dict[int, float] = {}
     for r in run.receipts:
         first.setdefault(r.body, r.at)
-    pauses = sorted(first[b] - run.intended[b] for b in first if b in run.intended)
+    pause = {b: first[b] - run.intended[b] for b in first if b in run.intended}
+    pauses = sorted(pause.values())
     lost = run.accepted - run.received()
     p50, worst = statistics.median(pauses), pauses[-1]
+    slowest = max(pause, key=pause.__getitem__)
+    worst_due = run.intended[slowest]
+    legs = (f'sent +{run.sent_at[slowest] - worst_due:.2f} s, accepted '
+            f'+{run.accepted_at[slowest] - worst_due:.2f} s')  # fmt: skip
+    during = [f'{what} +{worst_due - at:.1f} s' for at, what in steps if at <= worst_due][-1:]
     summary = (
         f'4→2→4→1: {len(run.intended)} sent, {len(run.accepted)} accepted, {len(run.failed)} '
         f'failed, {run.resent} sent again after a failover, {len(lost)} lost, {len(duplicates)} '
         f'duplicates ({len(duplicates - flagged)} not flagged redelivered), {run.moves} '
-        f'reconnects; pause p50 {p50 * 1000:.0f} ms, max {worst * 1000:.0f} ms; replicas '
+        f'reconnects; pause p50 {p50 * 1000:.0f} ms, max {worst * 1000:.0f} ms (due at '
+        f'{during or "the start"}, {legs}); replicas '
         f'stopped in {max(stops):.2f} s at most; errors {run.errors[:3]}'
     )
     cluster.report(summary)

@@ -70,6 +70,9 @@ class FailoverRun(MessagingHandler):  # type: ignore[misc]
         self.intended: dict[int, float] = {}
         """Body -> when the app meant to send it (its place in the steady stream)."""
         self.accepted: set[int] = set()
+        self.sent_at: dict[int, float] = {}
+        """Body -> when it was first sent (``time.monotonic()``)."""
+        self.accepted_at: dict[int, float] = {}
         self.resent = 0
         """Sends made again after a failover (the first answer never came)."""
         self.failed: list[tuple[int, str]] = []
@@ -201,6 +204,7 @@ class FailoverRun(MessagingHandler):  # type: ignore[misc]
             client.next_body += 1
             client.waiting_on = body
             self.intended[body] = due
+            self.sent_at[body] = now
         client.delivery = sender.send(Message(body=body, durable=True))
 
     def _answered(self, event: Any, outcome: str) -> None:
@@ -211,6 +215,7 @@ class FailoverRun(MessagingHandler):  # type: ignore[misc]
         client.delivery = client.waiting_on = None
         if outcome == 'accepted':
             self.accepted.add(body)  # type: ignore[arg-type]
+            self.accepted_at[body] = time.monotonic()  # type: ignore[index]
         else:
             self.failed.append((body, f'{outcome}: {event.delivery.remote.condition}'))  # type: ignore[arg-type]
         self._send(client, time.monotonic())
