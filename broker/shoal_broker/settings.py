@@ -45,7 +45,7 @@ ENV_METRICS_HEARTBEAT = 'SHOAL_METRICS_HEARTBEAT_SECONDS'
 ENV_BACKLOG_REFRESH = 'SHOAL_BACKLOG_REFRESH_SECONDS'
 ENV_REPLICATION_TIMEOUT = 'SHOAL_REPLICATION_TIMEOUT_MS'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
-ENV_CONNECTION_DRAIN = 'SHOAL_CONNECTION_DRAIN_SECONDS'
+ENV_DRAIN = 'SHOAL_CONNECTION_DRAIN_SECONDS'
 ENV_ALLOW_ANONYMOUS = 'SHOAL_ALLOW_ANONYMOUS'
 ENV_USERS_FILE = 'SHOAL_USERS_FILE'
 ENV_MANAGEMENT_CREDENTIALS_DIR = 'SHOAL_MANAGEMENT_CREDENTIALS_DIR'
@@ -362,13 +362,7 @@ class BrokerSettings:
     """On SIGTERM: how long to wait for in-flight store work before exiting anyway."""
 
     connection_drain_seconds: float = 2.0
-    """On SIGTERM, before closing connections: how long to wait for the sends this replica owes
-    an answer (stored, then accepted) and the deliveries its consumers have not settled yet,
-    while it grants no credit and deals no message (``running/draining.py``). Each connection
-    closes as soon as it owes nothing; what is left at the bound is returned to the store
-    (deliveries, with delivery-count + 1) or in doubt for its producer (sends). Taken before
-    ``shutdown_grace_seconds``; the operator's pod grace period covers both
-    (BrokerCluster ``spec.scaleDown.connectionDrainSeconds``)."""
+    """On SIGTERM, before the rest: how long connections get to finish (``running/draining.py``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> 'BrokerSettings':
@@ -436,9 +430,7 @@ class BrokerSettings:
             log_format=LogFormat(env.get(ENV_LOG_FORMAT, d.log_format)),
             log_level=env.get(ENV_LOG_LEVEL, d.log_level),
             shutdown_grace_seconds=float(env.get(ENV_SHUTDOWN_GRACE, d.shutdown_grace_seconds)),
-            connection_drain_seconds=float(
-                env.get(ENV_CONNECTION_DRAIN, d.connection_drain_seconds)
-            ),
+            connection_drain_seconds=float(env.get(ENV_DRAIN, d.connection_drain_seconds)),
         )
 
 
