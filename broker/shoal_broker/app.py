@@ -2,10 +2,12 @@
 The composition root: Redis (embedded or not), the store, the AMQP node, the listeners.
 
 Owns the process lifecycle. On SIGTERM (what Kubernetes sends, after the preStop hook) the broker
-stops accepting, returns what it holds for consumers to the store, closes every connection with
-``amqp:connection:forced`` so clients fail over, waits (bounded) for in-flight store work, then
-stops Redis if it started it. What runs beside the AMQP node (background chores, gauges, metric
-records, the TLS listener) lives in ``running/``.
+stops accepting and drains (``running/draining.py``: each connection is closed with
+``amqp:connection:forced`` once its sends are answered and its deliveries settled, within
+``SHOAL_CONNECTION_DRAIN_SECONDS``), closes what is left the same way, returns what it still
+holds to the store, waits (bounded) for in-flight store work, then stops Redis if it started
+it. What runs beside the AMQP node (background chores, gauges, metric records, the TLS
+listener) lives in ``running/``.
 """
 
 import asyncio
@@ -38,7 +40,7 @@ from shoal_broker.metrics.registry import (
     register_gauges,
 )
 from shoal_broker.routing.storage import UpkeepPort
-from shoal_broker.running import chores
+from shoal_broker.running import chores, draining
 from shoal_broker.running.backlog import BacklogSnapshot
 from shoal_broker.running.listeners import LISTEN_BACKLOG, listen_tls, split_host_port
 from shoal_broker.running.reporting import broker_gauges, record_metrics, store_counters
@@ -196,7 +198,8 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     logger.info('shutting down')
     for listener in (server, *tls_servers):
         listener.close()
-    broker.close_all('amqp:connection:forced', 'broker is shutting down')
+    await draining.drain(broker, settings.connection_drain_seconds)
+    broker.close_all(draining.CLOSE_CONDITION, draining.CLOSE_DESCRIPTION)  # what is left
     await asyncio.sleep(0.05)  # let the Close frames reach the sockets
     for conn in list(broker.connections):
         conn.abort()

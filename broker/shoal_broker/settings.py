@@ -312,6 +312,9 @@ class BrokerSettings:
     shutdown_grace_seconds: float = 10.0
     """On SIGTERM: how long to wait for in-flight store work before exiting anyway."""
 
+    connection_drain_seconds: float = 2.0
+    """On SIGTERM, before the rest: how long connections get to finish (``running/draining.py``)."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> 'BrokerSettings':
         """Defaults, overridden by whichever ``SHOAL_*`` variables are set."""
@@ -381,6 +384,7 @@ class BrokerSettings:
             log_format=LogFormat(env.get(ENV_LOG_FORMAT, d.log_format)),
             log_level=env.get(ENV_LOG_LEVEL, d.log_level),
             shutdown_grace_seconds=float(env.get(ENV_SHUTDOWN_GRACE, d.shutdown_grace_seconds)),
+            connection_drain_seconds=float(env.get(ENV_DRAIN, d.connection_drain_seconds)),
         )
 
 

@@ -267,7 +267,11 @@ class BrokerCluster:
     pod_template: Mapping[str, Any]
     pdb_max_unavailable: int
     drain_seconds: int
+    """``spec.scaleDown.drainSeconds``: the preStop wait, while Services stop routing to the pod."""
     shutdown_grace_seconds: int
+    connection_drain_seconds: int | None
+    """``spec.scaleDown.connectionDrainSeconds`` (SHOAL_CONNECTION_DRAIN_SECONDS), None when
+    unset: the brokers' default, inside ``shutdown_grace_seconds``."""
     service_monitor: Mapping[str, Any] | None
     """``{'interval': ..., 'labels': {...}}`` when enabled."""
     network_policy_from: list[Any] | None
@@ -280,6 +284,13 @@ class BrokerCluster:
     """The AMQPS listener, when ``spec.tls`` is set."""
     declared_subscriptions_only: bool = False
     """``spec.subscriptions.undeclared: Deny``."""
+
+    @property
+    def termination_grace_seconds(self) -> int:
+        """The pod's grace period: the preStop wait, the connections' drain when set apart from
+        the shutdown grace, the shutdown grace, and 5 s to spare."""
+        drain = self.connection_drain_seconds or 0
+        return self.drain_seconds + drain + self.shutdown_grace_seconds + 5
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], *, default_image: str) -> 'BrokerCluster':
@@ -308,6 +319,11 @@ class BrokerCluster:
             pdb_max_unavailable=int((spec.get('pdb') or {}).get('maxUnavailable', 1)),
             drain_seconds=int(scale_down.get('drainSeconds', 5)),
             shutdown_grace_seconds=int(scale_down.get('shutdownGraceSeconds', 20)),
+            connection_drain_seconds=(
+                int(scale_down['connectionDrainSeconds'])
+                if scale_down.get('connectionDrainSeconds') is not None
+                else None
+            ),
             service_monitor=(
                 {'interval': monitor.get('interval', '30s'), 'labels': monitor.get('labels') or {}}
                 if monitor.get('enabled')

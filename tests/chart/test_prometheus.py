@@ -2,7 +2,7 @@
 The chart's alerting rules and Grafana dashboard on a real Prometheus scraping two real broker
 replicas (labelled as their ServiceMonitor labels them): ``ShoalDeadLetterQueueFilling`` goes
 pending on a queue's first dead letter, and with traffic and no consumer the consumer and
-connection panels show 0 rather than no data.
+connection panels show 0 rather than no data; a replica stopping shows on the drain panel.
 """
 
 import json
@@ -119,3 +119,63 @@ def test_with_traffic_and_no_consumer_the_consumer_and_connection_panels_show_ze
     assert [float(s['value'][1]) for s in consumers] == [0.0]
     links = prometheus.query(f'sum by (role) (shoal_links{{namespace="{NAMESPACE}"}})')
     assert {s['metric']['role']: float(s['value'][1]) for s in links}.get('consumer') == 0.0
+
+
+DRAIN_PANEL = 'Drain progress per replica'
+
+
+def drain_panel(prometheus: PrometheusServer) -> dict[str, float]:
+    """The drain panel's series now, by legend as Grafana would draw them."""
+    shown = {}
+    for title, legend, expr in panel_queries():
+        if title == DRAIN_PANEL:
+            for sample in prometheus.query(expr):
+                name = legend
+                for label, value in sample['metric'].items():
+                    name = name.replace(f'{{{{{label}}}}}', value)
+                shown[name] = float(sample['value'][1])
+    return shown
+
+
+@pytest.mark.timeout(90)
+def test_the_drain_panel_shows_a_stopping_replica_and_what_its_connections_still_owe(
+    observed: tuple[PrometheusServer, list[BrokerProcess]], store_url: str, address: str
+) -> None:
+    """A replica of its own is stopped while a consumer holds two unsettled deliveries: the
+    panel shows it draining, with one connection left owing two deliveries; the others not."""
+    _, (first, _) = observed
+    stopping = BrokerProcess(store_url, replica_id=f'drain-{uuid.uuid4().hex[:6]}',
+                             env={'SHOAL_CONNECTION_DRAIN_SECONDS': '60'})  # fmt: skip
+    prometheus = None
+    try:
+        targets = [(f'{LOOPBACK}:{b.http_port}', {'namespace': NAMESPACE, 'pod': b.replica_id})
+                   for b in (first, stopping)]  # fmt: skip
+        prometheus = PrometheusServer(JOB, targets, [RULES])
+        producer = connect(stopping.url)
+        send_all(producer, address, range(2))
+        producer.close()
+        holding = connect(stopping.url)
+        held = receiver(holding, address, credit=2)
+        holding.wait(lambda: held.fetcher.has_message == 2, timeout=10)
+        pod = stopping.replica_id
+        wait_for(lambda: drain_panel(prometheus).get(f'{pod} draining') == 0.0, 30,
+                 'the replica scraped before it stops')  # fmt: skip
+        assert f'{pod} connections left' not in drain_panel(prometheus)  # only while draining
+        stopping.process.terminate()
+        expected = {f'{pod} draining': 1.0, f'{pod} connections left': 1.0,
+                    f'{pod} owed: delivery': 2.0, f'{pod} owed: send': 0.0}  # fmt: skip
+        wait_for(lambda: expected.items() <= drain_panel(prometheus).items(), 30,
+                 'the drain in Prometheus')  # fmt: skip
+        shown = drain_panel(prometheus)
+        assert shown[f'{first.replica_id} draining'] == 0.0
+        assert not [name for name in shown if name.startswith(first.replica_id) and
+                    'draining' not in name]  # fmt: skip
+        for _ in range(2):
+            held.fetcher.pop()
+            settle(held, Delivery.ACCEPTED)
+        flush(holding)
+        assert stopping.process.wait(timeout=20) == 0
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        stopping.stop()

@@ -131,6 +131,10 @@ def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> No
      '-1 is less than the minimum of 0'),
     (cluster(auth={'allowAnonymous': True}, broker={'storeHoldSeconds': 3601}),
      '3601 is greater than the maximum of 3600'),
+    (cluster(auth={'allowAnonymous': True}, scaleDown={'connectionDrainSeconds': 601}),
+     '601 is greater than the maximum of 600'),
+    (cluster(auth={'allowAnonymous': True}, scaleDown={'connectionDrainSeconds': -1}),
+     '-1 is less than the minimum of 0'),
 ])  # fmt: skip
 def test_invalid_resources_are_rejected_with_their_message(doc: dict[str, Any], message: str
                                                            ) -> None:  # fmt: skip
@@ -211,3 +215,12 @@ def test_a_stored_cluster_gains_no_metrics_setting_from_the_schema() -> None:
     stored = cluster(auth={'allowAnonymous': True}, broker={'metricsIntervalSeconds': 10})
     spec = defaulted(schema_of('BrokerCluster'), stored)['spec']
     assert spec['broker'] == {'metricsIntervalSeconds': 10}
+
+
+def test_the_connection_drain_has_no_default_so_existing_clusters_keep_their_pods() -> None:
+    """A schema default would reach every stored BrokerCluster, its ConfigMap and pod template:
+    an operator upgrade would roll every cluster's pods."""
+    spec = defaulted(schema_of('BrokerCluster'), cluster(scaleDown={}))['spec']
+    assert spec['scaleDown'] == {'drainSeconds': 5, 'shutdownGraceSeconds': 20}
+    assert validate(cluster(auth={'allowAnonymous': True}, scaleDown={'connectionDrainSeconds': 0}
+                            )) == []  # fmt: skip

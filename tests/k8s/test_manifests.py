@@ -134,6 +134,22 @@ def test_the_metrics_interval_and_heartbeat_reach_the_brokers_settings() -> None
     assert broker.BrokerSettings.from_env(unset).store.metrics_heartbeat_seconds == default
 
 
+def test_the_connection_drain_reaches_the_brokers_and_the_pods_grace_period() -> None:
+    drained = model(scaleDown={'drainSeconds': 7, 'connectionDrainSeconds': 4})
+    data = config.configmap(drained)['data']
+    assert data[broker.ENV_DRAIN] == '4'
+    assert broker.BrokerSettings.from_env(data).connection_drain_seconds == 4.0
+    pod = workload.deployment(drained)['spec']['template']['spec']
+    assert pod['terminationGracePeriodSeconds'] == 7 + 4 + 20 + 5
+    # unset, the brokers keep their own default (inside the shutdown grace): nothing is added
+    unset = model(scaleDown={'drainSeconds': 7})
+    assert broker.ENV_DRAIN not in config.configmap(unset)['data']
+    default = broker.BrokerSettings().connection_drain_seconds
+    assert default < unset.shutdown_grace_seconds
+    assert broker.BrokerSettings.from_env({}).connection_drain_seconds == default
+    assert template_checksum(unset) != template_checksum(drained)
+
+
 def test_a_cluster_written_before_a_setting_existed_keeps_its_configmap_and_pod_template() -> None:
     """Upgrading the operator must not roll the pods of existing clusters: a spec that does
     not name a newer setting renders the ConfigMap, and so the pod template's checksum, it

@@ -53,6 +53,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_DURABILITY': ('fsync', 'store.durability', Durability.FSYNC),
     'SHOAL_REPLICATION_TIMEOUT_MS': ('250', 'store.replication_timeout_ms', 250),
     'SHOAL_SHUTDOWN_GRACE_SECONDS': ('3', 'shutdown_grace_seconds', 3.0),
+    'SHOAL_CONNECTION_DRAIN_SECONDS': ('0.5', 'connection_drain_seconds', 0.5),
     # security and limits (docs/security.md)
     'SHOAL_ALLOW_ANONYMOUS': ('false', 'security.allow_anonymous', False),
     'SHOAL_USERS_FILE': ('/etc/shoal/users.json', 'security.users_file', '/etc/shoal/users.json'),

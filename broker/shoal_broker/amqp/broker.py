@@ -158,6 +158,18 @@ class Broker:
         """Close every connection (clients fail over elsewhere); by default stop taking more."""
         self.connecting.close_all(condition, description, stop_accepting=stop_accepting)
 
+    def quiesce(self) -> None:
+        """Stopping: take and hand out nothing more; what is under way goes on (``owed``)."""
+        self.connecting.quiesce()
+
+    def close_settled(self, condition: str, description: str) -> tuple[int, int, int]:
+        """Close the connections that owe nothing; (connections left, their sends, deliveries)."""
+        return self.connecting.close_settled(condition, description)
+
+    def owed(self) -> tuple[int, int]:
+        """(sends owed an answer, deliveries not settled by their consumers) on this replica."""
+        return self.connecting.owed()
+
     async def settle_down(self, bound_seconds: float) -> None:
         """Wait (bounded) for background work: refusals, leaves, moves to dead-letter queues."""
         await self.turns.settle_down(bound_seconds)

@@ -16,7 +16,7 @@ from shoal_broker.amqp.consuming import Consuming
 from shoal_broker.amqp.engine import Ptr, lib
 from shoal_broker.amqp.guard import Guard
 from shoal_broker.amqp.linking import Linking
-from shoal_broker.amqp.links import ConsumerLink
+from shoal_broker.amqp.links import ConsumerLink, ProducerLink
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import BrokerError
 from shoal_broker.metrics import registry as metrics
@@ -211,14 +211,19 @@ class Connecting:
                 self.linking.link_gone(state)
 
     def close_all(self, condition: str, description: str, *, stop_accepting: bool = True) -> None:
-        """Close every connection (clients fail over elsewhere); by default stop taking more."""
+        """Close every connection (clients fail over elsewhere); by default stop taking more.
+        Their consumers' unsettled deliveries went out on the wire, so they are returned as when
+        a consumer goes away (``links.UNSETTLED_ON_DETACH``: delivery-count + 1, JMSRedelivered
+        for whoever gets them next); what was never sent (parked, held) goes back unchanged."""
         self.turns.accepting = not stop_accepting
         for conn in list(self.connections):
-            self.close_one(conn, condition, description)
+            conn.fail(condition, description)
+            conn.process()
 
     def close_one(self, conn: AmqpConnection, condition: str, description: str) -> None:
         """Close one connection; what its consumers hold goes back without counting an
-        attempt (an operator's close, or shutdown, is not a failure of the consumer)."""
+        attempt (an operator's close is not a failure of the consumer; a replica stopping
+        drains first and counts what is still out: ``close_all``)."""
         for state in list(conn.links.values()):
             if isinstance(state, ConsumerLink):
                 for entry in state.unacked.values():
@@ -229,3 +234,55 @@ class Connecting:
                 state.ahead.clear()
         conn.fail(condition, description)
         conn.process()
+
+    def quiesce(self) -> None:
+        """Stop handing out work: no connection or attach is taken, no consumer is dealt another
+        message (``ConsumerLink.credit``), and producers get no more credit (``Turns.top_up``)
+        and are asked to give back what they hold (a drain: Qpid JMS answers it at once, with
+        what it had to send sent). What is under way goes on to its answer (``owed``)."""
+        self.turns.accepting = False
+        for conn in self.connections:
+            for state in conn.links.values():
+                if isinstance(state, ConsumerLink):
+                    state.stopped = True
+                elif isinstance(state, ProducerLink) and state.alive:
+                    lib.pn_link_set_drain(state.ptr, True)
+            self.turns.mark_dirty(conn)
+
+    def close_settled(self, condition: str, description: str) -> tuple[int, int, int]:
+        """Close each connection that owes nothing (``owed``), so its clients move as soon as
+        they can; return (connections still open, sends and deliveries they owe)."""
+        left = sends = deliveries = 0
+        for conn in list(self.connections):
+            if lib.pn_connection_state(conn.connection) & lib.PN_LOCAL_CLOSED:
+                continue
+            owed = _owed(conn)
+            if any(owed):
+                left += 1
+                sends += owed[0]
+                deliveries += owed[1]
+            else:
+                conn.fail(condition, description)
+                conn.process()
+        return left, sends, deliveries
+
+    def owed(self) -> tuple[int, int]:
+        """(sends owed an answer or credit not given back, deliveries not settled yet)."""
+        sends = deliveries = 0
+        for conn in self.connections:
+            s, d = _owed(conn)
+            sends += s
+            deliveries += d
+        return sends, deliveries
+
+
+def _owed(conn: AmqpConnection) -> tuple[int, int]:
+    sends = deliveries = 0
+    for state in conn.links.values():
+        if isinstance(state, ProducerLink):
+            sends += state.in_store + len(state.waiting)
+            if state.alive:
+                sends += lib.pn_link_credit(state.ptr)
+        elif isinstance(state, ConsumerLink):
+            deliveries += len(state.unacked) + len(state.ahead)
+    return sends, deliveries

@@ -207,7 +207,7 @@ class Consuming:
             ahead.settle = lambda entry: self.apply(consumer, entry, disposition)
 
     def returner(self, consumer: ConsumerLink) -> Callable[[Entry], object]:
-        """Returns an entry of ``consumer``'s without counting an attempt (a replica stopping)."""
+        """Returns an entry of ``consumer``'s without counting an attempt (an operator's close)."""
         return lambda entry: self.release(
             consumer.address, consumer.group, entry, delivery_failed=False
         )

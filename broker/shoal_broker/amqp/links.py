@@ -123,6 +123,8 @@ class ConsumerLink(LinkState):
     unacked: dict[Ptr, Entry] = dataclasses.field(default_factory=dict)
     ahead: dict[Ptr, Ahead] = dataclasses.field(default_factory=dict)
     """Deliveries sent ahead of the store, unsettled, whose entry ids are not known yet."""
+    stopped: bool = False
+    """The replica is stopping (``Connecting.quiesce``): dealt nothing more, whatever credit."""
     excluded: set[tuple[int, str]] = dataclasses.field(default_factory=set)
     """Entries this consumer settled as undeliverable-here: never offered to it again."""
     owned_group: bool = False
@@ -149,7 +151,8 @@ class ConsumerLink(LinkState):
         return self.selector is None or self.selector.matches(identifiers.of(entry))
 
     def credit(self) -> int:
-        return int(lib.pn_link_credit(self.ptr)) if self.alive and self.opened else 0
+        live = self.alive and self.opened and not self.stopped
+        return int(lib.pn_link_credit(self.ptr)) if live else 0
 
     def send(self, entries: Iterable[Entry]) -> None:
         """Transfer entries; the header is re-encoded only when the delivery count changed."""

@@ -79,8 +79,9 @@ class Turns:
 
     def top_up(self, producer: ProducerLink) -> None:
         """Give a producer credit back as its messages are stored (the back-pressure valve)."""
-        if self.guard.memory_high or self.holding:  # credit again once memory falls, or once
-            return  # the store answers (Holding._stop tops every producer up)
+        if self.guard.memory_high or self.holding or not self.accepting:  # credit again once
+            return  # memory falls, or the store answers (Holding._stop tops every producer up);
+            # none while stopping
         window = self.window
         credit = lib.pn_link_credit(producer.ptr)
         grant = window - producer.in_store - len(producer.waiting) - credit

@@ -42,6 +42,7 @@ def broker_gauges(
             role = type(state).__name__.removesuffix('Link').lower()
             links[role] = links.get(role, 0) + 1
     producers = links.get('producer', 0.0)
+    owed = broker.owed()
     blocked = [(['memory_ceiling'], producers if broker.guard.memory_high else 0.0),
                (['redis_watermark'], producers if broker.guard.store_full else 0.0),
                (['store_hold'], producers if broker.holding.active else 0.0)]  # fmt: skip
@@ -59,6 +60,12 @@ def broker_gauges(
          [([], float(selector.compilations()))]),
         ('shoal_connections', 'Open AMQP connections on this replica.', [],
          [([], float(len(broker.connections)))]),
+        ('shoal_draining', 'Whether this replica is stopping (SIGTERM): it takes and hands '
+         'out nothing new and waits for what is under way.', [],
+         [([], 0.0 if broker.accepting else 1.0)]),
+        ('shoal_drain_owed', 'Work under way on this replica: sends owed an answer (send) and '
+         'deliveries not settled by their consumers (delivery); while draining, what is left.',
+         ['kind'], [(['send'], float(owed[0])), (['delivery'], float(owed[1]))]),
         ('shoal_links', 'Attached links on this replica, by role.', ['role'],
          [([role], n) for role, n in sorted(links.items())]),
         (PRODUCERS_BLOCKED, PRODUCERS_BLOCKED_HELP, ['reason'], blocked),

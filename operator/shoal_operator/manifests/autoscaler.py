@@ -52,9 +52,9 @@ def horizontal_pod_autoscaler(cluster: BrokerCluster) -> Manifest | None:
         metrics.append({'type': 'External', 'external': {
             'metric': metric, 'target': _target(external.average_value, external.value),
         }})  # fmt: skip
-    # a replica's pod is gone within its termination grace period (drain + shutdown + 5 s, as
-    # the Deployment sets it): the next may leave after that, and not sooner than a minute
-    grace = cluster.drain_seconds + cluster.shutdown_grace_seconds + 5
+    # a replica's pod is gone within its termination grace period (as the Deployment sets it):
+    # the next may leave after that, and not sooner than a minute
+    grace = cluster.termination_grace_seconds
     period = min(max(60, grace), MAX_POLICY_PERIOD)
     return {
         'apiVersion': API,

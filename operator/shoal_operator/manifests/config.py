@@ -53,6 +53,8 @@ def settings_env(cluster: BrokerCluster) -> dict[str, str]:
         broker.ENV_LOG_FORMAT: 'json',
         broker.ENV_SHUTDOWN_GRACE: str(cluster.shutdown_grace_seconds),
     }
+    if cluster.connection_drain_seconds is not None:  # unset: the ConfigMap of earlier releases
+        env[broker.ENV_DRAIN] = str(cluster.connection_drain_seconds)
     if cluster.declared_subscriptions_only:
         env[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] = 'true'
     for field, variable in _SETTINGS.items():

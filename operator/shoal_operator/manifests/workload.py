@@ -50,8 +50,9 @@ def _container(cluster: BrokerCluster) -> dict[str, Any]:
         'startupProbe': _probe('/livez', 2, 30),
         'livenessProbe': _probe('/livez', 10, 3),
         'readinessProbe': _probe('/readyz', 5, 2),
-        # preStop: the pod leaves the Service endpoints first; then SIGTERM makes the broker return
-        # held messages and close connections with amqp:connection:forced so clients fail over
+        # preStop: the pod leaves the Service endpoints first (a terminating pod is taken out of
+        # them whatever its probe says); then SIGTERM turns /readyz to 503, and the broker drains
+        # and closes connections with amqp:connection:forced so clients fail over
         'lifecycle': {'preStop': {'exec': {'command': ['sleep', str(cluster.drain_seconds)]}}},
         'securityContext': {
             'runAsNonRoot': True,
@@ -99,7 +100,7 @@ def deployment(cluster: BrokerCluster) -> Manifest:
     template = cluster.pod_template
     pod_spec: dict[str, Any] = {
         'automountServiceAccountToken': False,
-        'terminationGracePeriodSeconds': cluster.drain_seconds + cluster.shutdown_grace_seconds + 5,
+        'terminationGracePeriodSeconds': cluster.termination_grace_seconds,
         'securityContext': {'runAsNonRoot': True, 'fsGroup': BROKER_UID,
                             'seccompProfile': {'type': 'RuntimeDefault'}},
         'containers': [_container(cluster)],
