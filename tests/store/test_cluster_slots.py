@@ -100,6 +100,13 @@ CASES = [
     Case('commit_forget', (RECORD, keys.commit_index(REPLICA, 3)), ()),
     Case('index_forget', (keys.ADDRESSES,), ('gone', 'queue:e1')),
     Case('delete_address', (A.meta, *layout.address_keys(ADDRESS, [GROUP])), ()),
+    # the management API's browse, move, retry, delete and purge (store/management.py)
+    Case('manage_page', (A.streams[0], A.returned(GROUP)), (GROUP, 0, '0-0', 10, 100)),
+    Case('manage_copy', (A.streams[0], A.groups, *A.streams, A.watchers, A.imports),
+         ('queue', 0, A.notify, 'elsewhere|0|1-1', *MESSAGE)),
+    Case('manage_remove', (A.streams[0], A.returned(GROUP), A.delivery_counts(GROUP)),
+         (GROUP, 0, '1-1')),
+    Case('manage_purge', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP)), (GROUP,)),
 ]  # fmt: skip
 
 
