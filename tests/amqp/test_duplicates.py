@@ -5,6 +5,7 @@ second copy comes through another replica or inside a transaction; past the wind
 time the id is accepted again.
 """
 
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -180,14 +181,15 @@ def test_off_stores_every_copy(broker: BrokerProcess, address: str, store_client
 
 
 def test_a_resend_of_what_no_replica_confirmed_is_not_a_second_copy(address: str) -> None:
-    """In ``replicated`` durability a message whose WAIT timed out is released but stays in
-    Redis; the producer's resend of it (the same message-id) must not store it twice."""
+    """With the hold off (``SHOAL_STORE_HOLD_SECONDS=0``), in ``replicated`` durability a message
+    whose WAIT timed out is released but stays in Redis; the producer's resend of it (the same
+    message-id) must not store it twice."""
     primary = RedisServer()
     replica: RedisServer | None = None
-    b = BrokerProcess(
-        primary.url,
-        env={**ON, 'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '200'},
-    )
+    b = BrokerProcess(primary.url, env={
+        **ON, 'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '200',
+        'SHOAL_STORE_HOLD_SECONDS': '0',
+    })  # fmt: skip
     try:
         conn = connect(b.url)
         snd = sender(conn, address)
@@ -204,5 +206,39 @@ def test_a_resend_of_what_no_replica_confirmed_is_not_a_second_copy(address: str
     finally:
         b.stop()
         if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
+def test_the_brokers_own_rewrite_of_a_held_unconfirmed_message_is_not_a_second_copy(
+    address: str,
+) -> None:
+    """With the hold (the default), a message whose WAIT timed out is held and written again
+    once a replica is back: the rewrite carries the same id, so the copy the first write left
+    in Redis is the only one, and the send is answered accepted."""
+    primary = RedisServer()
+    started: list[RedisServer] = []
+    b = BrokerProcess(
+        primary.url,
+        env={**ON, 'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '200'},
+    )
+    # the replica arrives while the send waits, held (proton's blocking send waits meanwhile)
+    late = threading.Timer(2.0, lambda: started.append(
+        RedisServer(None, '--replicaof', '127.0.0.1', str(primary.port))))  # fmt: skip
+    try:
+        conn = connect(b.url)
+        snd = sender(conn, address)
+        late.start()
+        assert send_with_outcome(conn, snd, message('held', 'ID:held-1')) == ACCEPTED
+        late.join()
+        rcv = receiver(conn, address)
+        assert [m.body for m in receive_all(rcv, 1)] == ['held']
+        assert nothing_more(rcv)
+        conn.close()
+    finally:
+        late.cancel()
+        late.join()
+        b.stop()
+        for replica in started:
             replica.stop()
         primary.stop()
