@@ -36,6 +36,7 @@ async def run(runtime: Runtime, stop: asyncio.Event) -> None:
 
 
 async def observe_all(runtime: Runtime) -> None:
+    started = time.monotonic()
     for body in runtime.of_kind('BrokerCluster'):
         await _cluster(runtime, body)
     for kind in ('Queue', 'SharedSubscription'):
@@ -49,6 +50,7 @@ async def observe_all(runtime: Runtime) -> None:
                 await _entity(runtime, kind, sampled, live)
     await deletion.retry_pending(runtime)
     await deletion.settle_orphans(runtime)
+    metrics.OBSERVATION_SECONDS.set(time.monotonic() - started)
     metrics.LAST_OBSERVATION.set(time.time())
 
 
