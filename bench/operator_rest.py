@@ -141,22 +141,6 @@ async def run(args: argparse.Namespace, redis_url: str, work: Path) -> dict[str,
                 'spec': {'redis': {'secretName': 'redis'}, 'replicas': 2,
                          'auth': {'allowAnonymous': True}},
             })  # fmt: skip
-            names = []
-            for i in range(args.queues):
-                names.append(('queues', f'q{i}'))
-                await create(f'{api}/queues', {
-                    'apiVersion': GROUP_VERSION, 'kind': 'Queue',
-                    'metadata': {'name': f'q{i}', 'namespace': 'default'},
-                    'spec': {'clusterRef': {'name': 'shoal'}, 'queueName': f'bench-q{i}'},
-                })  # fmt: skip
-            for i in range(args.subscriptions):
-                names.append(('sharedsubscriptions', f's{i}'))
-                await create(f'{api}/sharedsubscriptions', {
-                    'apiVersion': GROUP_VERSION, 'kind': 'SharedSubscription',
-                    'metadata': {'name': f's{i}', 'namespace': 'default'},
-                    'spec': {'clusterRef': {'name': 'shoal'}, 'topic': 'bench-topic',
-                             'subscriptionName': f'bench-s{i}'},
-                })  # fmt: skip
             config = work / 'kubeconfig'
             config.write_text(
                 'apiVersion: v1\nkind: Config\n'
@@ -172,12 +156,13 @@ async def run(args: argparse.Namespace, redis_url: str, work: Path) -> dict[str,
                    'SHOAL_OPERATOR_LOG_LEVEL': os.environ.get('LOG_LEVEL', 'WARNING'),
                    'SHOAL_OPERATOR_OBSERVE_SECONDS': str(args.observe)}  # fmt: skip
             log = (work / 'operator.log').open('wb')
-            started = time.monotonic()
             operator = await asyncio.create_subprocess_exec(
                 sys.executable, '-m', 'shoal_operator', env=env, stdout=log,
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
+                names = await populate(args, session, create, f'http://{metrics}/metrics')
+                started = time.monotonic()
                 return await measure(args, emulator, session, operator, names, metrics, started)
             finally:
                 operator.send_signal(signal.SIGTERM)
@@ -187,6 +172,50 @@ async def run(args: argparse.Namespace, redis_url: str, work: Path) -> dict[str,
                     operator.kill()
                     await asyncio.wait_for(operator.wait(), 10)
                 log.close()
+
+
+async def populate(
+    args: argparse.Namespace, session: aiohttp.ClientSession, create: Any, metrics: str
+) -> list[tuple[str, str]]:
+    """Create the Queues and SharedSubscriptions ``--batch`` at a time, each batch once the
+    operator has provisioned the one before (``shoal_operator_reconciles_total``): all at once,
+    the emulator (one Python process) cannot keep up with the operator's requests."""
+    api = f'/apis/{GROUP_VERSION}/namespaces/default'
+    bodies: list[tuple[str, dict[str, Any]]] = []
+    for i in range(args.queues):
+        bodies.append(('queues', {
+            'apiVersion': GROUP_VERSION, 'kind': 'Queue',
+            'metadata': {'name': f'q{i}', 'namespace': 'default'},
+            'spec': {'clusterRef': {'name': 'shoal'}, 'queueName': f'bench-q{i}'},
+        }))  # fmt: skip
+    for i in range(args.subscriptions):
+        bodies.append(('sharedsubscriptions', {
+            'apiVersion': GROUP_VERSION, 'kind': 'SharedSubscription',
+            'metadata': {'name': f's{i}', 'namespace': 'default'},
+            'spec': {'clusterRef': {'name': 'shoal'}, 'topic': 'bench-topic',
+                     'subscriptionName': f'bench-s{i}'},
+        }))  # fmt: skip
+
+    async def provisioned() -> float:
+        try:
+            async with session.get(metrics) as response:
+                text = await response.text()
+        except aiohttp.ClientError:
+            return 0.0
+        return sum(float(line.split()[1]) for line in text.splitlines()
+                   if line.startswith('shoal_operator_reconciles_total{')
+                   and 'kind="BrokerCluster"' not in line and 'result="ok"' in line)  # fmt: skip
+
+    for first in range(0, len(bodies), args.batch):
+        for plural, body in bodies[first : first + args.batch]:
+            await create(f'{api}/{plural}', body)
+        done = first + len(bodies[first : first + args.batch])
+
+        async def caught_up(done: int = done) -> bool:
+            return await provisioned() >= done
+
+        await until(caught_up, f'{done} resources provisioned', args.limit)
+    return [(plural, body['metadata']['name']) for plural, body in bodies]
 
 
 async def measure(
@@ -250,6 +279,7 @@ def main() -> None:
     parser.add_argument('--settle', type=int, default=1, help='passes before the window')
     parser.add_argument('--observe', type=float, default=30.0, help='observe interval')
     parser.add_argument('--limit', type=float, default=900.0, help='bound of each wait')
+    parser.add_argument('--batch', type=int, default=100, help='resources created at once')
     args = parser.parse_args()
     binary = shutil.which('redis-server')
     if binary is None:
