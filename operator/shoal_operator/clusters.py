@@ -48,8 +48,10 @@ async def apply_cluster(runtime: Runtime, body: Mapping[str, Any]) -> BrokerClus
     management = naming.management_secret(cluster)
     password = await kube.secret_value(cluster.meta.namespace, management, 'password')
     password = password or secrets.token_urlsafe(24)
+    namespace, uid = cluster.meta.namespace, cluster.meta.uid
     for manifest in manifests.build_all(cluster, redis_url, password):
         manifest['metadata']['ownerReferences'] = [owner]
+        runtime.absent.discard((namespace, manifest['kind'], manifest['metadata']['name'], uid))
         try:
             await kube.apply(manifest)
         except k8s.KindNotServed as exc:
@@ -58,7 +60,11 @@ async def apply_cluster(runtime: Runtime, body: Mapping[str, Any]) -> BrokerClus
             field = manifests.OPTIONAL_KINDS[exc.kind]
             not_served.append(f'{exc.description}: install its CRD or turn {field} off')
     for api_version, kind, name in manifests.switched_off(cluster):
-        await kube.delete(api_version, kind, cluster.meta.namespace, name)
+        # deleted once per run, not every pass: what this run deleted or found absent stays so
+        # until this run creates it again (a restart deletes once more)
+        if (namespace, kind, name, uid) not in runtime.absent:
+            await kube.delete(api_version, kind, namespace, name)  # a 404 is absent too
+            runtime.absent.add((namespace, kind, name, uid))
     reported = set(runtime.kinds_not_served.get(cluster.meta.uid, ()))
     for condition in (body.get('status') or {}).get('conditions') or []:  # before a restart
         if condition.get('type') == 'ChildrenApplied' and condition.get('status') == 'False':
@@ -83,7 +89,7 @@ async def observe_cluster(
     secret_problems = await _secret_problems(runtime, body, cluster, previous)
     redis_info, redis_error, declared = None, '', None
     try:
-        registry = await runtime.registry(cluster)
+        registry = await runtime.registry(cluster, fresh=True)  # once per cluster per pass
         redis_info = await registry.info()
         declared = await registry.subscription_count()
     except (StoreUnavailable, ClusterUnavailable) as exc:

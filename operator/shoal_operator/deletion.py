@@ -90,13 +90,7 @@ async def remove(
     only_if_empty = entity.deletion_policy is DeletionPolicy.DELETE_IF_EMPTY
     try:
         if registry is None:
-            try:
-                registry = await runtime.registry(cluster)
-            except k8s.ApiError:  # the Secret can no longer be read: the Redis last reached
-                remembered = runtime.remembered(entity.cluster)
-                if remembered is None:
-                    raise
-                registry = remembered[1]
+            registry = await _redis(runtime, cluster, entity)
         if isinstance(entity, SharedSubscription):
             removal = await registry.remove_subscription(
                 provisioning.subscription_key(entity), entity.meta.owner, delete=True,
@@ -139,6 +133,21 @@ async def _cluster(
         return None, None
 
 
+async def _redis(runtime: Runtime, cluster: BrokerCluster, entity: Queue | SharedSubscription
+                 ) -> Registry:  # fmt: skip
+    """The cluster's Redis. When the Secret naming it can no longer be read (deleted before the
+    resources, or with their namespace, in whatever order the namespace controller picks), the
+    Redis this run last reached the cluster through: the policy is carried out the same in
+    every order, and the finalizer is not released for want of a Secret."""
+    try:
+        return await runtime.registry(cluster)
+    except (k8s.ApiError, ClusterUnavailable):
+        remembered = runtime.remembered(entity.cluster)
+        if remembered is None:
+            raise
+        return remembered[1]
+
+
 def blocked_conditions(body: Mapping[str, Any], reason: str, message: str) -> list[Any]:
     previous = (body.get('status') or {}).get('conditions') or []
     generation = int((body.get('metadata') or {}).get('generation') or 1)
@@ -159,7 +168,7 @@ async def release(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
         cluster, registry = await _cluster(runtime, entity)
         if cluster is None:
             raise ClusterUnavailable('ClusterNotFound', 'its BrokerCluster does not exist')
-        registry = registry or await runtime.registry(cluster)
+        registry = registry or await _redis(runtime, cluster, entity)
         if isinstance(entity, SharedSubscription):
             await registry.remove_subscription(
                 provisioning.subscription_key(entity), entity.meta.owner, delete=False

@@ -11,7 +11,7 @@ from typing import Any
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.store.declarations import EntityState, ProvisionConflict, Provisioned
 from shoal_broker.store.registry import Registry
-from shoal_operator import conditions, metrics, provisioning, status
+from shoal_operator import conditions, k8s, metrics, provisioning, status
 from shoal_operator.models import (
     InvalidSpec,
     ManagementPolicy,
@@ -133,14 +133,68 @@ async def _state(entity: Entity, registry: Registry) -> EntityState:
     return await registry.queue_state(entity.address)
 
 
-async def sample(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Live numbers for the status (and drift repair: a declared entity missing from Redis is
-    declared again); None when nothing can be sampled now."""
+async def sample_all(
+    runtime: Runtime, kind: str, bodies: Sequence[Mapping[str, Any]]
+) -> list[tuple[Mapping[str, Any], dict[str, Any] | None]]:
+    """Live numbers for the status of each resource (None when nothing can be sampled now), with
+    drift repair (a declared entity missing from Redis is declared again). The cluster comes
+    from the watch's inventory and its Redis URL from the once-per-pass read (``Runtime``), and
+    the Redis reads of every resource on one Redis are batched (``Registry.states``)."""
+    found: dict[int, EntityState] = {}
+    targets: list[tuple[Mapping[str, Any], Entity, Registry] | None] = []
+    batches: dict[int, tuple[Registry, list[int]]] = {}
+    for i, body in enumerate(bodies):
+        try:
+            entity = parse(kind, body)
+            cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
+            registry = await runtime.registry(cluster)
+        except (InvalidSpec, ValueError, ClusterUnavailable, StoreUnavailable, k8s.ApiError
+                ) as exc:  # fmt: skip
+            logger.debug('no sample of %s %s: %s', kind, describe(body), exc)
+            targets.append(None)
+            continue
+        targets.append((body, entity, registry))
+        batches.setdefault(id(registry), (registry, []))[1].append(i)
+    for registry, members in batches.values():
+        queues = [e.address for _, e, _ in _each(targets, members) if isinstance(e, Queue)]
+        subs = [provisioning.subscription_key(e) for _, e, _ in _each(targets, members)
+                if isinstance(e, SharedSubscription)]  # fmt: skip
+        try:
+            queue_states, sub_states = await registry.states(queues, subs)
+        except StoreUnavailable as exc:
+            logger.debug('no sample from a Redis: %s', exc)
+            continue
+        for i in members:
+            entity = targets[i][1]  # type: ignore[index]  # members are parsed
+            if isinstance(entity, SharedSubscription):
+                found[i] = sub_states[provisioning.subscription_key(entity).id]
+            else:
+                found[i] = queue_states[entity.address]
+    samples: list[tuple[Mapping[str, Any], dict[str, Any] | None]] = []
+    for i, body in enumerate(bodies):
+        target = targets[i]
+        if target is None or i not in found:
+            samples.append((body, None))
+            continue
+        samples.append((body, await _live(runtime, kind, body, *target[1:], found[i])))
+    return samples
+
+
+def _each(
+    targets: Sequence[tuple[Mapping[str, Any], Entity, Registry] | None], members: Sequence[int]
+) -> list[tuple[Mapping[str, Any], Entity, Registry]]:
+    return [t for t in (targets[i] for i in members) if t is not None]
+
+
+async def _live(
+    runtime: Runtime,
+    kind: str,
+    body: Mapping[str, Any],
+    entity: Entity,
+    registry: Registry,
+    state: EntityState,
+) -> dict[str, Any] | None:
     try:
-        entity = parse(kind, body)
-        cluster = await runtime.cluster(entity.cluster, entity.meta.namespace)
-        registry = await runtime.registry(cluster)
-        state = await _state(entity, registry)
         managed = entity.management_policy is ManagementPolicy.MANAGED and not entity.meta.paused
         provisioned = conditions.is_true((body.get('status') or {}).get('conditions') or [],
                                          'Provisioned')  # fmt: skip
@@ -148,13 +202,7 @@ async def sample(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> dict[s
         if managed and provisioned and (not state.exists or not state.owner or drifted):
             await provision(runtime, kind, body)  # removed, released or changed behind our back
             state = await _state(entity, registry)
-    except (
-        InvalidSpec,
-        ValueError,
-        ClusterUnavailable,
-        StoreUnavailable,
-        ProvisionConflict,
-    ) as exc:
+    except (StoreUnavailable, ProvisionConflict) as exc:
         logger.debug('no sample of %s %s: %s', kind, describe(body), exc)
         return None
     if isinstance(entity, SharedSubscription):

@@ -17,3 +17,7 @@ LAST_OBSERVATION = Gauge(
     'When live status was last sampled (a stuck operator stops moving it)',
 )
 MANAGED = Gauge('shoal_operator_resources', 'Resources seen, by kind', ['kind'])
+OBSERVATION_SECONDS = Gauge(
+    'shoal_operator_observation_duration_seconds',
+    'How long the last observer pass took (it must stay well below the observe interval)',
+)

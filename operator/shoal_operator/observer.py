@@ -36,13 +36,21 @@ async def run(runtime: Runtime, stop: asyncio.Event) -> None:
 
 
 async def observe_all(runtime: Runtime) -> None:
+    started = time.monotonic()
     for body in runtime.of_kind('BrokerCluster'):
         await _cluster(runtime, body)
     for kind in ('Queue', 'SharedSubscription'):
-        for body in runtime.of_kind(kind):
-            await _entity(runtime, kind, body)
+        bodies = [
+            body
+            for body in runtime.of_kind(kind)
+            if not (body.get('metadata') or {}).get('deletionTimestamp') and _settled(body)
+        ]
+        for sampled, live in await entities.sample_all(runtime, kind, bodies):
+            if live is not None:
+                await _entity(runtime, kind, sampled, live)
     await deletion.retry_pending(runtime)
     await deletion.settle_orphans(runtime)
+    metrics.OBSERVATION_SECONDS.set(time.monotonic() - started)
     metrics.LAST_OBSERVATION.set(time.time())
 
 
@@ -66,13 +74,10 @@ async def _cluster(runtime: Runtime, body: Mapping[str, Any]) -> None:
         await _patch_status(runtime, 'BrokerCluster', meta, patch)
 
 
-async def _entity(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> None:
+async def _entity(runtime: Runtime, kind: str, body: Mapping[str, Any], live: dict[str, Any]
+                  ) -> None:  # fmt: skip
+    """Write the sampled status when it changed enough (``status.worth_writing``)."""
     meta = body.get('metadata') or {}
-    if meta.get('deletionTimestamp') or not _settled(body):
-        return
-    live = await entities.sample(runtime, kind, body)
-    if live is None:
-        return
     at_limit = live.pop(entities.AT_LIMIT, None)
     old = body.get('status') or {}
     if at_limit is not None:

@@ -9,6 +9,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,10 @@ class Runtime:
         self.kinds_not_served: dict[str, list[str]] = {}
         """Per BrokerCluster uid, why optional children could not be created (their kind is not
         served), as reported on its ChildrenApplied condition."""
+        self.absent: set[tuple[str, str, str, str]] = set()
+        """(namespace, kind, name, BrokerCluster uid) of optional children switched off and
+        deleted by this run (or found absent): not deleted again every pass."""
+        self._url_cache: dict[tuple[str, str], tuple[Any, float, tuple[str, str]]] = {}
         self._registries: dict[str, Registry] = {}
         self._ca_dir: Path | None = None
 
@@ -122,8 +127,15 @@ class Runtime:
         return [body for (k, _, _), body in sorted(self.inventory.items()) if k == kind]
 
     async def cluster(self, ref: ClusterRef, namespace: str) -> BrokerCluster:
-        """The referenced cluster, if it exists, is not being deleted and admits ``namespace``."""
-        body = await self.api().get(API_VERSION, 'BrokerCluster', ref.namespace, ref.name)
+        """The referenced cluster, if it exists, is not being deleted and admits ``namespace``.
+        Read from the inventory (the watch stream's latest body): a GET only for a cluster the
+        watch has not brought yet (just created, or missing), so a pass over every resource
+        reads no shared object from the API server."""
+        body: Mapping[str, Any] | None = self.inventory.get(
+            ('BrokerCluster', ref.namespace, ref.name)
+        )
+        if body is None:
+            body = await self.api().get(API_VERSION, 'BrokerCluster', ref.namespace, ref.name)
         if body is None or (body.get('metadata') or {}).get('deletionTimestamp'):
             raise ClusterUnavailable(
                 'ClusterNotFound', f'BrokerCluster {ref.namespace}/{ref.name} does not exist'
@@ -142,21 +154,39 @@ class Runtime:
             )
         return cluster
 
-    async def registry(self, cluster: BrokerCluster) -> Registry:
-        """The cluster's Redis, through the URL its brokers get (``redis_url``)."""
-        _, own = await self._urls(cluster)
+    async def registry(self, cluster: BrokerCluster, *, fresh: bool = False) -> Registry:
+        """The cluster's Redis, through the URL its brokers get (``redis_url``); ``fresh``:
+        read the Secrets naming it again (``_urls``)."""
+        _, own = await self._urls(cluster, fresh=fresh)
         registry = self._registry(own)
         self.last_seen[(cluster.meta.namespace, cluster.meta.name)] = (cluster, own)
         return registry
 
-    async def redis_url(self, cluster: BrokerCluster) -> str:
+    async def redis_url(self, cluster: BrokerCluster, *, fresh: bool = False) -> str:
         """The Redis URL the cluster's brokers get: the one in ``spec.redis.secretName``, or the
         one rendered from ``spec.redis`` and the Secrets it names (``redisurl.render``)."""
-        pods, _ = await self._urls(cluster)
+        pods, _ = await self._urls(cluster, fresh=fresh)
         return pods
 
-    async def _urls(self, cluster: BrokerCluster) -> tuple[str, str]:
-        """(the brokers' URL, the operator's): the same but for where the TLS CA file is."""
+    async def _urls(self, cluster: BrokerCluster, *, fresh: bool) -> tuple[str, str]:
+        """(the brokers' URL, the operator's), from the Secrets read at most once per observe
+        interval per cluster: the cluster's own pass reads them again (``fresh``), every Queue
+        and SharedSubscription of the pass, and each handler in between, reuses that read. A
+        watch of Secrets would need list and watch of every Secret in the watched namespaces
+        (all their credentials streamed to the operator); one read per cluster per pass needs
+        neither, and a changed Secret is seen within one interval."""
+        key = (cluster.meta.namespace, cluster.meta.name)
+        cached = self._url_cache.get(key)
+        clock = time.monotonic()
+        if (not fresh and cached is not None and cached[0] == cluster.redis
+                and clock - cached[1] < self.settings.observe_seconds):  # fmt: skip
+            return cached[2]
+        self._url_cache.pop(key, None)  # a Secret that can no longer be read is not reused
+        urls = await self._read_urls(cluster)
+        self._url_cache[key] = (cluster.redis, clock, urls)
+        return urls
+
+    async def _read_urls(self, cluster: BrokerCluster) -> tuple[str, str]:
         spec, namespace = cluster.redis, cluster.meta.namespace
         if spec.url_secret is not None:
             url = await self._secret_value(namespace, spec.url_secret, spec.url_key, empty=False)

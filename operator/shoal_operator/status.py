@@ -18,7 +18,11 @@ from shoal_operator.models import BrokerCluster, ManagementPolicy, Queue, Shared
 
 BACKLOG_CHANGE = 0.1
 """Relative backlog change that is worth a status write (besides any crossing of zero)."""
-AGE_CHANGE_SECONDS = 60.0
+AGE_SCALE = (0, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 43200, 86400, 172800, 604800)
+"""The steps ``backlog.oldestMessageAgeSeconds`` is written on (0 s, 10 s, 30 s, 1 min, 2 min,
+5 min, 10 min, 30 min, 1 h, 2 h, 6 h, 12 h, 1 d, 2 d, 1 week, then whole weeks): the status
+says "at least this old", and a message that waits a day moves it 12 times, not once a minute
+(the exact age is the broker's ``shoal_oldest_message_age_seconds`` metric)."""
 
 
 def entity_conditions(
@@ -110,8 +114,16 @@ def queue_live(queue: Queue, state: EntityState, now: datetime.datetime) -> dict
 def _backlog(state: EntityState, now: datetime.datetime) -> dict[str, Any]:
     backlog: dict[str, Any] = {'messages': state.backlog, 'sampledAt': conditions.timestamp(now)}
     if state.oldest_age_seconds is not None:
-        backlog['oldestMessageAgeSeconds'] = state.oldest_age_seconds
+        backlog['oldestMessageAgeSeconds'] = coarse_age(state.oldest_age_seconds)
     return backlog
+
+
+def coarse_age(seconds: float) -> int:
+    """``seconds`` rounded down to its step of ``AGE_SCALE``."""
+    week = AGE_SCALE[-1]
+    if seconds >= week:
+        return int(seconds // week) * week
+    return max(step for step in AGE_SCALE if step <= max(seconds, 0))
 
 
 def at_limit(sub: SharedSubscription, state: EntityState) -> bool | None:
@@ -135,11 +147,7 @@ def worth_writing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     new_age = after.get('oldestMessageAgeSeconds')
     if (old_age is None) != (new_age is None):
         return True
-    return (
-        old_age is not None
-        and new_age is not None
-        and abs(float(new_age) - float(old_age)) >= AGE_CHANGE_SECONDS
-    )
+    return old_age is not None and new_age is not None and float(old_age) != float(new_age)
 
 
 LIVE_SECTIONS = ('consumers', 'backlog')

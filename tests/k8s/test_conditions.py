@@ -1,6 +1,7 @@
 """The pure status side: conditions, Ready summaries, the sampling throttle, deletion hatches,
 and what a SharedSubscription means to the broker."""
 
+import dataclasses
 import datetime
 from typing import Any
 
@@ -242,3 +243,22 @@ def test_the_live_status_shows_each_replicas_consumers_and_share_of_the_deliveri
     ]
     idle = status.subscription_live(subscription(), EntityState(exists=True), T0)
     assert 'perReplica' not in idle['consumers']
+
+
+def test_the_oldest_message_age_is_written_on_a_coarse_scale() -> None:
+    """A waiting message's age moves the status only when it reaches its next step, so a queue
+    holding one for a day is rewritten a dozen times, not once a minute."""
+    assert [status.coarse_age(s) for s in (0, 9.9, 10, 59, 61, 299, 3599, 3600, 90000)] == [
+        0, 0, 10, 30, 60, 120, 1800, 3600, 86400,
+    ]  # fmt: skip
+    assert status.coarse_age(20 * 86400) == 14 * 86400  # whole weeks past a week
+    state = EntityState(exists=True, backlog=1, oldest_age_seconds=61.0)
+    live = status.subscription_live(subscription(), state, T0)
+    later = status.subscription_live(subscription(), dataclasses.replace(
+        state, oldest_age_seconds=119.0), T0)  # fmt: skip
+    assert not status.worth_writing(live, later)
+    steps = {status.coarse_age(s) for s in range(0, 86401, 5)}  # a day's wait
+    assert len(steps) - 1 == 12  # moves after the first write
+    moved = status.subscription_live(subscription(), dataclasses.replace(
+        state, oldest_age_seconds=120.0), T0)  # fmt: skip
+    assert status.worth_writing(live, moved)

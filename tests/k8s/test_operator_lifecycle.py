@@ -273,6 +273,10 @@ async def test_the_finalizer_goes_when_redis_stays_unreachable_past_the_timeout(
         'secrets', {'metadata': {'name': 'dead'}, 'stringData': {'url': dead}}, api_version='v1'
     )
     await operator.patch('brokerclusters', 'shoal', {'spec': {'redis': {'secretName': 'dead'}}})
+    # the operator reads the cluster from its watch: wait until it has seen the change
+    await body_when(operator, 'brokerclusters', 'shoal',
+                    lambda b: condition(b, 'RedisConnected').get('status') == 'False',
+                    'the cluster on the dead Redis')  # fmt: skip
     await operator.delete('sharedsubscriptions', name)
     await deletion_blocked(operator, name, 'RedisUnavailable')
     await gone(operator, 'sharedsubscriptions', name)

@@ -79,6 +79,16 @@ async def test_the_operator_uses_every_grant_and_nothing_else(
     for plural, name in [('queues', 'orders'), ('sharedsubscriptions', billing)]:
         await kube.eventually(lambda p=plural, n=name: _ready(kube, p, n), f'{plural}/{name}')
 
+    # a cluster the watch has not brought (here: there is none) is read from the API server
+    stray = {'clusterRef': {'name': 'missing'}, 'queueName': f'{address}-stray'}
+    await kube.create('queues', {'kind': 'Queue', 'metadata': {'name': 'stray'}, 'spec': stray})
+
+    async def not_found() -> bool:
+        found = condition(await kube.get('queues', 'stray'), 'ClusterAvailable')
+        return found.get('reason') == 'ClusterNotFound'
+
+    await kube.eventually(not_found, 'the stray Queue ClusterNotFound')
+
     # drift: each child changed behind the operator's back is patched back
     for api_version, plural, name in CHILDREN:
         await kube.eventually(lambda a=api_version, p=plural, n=name: kube.get(p, n, api_version=a),

@@ -12,6 +12,15 @@ from processes import BrokerProcess, free_port
 from proton import Message
 
 
+def requests(kube: Kube) -> list[tuple[str, str]]:
+    """The operator's requests so far: (method, path)."""
+    return [
+        (str(r.method.value).upper(), str(r.url.path))
+        for r in list(kube.emulator)
+        if r.headers.get('Authorization') == f'Bearer {rbac.TOKEN}'
+    ]
+
+
 def patches(kube: Kube) -> list[str]:
     """The operator's PATCH requests so far (status and otherwise)."""
     return [
@@ -115,3 +124,57 @@ async def test_what_only_a_reachable_redis_tells_leaves_a_cluster_status_without
     )
     assert found['status']['redis'] == {'connected': False}
     assert 'subscriptions' not in found['status']
+
+
+async def test_passes_at_rest_read_no_shared_object_per_resource_and_write_nothing(
+    cluster: Kube, broker: BrokerProcess, address: str
+) -> None:
+    """With many resources at rest, a pass reads the BrokerCluster from the watch and its
+    Secret once (not once per resource), patches no child that already holds what it should
+    (the API server drops a false ``publishNotReadyAddresses``), does not delete again the
+    switched-off children it found absent, and writes no status; a pass where one queue got a
+    message writes that queue's status and nothing else."""
+    count = 12
+    for i in range(count):
+        spec = {'clusterRef': {'name': 'shoal'}, 'queueName': f'{address}-{i}'}
+        await cluster.create('queues', {'kind': 'Queue', 'metadata': {'name': f'q{i}'},
+                                        'spec': spec})  # fmt: skip
+        await cluster.create('sharedsubscriptions',
+                             subscription_body(f's{i}-{address[-8:]}', address))  # fmt: skip
+
+    async def sampled() -> bool:
+        for i in range(count):
+            for plural, name in (
+                ('queues', f'q{i}'),
+                ('sharedsubscriptions', f's{i}-{address[-8:]}'),
+            ):
+                body = await cluster.get(plural, name)
+                if 'backlog' not in ((body or {}).get('status') or {}):
+                    return False
+        return True
+
+    await cluster.eventually(sampled, 'every resource sampled')
+    await cluster.observer_passes(2)
+    before = len(requests(cluster))
+    passes = 3
+    await cluster.observer_passes(passes)
+    at_rest = requests(cluster)[before:]
+    writes = [r for r in at_rest if r[0] != 'GET']
+    assert writes == []
+    assert not [path for _, path in at_rest if '/brokerclusters/' in path]
+    secret_reads = [path for _, path in at_rest if path.endswith('/secrets/redis')]
+    assert len(secret_reads) <= passes + 2  # once per pass (a pass may be cut by the window)
+
+    conn = connect(broker.url)
+    sender(conn, f'{address}-3').send(Message(body='an order'))
+    conn.close()
+
+    async def written() -> bool:
+        body = await cluster.get('queues', 'q3') or {}
+        return int(((body.get('status') or {}).get('backlog') or {}).get('messages', 0)) == 1
+
+    before = len(requests(cluster))
+    await cluster.eventually(written, 'the queue holding a message written')
+    await cluster.observer_passes(2)
+    writes = [r for r in requests(cluster)[before:] if r[0] != 'GET']
+    assert writes == [('PATCH', '/apis/shoal.dev/v1alpha1/namespaces/default/queues/q3/status')]

@@ -74,6 +74,12 @@ async def test_the_operator_and_the_cli_see_every_shard(
     [info] = [s for s in await registry.subscriptions() if s.id == key.id]
     assert (info.topic, info.backlog) == (topic, 1)
 
+    # the operator's batched pass reads every shard in its pipelines
+    queue_states, sub_states = await registry.states(queues, [key])
+    assert {q: s.backlog for q, s in queue_states.items()} == found
+    assert {q: s.owner for q, s in queue_states.items()} == dict.fromkeys(queues, 'ns/q')
+    assert (sub_states[key.id].backlog, sub_states[key.id].owner) == (1, 'ns/watch')
+
     assert await registry.remove_queue(queues[0], 'ns/q', delete=True) is Removal.DELETED
     assert not (await registry.queue_state(queues[0])).exists
     assert queues[0] not in {a.name for a in await registry.addresses()}

@@ -13,6 +13,7 @@ from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.settings import AddressKind, Overflow
 from shoal_broker.store import keys
 from shoal_broker.store.declarations import (
+    EntityState,
     OnDeletion,
     ProvisionConflict,
     Provisioned,
@@ -255,3 +256,47 @@ async def test_the_deletion_policy_is_filed_with_the_declaration_and_goes_with_i
     assert await registry.remove_queue(address, 'ns/q', delete=False) is Removal.RELEASED
     assert await registry.remove_subscription(sub.key, 'ns/sub', delete=True) is Removal.DELETED
     assert not (await registry.on_deletion()).keys() & {queue, subscription}
+
+
+async def test_the_batched_states_are_the_one_by_one_states(
+    registry: Registry, store: RedisStore, topic: str
+) -> None:
+    """``states`` (the operator's pass) answers what ``queue_state`` and ``subscription_state``
+    answer one by one: backlog, owner, policy, consumers, deliveries, oldest message; and
+    ``exists=False`` for what Redis does not hold."""
+    policy = EntityPolicy(max_delivery_attempts=3)
+    declaration = declared(topic, policy=policy)
+    await registry.declare_subscription(declaration, recreate=False)
+    await store.registry.join_subscription(
+        SubscriptionSpec(key=declaration.key, shared=True, topic=topic), 'c1', 0
+    )
+    await store.messages.publish(topic, AddressKind.TOPIC, message(b'waits'))
+    queues = [f'{topic}-q{i}' for i in range(3)]
+    for i, queue in enumerate(queues[:2]):
+        await registry.declare_queue(queue, f'ns/q{i}', policy)
+    await store.messages.publish(queues[0], AddressKind.QUEUE, message(b'one'))
+    await store.messages.publish(queues[0], AddressKind.QUEUE, message(b'two'))
+    missing = SubscriptionKey(f'none-{topic}', Scope.GLOBAL, '', True)
+    found_queues, found_subs = await registry.states(queues, [declaration.key, missing])
+
+    def same(a: EntityState, b: EntityState) -> bool:
+        age = dataclasses.replace(a, oldest_age_seconds=None)
+        if (a.oldest_age_seconds is None) != (b.oldest_age_seconds is None):
+            return False
+        close = (
+            a.oldest_age_seconds is None
+            or abs(a.oldest_age_seconds - (b.oldest_age_seconds or 0)) < 2
+        )
+        return close and age == dataclasses.replace(b, oldest_age_seconds=None)
+
+    for queue in queues:
+        assert same(found_queues[queue], await registry.queue_state(queue)), queue
+    assert found_queues[queues[0]].backlog == 2
+    assert found_queues[queues[0]].policy == policy
+    assert not found_queues[queues[2]].exists
+    assert same(found_subs[declaration.key.id], await registry.subscription_state(declaration.key))
+    assert (found_subs[declaration.key.id].consumers, found_subs[declaration.key.id].backlog) == (
+        1,
+        1,
+    )
+    assert not found_subs[missing.id].exists

@@ -45,6 +45,8 @@ class StampingEmulator(kmock.KubernetesEmulator):
                 status=403, reason='Forbidden', message='no Role in this namespace any more'
             )
         data = request.data
+        if request.resource is not None and request.resource.plural == 'services':
+            _omit_empty(data)
         if request.resource is not None and request.action == kmock.action.CREATE:
             meta = data.setdefault('metadata', {})
             if not meta.get('name') and meta.get('generateName'):  # as the API server does
@@ -68,6 +70,14 @@ class StampingEmulator(kmock.KubernetesEmulator):
             elif isinstance(data, dict) and current is not None and 'spec' in data:
                 data['metadata'] = {**(data.get('metadata') or {}), 'generation': generation}
         return await super()._handle(request)
+
+
+def _omit_empty(data: Any) -> None:
+    """A false ``publishNotReadyAddresses`` is dropped from a stored Service, as the API server's
+    ``omitempty`` does (an apply that sends it would never find it held)."""
+    spec = data.get('spec') if isinstance(data, dict) else None
+    if isinstance(spec, dict) and spec.get('publishNotReadyAddresses') is False:
+        del spec['publishNotReadyAddresses']
 
 
 CRDS = {

@@ -32,8 +32,10 @@ def headless_service(cluster: BrokerCluster) -> Manifest:
         'kind': 'Service',
         'metadata': naming.metadata(cluster, naming.child(cluster, 'pods')),
         'spec': {
+            # no ``publishNotReadyAddresses: false``: the API server drops a false there
+            # (omitempty), so the object would never seem to hold it and every drift check
+            # would patch it again
             'clusterIP': 'None',
-            'publishNotReadyAddresses': False,
             'selector': naming.labels(cluster),
             'ports': [
                 {'name': 'amqp', 'port': naming.AMQP_PORT, 'targetPort': 'amqp', 'protocol': 'TCP'},
