@@ -196,6 +196,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         await health.close()
     await backlog.close()
     await store.close()
+    await asyncio.to_thread(broker.close_tracing)
     logger.info('stopped')
     return 0
 

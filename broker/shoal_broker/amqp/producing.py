@@ -25,6 +25,7 @@ from shoal_broker.amqp.linking import Linking
 from shoal_broker.amqp.links import Ahead, ConsumerLink, PendingMessage, ProducerLink, close_link
 from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outlets import Fed, Held
+from shoal_broker.amqp.spans import Spans
 from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import (
@@ -84,6 +85,8 @@ class Producing:
         self.forget = linking.link_gone
         self._on_stored = self._stored  # one bound method: publish_then batches by callback
         self._on_claimed = self._claimed  # and so does claim_then
+        self.spans: Spans | None = None
+        """Set by ``Broker`` when tracing is on."""
 
     def incoming(self, producer: ProducerLink, delivery: Ptr) -> None:
         size = wire.shoal_pending(delivery, self.max_message_size)
@@ -174,6 +177,8 @@ class Producing:
             ),
             producer.conn.container_id or '',  # origin
         )
+        if self.spans is not None:
+            stored = self.spans.published(producer, message, stored, address, kind)
         if message.transaction is not None:  # held until the transaction is discharged
             message.transaction.sends.append((address, kind, stored))
             if message.settled:
@@ -311,6 +316,8 @@ class Producing:
         """The store's answer for messages to one address (``publish_then``: one call for a
         cycle's messages to an address and band)."""
         address = stored[0][2]
+        if self.spans is not None:
+            self.spans.stored(stored, None if error is None else error.condition)
         refusal: BrokerError | None = None
         if error is None:
             if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone
