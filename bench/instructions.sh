@@ -14,6 +14,8 @@
 # cost of cluster mode per message, free of the machine's noise (docs/performance.md#redis-cluster).
 #
 # usage: bench/instructions.sh SRC_A [SRC_B ...]     e.g. bench/instructions.sh /tmp/base/broker broker
+# A tree may carry broker environment of its own after a '+', comma-separated, so that settings
+# are A/B'd in one run: broker+SHOAL_TRACING=true,SHOAL_TRACING_SAMPLE_RATIO=0.01
 #
 # Environment: N (2000), WARMUP (1000), REPS (2), ROW (bench/load.py options; default
 # "--max-backlog 200": 1 -> 1 at-least-once), ENV (extra broker environment), MODES
@@ -81,8 +83,10 @@ start_store() {  # start_store MODE PORT DIR BUS_PORT: sets REDIS_PID and URL
 echo "machine: nproc=$(nproc) N=$N WARMUP=$WARMUP REPS=$REPS ROW=$ROW ENV=$ENV MODES=${MODES[*]}"
 for ((rep = 1; rep <= REPS; rep++)); do
   i=0
-  for src in "$@"; do
+  for tree in "$@"; do
   for mode in "${MODES[@]}"; do
+    src=${tree%%+*}; own_env=""
+    [[ $tree == *+* ]] && own_env=${tree#*+} && own_env=${own_env//,/ }
     src=$(cd "$src" && pwd)
     build_wire "$src"
     dir=$WORK/$rep-$i
@@ -90,7 +94,7 @@ for ((rep = 1; rep <= REPS; rep++)); do
     read -r rport aport hport bport < <(free_ports 4)
     start_store "$mode" "$rport" "$dir" "$bport"
     # shellcheck disable=SC2086
-    env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING $ENV valgrind --tool=callgrind \
+    env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING $ENV $own_env valgrind --tool=callgrind \
         --callgrind-out-file="$dir/callgrind.%p" "$BROKER_PY" -m shoal_broker \
         --listen "127.0.0.1:$aport" --http "127.0.0.1:$hport" \
         --redis-url "$URL" --replica-id "instr$i" > "$dir/broker.log" 2>&1 &
@@ -105,7 +109,8 @@ for ((rep = 1; rep <= REPS; rep++)); do
     kill -TERM "$REDIS_PID"; wait "$REDIS_PID" || true
     # the dump after zeroing holds the measured run; the one written at exit, only the stop
     read -r ir py_ir < <(split_ir "$(ls "$dir"/callgrind.*.1)")
-    echo "$i $((ir / N)) $((py_ir / N)) $src $mode" | tee -a "$WORK/results"
+    label=$src${own_env:++${own_env// /,}}
+    echo "$i $((ir / N)) $((py_ir / N)) $label $mode" | tee -a "$WORK/results"
     i=$((i + 1))
   done
   done
