@@ -172,3 +172,31 @@ def test_with_tracing_off_nothing_is_exported_and_nothing_annotated(
     while time.monotonic() < deadline:
         assert len(otlp.in_trace(trace_id)) == 1
         time.sleep(0.1)
+
+
+def test_the_qpid_jms_annotation_carries_the_context_to_a_consumer_waiting_on_the_replica(
+    start_broker: Callable[..., BrokerProcess], otlp: OtlpReceiver, address: str
+) -> None:
+    """Qpid JMS's tracing hook puts the propagator's fields in the message annotation
+    ``x-opt-qpid-tracestate`` (a map); a consumer already waiting on the publishing replica is
+    sent the message while Redis stores it (deliver-ahead) and gets a delivery span all the same."""
+    broker = start_broker(replica_id='trace-qpid', env=_env(otlp, True))
+    trace_id, parent_id = '4bf92f3577b34da6a3ce929d0e0e4736', '00f067aa0ba902b7'
+    context = {'traceparent': f'00-{trace_id}-{parent_id}-01'}
+    conn = connect(broker.url)
+    rcv = receiver(conn, address, credit=1)
+    snd = sender(conn, address)
+    snd.send(Message(body='qpid', annotations={symbol('x-opt-qpid-tracestate'): context}))
+    message = rcv.receive(timeout=10)
+    assert message.body == 'qpid'
+    assert message.annotations[symbol('x-opt-qpid-tracestate')] == context  # kept as sent
+    rcv.accept()
+    flush(conn)
+    conn.close()
+
+    spans = otlp.wait_for(trace_id, 2)
+    publish = _one(spans, lambda s: s.name == f'publish {address}')
+    assert publish.parent_span_id == parent_id
+    delivery = _one(spans, lambda s: s.name == f'deliver {address}')
+    assert delivery.parent_span_id == publish.span_id
+    assert delivery.events[0][1]['shoal.outcome'] == 'accepted'

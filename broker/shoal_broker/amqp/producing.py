@@ -286,6 +286,8 @@ class Producing:
         for (_, _, _, _, consumer, ahead), entry_id in zip(claims, ids, strict=True):
             stored = ahead.message
             entry = Entry(entry_id, stored.band, stored.header, stored.rest, 0, 0, stored.origin)
+            if self.spans is not None:  # its delivery span: sent a moment ago, the entry now known
+                self.spans.sent(consumer, [entry])
             if ahead.settle is not None:  # settled meanwhile, or its link went
                 ahead.settle(entry)
             elif consumer.ahead.pop(ahead.delivery, None) is not None:
