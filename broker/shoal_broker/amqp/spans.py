@@ -53,7 +53,6 @@ class Spans:
         carrier = _carrier(view)
         if carrier is None:
             return stored
-        properties = codec.selection_view(view.header_bytes, view.rest).properties
         attributes: dict[str, str | int | float | bool] = {
             'shoal.address.kind': kind.value,
             'shoal.durable': view.header.durable,
@@ -62,13 +61,14 @@ class Spans:
             'messaging.client.id': producer.conn.container_id or '',
             'shoal.producer.link': producer.name,
         }
-        if properties and properties[0] is not None:
-            attributes['messaging.message.id'] = str(properties[0])
-        if len(properties) > 5 and properties[5] is not None:
-            attributes['messaging.message.conversation_id'] = str(properties[5])
         span = self.tracing.publish_span(carrier, address, attributes)
-        if span is None:
+        if span is None:  # not sampled: nothing more decoded
             return stored
+        properties = codec.selection_view(view.header_bytes, view.rest).properties
+        if properties and properties[0] is not None:
+            span.set_attribute('messaging.message.id', str(properties[0]))
+        if len(properties) > 5 and properties[5] is not None:
+            span.set_attribute('messaging.message.conversation_id', str(properties[5]))
         context = {TRACE_ANNOTATION: self.tracing.traceparent(span)}
         rest = recode.with_annotations(stored.rest, context)
         if message.transaction is not None:  # stored at discharge: the span covers the send
