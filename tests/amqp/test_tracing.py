@@ -142,14 +142,21 @@ def test_a_message_without_a_sampled_context_gets_no_span_and_no_annotation(
     unsampled = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00'
     snd.send(Message(body='not sampled', properties={'traceparent': unsampled}))
     snd.send(Message(body='no context'))
-    rcv = receiver(conn, address, credit=2)
-    for body in ('not sampled', 'no context'):
+    snd.send(Message(body='malformed', properties={'traceparent': 'not-a-trace-context'}))
+    snd.send(Message(body='odd annotation', annotations={symbol('x-opt-qpid-tracestate'): 7}))
+    rcv = receiver(conn, address, credit=4)
+    for body in ('not sampled', 'no context', 'malformed', 'odd annotation'):
         message = rcv.receive(timeout=10)
         assert message.body == body
         assert not message.annotations or 'x-opt-shoal-trace' not in message.annotations
         rcv.accept()
     flush(conn)
+    # a sampled message last: once its publish span is in, any span of those before would be
+    sampled = '00-1af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'
+    snd.send(Message(body='sampled', properties={'traceparent': sampled}))
     conn.close()
+    otlp.wait_for('1af7651916cd43dd8448eb211c80319c', 1)
+    assert {s.trace_id for s in otlp.spans} == {'1af7651916cd43dd8448eb211c80319c'}
 
 
 def test_with_tracing_off_nothing_is_exported_and_nothing_annotated(

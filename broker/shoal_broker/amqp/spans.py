@@ -13,6 +13,7 @@ replica delivers it can make its delivery spans children of that span: the bare 
 sent (AMQP 1.0 §3.2), only the annotations section is re-encoded, and only for sampled messages.
 """
 
+import logging
 from typing import Any, Final
 
 from shoal_broker.amqp import codec, recode
@@ -20,6 +21,8 @@ from shoal_broker.amqp.links import ConsumerLink, PendingMessage, ProducerLink
 from shoal_broker.routing.storage import Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.tracing import Tracing
+
+logger = logging.getLogger(__name__)
 
 QPID_ANNOTATION: Final = 'x-opt-qpid-tracestate'
 TRACE_ANNOTATION: Final = 'x-opt-shoal-trace'
@@ -48,7 +51,22 @@ class Spans:
         kind: AddressKind,
     ) -> OutgoingMessage:
         """A message about to be stored: with a sampled context, its publish span starts and the
-        message to store carries the span's context."""
+        message to store carries the span's context. A failure here costs the span, never the
+        message: it is logged and the message stored as received."""
+        try:
+            return self._published(producer, message, stored, address, kind)
+        except Exception:
+            logger.exception('tracing a publish to %s failed', address)
+            return stored
+
+    def _published(
+        self,
+        producer: ProducerLink,
+        message: PendingMessage,
+        stored: OutgoingMessage,
+        address: str,
+        kind: AddressKind,
+    ) -> OutgoingMessage:
         view = message.view
         carrier = _carrier(view)
         if carrier is None:
@@ -90,6 +108,12 @@ class Spans:
 
     def sent(self, consumer: ConsumerLink, entries: list[Entry]) -> None:
         """Entries went out on ``consumer``'s link: a delivery span for each traced one."""
+        try:
+            self._sent(consumer, entries)
+        except Exception:
+            logger.exception('tracing a delivery on %s failed', consumer.address)
+
+    def _sent(self, consumer: ConsumerLink, entries: list[Entry]) -> None:
         for entry in entries:
             rest = entry.rest
             at = rest.find(_STORED_MARK)
