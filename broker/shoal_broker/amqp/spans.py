@@ -124,7 +124,7 @@ class Spans:
             attributes: dict[str, str | int | float | bool] = {
                 'shoal.consumer.link': consumer.name,
                 'messaging.client.id': consumer.conn.container_id or '',
-                'messaging.message.id': entry.id,
+                'shoal.entry.id': entry.id,
                 'shoal.delivery_count': entry.delivery_count,
                 'shoal.presettled': consumer.presettled,
             }
