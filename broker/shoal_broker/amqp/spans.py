@@ -69,7 +69,7 @@ class Spans:
     ) -> OutgoingMessage:
         view = message.view
         carrier = _carrier(view)
-        if carrier is None:
+        if carrier is None or not self.tracing.wanted(carrier['traceparent']):
             return stored
         attributes: dict[str, str | int | float | bool] = {
             'shoal.address.kind': kind.value,
@@ -167,7 +167,7 @@ def _carrier(view: codec.RoutingView) -> dict[str, str] | None:
         return {str(k): str(v) for k, v in annotated.items() if isinstance(v, str)}
     if _PROPERTY_MARK not in view.rest:  # one scan of the bytes before decoding anything
         return None
-    application = codec.selection_view(view.header_bytes, view.rest).application_properties
+    application = _application_properties(view.rest)
     traceparent = application.get('traceparent')
     if not isinstance(traceparent, str):
         return None
@@ -175,6 +175,21 @@ def _carrier(view: codec.RoutingView) -> dict[str, str] | None:
     if isinstance(state := application.get('tracestate'), str):
         carrier['tracestate'] = state
     return carrier
+
+
+def _application_properties(rest: bytes) -> dict[Any, Any]:
+    """The application-properties section of a stored message, decoded; the sections before it
+    are skipped by their encoded width (decoding them all cost ~5 times as much)."""
+    pos = 0
+    while pos < len(rest):
+        code, value_at = codec.section_code(rest, pos)
+        if code == codec.APPLICATION_PROPERTIES:
+            value = codec.decode(rest, value_at)[0]
+            return value if isinstance(value, dict) else {}
+        if code > codec.APPLICATION_PROPERTIES:
+            break
+        pos = codec.skip(rest, value_at)
+    return {}
 
 
 def _remember(table: dict[int, Any], key: int, value: Any) -> None:
