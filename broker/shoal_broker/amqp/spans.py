@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 QPID_ANNOTATION: Final = 'x-opt-qpid-tracestate'
 TRACE_ANNOTATION: Final = 'x-opt-shoal-trace'
 _PROPERTY_MARK: Final = b'traceparent'
+_PARENT_KEY: Final = b'\xa1\x0btraceparent\xa1'
+_STATE_KEY: Final = b'\xa1\x0atracestate\xa1'
+"""The two keys as str8, followed by a str8 value's constructor: the length comes next."""
 _STORED_MARK: Final = recode.encode_symbol(TRACE_ANNOTATION) + b'\xa1'
 """How ``recode.with_annotations`` writes the annotation: its key, then a short string."""
 MAX_OPEN_SPANS: Final = 10_000
@@ -167,7 +170,41 @@ def _carrier(view: codec.RoutingView) -> dict[str, str] | None:
         return {str(k): str(v) for k, v in annotated.items() if isinstance(v, str)}
     if _PROPERTY_MARK not in view.rest:  # one scan of the bytes before decoding anything
         return None
-    application = _application_properties(view.rest)
+    return _property_carrier(view.rest)
+
+
+def _property_carrier(rest: bytes) -> dict[str, str] | None:
+    """``traceparent`` and ``tracestate`` from the application-properties section. The sections
+    before it are skipped by their encoded width; within it the two short string keys are found
+    as bytes, as encoders write them (str8 key, str8 value), and any other encoding is decoded:
+    decoding every map cost ~2 times a whole message's parse."""
+    pos = 0
+    while pos < len(rest):
+        code, value_at = codec.section_code(rest, pos)
+        end = codec.skip(rest, value_at)
+        if code == codec.APPLICATION_PROPERTIES:
+            at = rest.find(_PARENT_KEY, value_at, end)
+            if at < 0:
+                return _decoded_carrier(rest, value_at)
+            carrier = {'traceparent': _short_string(rest, at + len(_PARENT_KEY))}
+            at = rest.find(_STATE_KEY, value_at, end)
+            if at >= 0:
+                carrier['tracestate'] = _short_string(rest, at + len(_STATE_KEY))
+            return carrier
+        if code > codec.APPLICATION_PROPERTIES:
+            break
+        pos = end
+    return None
+
+
+def _short_string(buf: bytes, at: int) -> str:
+    return buf[at + 1 : at + 1 + buf[at]].decode('utf-8', 'replace')
+
+
+def _decoded_carrier(rest: bytes, value_at: int) -> dict[str, str] | None:
+    application = codec.decode(rest, value_at)[0]
+    if not isinstance(application, dict):
+        return None
     traceparent = application.get('traceparent')
     if not isinstance(traceparent, str):
         return None
@@ -175,21 +212,6 @@ def _carrier(view: codec.RoutingView) -> dict[str, str] | None:
     if isinstance(state := application.get('tracestate'), str):
         carrier['tracestate'] = state
     return carrier
-
-
-def _application_properties(rest: bytes) -> dict[Any, Any]:
-    """The application-properties section of a stored message, decoded; the sections before it
-    are skipped by their encoded width (decoding them all cost ~5 times as much)."""
-    pos = 0
-    while pos < len(rest):
-        code, value_at = codec.section_code(rest, pos)
-        if code == codec.APPLICATION_PROPERTIES:
-            value = codec.decode(rest, value_at)[0]
-            return value if isinstance(value, dict) else {}
-        if code > codec.APPLICATION_PROPERTIES:
-            break
-        pos = codec.skip(rest, value_at)
-    return {}
 
 
 def _remember(table: dict[int, Any], key: int, value: Any) -> None:
