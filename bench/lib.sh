@@ -37,7 +37,7 @@ bench_python() {  # prints the broker's interpreter, making .venv-bench when it 
   fi
   if [[ ! -f $venv/.installed || $ROOT/pyproject.toml -nt $venv/.installed ]]; then
     { "$base" -m venv "$venv" && "$venv/bin/python" -m pip install -q --upgrade pip \
-        && "$venv/bin/python" -m pip install -q -e "$ROOT[broker]" && touch "$venv/.installed"; } \
+        && "$venv/bin/python" -m pip install -q -e "$ROOT[broker,tracing]" && touch "$venv/.installed"; } \
         >&2 || { echo "could not make $venv on $base (python3.11-venv and python3.11-dev" \
                       "are needed)" >&2; return 1; }
   fi

@@ -60,6 +60,8 @@ MARK = b'\x8eSHOALBENCH\x01'
 STAMP = struct.Struct('<QQ')  # sequence, send time in ns
 ID_PLACEHOLDER = b'0' * 16
 TAG = struct.Struct('<Q')
+TRACE_MARK = 'f' * 32
+"""The trace id of the template's ``traceparent``, overwritten per message."""
 BATCH = 256  # most messages encoded per loop turn
 HIGH_WATER = 1 << 20  # stop encoding while this many bytes wait for the socket
 CREDIT = 1000  # each consumer's link credit
@@ -241,7 +243,11 @@ class Producer:
             lib.pn_link_set_snd_settle_mode(link, settle_mode)
             lib.pn_link_open(link)
             self.links.append(link)
-        template = Message(body=MARK + bytes(STAMP.size), durable=opts.durable)
+        # --traceparent: a sampled W3C context per message, its trace id made afresh on each send
+        properties = {'traceparent': f'00-{TRACE_MARK}-{"1" * 16}-01'} if opts.traceparent else None
+        template = Message(
+            body=MARK + bytes(STAMP.size), durable=opts.durable, properties=properties
+        )
         template.body += b'.' * (opts.size - len(template.body))
         template.inferred = True  # bytes as a data section
         if opts.message_ids:  # as Qpid JMS's: ID:<uuid>:1:1:1-<seq>, the sequence patched in place
@@ -249,6 +255,7 @@ class Producer:
         self.payload = bytearray(template.encode())
         self.at = self.payload.index(MARK) + len(MARK)
         self.id_at = self.payload.index(ID_PLACEHOLDER) if opts.message_ids else -1
+        self.trace_at = self.payload.index(TRACE_MARK.encode()) if opts.traceparent else -1
         self.payload_ptr = ffi.from_buffer(self.payload)
         self.tag = bytearray(8)
         self.tag_arg = (8, ffi.from_buffer(self.tag))
@@ -306,6 +313,7 @@ class Producer:
             lib.pn_delivery_settle,
         )
         stamp, pack_tag, clock = STAMP.pack_into, TAG.pack_into, time.monotonic_ns
+        trace_at = self.trace_at
         self.first_ns = self.first_ns or clock()
         id_at, id_end = self.id_at, self.id_at + len(ID_PLACEHOLDER)
         for seq in range(self.sent, self.sent + room):
@@ -315,6 +323,8 @@ class Producer:
             stamp(payload, at, seq, clock())
             if id_at >= 0:
                 payload[id_at:id_end] = b'%016d' % seq
+            if trace_at >= 0:
+                payload[trace_at : trace_at + 32] = os.urandom(16).hex().encode()
             write(link, payload_ptr, size)
             advance(link)
             if presettled:
@@ -674,6 +684,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument('--presettled', action='store_true', help='at-most-once, settled on send')
     p.add_argument('--durable', action='store_true', help='durable messages and termini')
     p.add_argument('--message-ids', action='store_true', help='a message-id per message')
+    p.add_argument(
+        '--traceparent', action='store_true', help='a sampled W3C traceparent on every message'
+    )
     p.add_argument('--max-backlog', type=int, default=0, help='closed loop bound, 0: open loop')
     p.add_argument('--rate', type=float, default=0, help='msg/s, 0: as fast as allowed')
     p.add_argument('--reps', type=int, default=1, help='repetitions (the median is reported)')

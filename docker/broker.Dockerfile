@@ -21,7 +21,7 @@ COPY scripts/build_wire.py scripts/hatch_build.py scripts/
 COPY broker broker
 COPY operator operator
 COPY analytics analytics
-RUN pip install --no-cache-dir '.[broker,operator]'
+RUN pip install --no-cache-dir '.[broker,operator,tracing]'
 
 # Runtime stage: the same base (so the venv's interpreter path holds), OpenSSL's runtime only.
 FROM ${PYTHON_IMAGE}

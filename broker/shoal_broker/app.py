@@ -219,6 +219,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     await backlog.close()
     await admin.close()
     await store.close()
+    await asyncio.to_thread(broker.close_tracing)
     logger.info('stopped')
     return 0
 

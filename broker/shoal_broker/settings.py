@@ -288,12 +288,35 @@ class SecuritySettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class TracingSettings:
+    """Broker spans for messages that carry a W3C trace context (docs/tracing.md). Where the
+    spans go is the standard ``OTEL_*`` environment's (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+    ``OTEL_SERVICE_NAME``, ``OTEL_BSP_*``), read by the OpenTelemetry SDK itself."""
+
+    enabled: bool = False
+    """Record spans; needs the ``tracing`` extra (opentelemetry-sdk and the OTLP/HTTP
+    exporter). Off, the broker imports neither and checks one boolean per message."""
+
+    sample_ratio: float = 1.0
+    """Of the messages whose producer sampled its span (parent-based), the fraction the broker
+    records, decided by trace id so that every replica decides alike for one message. Messages
+    without a trace context or with an unsampled one get no broker span."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sample_ratio <= 1.0:
+            raise ValueError(
+                f'the tracing sample ratio must be within 0..1, not {self.sample_ratio}'
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BrokerSettings:
     amqp: AmqpSettings = dataclasses.field(default_factory=AmqpSettings)
     routing: RoutingSettings = dataclasses.field(default_factory=RoutingSettings)
     store: StoreSettings = dataclasses.field(default_factory=StoreSettings)
     security: SecuritySettings = dataclasses.field(default_factory=SecuritySettings)
     duplicates: DuplicateSettings = dataclasses.field(default_factory=DuplicateSettings)
+    tracing: TracingSettings = dataclasses.field(default_factory=TracingSettings)
 
     replica_id: str = dataclasses.field(
         default_factory=lambda: f'{socket.gethostname()}-{os.getpid()}'
@@ -379,6 +402,10 @@ class BrokerSettings:
             ),
             security=_security_from_env(env, d.security),
             duplicates=_duplicates_from_env(env, d.duplicates),
+            tracing=TracingSettings(
+                enabled=_flag(env, ENV_TRACING, d.tracing.enabled),
+                sample_ratio=float(env.get(ENV_TRACING_SAMPLE_RATIO, d.tracing.sample_ratio)),
+            ),
             replica_id=env.get(ENV_REPLICA_ID) or d.replica_id,
             http=env.get(ENV_HTTP, d.http),
             log_format=LogFormat(env.get(ENV_LOG_FORMAT, d.log_format)),

@@ -24,7 +24,8 @@ from shoal_broker.settings import BrokerSettings
 DOCKER = ROOT / 'docker'
 # contracts.md: image → (extras, console scripts it must provide)
 IMAGES = {
-    'broker': ({'broker', 'operator'}, {'shoal-broker', 'shoal-operator'}),
+    # tracing: spec.broker.tracing.enabled works with the image the operator already runs
+    'broker': ({'broker', 'operator', 'tracing'}, {'shoal-broker', 'shoal-operator'}),
     'analytics': ({'broker', 'analytics'}, {'shoal-analytics'}),
 }
 CONTRACT_SCRIPTS = {'shoal-broker', 'shoal-operator', 'shoal-analytics'}

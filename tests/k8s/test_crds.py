@@ -135,6 +135,10 @@ def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> No
      '601 is greater than the maximum of 600'),
     (cluster(auth={'allowAnonymous': True}, scaleDown={'connectionDrainSeconds': -1}),
      '-1 is less than the minimum of 0'),
+    (cluster(auth={'allowAnonymous': True}, broker={'tracing': {'sampleRatio': 1.5}}),
+     '1.5 is greater than the maximum of 1'),
+    (cluster(auth={'allowAnonymous': True}, broker={'tracing': {'otlpEndpoint': 'collector:4318'}}),
+     "'collector:4318' does not match"),
 ])  # fmt: skip
 def test_invalid_resources_are_rejected_with_their_message(doc: dict[str, Any], message: str
                                                            ) -> None:  # fmt: skip

@@ -150,6 +150,18 @@ def test_the_connection_drain_reaches_the_brokers_and_the_pods_grace_period() ->
     assert template_checksum(unset) != template_checksum(drained)
 
 
+def test_tracing_reaches_the_brokers_settings_and_the_sdks_endpoint() -> None:
+    tracing = {'enabled': True, 'sampleRatio': 0.01, 'otlpEndpoint': 'http://otel:4318'}
+    data = config.configmap(model(broker={'tracing': tracing}))['data']
+    assert data['OTEL_EXPORTER_OTLP_ENDPOINT'] == 'http://otel:4318'
+    settings = broker.BrokerSettings.from_env(data).tracing
+    assert (settings.enabled, settings.sample_ratio) == (True, 0.01)
+    # unset, nothing is rendered and the brokers keep their defaults: tracing off
+    unset = config.configmap(model(broker={'tracing': {}}))['data']
+    assert not {broker.ENV_TRACING, broker.ENV_TRACING_SAMPLE_RATIO} & unset.keys()
+    assert broker.BrokerSettings.from_env(unset).tracing == broker.TracingSettings()
+
+
 def test_a_cluster_written_before_a_setting_existed_keeps_its_configmap_and_pod_template() -> None:
     """Upgrading the operator must not roll the pods of existing clusters: a spec that does
     not name a newer setting renders the ConfigMap, and so the pod template's checksum, it
@@ -205,6 +217,7 @@ def test_the_pod_template_changes_with_the_broker_settings_and_only_with_them() 
         model(broker={**settings, 'maxDeliveryAttempts': 6}),
         model(broker={**settings, 'metricsHeartbeatSeconds': 20}),
         model(broker={**settings, 'storeHoldSeconds': 60}),
+        model(broker={**settings, 'tracing': {'enabled': True}}),
         model(broker={key: v for key, v in settings.items() if key != 'autoCreateTopics'}),
         model(broker=settings, durability='fsync'),
         model(broker=settings, subscriptions={'undeclared': 'Deny'}),

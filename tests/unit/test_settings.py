@@ -2,6 +2,8 @@
 
 import os
 import socket
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -49,6 +51,8 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_METRICS_INTERVAL_SECONDS': ('1.5', 'store.metrics_interval_seconds', 1.5),
     'SHOAL_METRICS_STREAM_LENGTH': ('1000', 'store.metrics_stream_length', 1000),
     'SHOAL_METRICS_HEARTBEAT_SECONDS': ('45', 'store.metrics_heartbeat_seconds', 45.0),
+    'SHOAL_TRACING': ('true', 'tracing.enabled', True),
+    'SHOAL_TRACING_SAMPLE_RATIO': ('0.25', 'tracing.sample_ratio', 0.25),
     'SHOAL_BACKLOG_REFRESH_SECONDS': ('2.5', 'store.backlog_refresh_seconds', 2.5),
     'SHOAL_DURABILITY': ('fsync', 'store.durability', Durability.FSYNC),
     'SHOAL_REPLICATION_TIMEOUT_MS': ('250', 'store.replication_timeout_ms', 250),
@@ -337,3 +341,22 @@ def test_main_reports_a_bad_variable_and_exits_with_usage_status(
     clean_env.setenv('SHOAL_AUTO_CREATE_QUEUES', 'sometimes')
     assert cli.main([]) == 2
     assert 'SHOAL_AUTO_CREATE_QUEUES' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('ratio', ['-0.1', '1.5'])
+def test_a_tracing_ratio_outside_0_to_1_is_refused(ratio: str) -> None:
+    with pytest.raises(ValueError, match='sample ratio must be within'):
+        BrokerSettings.from_env({'SHOAL_TRACING_SAMPLE_RATIO': ratio})
+
+
+def test_the_broker_runs_without_opentelemetry_while_tracing_is_off() -> None:
+    """The SDK is the ``tracing`` extra's, imported only when tracing is on: in a fresh
+    interpreter where importing it fails, the broker's modules load and tracing starts as off."""
+    code = (
+        'import sys; sys.modules["opentelemetry"] = None; '
+        'import shoal_broker.app, shoal_broker.amqp.broker, shoal_broker.tracing as t; '
+        'from shoal_broker.settings import TracingSettings; '
+        'print(t.start(TracingSettings(), "r") is None)'
+    )
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == 'True'

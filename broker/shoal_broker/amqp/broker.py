@@ -39,12 +39,14 @@ from shoal_broker.amqp.links import BrowserLink, ConsumerLink, ProducerLink
 from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.producing import Producing
 from shoal_broker.amqp.returns import Returns
+from shoal_broker.amqp.spans import Spans
 from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.metrics.registry import Counters
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import MessageStore
 from shoal_broker.settings import BrokerSettings
+from shoal_broker.tracing import start as start_tracing
 
 
 class Broker:
@@ -83,6 +85,9 @@ class Broker:
             self.connections,
         )  # fmt: skip
         self.nodes.feed(self.consuming, self.producing)
+        tracing = start_tracing(settings.tracing, settings.replica_id)
+        self.spans = None if tracing is None else Spans(tracing)
+        self.producing.spans = self.consuming.spans = self.spans
         # the engine's hottest events go straight to their part (``connection.Node``)
         self.on_accepts = self.consuming.on_accepts
         self.connection_opened = self.connecting.connection_opened
@@ -173,3 +178,8 @@ class Broker:
     async def settle_down(self, bound_seconds: float) -> None:
         """Wait (bounded) for background work: refusals, leaves, moves to dead-letter queues."""
         await self.turns.settle_down(bound_seconds)
+
+    def close_tracing(self) -> None:
+        """End the spans still open and export what is buffered (a blocking call)."""
+        if self.spans is not None:
+            self.spans.close()

@@ -29,6 +29,7 @@ from shoal_broker.amqp.links import ConsumerLink
 from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outlets import Fed
 from shoal_broker.amqp.returns import Returns
+from shoal_broker.amqp.spans import Spans
 from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import BrokerError, StoreUnavailable
@@ -86,6 +87,8 @@ class Consuming:
         self.mark_dirty = turns.mark_dirty
         self.mark_delivering = turns.mark_delivering
         self.call_later = turns.call_later
+        self.spans: Spans | None = None
+        """Set by ``Broker`` when tracing is on."""
 
     # -- what went out -------------------------------------------------------------------------
 
@@ -93,6 +96,8 @@ class Consuming:
         """``entries`` went out on ``consumer``'s link (one fetch's worth: counted at once)."""
         self.counters.delivered(consumer.address, consumer.group, len(entries))
         consumer.deliveries.count += len(entries)
+        if self.spans is not None:
+            self.spans.sent(consumer, entries)
         if consumer.presettled:  # at-most-once: consumed the moment it is sent
             self.store.messages.ack_nowait(consumer.address, consumer.group, entries)
         self.mark_delivering(consumer.conn)
@@ -132,6 +137,8 @@ class Consuming:
 
     def _accepted(self, consumer: ConsumerLink, entries: list[Entry]) -> None:
         """Entries ``consumer`` accepted: counted with their latencies, acked without waiting."""
+        if self.spans is not None:
+            self.spans.settled(entries, 'accepted')
         now = time.time()
         # seconds since each entry was appended: stream ids start with their time in ms
         ages = [now - int(entry.id.partition('-')[0] or 0) / 1000 for entry in entries]
@@ -190,6 +197,8 @@ class Consuming:
         sub = consumer.subscription
         attempts = sub.max_delivery_attempts if sub else self.routing.max_delivery_attempts
         decision = outcomes.decide(disposition, entry.delivery_count, attempts)
+        if self.spans is not None:
+            self.spans.settled([entry], disposition.outcome)
         self.counters.settled(consumer.address, consumer.group, disposition.outcome)
         if decision.action is Action.RETURN:
             if decision.exclude_consumer:

@@ -29,6 +29,7 @@ from shoal_broker.amqp.links import Ahead, ConsumerLink, PendingMessage, Produce
 from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outlets import Fed, Held
 from shoal_broker.amqp.rewrites import Rewrites
+from shoal_broker.amqp.spans import Spans
 from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import (
@@ -94,6 +95,8 @@ class Producing:
         self._on_stored = self._stored  # one bound method: publish_then batches by callback
         self._on_claimed = self._claimed  # and so does claim_then
         self.rewrites = Rewrites(store, holding, nodes.by_address, self._stored, self._claimed)
+        self.spans: Spans | None = None
+        """Set by ``Broker`` when tracing is on."""
 
     def incoming(self, producer: ProducerLink, delivery: Ptr) -> None:
         size = wire.shoal_pending(delivery, self.max_message_size)
@@ -198,6 +201,8 @@ class Producing:
             ),
             producer.conn.container_id or '',  # origin
         )
+        if self.spans is not None:
+            stored = self.spans.published(producer, message, stored, address, kind)
         window = self.duplicate_window(address)
         if window is not None and not self._stamp_duplicate_id(producer, message, stored, window):
             return
@@ -323,6 +328,8 @@ class Producing:
         for (_, _, _, _, consumer, ahead), entry_id in zip(claims, ids, strict=True):
             stored = ahead.message
             entry = Entry(entry_id, stored.band, stored.header, stored.rest, 0, 0, stored.origin)
+            if self.spans is not None:  # its delivery span: sent a moment ago, the entry now known
+                self.spans.sent(consumer, [entry])
             if ahead.settle is not None:  # settled meanwhile, or its link went
                 ahead.settle(entry)
             elif consumer.ahead.pop(ahead.delivery, None) is not None:
@@ -357,6 +364,8 @@ class Producing:
             if not stored:
                 return
         address = stored[0][2]
+        if self.spans is not None:
+            self.spans.stored(stored, None if error is None else error.condition)
         refusal: BrokerError | None = None
         if error is None:
             if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone

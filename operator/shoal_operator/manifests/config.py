@@ -34,6 +34,12 @@ _SETTINGS = {
     'storeHoldSeconds': broker.ENV_STORE_HOLD,
 }
 """BrokerCluster ``spec.broker`` field -> the broker's environment variable."""
+_TRACING = {
+    'enabled': broker.ENV_TRACING,
+    'sampleRatio': broker.ENV_TRACING_SAMPLE_RATIO,
+    'otlpEndpoint': 'OTEL_EXPORTER_OTLP_ENDPOINT',  # the OpenTelemetry SDK's own variable
+}
+"""``spec.broker.tracing`` field -> the broker's environment variable."""
 CONFIG_CHECKSUM = 'shoal.dev/config-checksum'
 """Pod-template annotation: the digest of the settings ConfigMap's data."""
 REDIS_CHECKSUM = 'shoal.dev/redis-checksum'
@@ -60,6 +66,10 @@ def settings_env(cluster: BrokerCluster) -> dict[str, str]:
     for field, variable in _SETTINGS.items():
         if field in cluster.broker_settings:
             env[variable] = _text(cluster.broker_settings[field])
+    tracing = cluster.broker_settings.get('tracing') or {}
+    for field, variable in _TRACING.items():
+        if field in tracing:
+            env[variable] = _text(tracing[field])
     return env
 
 
