@@ -47,7 +47,6 @@ from shoal_broker.routing import addresses, outcomes
 from shoal_broker.routing.storage import (
     NORMAL_BAND,
     QUEUE_GROUP,
-    DuplicateWindow,
     Entry,
     MessageStore,
     OutgoingMessage,
@@ -170,10 +169,14 @@ class Producing:
 
     def _stamp_duplicate_id(
         self, producer: ProducerLink, message: PendingMessage, stored: OutgoingMessage,
-        window: DuplicateWindow,
+        address: str,
     ) -> bool:  # fmt: skip
         """Gives ``stored`` the id its address's window checks where it is stored (b'': it has
-        none, stored unchecked); False when the id cannot be read, the send refused."""
+        none, stored unchecked; no window, no id); False when the id cannot be read, the send
+        refused."""
+        window = self.duplicate_window(address)
+        if window is None:
+            return True
         try:
             stored.duplicate_id = duplicate_id(message.view.rest, window.id_property) or b''
         except codec.DecodeError as exc:
@@ -181,6 +184,25 @@ class Producing:
                         'amqp:decode-error')  # fmt: skip
             return False
         return True
+
+    def _send_in_transaction(
+        self, producer: ProducerLink, message: PendingMessage, address: str, kind: AddressKind,
+        stored: OutgoingMessage,
+    ) -> None:  # fmt: skip
+        """A transactional send: kept with its transaction until the discharge, answered with
+        the transactional state now."""
+        assert message.transaction is not None
+        message.transaction.sends.append((address, kind, stored))
+        if message.settled:
+            lib.pn_delivery_settle(message.delivery)
+        else:
+            transactions.reply(
+                message.delivery,
+                codes.TRANSACTIONAL_STATE,
+                transactions.accepted_in(message.transaction.id),
+            )
+        self.top_up(producer)
+        self.mark_dirty(producer.conn)
 
     def _publish(
         self, producer: ProducerLink, message: PendingMessage, address: str, kind: AddressKind
@@ -203,21 +225,10 @@ class Producing:
         )
         if self.spans is not None:
             stored = self.spans.published(producer, message, stored, address, kind)
-        window = self.duplicate_window(address)
-        if window is not None and not self._stamp_duplicate_id(producer, message, stored, window):
+        if not self._stamp_duplicate_id(producer, message, stored, address):
             return
         if message.transaction is not None:  # held until the transaction is discharged
-            message.transaction.sends.append((address, kind, stored))
-            if message.settled:
-                lib.pn_delivery_settle(message.delivery)
-            else:
-                transactions.reply(
-                    message.delivery,
-                    codes.TRANSACTIONAL_STATE,
-                    transactions.accepted_in(message.transaction.id),
-                )
-            self.top_up(producer)
-            self.mark_dirty(producer.conn)
+            self._send_in_transaction(producer, message, address, kind, stored)
             return
         due = view.annotations.get('x-opt-delivery-time')
         message.stored, message.kind = stored, kind  # kept for a write held through an outage
@@ -227,7 +238,8 @@ class Producing:
         sub = self.subscriptions.get((address, QUEUE_GROUP))
         if (
             kind is AddressKind.QUEUE
-            and window is None  # past a local consumer, a duplicate would reach it unchecked
+            and stored.duplicate_id is None  # no window: past a local consumer, a duplicate
+            # would reach it unchecked
             and sub is not None
             and not sub.paused
         ):
@@ -366,21 +378,7 @@ class Producing:
         address = stored[0][2]
         if self.spans is not None:
             self.spans.stored(stored, None if error is None else error.condition)
-        refusal: BrokerError | None = None
-        if error is None:
-            if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone
-                queue = self.kinds.get(address) is AddressKind.QUEUE
-                self.counters.enqueued(address, QUEUE_GROUP if queue else '', len(stored))
-            else:
-                self.counters.dropped(address, len(stored))
-            state = lib.PN_ACCEPTED
-        else:
-            if isinstance(error, AddressNotFound):
-                self.kinds.pop(address, None)
-            if isinstance(error, StoreFull | AddressNotFound | HoldExpired):  # stays so if sent
-                refusal = error  # again (or waited its bound: holding.py): refused, not released
-            # never an accept that is then lost: on a store failure the peer may send it again
-            state = lib.PN_RELEASED
+        state, refusal = self._answer_for(address, len(stored), kept, error)
         for producer, message, _ in stored:
             producer.in_store -= 1
             if not producer.alive:
@@ -395,6 +393,25 @@ class Producing:
             except Exception:
                 logger.exception('answering a stored message on connection %d failed',
                                  producer.conn.id)  # fmt: skip
+
+    def _answer_for(
+        self, address: str, count: int, kept: bool | None, error: BrokerError | None
+    ) -> tuple[int, BrokerError | None]:
+        """The disposition for ``count`` messages the store answered (counted when stored), and
+        the error they are refused with instead (None: the disposition stands)."""
+        if error is None:
+            if kept:  # a queue's records pair enqueues with deliveries; a topic's stand alone
+                queue = self.kinds.get(address) is AddressKind.QUEUE
+                self.counters.enqueued(address, QUEUE_GROUP if queue else '', count)
+            else:
+                self.counters.dropped(address, count)
+            return lib.PN_ACCEPTED, None
+        if isinstance(error, AddressNotFound):
+            self.kinds.pop(address, None)
+        if isinstance(error, StoreFull | AddressNotFound | HoldExpired):  # stays so if sent
+            return lib.PN_RELEASED, error  # again (or waited its bound: holding.py): refused
+        # never an accept that is then lost: on a store failure the peer may send it again
+        return lib.PN_RELEASED, None
 
     def refuse(
         self,
