@@ -37,7 +37,7 @@ from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.ops import Op, Tokens, no_result
-from shoal_broker.store.replies import entries_of, new_entries
+from shoal_broker.store.replies import entries_of, new_entries, replica_is_ready
 from shoal_broker.store.stranded import return_stranded
 from shoal_broker.store.transactions import Transactions
 
@@ -181,20 +181,24 @@ class Messages:
             self._refused(address, replies[0])
             return bool(replies[0])
 
+        self._open_op(key, args, finish, future, callback, token)
+
+    def _open_op(
+        self,
+        key: tuple[Any, ...],
+        args: list[Any],
+        finish: Callable[[list[Any]], bool],
+        future: asyncio.Future[bool] | None,
+        callback: PublishCallback[Any] | None,
+        token: Any,
+    ) -> None:
+        """Queues a publish op (batched by ``key``); one with a ``callback`` stays open for the
+        cycle, its arguments growing with the cycle's later messages (``publish_then``)."""
         answer = None
-        if callback is not None:  # the op stays open for the cycle: its arguments grow
+        if callback is not None:
             answer = self._open_publishes[key] = Tokens(callback, token, args)
-        op = Op(
-            [],
-            finish,
-            future,
-            None,  # notify: publish.lua wakes other replicas itself
-            False,  # notify_local
-            key,  # batch
-            args,  # batch_args
-            answer,  # callback
-        )
-        self._enqueue(op)
+        # notify None: the publishing scripts wake other replicas themselves
+        self._enqueue(Op([], finish, future, None, False, key, args, answer))
         self._wake()
 
     def _refused(self, address: str, reply: Any) -> None:  # a publish script's -1 or -2
@@ -234,11 +238,7 @@ class Messages:
             duplicates_dropped(address, int(replies[0][1]))
             return True  # duplicates too: answered accepted, or the producer sends them again
 
-        answer = None
-        if callback is not None:
-            answer = self._open_publishes[key] = Tokens(callback, token, args)
-        self._enqueue(Op([], finish, future, None, False, key, args, answer))
-        self._wake()
+        self._open_op(key, args, finish, future, callback, token)
 
     def leave_sharing(self, address: str, group: str) -> Awaitable[None]:
         self._shared.discard((address, group))
@@ -251,7 +251,7 @@ class Messages:
         messages a replica did not confirm are written again (``amqp/holding.py``): each
         attempt while none is back would be one more copy."""
         groups = keys.AddressKeys.of(address).groups
-        return self._queue([('EXISTS', groups), ('WAIT', 0, 0), ('ROLE',)], _replica_ready)
+        return self._queue([('EXISTS', groups), ('WAIT', 0, 0), ('ROLE',)], replica_is_ready)
 
     def can_claim(self, address: str) -> bool:
         """Whether ``claim_then`` may take a message to ``address``: not when the address has a
@@ -485,18 +485,6 @@ class Messages:
         """See ``stranded.return_stranded``."""
         return await return_stranded(self._client, self._replica_id, address, group, held,
                                      self._announce)  # fmt: skip
-
-
-def _replica_ready(replies: list[Any]) -> bool:
-    """From ``WAIT 0 0`` and ``ROLE``: a replica has all this connection wrote, or one is
-    connected and streaming (its acknowledged offset is not behind the primary's by more than
-    what it has yet to read: the next write's ``WAIT`` confirms it)."""
-    if isinstance(replies[1], int) and replies[1] >= 1:
-        return True
-    role = replies[2]
-    if not isinstance(role, list) or len(role) < 3 or as_text(role[0]) != 'master':
-        return False
-    return any(int(replica[2]) > 0 for replica in role[2])
 
 
 async def _true_when_done(future: Awaitable[Any]) -> bool:

@@ -1,11 +1,13 @@
 """
 Entries from Redis replies: fetch.lua's and publish_claim.lua's septuples, and a plain
-XREADGROUP of the normal band (``Messages._fetch_op``).
+XREADGROUP of the normal band (``Messages._fetch_op``); and whether ``WAIT 0 0`` with ``ROLE``
+says a replica is there (``Messages.replica_ready``).
 """
 
 from typing import Any
 
 from shoal_broker.routing.storage import NORMAL_BAND, Entry
+from shoal_broker.store.calls import as_text
 
 
 def entries_of(flat: list[Any], start: int = 0) -> list[Entry]:
@@ -47,3 +49,15 @@ def new_entries(reply: Any) -> list[Entry]:
                     origin = fields[i + 1].decode()
         append(Entry(raw_id.decode(), NORMAL_BAND, fields[1], fields[3], expiry_ms, 0, origin))
     return found
+
+
+def replica_is_ready(replies: list[Any]) -> bool:
+    """From ``WAIT 0 0`` and ``ROLE``: a replica has all this connection wrote, or one is
+    connected and streaming (its acknowledged offset is not behind the primary's by more than
+    what it has yet to read: the next write's ``WAIT`` confirms it)."""
+    if isinstance(replies[1], int) and replies[1] >= 1:
+        return True
+    role = replies[2]
+    if not isinstance(role, list) or len(role) < 3 or as_text(role[0]) != 'master':
+        return False
+    return any(int(replica[2]) > 0 for replica in role[2])
