@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -29,10 +30,36 @@ replicas to share the transfer with, which every replica started or restarted in
 Sentinel group's, a failed-over or killed node's) would sit through."""
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path('/proc/sys/net/ipv4/ip_local_port_range').read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_LISTEN_PORTS = range(10000, min(_ephemeral_low(), 32768))
+"""Where servers of a test listen: below the kernel's ephemeral range. A port from ``bind(0)``
+is in that range, which every outgoing connection draws its source port from, so between the
+test choosing it and the server binding it (or a killed server restarting on it) a client's
+connection could take it: `address already in use` under a loaded machine."""
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, outside the ephemeral range, not handed out before
+    in this process."""
+    for _ in range(1000):
+        port = random.choice(_LISTEN_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f'no free loopback port in {_LISTEN_PORTS}')
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
