@@ -25,6 +25,7 @@ from typing import Any, Self
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.exceptions
+from redis.client import NEVER_DECODE
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.jms_subscriptions import Scope
@@ -365,11 +366,14 @@ class Inspector:
         counted = 0
         start = f'({last_id}'
         while True:
-            batch = await self._call(self._client.xrange(stream, start, '+', count=_PAGE))
+            # the entries hold binary messages: read as bytes, whatever the client decodes
+            batch = await self._call(self._client.execute_command(
+                'XRANGE', stream, start, '+', 'COUNT', _PAGE, **{NEVER_DECODE: True}
+            ))  # fmt: skip
             counted += len(batch)
             if len(batch) < _PAGE:
                 return counted
-            start = f'({batch[-1][0]}'
+            start = f'({_text(batch[-1][0])}'
 
     async def _call(self, awaitable: Awaitable[Any]) -> Any:
         try:
