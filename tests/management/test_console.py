@@ -175,7 +175,7 @@ def test_browse_with_a_selector_pages_and_a_bad_selector_is_told(
     assert '"n": 6' in detail
     assert '"delivery_count": 0' in detail
     console.shot('browse-selector')
-    console.find('#browse-size').send_keys('20')
+    console.choose('#browse-size', '20')
     console.type('#selector', 'n < 25')
     console.click('#browse')
     console.wait(lambda: len(_rows(console)) == 20, 'a first page of 20')

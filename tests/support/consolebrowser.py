@@ -16,7 +16,7 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 ARTIFACTS = (
     Path(os.environ.get('SHOAL_TEST_ARTIFACTS', Path(__file__).parents[2] / '.artifacts'))
@@ -109,6 +109,10 @@ class Console:
             return el.text if el is not None and part in el.text else None
 
         return str(self.wait(shown, f'{css} says {part!r}'))
+
+    def choose(self, css: str, value: str) -> None:
+        """Picks the option of value ``value`` in the ``<select>`` at ``css``."""
+        Select(self.find(css)).select_by_value(value)
 
     def login(self, user: str, password: str) -> None:
         self.type('#login-user', user)

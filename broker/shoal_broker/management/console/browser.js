@@ -4,7 +4,7 @@
 // selector matches) can be retried to their original address, moved or deleted.
 
 import * as api from './api.js';
-import { confirm, failed, h, notice, num, table, time } from './ui.js';
+import { put, confirm, failed, h, notice, num, table, time } from './ui.js';
 
 const SIZES = [20, 50, 200];
 const ORIGINAL = 'x-opt-shoal-original-address';
@@ -86,7 +86,7 @@ export function browser(kind, name, changed) {
         h('td', { class: 'body' }, m.error || bodyText(m.body)));
       rows.push(row);
     }
-    list.replaceChildren(
+    put(list,
       h('div', { class: 'pager' },
         h('button', { type: 'button', id: 'browse-first', disabled: page === 0,
           onclick: () => turn(0) }, '« First'),

@@ -1,7 +1,7 @@
 // Client connections of every replica, each with a Close button (amqp:connection:forced).
 
 import * as api from './api.js';
-import { confirm, failed, h, notice, table } from './ui.js';
+import { put, confirm, failed, h, notice, table } from './ui.js';
 
 const SHOWN = ['replica', 'id', 'remote', 'container', 'user', 'client_id', 'links', 'opened'];
 
@@ -25,7 +25,7 @@ export async function render(main) {
     const columns = [...SHOWN.filter((k) => keys.includes(k)),
       ...keys.filter((k) => !SHOWN.includes(k)).sort()];
     const text = (v) => (v !== null && typeof v === 'object' ? JSON.stringify(v) : String(v ?? ''));
-    body.replaceChildren(table([...columns, ''], found.map((c) => h('tr', {},
+    put(body, table([...columns, ''], found.map((c) => h('tr', {},
       columns.map((k) => h('td', {}, text(c[k]))),
       h('td', {}, h('button', { type: 'button', class: 'small',
         onclick: () => close(c).catch(failed) }, 'Close')))), { id: 'connections-table' }));

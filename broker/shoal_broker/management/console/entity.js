@@ -2,7 +2,7 @@
 // purge (after a confirmation), delete (a subscription) and its message browser.
 
 import * as api from './api.js';
-import { age, confirm, failed, field, h, notice, num, perReplica, rate } from './ui.js';
+import { put, age, confirm, failed, field, h, notice, num, perReplica, rate } from './ui.js';
 import { points, record, sparkline } from './trend.js';
 import { trendKey } from './lists.js';
 import { browser } from './browser.js';
@@ -26,7 +26,7 @@ export async function render(main, kind, name) {
     stateBadge.textContent = row.paused ? 'paused' : 'running';
     pause.textContent = row.paused ? 'Resume delivery' : 'Pause delivery';
     const rates = row.rates || {};
-    figures.replaceChildren(
+    put(figures,
       field('Ready', h('span', { id: 'ready' }, num(row.ready))),
       field('In flight', num(row.in_flight)),
       field('Backlog', h('span', { id: 'backlog' }, num(row.backlog))),
@@ -40,7 +40,7 @@ export async function render(main, kind, name) {
       kind === 'subscription' ? field('Kind', row.kind) : null,
       kind === 'subscription' && row.selector ? field('Selector', row.selector) : null,
     );
-    chart.replaceChildren(sparkline(points(key), 720, 70));
+    put(chart, sparkline(points(key), 720, 70));
   }
 
   async function togglePause() {

@@ -2,7 +2,7 @@
 // they stay quick at ten thousand queues; a backlog trend per row, sampled at each refresh.
 
 import * as api from './api.js';
-import { age, failed, h, num, pager, perReplica, rate, table } from './ui.js';
+import { put, age, failed, h, num, pager, perReplica, rate, table } from './ui.js';
 import { points, record, sparkline } from './trend.js';
 
 export const PAGE_SIZES = [20, 50, 100, 500];
@@ -81,7 +81,7 @@ export async function render(main, kind, query) {
     const page = await api.get(`/${kind}`, { offset, limit, search });
     const rows = page.items.map(kind === 'queues' ? queueRow : subscriptionRow);
     const turn = (to) => go(kind, box.value, to, limit);
-    body.replaceChildren(
+    put(body,
       pager(offset, limit, page.total, turn, 'pager'),
       table(COLUMNS[kind], rows, { id: `${kind}-table` }),
       pager(offset, limit, page.total, turn, 'pager-bottom'),

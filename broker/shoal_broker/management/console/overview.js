@@ -2,7 +2,7 @@
 // hold with a trend; the busiest queues; connections and consumers per replica.
 
 import * as api from './api.js';
-import { failed, h, num, perReplica, table, total } from './ui.js';
+import { put, failed, h, num, perReplica, table, total } from './ui.js';
 import { points, record, sparkline } from './trend.js';
 
 const SUMMED = 1000;
@@ -45,7 +45,7 @@ export async function render(main) {
     const partial = queues.total > SUMMED || subscriptions.total > SUMMED;
     const busiest = [...queues.items].sort((a, b) => b.backlog - a.backlog)
       .slice(0, BUSIEST).filter((q) => q.backlog > 0);
-    body.replaceChildren(
+    put(body,
       h('div', { class: 'cards' },
         card('Queues', num(queues.total), 'card-queues'),
         card('Subscriptions', num(subscriptions.total), 'card-subscriptions'),

@@ -34,6 +34,7 @@ export function sparkline(series, width = 120, height = 24) {
   svg.setAttribute('width', width);
   svg.setAttribute('height', height);
   svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
+  svg.setAttribute('preserveAspectRatio', 'none');
   const values = series.map((p) => p[1]);
   const top = Math.max(1, ...values);
   const step = series.length > 1 ? width / (series.length - 1) : width;

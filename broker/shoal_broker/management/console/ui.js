@@ -109,3 +109,8 @@ export function field(label, value) {
 export function failed(error) {
   window.dispatchEvent(new CustomEvent('shoal:failed', { detail: error }));
 }
+
+// replaces the children of el by the given ones, leaving out null, undefined and false
+export function put(el, ...children) {
+  el.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
