@@ -99,6 +99,7 @@ def test_retry_a_dead_letter_from_the_console_and_receive_it(
     conn.close()
     api = _api(a)
     mine = "n = 1 AND JMSType = 's1'"
+
     def dead() -> int:  # the dead-letter queue exists from its first message
         status, page = api.call('GET', f'/queues/{quoted(DLQ)}/messages', selector=mine)
         return len(page['messages']) if status == 200 else 0

@@ -18,7 +18,7 @@ stream or group counts as zero.
 import asyncio
 import dataclasses
 import hashlib
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -365,9 +365,10 @@ class Inspector:
     async def _count_after(self, stream: str, last_id: str) -> int:
         counted = 0
         start = f'({last_id}'
+        # the entries hold binary messages: read as bytes, whatever the client decodes
+        command: Callable[..., Awaitable[Any]] = self._client.execute_command
         while True:
-            # the entries hold binary messages: read as bytes, whatever the client decodes
-            batch = await self._call(self._client.execute_command(
+            batch = await self._call(command(
                 'XRANGE', stream, start, '+', 'COUNT', _PAGE, **{NEVER_DECODE: True}
             ))  # fmt: skip
             counted += len(batch)
