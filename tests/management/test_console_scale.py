@@ -1,15 +1,18 @@
 """
 The web console at ten thousand queues (a Redis of this module's own, the shared one must not
-hold them): the queue list is paged and searched by the API, so a page, the next, the last and a
-search each come back as one bounded read; screenshots of the list and the overview are kept.
+hold them): the queue list is paged, searched and sorted by the API, so the browser holds one
+page at a time; screenshots of the list and the overview are kept.
 """
 
 import asyncio
 from collections.abc import Iterator
 
 import pytest
+from amqpclient import Capabilities, connect, sender
 from consolebrowser import Console
+from mgmtapi import Api
 from processes import LOOPBACK, BrokerProcess, RedisServer
+from proton import Message
 
 from shoal_broker.routing.storage import AddressKind
 from shoal_broker.store.redisstore import RedisStore
@@ -17,6 +20,8 @@ from shoal_broker.store.redisstore import RedisStore
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 QUEUES = 10_000
+FILLED = {'q-07000': 3, 'q-05000': 1, 'q-06000': 1}
+"""The only queues holding messages: largest backlog first, then by name."""
 DASH = '\u2013'
 """The pager's range: 1\u201350 of 10,000."""
 
@@ -42,6 +47,12 @@ def crowded() -> Iterator[BrokerProcess]:
         asyncio.run(_create_queues(server.url, QUEUES))
         broker = BrokerProcess(server.url, replica_id='crowded')  # ANONYMOUS: no log-in
         try:
+            conn = connect(broker.url)
+            for name, count in FILLED.items():
+                snd = sender(conn, name, Capabilities('queue'))
+                for n in range(count):
+                    snd.send(Message(body=n))
+            conn.close()
             yield broker
         finally:
             broker.stop()
@@ -76,8 +87,28 @@ def test_ten_thousand_queues_page_and_search(crowded: BrokerProcess) -> None:
         console.shot('queues-10000-search')
         console.type('#search', 'no-such-queue')
         console.wait_text('#pager .range', 'none')
+        console.type('#search', '')
+        console.choose('#sort', 'backlog')
+        console.wait(lambda: _names(console)[:3] == list(FILLED), 'largest backlog first')
+        console.shot('queues-10000-by-backlog')
         console.open('#/overview')
         assert console.wait_text('#card-queues', '10,000').startswith('10,000')
+        busiest = [r.text.split()[0] for r in console.all('#busiest-table tbody tr')]
+        assert busiest == list(FILLED)
         console.shot('overview-10000')
     finally:
         console.close()
+
+
+def test_a_listing_sorts_by_backlog_across_every_page(crowded: BrokerProcess) -> None:
+    api = Api(crowded)
+    first = api.get('/queues', sort='backlog', limit=3)
+    assert first['total'] == QUEUES
+    assert [(q['name'], q['backlog']) for q in first['items']] == list(FILLED.items())
+    after = api.get('/queues', sort='backlog', offset=3, limit=2)['items']
+    assert [q['name'] for q in after] == ['q-00000', 'q-00001']  # the empty ones by name
+    assert api.get('/queues', sort='name', limit=1)['items'][0]['name'] == 'q-00000'
+    status, refused = api.call('GET', '/queues', sort='size')
+    assert status == 400, refused
+    assert 'sort must be one of' in refused['error']
+    assert api.call('GET', '/subscriptions', sort='backlog')[1]['total'] == 0

@@ -278,6 +278,11 @@ class Inspector:
             for (sid, d, c), b, (_, delivered) in zip(rows, backlogs, per_replica, strict=True)
         ]
 
+    async def group_backlogs(self, groups: list[tuple[str, str]]) -> list[GroupBacklog]:
+        """What each (address, group) has not consumed yet, without the per-replica detail: a
+        listing sorted by backlog reads this of every queue, then the detail of one page."""
+        return await self._backlogs(groups)
+
     async def backlog(self, address: str, group: str) -> GroupBacklog:
         """What one consumer group of an address has not consumed yet."""
         return (await self._backlogs([(address, group)]))[0]

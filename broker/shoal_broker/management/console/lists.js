@@ -48,11 +48,12 @@ function subscriptionRow(s) {
     h('td', { class: 'n' }, rate(s.rates.delivered_per_second)));
 }
 
-function go(kind, search, offset, limit) {
+function go(kind, search, offset, limit, sort) {
   const query = new URLSearchParams();
   if (search) query.set('search', search);
   if (offset) query.set('offset', offset);
   if (limit !== 50) query.set('limit', limit);
+  if (sort !== 'name') query.set('sort', sort);
   location.hash = `#/${kind}${query.toString() ? `?${query}` : ''}`;
 }
 
@@ -60,6 +61,7 @@ export async function render(main, kind, query) {
   const search = query.search || '';
   const limit = PAGE_SIZES.includes(Number(query.limit)) ? Number(query.limit) : 50;
   const offset = Math.max(0, Number.parseInt(query.offset || '0', 10) || 0);
+  const sort = query.sort === 'backlog' ? 'backlog' : 'name';
   const box = h('input', {
     id: 'search', type: 'search', value: search, placeholder: 'Filter by name (contains)',
     'aria-label': 'search',
@@ -67,20 +69,24 @@ export async function render(main, kind, query) {
   let typing = null;
   box.addEventListener('input', () => {
     clearTimeout(typing);
-    typing = setTimeout(() => go(kind, box.value, 0, limit), 400);
+    typing = setTimeout(() => go(kind, box.value, 0, limit, sort), 400);
   });
   const size = h('select', { id: 'page-size', 'aria-label': 'page size',
-    onchange: () => go(kind, box.value, 0, Number(size.value)) },
+    onchange: () => go(kind, box.value, 0, Number(size.value), sort) },
   PAGE_SIZES.map((n) => h('option', { value: String(n), selected: n === limit }, `${n} a page`)));
+  const order = h('select', { id: 'sort', 'aria-label': 'order',
+    onchange: () => go(kind, box.value, 0, limit, order.value) },
+  h('option', { value: 'name', selected: sort === 'name' }, 'By name'),
+  h('option', { value: 'backlog', selected: sort === 'backlog' }, 'Largest backlog first'));
   const body = h('div', { id: 'listing' });
   const title = kind === 'queues' ? 'Queues' : 'Subscriptions';
   main.append(h('div', { class: 'toolbar' }, h('h1', {}, title), h('span', { class: 'spacer' }),
-    box, size), body);
+    box, order, size), body);
 
   async function refresh() {
-    const page = await api.get(`/${kind}`, { offset, limit, search });
+    const page = await api.get(`/${kind}`, { offset, limit, search, sort });
     const rows = page.items.map(kind === 'queues' ? queueRow : subscriptionRow);
-    const turn = (to) => go(kind, box.value, to, limit);
+    const turn = (to) => go(kind, box.value, to, limit, sort);
     put(body,
       pager(offset, limit, page.total, turn, 'pager'),
       table(COLUMNS[kind], rows, { id: `${kind}-table` }),
