@@ -95,6 +95,7 @@ def test_ten_thousand_queues_page_and_search(crowded: BrokerProcess) -> None:
         assert console.wait_text('#card-queues', '10,000').startswith('10,000')
         busiest = [r.text.split()[0] for r in console.all('#busiest-table tbody tr')]
         assert busiest == list(FILLED)
+        assert console.text('#card-backlog').split()[0] == '5'  # every message, page or not
         console.shot('overview-10000')
     finally:
         console.close()

@@ -61,6 +61,7 @@ async function route() {
   clearInterval(timer);
   if (current && current.stop) current.stop();
   current = null;
+  clearNotice();  // a notice tells of the page it was given on
   const { page, name, query } = parse();
   for (const a of document.querySelectorAll('#tabs a')) {
     a.classList.toggle('active', a.dataset.tab === (TAB_OF[page] || page));

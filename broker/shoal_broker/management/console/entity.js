@@ -66,7 +66,8 @@ export async function render(main, kind, name) {
       `Delete the subscription ${name} and its ${num(row.backlog)} messages?`, 'Delete');
     if (!sure) return;
     await api.del(base);
-    notice(`Deleted subscription ${name}`);
+    window.addEventListener('hashchange', () => notice(`Deleted subscription ${name}`),
+      { once: true });  // after the shell's own listener has drawn the list
     location.hash = '#/subscriptions';
   }
 

@@ -36,25 +36,27 @@ export async function render(main) {
   main.append(h('div', { class: 'toolbar' }, h('h1', {}, 'Overview')), body);
 
   async function refresh() {
-    const [queues, subscriptions, connections, largest] = await Promise.all([
-      api.get('/queues', { limit: SUMMED }), api.get('/subscriptions', { limit: SUMMED }),
+    // the largest backlogs first: their sum is the whole when fewer than SUMMED hold messages
+    const [queues, subscriptions, connections] = await Promise.all([
+      api.get('/queues', { limit: SUMMED, sort: 'backlog' }),
+      api.get('/subscriptions', { limit: SUMMED, sort: 'backlog' }),
       api.get('/connections').catch(() => []),  // needs browse on every address
-      api.get('/queues', { limit: BUSIEST, sort: 'backlog' }),
     ]);
     const s = summary(queues, subscriptions, connections);
     const trend = record('overview:backlog', s.backlog);
-    const partial = queues.total > SUMMED || subscriptions.total > SUMMED;
-    const busiest = largest.items.filter((q) => q.backlog > 0);
+    const more = (page) => page.total > SUMMED && page.items[page.items.length - 1].backlog > 0;
+    const partial = more(queues) || more(subscriptions);
+    const busiest = queues.items.slice(0, BUSIEST).filter((q) => q.backlog > 0);
     put(body,
       h('div', { class: 'cards' },
         card('Queues', num(queues.total), 'card-queues'),
         card('Subscriptions', num(subscriptions.total), 'card-subscriptions'),
         card('Connections', num(connections.length), 'card-connections'),
         card('Replicas', num(s.replicas.length), 'card-replicas'),
-        card('Messages (backlog)', num(s.backlog), 'card-backlog'),
-        card('In flight', num(s.inFlight), 'card-in-flight')),
-      partial ? h('p', { class: 'muted' }, `Message totals are over the first ${num(SUMMED)} `
-        + 'queues and subscriptions by name; the Queues tab lists them all.') : null,
+        card('Messages (backlog)', `${partial ? '≥ ' : ''}${num(s.backlog)}`, 'card-backlog'),
+        card('In flight', `${partial ? '≥ ' : ''}${num(s.inFlight)}`, 'card-in-flight')),
+      partial ? h('p', { class: 'muted' }, `More than ${num(SUMMED)} queues or subscriptions `
+        + `hold messages: the totals are those of the ${num(SUMMED)} largest backlogs.`) : null,
       h('section', { class: 'panel' }, h('h2', {}, 'Backlog'),
         h('div', { class: 'chart' }, sparkline(points('overview:backlog'), 720, 90)),
         h('p', { class: 'muted' }, `${trend.length} samples, one every refresh (5 s)`)),
