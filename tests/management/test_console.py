@@ -208,10 +208,12 @@ def test_every_page_draws_from_the_broker_alone(replicas: Any, console: Console)
                          '#messages-table tr.message'),
         'connections': ('#/connections', '#connections-table'),
     }  # fmt: skip
+    console.errors()  # what earlier tests' pages logged (their refused requests) is theirs
     for page, (route, shown) in pages.items():
         console.open(route)
         console.find(shown)
         console.shot(page)
+        assert console.errors() == [], page
     console.open(pages['subscriptions'][0])
     row = console.text('#subscriptions-table tbody tr')
     assert topic in row

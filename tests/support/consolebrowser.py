@@ -46,6 +46,7 @@ class Console:
         options.binary_location = chromium
         for flag in FLAGS:
             options.add_argument(flag)
+        options.set_capability('goog:loggingPrefs', {'browser': 'ALL'})
         self.base = base
         self.driver = webdriver.Chrome(options=options, service=Service(executable_path=driver))
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -132,6 +133,11 @@ class Console:
             "return performance.getEntriesByType('resource').map(r => r.name)"
         )
         return [str(url) for url in found]
+
+    def errors(self) -> list[str]:
+        """What the page logged as errors since the last call (script errors, refused
+        Content-Security-Policy loads, failed requests)."""
+        return [str(e['message']) for e in self.driver.get_log('browser') if e['level'] == 'SEVERE']
 
     def shot(self, name: str) -> Path:
         """A screenshot of the whole page as ``<name>.png`` among the artifacts."""
