@@ -78,9 +78,11 @@ async function route() {
     failed(error);
     return;
   }
+  let reading = false;  // a slow read is not stacked on by the next tick
   timer = setInterval(() => {
-    if (document.hidden || !current || !current.refresh) return;
-    current.refresh().catch(failed);
+    if (reading || document.hidden || !current || !current.refresh) return;
+    reading = true;
+    current.refresh().catch(failed).finally(() => { reading = false; });
   }, REFRESH_MS);
 }
 

@@ -5,7 +5,7 @@ import * as api from './api.js';
 import { put, failed, h, num, perReplica, table, total } from './ui.js';
 import { points, record, sparkline } from './trend.js';
 
-const SUMMED = 1000;
+const SUMMED = 500;
 const BUSIEST = 10;
 
 function card(label, value, id) {
