@@ -18,6 +18,8 @@ from jmswire import JmsSource, durable_detach, subscriber
 from mgmtapi import Api, quoted
 from processes import LOOPBACK, BrokerProcess, wait_for
 from proton import Delivery, Message
+from proton.reactor import Container
+from proton.utils import ConnectionClosed
 from testusers import PASSWORDS, write_users
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -228,3 +230,39 @@ def test_every_page_draws_from_the_broker_alone(replicas: Any, console: Console)
         assert b'type="module" src="app.js"' in page.read()
     durable_detach(rcv)
     conn.close()
+
+
+def test_close_a_connection_from_the_console(replicas: Any, console: Console, address: str) -> None:
+    _, b = replicas
+    container = Container()
+    container.container_id = f'console-victim-{uuid.uuid4().hex[:8]}'
+    conn = connect(b.url, user='carol', password=PASSWORDS['carol'], allowed_mechs='PLAIN',
+                   container=container)  # fmt: skip
+    rcv = receiver(conn, address, credit=1)
+    row = f'#connections-table tr[data-container="{container.container_id}"]'
+
+    def listed() -> bool:  # a replica lists its connections every second: open the page again
+        console.open('#/connections')
+        console.find('#connections-table')
+        return console.visible(row) is not None
+
+    wait_for(listed, 15, 'the connection listed')
+    assert b.replica_id in console.text(row)
+    console.click(f'{row} button')
+    assert f'on replica {b.replica_id}' in console.confirm(ok=True)
+    console.wait_text('#notice', 'Closing connection')
+    closed: list[str] = []
+
+    def gone() -> bool:
+        try:
+            flush(conn)
+            rcv.receive(timeout=0.2)
+        except ConnectionClosed as exc:
+            closed.append(str(exc))
+            return True
+        except Exception:
+            return False
+        return False
+
+    wait_for(gone, 10, 'the connection closed')
+    assert 'forced' in closed[0]

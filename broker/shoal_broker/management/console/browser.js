@@ -172,8 +172,9 @@ export function browser(kind, name, changed) {
   } }, selector, size, h('button', { type: 'submit', id: 'browse', class: 'primary' }, 'Browse'));
   const element = h('section', { class: 'panel', id: 'browser' },
     h('h2', {}, 'Messages'),
-    h('p', { class: 'muted' }, 'Read without consuming. Retry, move and delete act on the '
-      + 'ticked messages, else on those the selector matches, else on all.'),
+    h('p', { class: 'muted' }, kind === 'queue' ? 'Read without consuming. Retry, move and '
+      + 'delete act on the ticked messages, else on those the selector matches, else on all.'
+      : 'Read without consuming.'),
     form, writes, list);
   return { element, load: restart };
 }

@@ -3,7 +3,7 @@
 import * as api from './api.js';
 import { put, confirm, failed, h, notice, table } from './ui.js';
 
-const SHOWN = ['replica', 'id', 'remote', 'container', 'user', 'client_id', 'links', 'opened'];
+const SHOWN = ['replica', 'id', 'peer', 'user', 'container_id', 'client_id', 'links'];
 
 export async function render(main) {
   const body = h('div', { id: 'connections' });
@@ -25,7 +25,8 @@ export async function render(main) {
     const columns = [...SHOWN.filter((k) => keys.includes(k)),
       ...keys.filter((k) => !SHOWN.includes(k)).sort()];
     const text = (v) => (v !== null && typeof v === 'object' ? JSON.stringify(v) : String(v ?? ''));
-    put(body, table([...columns, ''], found.map((c) => h('tr', {},
+    const headers = [...columns.map((k) => k.replace('_', ' ')), ''];
+    put(body, table(headers, found.map((c) => h('tr', { 'data-container': c.container_id },
       columns.map((k) => h('td', {}, text(c[k]))),
       h('td', {}, h('button', { type: 'button', class: 'small',
         onclick: () => close(c).catch(failed) }, 'Close')))), { id: 'connections-table' }));
