@@ -266,3 +266,34 @@ def test_close_a_connection_from_the_console(replicas: Any, console: Console, ad
 
     wait_for(gone, 10, 'the connection closed')
     assert 'forced' in closed[0]
+
+
+def test_move_by_selector_and_pause_from_the_console(
+    replicas: Any, console: Console, address: str
+) -> None:
+    a, b = replicas
+    target = f'{address}-moved'
+    _fill(a, address, 6)
+    _fill(a, target, 0)  # the target exists (a move to an unknown address is refused)
+    api = _api(a)
+    console.open(f'#/queue/{quoted(address)}')
+    console.wait(lambda: len(_rows(console)) == 6, 'every message listed')
+    console.type('#selector', 'n >= 4')
+    console.type('#move-target', target)
+    console.click('#move')
+    assert f'every message matching n >= 4 of {address} to {target}' in console.confirm(ok=True)
+    assert '2 moved' in console.wait_text('#notice', 'moved')
+    console.wait(lambda: not _rows(console), 'no match left')  # the browser reads again
+    console.click('#pause')
+    console.wait_text('#pause', 'Resume delivery')
+    assert api.get(f'/queues/{quoted(address)}')['paused'] is True
+    console.shot('queue-paused')
+    console.click('#pause')
+    console.wait_text('#pause', 'Pause delivery')
+    assert api.get(f'/queues/{quoted(address)}')['paused'] is False
+    conn = _connect(b)
+    moved = receive_all(receiver(conn, target, credit=2), 2)
+    assert sorted(m.properties['n'] for m in moved) == [4, 5]
+    kept = receive_all(receiver(conn, address, credit=4), 4)
+    assert sorted(m.properties['n'] for m in kept) == [0, 1, 2, 3]
+    conn.close()
