@@ -44,7 +44,7 @@ export function sparkline(series, width = 120, height = 24) {
   if (coords.length) {
     const area = document.createElementNS(SVG, 'polygon');
     area.setAttribute('points', `0,${height} ${coords.join(' ')} ${width},${height}`);
-    area.setAttribute('class', 'spark-area');
+    area.setAttribute('class', series.length > 1 ? 'spark-area' : 'spark-area first');
     const line = document.createElementNS(SVG, 'polyline');
     line.setAttribute('points', coords.join(' '));
     line.setAttribute('class', 'spark-line');
