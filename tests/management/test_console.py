@@ -1,8 +1,10 @@
 """
 The web console at ``/console`` in a real headless Chromium (Selenium), on real replicas and
 Redis: log in with a user of the users file, retry a dead letter and receive it with a real
-client, purge after a confirmation, browse with a selector, and see every page drawn from the
-broker's own files with nothing fetched elsewhere. A screenshot of each page is kept.
+client, purge after a confirmation, browse with a selector, move by selector, pause and resume,
+close a connection, and see every page drawn from the broker's own files with nothing fetched
+elsewhere, no error logged and a message's markup shown as text. A screenshot of each page is
+kept.
 """
 
 import urllib.request
@@ -200,7 +202,10 @@ def test_every_page_draws_from_the_broker_alone(replicas: Any, console: Console)
     conn = _connect(b)
     rcv = subscriber(conn, topic, f'{name}|global',
                      JmsSource('topic', 'shared', 'global', durable=True), credit=0)  # fmt: skip
-    sender(conn, topic, Capabilities('topic')).send(Message(body='hello', properties={'n': 1}))
+    markup = '<img src=x onerror="window.pwned = 1">'  # shown as text, never run
+    sender(conn, topic, Capabilities('topic')).send(
+        Message(body=markup, properties={'n': 1, 'note': markup})
+    )
     flush(conn)
     pages = {
         'overview': ('#/overview', '#card-backlog'),
@@ -216,6 +221,10 @@ def test_every_page_draws_from_the_broker_alone(replicas: Any, console: Console)
         console.find(shown)
         console.shot(page)
         assert console.errors() == [], page
+    console.open(pages['subscription'][0])
+    assert markup in console.text('#messages-table tr.message')
+    assert console.all('#messages-table img') == []
+    assert console.driver.execute_script('return window.pwned') is None
     console.open(pages['subscriptions'][0])
     row = console.text('#subscriptions-table tbody tr')
     assert topic in row
