@@ -74,7 +74,8 @@ class HealthServer:
         )  # fmt: skip
 
     async def _to_console(self, _: web.Request) -> web.Response:
-        raise web.HTTPFound('/console/')
+        # relative: behind a proxy that mounts the port under a prefix, the prefix is kept
+        raise web.HTTPFound('console/')
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={'Content-Type': CONTENT_TYPE_LATEST})
