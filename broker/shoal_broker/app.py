@@ -159,6 +159,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         api = Routes(operations, access).app()
         health = HealthServer(readiness, api, console.app())
         await health.start(*split_host_port(settings.http))
+        logger.info('web console at http://%s/console/', settings.http)
     backlog = BacklogSnapshot(
         url, settings.store.backlog_refresh_seconds, shared=store.upkeep,
         walks=liveness.is_first_live,
