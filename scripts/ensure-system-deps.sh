@@ -18,6 +18,8 @@ command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 # Headless Chromium screenshots the analytics report in its test (what a person sees).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# The web console's tests drive that Chromium through WebDriver (Selenium).
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ "${SHOAL_NO_NODE:-}" != 1 ]; then
     command -v node >/dev/null 2>&1 || missing+=(nodejs)
     command -v npm >/dev/null 2>&1 || missing+=(npm)

@@ -25,6 +25,7 @@ from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.selector_offload import SWITCH_INTERVAL_SECONDS
 from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
 from shoal_broker.health import HealthServer
+from shoal_broker.management import console
 from shoal_broker.management.access import Access
 from shoal_broker.management.control import Control
 from shoal_broker.management.operations import Operations
@@ -156,8 +157,9 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         operations = Operations(admin, store.upkeep.backlog_limit)
         access = Access(broker.guard.authenticator, settings.security.management_credentials_dir)
         api = Routes(operations, access).app()
-        health = HealthServer(readiness, api)
+        health = HealthServer(readiness, api, console.app())
         await health.start(*split_host_port(settings.http))
+        logger.info('web console at http://%s/console/', settings.http)
     backlog = BacklogSnapshot(
         url, settings.store.backlog_refresh_seconds, shared=store.upkeep,
         walks=liveness.is_first_live,

@@ -1,6 +1,7 @@
 """
 The broker's HTTP port: liveness, readiness and metrics for Kubernetes probes and Prometheus,
-and the management API mounted under ``/api`` (``management/``).
+and the management API mounted under ``/api`` with its web console under ``/console``
+(``management/``).
 
 aiohttp on the broker's own event loop (no thread). ``/livez`` answers while the loop turns;
 ``/readyz`` answers 200 only while the broker accepts AMQP connections, Redis answers a PING
@@ -25,7 +26,12 @@ Readiness = Callable[[], Awaitable[dict[str, bool | int | float]]]
 
 
 class HealthServer:
-    def __init__(self, readiness: Readiness, api: web.Application | None = None) -> None:
+    def __init__(
+        self,
+        readiness: Readiness,
+        api: web.Application | None = None,
+        console: web.Application | None = None,
+    ) -> None:
         self._readiness = readiness
         self._app = web.Application()
         self._app.router.add_get('/livez', self._livez)
@@ -33,6 +39,9 @@ class HealthServer:
         self._app.router.add_get('/metrics', self._metrics)
         if api is not None:
             self._app.add_subapp('/api', api)
+        if console is not None:
+            self._app.router.add_get('/console', self._to_console)
+            self._app.add_subapp('/console', console)
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
 
@@ -63,6 +72,10 @@ class HealthServer:
             body=json.dumps(checks).encode() + b'\n', content_type='application/json',
             status=200 if all(v for v in checks.values() if isinstance(v, bool)) else 503,
         )  # fmt: skip
+
+    async def _to_console(self, _: web.Request) -> web.Response:
+        # relative: behind a proxy that mounts the port under a prefix, the prefix is kept
+        raise web.HTTPFound('console/')
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={'Content-Type': CONTENT_TYPE_LATEST})

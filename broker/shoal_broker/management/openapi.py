@@ -47,8 +47,10 @@ _SUBSCRIPTION = _path_param('id', 'subscription id, e.g. durable:global:*:orders
 _LISTING = [
     _query('offset', {'type': 'integer', 'minimum': 0}, 'first item of the page'),
     _query('limit', {'type': 'integer', 'minimum': 0, 'maximum': 1000}, 'items per page'),
-    _query('search', {'type': 'string'}, 'only names containing this'),
-]
+    _query('search', {'type': 'string'}, 'only names containing this (case-sensitive)'),
+    _query('sort', {'type': 'string', 'enum': ['name', 'backlog']},
+           'name order (the default), or largest backlog first then name'),
+]  # fmt: skip
 _BROWSING = [
     _query('cursor', {'type': 'string'}, "the previous page's next"),
     _query('limit', {'type': 'integer', 'minimum': 1, 'maximum': MAX_PAGE},

@@ -62,6 +62,17 @@ async def _body(request: web.Request, allowed: set[str]) -> dict[str, Any]:
     return body
 
 
+SORTS = ('name', 'backlog')
+"""A listing's orders: by name, or largest backlog first (then by name)."""
+
+
+def _sort(request: web.Request) -> str:
+    order = request.query.get('sort', 'name')
+    if order not in SORTS:
+        raise OperationError(400, f'sort must be one of: {", ".join(SORTS)}')
+    return order
+
+
 def _selection(body: dict[str, Any]) -> tuple[list[str] | None, str | None]:
     ids, selector = body.get('ids'), body.get('selector')
     if ids is not None and selector is not None:
@@ -159,17 +170,23 @@ class Routes:
         return web.json_response(shown)
 
     async def queues(self, request: web.Request) -> web.Response:
-        """A page of the queues whose names contain ``search``, in name order."""
+        """A page of the queues whose names contain ``search``, in name order or largest
+        backlog first (``sort``)."""
         offset = _int(request, 'offset', 0, 1 << 31)
         limit = _int(request, 'limit', 100, MAX_LIST)
-        search = request.query.get('search', '')
+        search, order = request.query.get('search', ''), _sort(request)
         identity = request[IDENTITY]
+        registry = self.ops.admin.registry
         names = [
-            a.name for a in await self.ops.admin.registry.addresses()
+            a.name for a in await registry.addresses()
             if a.kind == 'queue' and search in a.name
             and self.access.allows(identity, Operation.BROWSE, a.name)
         ]  # fmt: skip
-        rows = await self.ops.admin.registry.queues(names[offset : offset + limit])
+        if order == 'backlog':
+            found = await registry.group_backlogs([(n, QUEUE_GROUP) for n in names])
+            ranked = sorted(zip(found, names, strict=True), key=lambda p: (-p[0].backlog, p[1]))
+            names = [name for _, name in ranked]
+        rows = await registry.queues(names[offset : offset + limit])
         paused, rates = await self.ops.admin.paused(), await self.ops.rates()
         items = [_queue_row(dataclasses.asdict(q), paused, rates) for q in rows]
         return web.json_response({'total': len(names), 'offset': offset, 'items': items})
@@ -198,12 +215,14 @@ class Routes:
     async def subscriptions(self, request: web.Request) -> web.Response:
         offset = _int(request, 'offset', 0, 1 << 31)
         limit = _int(request, 'limit', 100, MAX_LIST)
-        search = request.query.get('search', '')
+        search, order = request.query.get('search', ''), _sort(request)
         identity = request[IDENTITY]
         rows = [
             s for s in await self.ops.admin.registry.subscriptions()
             if search in s.id and self.access.allows(identity, Operation.BROWSE, s.topic)
         ]  # fmt: skip
+        if order == 'backlog':
+            rows.sort(key=lambda s: (-s.backlog, s.id))
         paused, rates = await self.ops.admin.paused(), await self.ops.rates()
         items = [
             _subscription_row(dataclasses.asdict(s), paused, rates)

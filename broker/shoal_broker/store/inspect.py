@@ -18,13 +18,14 @@ stream or group counts as zero.
 import asyncio
 import dataclasses
 import hashlib
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.exceptions
+from redis.client import NEVER_DECODE
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.jms_subscriptions import Scope
@@ -277,6 +278,11 @@ class Inspector:
             for (sid, d, c), b, (_, delivered) in zip(rows, backlogs, per_replica, strict=True)
         ]
 
+    async def group_backlogs(self, groups: list[tuple[str, str]]) -> list[GroupBacklog]:
+        """What each (address, group) has not consumed yet, without the per-replica detail: a
+        listing sorted by backlog reads this of every queue, then the detail of one page."""
+        return await self._backlogs(groups)
+
     async def backlog(self, address: str, group: str) -> GroupBacklog:
         """What one consumer group of an address has not consumed yet."""
         return (await self._backlogs([(address, group)]))[0]
@@ -364,12 +370,16 @@ class Inspector:
     async def _count_after(self, stream: str, last_id: str) -> int:
         counted = 0
         start = f'({last_id}'
+        # the entries hold binary messages: read as bytes, whatever the client decodes
+        command: Callable[..., Awaitable[Any]] = self._client.execute_command
         while True:
-            batch = await self._call(self._client.xrange(stream, start, '+', count=_PAGE))
+            batch = await self._call(command(
+                'XRANGE', stream, start, '+', 'COUNT', _PAGE, **{NEVER_DECODE: True}
+            ))  # fmt: skip
             counted += len(batch)
             if len(batch) < _PAGE:
                 return counted
-            start = f'({batch[-1][0]}'
+            start = f'({_text(batch[-1][0])}'
 
     async def _call(self, awaitable: Awaitable[Any]) -> Any:
         try:
