@@ -2,6 +2,7 @@
 policy with the broker-wide settings for what it leaves unset."""
 
 import pytest
+
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.redelivery import CEILING_MS, OFF, Backoff, Backoffs, backoff_of
 from shoal_broker.settings import BrokerSettings, RoutingSettings
