@@ -14,7 +14,7 @@ import pytest
 from amqpclient import connect, flush, nothing_more, receiver, send_all, settle
 from exposition import samples, value
 from processes import BrokerProcess
-from proton import Delivery, Message
+from proton import Delivery, Message, Timeout
 from proton.utils import BlockingReceiver
 from txnclient import Controller, accept_in
 
@@ -165,3 +165,44 @@ def test_a_released_message_and_a_consumer_gone_wait_too_and_keep_their_counts(
     assert arrived - closed_at >= WAITS[0]
     assert message.delivery_count == 1
     conn.close()
+
+
+def test_consumers_on_two_replicas_get_a_waiting_message_once_it_is_due(
+    start_broker: Callable[..., BrokerProcess], address: str
+) -> None:
+    first, second = start_broker(env=DELAY), start_broker(env=DELAY)
+    one, other = connect(first.url), connect(second.url)
+    mine, theirs = receiver(one, address, credit=10), receiver(other, address, credit=10)
+    send_all(one, address, ['only'])
+    wait_for = time.monotonic() + 15
+    got, holder = None, None
+    while got is None and time.monotonic() < wait_for:  # whichever replica the sharing chose
+        for rcv in (mine, theirs):
+            try:
+                got, holder = rcv.receive(timeout=0.2), rcv
+                break
+            except Timeout:
+                continue
+    assert got is not None
+    assert holder is not None
+    failed_at = time.monotonic()
+    settle(holder, Delivery.MODIFIED, failed=True)
+    flush(holder.connection)
+    again = None
+    while again is None and time.monotonic() < wait_for:
+        for rcv in (mine, theirs):
+            try:
+                again = rcv.receive(timeout=0.2)
+                arrived = time.monotonic()
+                rcv.accept()
+                flush(rcv.connection)
+                break
+            except Timeout:
+                continue
+    assert again is not None, 'the waiting message never came back'
+    assert (again.body, again.delivery_count) == ('only', 1)
+    assert arrived - failed_at >= WAITS[0]
+    assert nothing_more(mine)
+    assert nothing_more(theirs)
+    one.close()
+    other.close()

@@ -83,6 +83,10 @@ if consumers > 0 then
     redis.call('HSET', KEYS[5], unpack(flat))
     if others then
       want = math.min(want, granted)
+      if want <= 0 then  -- nothing popped here: still say when a waiting entry is due
+        local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+        if head[2] and head[2] ~= '0' then out[3] = math.max(tonumber(head[2]) - share_now(), 0) end
+      end
       out[2] = available - want
       if known == 0 then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
     end
