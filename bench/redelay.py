@@ -18,12 +18,14 @@ usage: python bench/redelay.py [-n 20000] [--size 1024]   (loopback only; stops 
 import argparse
 import shutil
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
 from typing import Any
 
 import redis
+
 from shoal_broker.store import keys
 from shoal_broker.store.scripts import source
 
@@ -36,6 +38,9 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+RESULTS: dict[str, list[float]] = {}
+
+
 def _measure(client: Any, label: str, n: int, fill: Any, top: tuple[str, ...]) -> None:
     """µs per message of the commands sent at top level (a script's own commands are inside
     its EVALSHA's time, and counted again under their names: left out)."""
@@ -43,7 +48,7 @@ def _measure(client: Any, label: str, n: int, fill: Any, top: tuple[str, ...]) -
     fill()
     stats = client.info('commandstats')
     spent = sum(stats.get(f'cmdstat_{name}', {}).get('usec', 0) for name in top)
-    print(f'| {label} | {spent / n:.2f} |')
+    RESULTS.setdefault(label, []).append(spent / n)
 
 
 def _pending(client: Any, k: keys.AddressKeys, n: int, body: bytes) -> list[str]:
@@ -61,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('-n', type=int, default=20000)
     parser.add_argument('--size', type=int, default=1024)
+    parser.add_argument('--reps', type=int, default=5)
     args = parser.parse_args()
     n, body = args.n, b'x' * args.size
     work, port = tempfile.mkdtemp(prefix='shoal-redelay-'), _port()
@@ -77,7 +83,12 @@ def main() -> None:
                 break
             except redis.ConnectionError:
                 time.sleep(0.1)
-        run(client, n, body)
+        for _ in range(args.reps):  # interleaved: the machine's load moves them alike
+            run(client, n, body)
+        print(f'n={n} size={len(body)} reps={args.reps} (median)\n')
+        print('| per returned message, or per fetch (an empty stream) | µs in Redis |\n|---|---|')
+        for label, values in RESULTS.items():
+            print(f'| {label} | {statistics.median(values):.2f} |')
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -88,7 +99,6 @@ def run(client: Any, n: int, body: bytes) -> None:
     k = keys.AddressKeys.of('bench-redelay')
     sha = {name: client.script_load(source(name)) for name in
            ('release_later', 'schedule', 'release_due', 'fetch')}  # fmt: skip
-    print(f'n={n} size={len(body)}\n\n| per returned message | µs in Redis |\n|---|---|')
 
     def members(ids: list[str]) -> list[tuple[str, str]]:
         return [(keys.entry_member(0, i), keys.entry_field(0, i)) for i in ids]
@@ -136,7 +146,6 @@ def run(client: Any, n: int, body: bytes) -> None:
             pipe.evalsha(sha['fetch'], 5, *fetch_keys, GROUP, CONSUMER, 10, '1', 0, 10, 'ch')
         pipe.execute()
 
-    print('\n| per fetch (an empty stream) | µs in Redis |\n|---|---|')
     ids = _pending(client, k, 1, body)
     client.xack(k.streams[0], GROUP, *ids)
     _measure(client, 'fetch, nothing returned', n, fetches, ('evalsha',))

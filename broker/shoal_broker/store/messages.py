@@ -435,10 +435,8 @@ class Messages:
         self, address: str, group: str, entry: Entry, *, delivery_failed: bool, delay_ms: int = 0
     ) -> Awaitable[None]:
         k = keys.AddressKeys.of(address)
-        member, field = (
-            keys.entry_member(entry.band, entry.id),
-            keys.entry_field(entry.band, entry.id),
-        )
+        member = keys.entry_member(entry.band, entry.id)
+        field = keys.entry_field(entry.band, entry.id)
         if delay_ms:  # due on Redis's clock, which fetch.lua reads (release_later.lua)
             script_keys = (k.returned(group), k.delivery_counts(group))
             args = (member, field, int(delivery_failed), delay_ms)
