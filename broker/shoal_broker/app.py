@@ -40,6 +40,7 @@ from shoal_broker.metrics.registry import (
     register_counters,
     register_gauges,
 )
+from shoal_broker.routing.redelivery import Backoffs
 from shoal_broker.routing.storage import UpkeepPort
 from shoal_broker.running import chores, draining
 from shoal_broker.running.backlog import BacklogSnapshot
@@ -120,6 +121,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
     )
     store.messages.duplicates.everywhere = window_of(settings.duplicates)
+    store.redelivery = Backoffs.of({}, settings.routing)  # a dead replica's, until policies come
     await _check_memory_watch(store.upkeep, settings.security.redis_memory_high_watermark)
     token = uuid.uuid4().hex
     liveness = Liveness(store, settings.replica_id, token, settings.store.lease_seconds)

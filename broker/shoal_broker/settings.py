@@ -91,6 +91,12 @@ class RoutingSettings:
     """Queue that receives expired messages. Empty means expired messages are dropped (and
     counted)."""
 
+    # a message a consumer gives back waits delay * multiplier ** (count - 1) ms, at most the
+    # maximum (0: a day), before any consumer may have it again; 0: no wait (routing/redelivery)
+    redelivery_delay_ms: int = 0
+    redelivery_multiplier: float = 1.0
+    max_redelivery_delay_ms: int = 0
+
     max_consumers_per_subscription: int = 0
     """Consumers a shared subscription may have across all replicas (0 = unlimited); more are
     refused with ``amqp:resource-limit-exceeded``. A provisioned subscription's own limit wins."""
@@ -113,6 +119,13 @@ class RoutingSettings:
     """Send an at-least-once message to a waiting consumer of the queue on the same replica while
     Redis stores it, rather than after (``LocalSubscription.ahead``): Redis leaves the path from
     producer to consumer. The producer is still answered only once Redis has the message."""
+
+    def __post_init__(self) -> None:
+        if min(self.redelivery_delay_ms, self.max_redelivery_delay_ms) < 0:
+            raise ValueError('redelivery delays must be 0 ms or more')
+        if not 1.0 <= self.redelivery_multiplier <= 100.0:
+            raise ValueError(f'the redelivery multiplier must be within 1..100, not '
+                             f'{self.redelivery_multiplier}')  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -361,6 +374,9 @@ class BrokerSettings:
                 ),
                 dead_letter_address=env.get(ENV_DEAD_LETTER_ADDRESS, d.routing.dead_letter_address),
                 expiry_address=env.get(ENV_EXPIRY_ADDRESS, d.routing.expiry_address),
+                redelivery_delay_ms=int(env.get(ENV_REDELIVERY_DELAY, '0')),
+                redelivery_multiplier=float(env.get(ENV_REDELIVERY_MULTIPLIER, '1')),
+                max_redelivery_delay_ms=int(env.get(ENV_MAX_REDELIVERY_DELAY, '0')),
                 max_consumers_per_subscription=int(
                     env.get(ENV_MAX_CONSUMERS, d.routing.max_consumers_per_subscription)
                 ),

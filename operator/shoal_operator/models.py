@@ -15,6 +15,7 @@ from typing import Any
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy
 from shoal_broker.settings import Overflow
 from shoal_operator.autoscaling import Autoscaling
+from shoal_operator.redelivery import redelivery_fields
 
 GROUP = 'shoal.dev'
 VERSION = 'v1alpha1'
@@ -380,6 +381,10 @@ def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -
         raise InvalidSpec(f'overflow must be RejectPublish or DropOldest, not {overflow!r}')
     if 'overflow' in retention and queue and max_messages is None:
         raise InvalidSpec('overflow needs maxMessages')
+    try:
+        redelivery = redelivery_fields(delivery)
+    except ValueError as exc:
+        raise InvalidSpec(str(exc)) from None
     return EntityPolicy(
         max_delivery_attempts=_bounded(delivery, 'maxDeliveryAttempts', 1, 1000),
         dead_letter_address=str(dla) if dla is not None else None,
@@ -387,6 +392,7 @@ def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -
         max_messages=max_messages,
         overflow=_OVERFLOW[overflow],
         **_duplicates(spec.get('duplicateDetection'), topic),
+        **redelivery,
     )
 
 

@@ -69,6 +69,7 @@ def test_a_queue_counts_from_zero_on_every_replica_before_its_first_dead_letter(
         ('shoal_messages_delivered_total', queue),
         ('shoal_messages_filtered_total', queue),
         ('shoal_messages_expired_total', queue),
+        ('shoal_messages_redelivery_delayed_total', queue),
         *[('shoal_deliveries_settled_total', {**queue, 'outcome': outcome})
           for outcome in ('accepted', 'released', 'modified', 'rejected')],
         ('shoal_delivery_latency_seconds_count', queue),

@@ -62,8 +62,13 @@ def queue(**spec: Any) -> dict[str, Any]:
                               'idProperty': '_AMQ_DUPL_ID'}),
     queue(duplicateDetection={'enabled': False}),
     sub(duplicateDetection={'enabled': True}),
+    queue(delivery={'redeliveryDelay': 200, 'redeliveryMultiplier': 2,
+                    'maxRedeliveryDelay': 60000}),
+    sub(delivery={'redeliveryDelay': 500, 'redeliveryMultiplier': 1.5}),
+    queue(delivery={'redeliveryDelay': 0, 'maxRedeliveryDelay': 0}),
 ], ids=['subscription', 'attempts-only', 'queue', 'max-messages-only', 'duplicates',
-        'duplicates-off', 'subscription-duplicates'])  # fmt: skip
+        'duplicates-off', 'subscription-duplicates', 'redelivery', 'subscription-redelivery',
+        'redelivery-off'])  # fmt: skip
 def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> None:
     assert validate(doc) == []
 
@@ -110,6 +115,16 @@ def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> No
     (queue(retention={'maxMessages': 3, 'overflow': 'DropNewest'}), "'DropNewest' is not one of"),
     (queue(retention={'overflow': 'DropOldest'}), 'overflow needs maxMessages'),
     (queue(delivery={'maxDeliveryAttempts': 1001}), '1001 is greater than the maximum of 1000'),
+    (queue(delivery={'redeliveryDelay': -1}), '-1 is less than the minimum of 0'),
+    (sub(delivery={'redeliveryDelay': 86400001}), 'is greater than the maximum of 86400000'),
+    (queue(delivery={'redeliveryMultiplier': 0.5}), '0.5 is less than the minimum of 1'),
+    (sub(delivery={'redeliveryMultiplier': 'double'}), "'double' is not of type 'number'"),
+    (queue(delivery={'redeliveryDelay': 1000, 'maxRedeliveryDelay': 500}),
+     'maxRedeliveryDelay must be 0 or at least redeliveryDelay'),
+    (sub(delivery={'redeliveryDelay': 1000, 'maxRedeliveryDelay': 999}),
+     'maxRedeliveryDelay must be 0 or at least redeliveryDelay'),
+    (cluster(auth={'allowAnonymous': True}, broker={'redeliveryMultiplier': 101}),
+     '101 is greater than the maximum of 100'),
     (queue(duplicateDetection={'window': 10}), "'enabled' is a required property"),
     (cluster(auth={'allowAnonymous': True}, broker={'duplicateWindow': 0}),
      '0 is less than the minimum of 1'),

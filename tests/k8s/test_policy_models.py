@@ -44,6 +44,17 @@ def test_a_subscription_declaration_carries_its_policy_and_no_backlog_limit() ->
     assert declaration.policy == EntityPolicy(max_delivery_attempts=2, max_age_seconds=30)
 
 
+def test_a_redelivery_delay_is_carried_in_the_broker_vocabulary() -> None:
+    parsed = Queue.from_body(queue(delivery={'redeliveryDelay': 200, 'redeliveryMultiplier': 2,
+                                             'maxRedeliveryDelay': 5000}))  # fmt: skip
+    assert parsed.policy == EntityPolicy(
+        redelivery_delay_ms=200, redelivery_multiplier=2.0, max_redelivery_delay_ms=5000
+    )
+    declaration = provisioning.declaration(SharedSubscription.from_body(sub(
+        delivery={'redeliveryDelay': 0})))  # fmt: skip
+    assert declaration.policy == EntityPolicy(redelivery_delay_ms=0)
+
+
 def test_duplicate_detection_is_carried_and_a_subscription_names_its_topic() -> None:
     parsed = Queue.from_body(queue(duplicateDetection={'enabled': True, 'windowSeconds': 30}))
     assert parsed.policy == EntityPolicy(duplicate_detection=True, duplicate_window_seconds=30)
@@ -67,6 +78,11 @@ def test_duplicate_detection_is_carried_and_a_subscription_names_its_topic() -> 
     ({'duplicateDetection': {'enabled': False, 'window': 3}}, 'need enabled: true'),
     ({'duplicateDetection': {'enabled': True, 'window': 0}}, 'window must be an integer from 1'),
     ({'duplicateDetection': {'enabled': True, 'idProperty': 'a b'}}, 'idProperty'),
+    ({'delivery': {'redeliveryDelay': -5}}, 'redeliveryDelay must be an integer from 0'),
+    ({'delivery': {'redeliveryDelay': '200ms'}}, 'redeliveryDelay must be an integer'),
+    ({'delivery': {'redeliveryMultiplier': 0.5}}, 'redeliveryMultiplier must be from 1'),
+    ({'delivery': {'redeliveryMultiplier': True}}, 'redeliveryMultiplier must be a number'),
+    ({'delivery': {'redeliveryDelay': 900, 'maxRedeliveryDelay': 100}}, 'at least redeliveryDelay'),
 ])  # fmt: skip
 def test_a_policy_the_crd_would_refuse_is_an_invalid_spec(spec: dict[str, Any], message: str
                                                           ) -> None:  # fmt: skip

@@ -70,6 +70,10 @@ CASES = [
          (now_ms() + 60_000, 100, 'queue')),
     Case('reclaim', (A.streams[0], A.returned(GROUP), A.delivery_counts(GROUP)),
          (GROUP, 'replica-dead', 0, 100, '1')),
+    Case('reclaim', (A.streams[0], A.returned(GROUP), A.delivery_counts(GROUP)),
+         (GROUP, 'replica-dead', 0, 100, '1', 200, 2.0, 86_400_000)),
+    Case('release_later', (A.returned(GROUP), A.delivery_counts(GROUP)),
+         ('0|000000000000001-0000000000', '0|1-0', '1', 200)),
     Case('trim', (A.streams[0],), (1000,)),
     # named subscriptions (JMS) and their declarations (the operator)
     Case('join', (S.definition, S.consumers),

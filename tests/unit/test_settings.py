@@ -37,6 +37,9 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_MAX_DELIVERY_ATTEMPTS': ('0', 'routing.max_delivery_attempts', 0),
     'SHOAL_DEAD_LETTER_ADDRESS': ('dead', 'routing.dead_letter_address', 'dead'),
     'SHOAL_EXPIRY_ADDRESS': ('expired', 'routing.expiry_address', 'expired'),
+    'SHOAL_REDELIVERY_DELAY_MS': ('200', 'routing.redelivery_delay_ms', 200),
+    'SHOAL_REDELIVERY_MULTIPLIER': ('2.5', 'routing.redelivery_multiplier', 2.5),
+    'SHOAL_MAX_REDELIVERY_DELAY_MS': ('60000', 'routing.max_redelivery_delay_ms', 60000),
     'SHOAL_MAX_CONSUMERS_PER_SUBSCRIPTION': (
         '3',
         'routing.max_consumers_per_subscription',

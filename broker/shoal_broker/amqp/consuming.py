@@ -81,6 +81,7 @@ class Consuming:
         self.coordinator = coordinator
         # what subscriptions call, bound once (``outlets.Outlet``)
         self.release = returns.release
+        self.redeliver = returns.redeliver
         self.expire = returns.expire
         self.filtered = returns.filtered
         self.dead_letter = returns.dead_letter
@@ -180,7 +181,7 @@ class Consuming:
         if txn is not None and code == codes.ACCEPTED:
             txn.acks.append((consumer.address, consumer.group, entry))
         elif code == codes.ACCEPTED:  # its transaction is gone: as if rolled back
-            self.release(consumer.address, consumer.group, entry, delivery_failed=True)
+            self.redeliver(consumer.address, consumer.group, entry, delivery_failed=True)
         else:
             modified = codes.BY_NAME['MODIFIED']  # also what an unknown outcome counts as
             row = codes.BY_DESCRIPTOR.get(code, modified)
@@ -203,7 +204,7 @@ class Consuming:
         if decision.action is Action.RETURN:
             if decision.exclude_consumer:
                 consumer.excluded.add(entry.key)
-            return self.release(
+            return self.redeliver(
                 consumer.address, consumer.group, entry, delivery_failed=decision.delivery_failed
             )
         self.dead_letter(consumer.address, consumer.group, entry, decision.reason)

@@ -5,7 +5,9 @@ An entry is released (available again to any replica), filtered (a topic subscri
 refuse it: acknowledged without delivery), expired or dead-lettered (copied to the expiry or
 dead-letter queue, annotated with why, then acknowledged; acknowledged at once when there is no
 such queue). A release Redis refuses is tried again: nothing else would return the entry while
-this replica lives. Called by the consumers' outcomes (``consuming.py``), by local
+this replica lives. A consumer's give-back (``redeliver``) waits out the entity's redelivery
+delay (``routing/redelivery.py``); the broker's own returns (parked, spilled, an operator's
+close) never wait. Called by the consumers' outcomes (``consuming.py``), by local
 subscriptions as they deal, and by transactions rolling back.
 """
 
@@ -19,6 +21,7 @@ from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import BrokerError
 from shoal_broker.metrics.registry import Counters
+from shoal_broker.routing.redelivery import backoff_of
 from shoal_broker.routing.storage import Entry, MessageStore, OutgoingMessage
 from shoal_broker.settings import AddressKind, RoutingSettings
 
@@ -40,14 +43,36 @@ class Returns:
         self.turns = turns
         self.nodes = nodes
 
+    def redeliver(
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool
+    ) -> Awaitable[None]:
+        """Give back an entry a consumer had (released, failed, rolled back, or its consumer
+        gone): deliverable again after the entity's redelivery delay, if it has one."""
+        policy = self.nodes.policy(address, group)
+        if policy.redelivery_delay_ms is None and not self.routing.redelivery_delay_ms:
+            return self.release(address, group, entry, delivery_failed=delivery_failed)
+        wait = backoff_of(policy, self.routing).wait_ms(entry.delivery_count + delivery_failed)
+        if wait:
+            self.counters.redelivery_delayed(address, group)
+        return self.release(address, group, entry, delivery_failed=delivery_failed, delay_ms=wait)
+
     def release(
-        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, retry: float = 0.0
+        self,
+        address: str,
+        group: str,
+        entry: Entry,
+        *,
+        delivery_failed: bool,
+        retry: float = 0.0,
+        delay_ms: int = 0,
     ) -> Awaitable[None]:
         """Give an entry back to its subscription. A release Redis refuses (full, or out of
         reach) is tried again with a growing pause: the entry is pending on this replica and
         nothing else would ever return it while the replica lives."""
         released = asyncio.ensure_future(
-            self.store.messages.release(address, group, entry, delivery_failed=delivery_failed)
+            self.store.messages.release(
+                address, group, entry, delivery_failed=delivery_failed, delay_ms=delay_ms
+            )
         )
 
         def check(done: 'asyncio.Future[None]') -> None:
@@ -61,7 +86,12 @@ class Returns:
             self.turns.call_later(
                 pause,
                 lambda: self.release(
-                    address, group, entry, delivery_failed=delivery_failed, retry=pause
+                    address,
+                    group,
+                    entry,
+                    delivery_failed=delivery_failed,
+                    retry=pause,
+                    delay_ms=delay_ms,
                 ),
             )
 

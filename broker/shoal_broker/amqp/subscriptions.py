@@ -96,6 +96,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
         self._held_since = 0.0
         self.private = group.startswith(PRIVATE_GROUP_PREFIX)
         self._share_check = False
+        self._due_at = 0.0
+        """When the next look for a delayed redelivery is set (monotonic s; 0: none)."""
         self.paused = False
         """Delivery paused by an operator (``Nodes.apply_pauses``): nothing is fetched, and a
         message published here goes to the store."""
@@ -298,6 +300,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
             return
         self.retry_delay = 0.0
         self.shared = entries.shared
+        if entries.wait_ms:
+            self._due_later(entries.wait_ms)
         if entries:
             self._deal(entries)
         if len(entries) >= asked or self._again:
@@ -317,6 +321,20 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
             if self._held:
                 self._hand_held()
             self._finish_drains()
+
+    def _due_later(self, wait_ms: int) -> None:
+        """A returned entry waits out a redelivery delay: fetch again when it is due (whichever
+        replica gave it back, or died holding it), unless an earlier look is already set."""
+        due = time.monotonic() + wait_ms / 1000
+        if self._due_at and self._due_at <= due:
+            return
+        self._due_at = due
+        self.outlet.call_later(wait_ms / 1000 + 0.002, self._due_now)
+
+    def _due_now(self) -> None:
+        self._due_at = 0.0
+        if self.consumers:
+            self.kick()
 
     def _deal(self, entries: Sequence[Entry]) -> None:
         now_ms = int(time.time() * 1000)

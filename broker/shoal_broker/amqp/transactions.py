@@ -265,7 +265,7 @@ class Coordinator:
     async def rollback(self, txn: Transaction) -> None:
         """Drop the sends; return the acked entries (delivery-count + 1, a new transfer)."""
         returned: list[Awaitable[None]] = [
-            self.returns.release(address, group, entry, delivery_failed=True)
+            self.returns.redeliver(address, group, entry, delivery_failed=True)
             for address, group, entry in txn.acks
         ]
         txn.sends.clear()

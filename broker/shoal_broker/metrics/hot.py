@@ -72,6 +72,11 @@ _HOT_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Messages a subscription's selector or no-local filter excluded.",
         ('address', 'subscription'),
     ),
+    'redelivery_delayed': (
+        'shoal_messages_redelivery_delayed',
+        'Messages given back that wait out a redelivery delay before their next delivery.',
+        ('address', 'subscription'),
+    ),
 }
 """The per-message counters: plain ints here, turned into Prometheus families at scrape time
 (a ``prometheus_client.Counter`` takes a lock per increment: 10 % of the broker's CPU under
@@ -168,6 +173,9 @@ class Counters:
         _count(('filtered', address, subscription_label(group)))
         self._tally(address, group, 'filtered')
 
+    def redelivery_delayed(self, address: str, group: str) -> None:
+        _count(('redelivery_delayed', address, subscription_label(group)))
+
     def accepted_all(self, address: str, group: str, ages: Sequence[float]) -> None:
         """Accepted deliveries of one subscription, each the given seconds after its enqueue: the
         settled count, the Prometheus histogram (one bisection) and the records' sketch (one
@@ -215,7 +223,7 @@ def subscription_seen(address: str, group: str) -> None:
     """A queue or subscription with a consumer on this replica: its counters and latency
     histogram exist from now on."""
     label = subscription_label(group)
-    for what in ('delivered', 'expired', 'dead_lettered', 'filtered'):
+    for what in ('delivered', 'expired', 'dead_lettered', 'filtered', 'redelivery_delayed'):
         _COUNTS.setdefault((what, address, label), 0)
     for outcome in OUTCOMES:
         _COUNTS.setdefault(('settled', address, label, outcome), 0)

@@ -36,6 +36,10 @@ class EntityPolicy:
     duplicate_id_property: str | None = None
     topic: str | None = None
     """A subscription's topic, filed with its duplicate detection (whose address it is)."""
+    # redelivery delay with backoff (``routing/redelivery.py``); None: the broker-wide setting
+    redelivery_delay_ms: int | None = None
+    redelivery_multiplier: float | None = None
+    max_redelivery_delay_ms: int | None = None
 
     def duplicates(self, defaults: DuplicateSettings) -> DuplicateWindow | None:
         """The window this policy sets (unset fields from ``defaults``); None when off."""

@@ -75,10 +75,12 @@ class Fetched(list[Entry]):
     """A fetch's entries, and what the sharing between replicas (``routing/sharing.py``) left
     behind for other replicas' consumers."""
 
-    __slots__ = ('left',)
+    __slots__ = ('left', 'wait_ms')
 
-    def __init__(self, entries: Iterable[Entry] = (), left: int = -1) -> None:
+    def __init__(self, entries: Iterable[Entry] = (), left: int = -1, wait_ms: int = 0) -> None:
         super().__init__(entries)
+        self.wait_ms = wait_ms
+        """In how many ms the first entry waiting out a redelivery delay is due; 0: none waits."""
         self.left = left
         """Entries left for other replicas (reserved for them, or more than this replica's credit
         could take); -1 when no other replica has consumers of the subscription."""
@@ -209,9 +211,10 @@ class MessagePort(Protocol):
         ...
 
     def release(
-        self, address: str, group: str, entry: Entry, *, delivery_failed: bool
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, delay_ms: int = 0
     ) -> Awaitable[None]:
-        """Make the entry available again to any replica; count a failed attempt if asked."""
+        """Make the entry available again to any replica (after ``delay_ms``: a redelivery
+        delay); count a failed attempt if asked."""
         ...
 
     def browse(

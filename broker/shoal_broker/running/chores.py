@@ -13,6 +13,7 @@ from shoal_broker.amqp.broker import Broker
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.metrics.registry import BACKGROUND_FAILURES, LEASE_UP, LOOP_LAG, REDIS_UP
 from shoal_broker.routing.policies import declared_duplicates
+from shoal_broker.routing.redelivery import Backoffs
 from shoal_broker.running.backlog import BacklogSnapshot
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.replicas import Liveness
@@ -142,6 +143,7 @@ async def refresh_policies(store: RedisStore, broker: Broker) -> None:
         logger.error('declared policies not refreshed: %s', exc)
         return
     broker.apply_policies(policies)
+    store.redelivery = Backoffs.of(policies, broker.settings.routing)
     store.upkeep.limit_address_backlogs({
         entity.removeprefix('queue:'): (policy.max_messages, policy.overflow.value)
         for entity, policy in policies.items()

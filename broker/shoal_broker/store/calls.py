@@ -29,7 +29,7 @@ SCRIPTS = (
     'publish', 'create_address', 'create_group', 'delete_group', 'fetch', 'browse', 'trim',
     'join', 'leave', 'unsubscribe', 'release_client', 'release_clients', 'reclaim',
     'reap_consumers', 'renew_lease', 'schedule', 'release_due', 'publish_limited', 'notify',
-    'publish_claim', 'delete_address', 'index_forget', 'publish_unique',
+    'publish_claim', 'delete_address', 'index_forget', 'publish_unique', 'release_later',
 )  # fmt: skip
 
 

@@ -357,7 +357,7 @@ class Messages:
 
         def finish(replies: list[Any]) -> Fetched:
             head = replies[0]
-            entries = Fetched(entries_of(head, 2), int(head[1]))
+            entries = Fetched(entries_of(head, 3), int(head[1]), int(head[2]))
             if entries.shared:
                 if len(self._shared) < MAX_BULK_FETCHES:
                     self._shared.add(subscription)
@@ -432,15 +432,20 @@ class Messages:
                 releases = [self.release(address, group, e, delivery_failed=False) for e in entries]
 
     def release(
-        self, address: str, group: str, entry: Entry, *, delivery_failed: bool
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, delay_ms: int = 0
     ) -> Awaitable[None]:
         k = keys.AddressKeys.of(address)
+        member = keys.entry_member(entry.band, entry.id)
+        field = keys.entry_field(entry.band, entry.id)
+        if delay_ms:  # due on Redis's clock, which fetch.lua reads (release_later.lua)
+            script_keys = (k.returned(group), k.delivery_counts(group))
+            args = (member, field, int(delivery_failed), delay_ms)
+            return self._queue([self._script('release_later', script_keys, args)], no_result,
+                               notify=address, notify_local=True)  # fmt: skip
         commands: list[tuple[Any, ...]] = []
         if delivery_failed:
             # count first: a replica fetching between the two commands must see the new count
-            field = keys.entry_field(entry.band, entry.id)
             commands.append(('HINCRBY', k.delivery_counts(group), field, 1))
-        member = keys.entry_member(entry.band, entry.id)
         commands.append(('ZADD', k.returned(group), 0, member))
         return self._queue(commands, lambda r: None, notify=address, notify_local=True)
 

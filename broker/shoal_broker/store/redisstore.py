@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio
 
 from shoal_broker.errors import StoreUnavailable
+from shoal_broker.routing.redelivery import Backoffs
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import connect, keys, layout
@@ -78,6 +79,9 @@ class RedisStore:
             replication_timeout_ms=replication_timeout_ms, commits=commits,
         )  # fmt: skip
         self.registry = AddressRegistry(client, self._scripts, replica_id, kinds)
+        self.redelivery = Backoffs()
+        """Each entity's redelivery delay, for the in-flight entries of a dead replica
+        (``Liveness``); set with the declared policies."""
         self.upkeep = Upkeep(
             client, self._scripts, backlogs, address_kind=self.registry.address_kind,
             announce=self.watching.announce,

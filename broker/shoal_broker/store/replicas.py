@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 
+from shoal_broker.routing.policies import entity_field
 from shoal_broker.store import connect, keys, layout, scripts
 from shoal_broker.store.calls import as_text
 from shoal_broker.store.redisstore import RedisStore
@@ -291,9 +292,10 @@ class Liveness:
             if not int(group['pending']):
                 continue
             script_keys = (stream, k.returned(name), k.delivery_counts(name))
+            backoff = self.store.redelivery.get(entity_field(address, name)).script_args
             while True:
                 moved = int(await self.store.evalsha(
-                    'reclaim', script_keys, (name, dead, band, RECLAIM_BATCH, int(failed))
+                    'reclaim', script_keys, (name, dead, band, RECLAIM_BATCH, int(failed), *backoff)
                 ))  # fmt: skip
                 report.entries_returned += moved
                 moved_any = moved_any or moved > 0

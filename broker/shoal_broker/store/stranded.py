@@ -44,7 +44,7 @@ async def return_stranded(
             pipe.hincrby(k.delivery_counts(group), keys.entry_field(band, entry_id), 1)
         await call(pipe.execute())
         members = dict.fromkeys((keys.entry_member(band, i) for i in ids), 0)
-        await call(client.zadd(k.returned(group), members))
+        await call(client.zadd(k.returned(group), members, nx=True))  # a delay stays
         returned += len(ids)
     if returned:
         await announce(address)

@@ -15,12 +15,15 @@
 -- ARGV[7] the address's notification channel: a replica that joins the sharing wakes the others,
 --         so they see it before they next take everything (hand-over, sending ahead)
 -- Returned (released or failed) entries come first, oldest first, claimed from whichever replica
--- held them; then new entries, high band (1) before normal band (0).
+-- held them; then new entries, high band (1) before normal band (0). A returned entry waiting out
+-- a redelivery delay (its score: when it is due, ms on Redis's clock; 0 = at once) stays, and the
+-- entries behind it flow past.
 -- Returns how many returned or high-band entries it found; how many entries it left for other
--- replicas (-1: this replica serves the subscription alone); then a flat array of septuples:
+-- replicas (-1: this replica serves the subscription alone); in how many ms the first delayed
+-- entry is due (0: none waits); then a flat array of septuples:
 -- band, id, header, rest, expiry, delivery count, origin.
 local want = tonumber(ARGV[3])
-local out = {0, -1}
+local out = {0, -1, 0}
 
 --! include entry_fields
 --! include share
@@ -67,7 +70,9 @@ if consumers > 0 then
     local shares, ids = share_records(KEYS[5])
     local others = share_others(shares, ARGV[2])
     local available = 0
-    if others then available = redis.call('ZCARD', KEYS[3]) + unread(0) + unread(1) end
+    if others then
+      available = redis.call('ZCOUNT', KEYS[3], '-inf', share_now()) + unread(0) + unread(1)
+    end
     local granted = share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), available,
                                 share_now())
     local flat = {}
@@ -78,6 +83,10 @@ if consumers > 0 then
     redis.call('HSET', KEYS[5], unpack(flat))
     if others then
       want = math.min(want, granted)
+      if want <= 0 then  -- nothing popped here: still say when a waiting entry is due
+        local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+        if head[2] and head[2] ~= '0' then out[3] = math.max(tonumber(head[2]) - share_now(), 0) end
+      end
       out[2] = available - want
       if known == 0 then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
     end
@@ -93,6 +102,14 @@ end
 while want > 0 do
   local popped = redis.call('ZPOPMIN', KEYS[3])
   if #popped == 0 then break end
+  if popped[2] ~= '0' then  -- delayed: due yet?
+    local wait = tonumber(popped[2]) - share_now()
+    if wait > 0 then
+      redis.call('ZADD', KEYS[3], popped[2], popped[1])
+      out[3] = wait
+      break
+    end
+  end
   local band, ms, seq = string.match(popped[1], '^(%d)|(%d+)-(%d+)$')
   local id = (string.match(ms, '^0*(%d-%d)$')) .. '-' .. (string.match(seq, '^0*(%d-%d)$'))
   local claimed = redis.call('XCLAIM', KEYS[tonumber(band) + 1], ARGV[1], ARGV[2], 0, id)
@@ -117,6 +134,6 @@ local function read_new(band)
 end
 
 read_new(1)
-out[1] = (#out - 2) / 7
+out[1] = (#out - 3) / 7
 if ARGV[4] == '1' then read_new(0) end
 return out
