@@ -13,6 +13,8 @@ import socket
 from collections.abc import Mapping
 
 from shoal_broker.settings_duplicates import DuplicateSettings as DuplicateSettings
+from shoal_broker.settings_last_values import LastValueSettings as LastValueSettings
+from shoal_broker.settings_last_values import last_values_from_env
 from shoal_broker.settings_names import *  # the ENV_* names, re-exported
 
 
@@ -316,6 +318,7 @@ class BrokerSettings:
     store: StoreSettings = dataclasses.field(default_factory=StoreSettings)
     security: SecuritySettings = dataclasses.field(default_factory=SecuritySettings)
     duplicates: DuplicateSettings = dataclasses.field(default_factory=DuplicateSettings)
+    last_values: LastValueSettings = dataclasses.field(default_factory=LastValueSettings)
     tracing: TracingSettings = dataclasses.field(default_factory=TracingSettings)
 
     replica_id: str = dataclasses.field(
@@ -402,6 +405,7 @@ class BrokerSettings:
             ),
             security=_security_from_env(env, d.security),
             duplicates=_duplicates_from_env(env, d.duplicates),
+            last_values=last_values_from_env(env, d.last_values),
             tracing=TracingSettings(
                 enabled=_flag(env, ENV_TRACING, d.tracing.enabled),
                 sample_ratio=float(env.get(ENV_TRACING_SAMPLE_RATIO, d.tracing.sample_ratio)),

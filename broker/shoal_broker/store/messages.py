@@ -16,7 +16,6 @@ from typing import Any
 import redis.asyncio
 
 from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull
-from shoal_broker.metrics.registry import duplicates_dropped
 from shoal_broker.routing.storage import (
     NORMAL_BAND,
     BrowseCursor,
@@ -36,6 +35,7 @@ from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
+from shoal_broker.store.last_values import LastValues, count_checked, last_op
 from shoal_broker.store.ops import Op, Tokens, no_result
 from shoal_broker.store.replies import entries_of, new_entries, replica_is_ready
 from shoal_broker.store.stranded import return_stranded
@@ -83,6 +83,7 @@ class Messages:
     ) -> None:
         self._client = client
         self.duplicates = duplicates or DuplicateWindows()
+        self.last_values = LastValues()
         self.transactions = Transactions(
             client, scripts, replica_id, announce, durability, replication_timeout_ms, commits,
             duplicates=self.duplicates,
@@ -123,6 +124,9 @@ class Messages:
 
     def duplicate_window(self, address: str) -> DuplicateWindow | None:
         return self.duplicates.of(address)
+
+    def last_value_key(self, address: str) -> str | None:
+        return self.last_values.of(address)
 
     def _encoded(self, message: OutgoingMessage) -> tuple[bytes, ...]:
         """A message's four script arguments (header, rest, expiry, origin) as the
@@ -218,11 +222,15 @@ class Messages:
         callback: PublishCallback[Any] | None,
         token: Any = None,
     ) -> None:
-        """``_queue_publish`` with duplicate detection (publish_unique.lua, the window as now).
-        Every message of such an address comes here (b'': no id, unchecked): none overtakes."""
-        window = self.duplicates.of(address) or DuplicateWindow(1, 1)  # turned off meanwhile
-        key = ('unique', address, message.band, kind, window.count, window.seconds)
-        parts = (*self._encoded(message), encode(message.duplicate_id or b''))
+        """``_queue_publish`` with duplicate detection (publish_unique.lua) or to a last-value
+        queue (publish_last.lua): every message of such an address comes here, none overtakes."""
+        window = self.duplicates.of(address)
+        if message.last_value is not None:
+            key, parts = last_op(address, kind, message, window, self._encoded(message))
+        else:
+            window = window or DuplicateWindow(1, 1)  # turned off meanwhile
+            key = ('unique', address, message.band, kind, window.count, window.seconds)
+            parts = (*self._encoded(message), encode(message.duplicate_id or b''))
         opened = self._open_publishes
         batched = opened.get(key) if callback is not None else opened.pop(key, None)
         if batched is not None and batched.callback is callback:
@@ -235,7 +243,7 @@ class Messages:
             self._refused(address, replies[0])
             if not isinstance(replies[0], list):  # a topic nobody subscribes to
                 return False
-            duplicates_dropped(address, int(replies[0][1]))
+            count_checked(address, replies[0])
             return True  # duplicates too: answered accepted, or the producer sends them again
 
         self._open_op(key, args, finish, future, callback, token)
