@@ -19,9 +19,9 @@ from shoal_broker.store.ops import PARTS_PER_MESSAGE, Op
 MAX_MATCHED = 10_000
 """Addresses whose match against the patterns is remembered; past it the memory starts over."""
 
-LAST_PARTS_PER_MESSAGE = PARTS_PER_MESSAGE + 2
+LAST_PARTS_PER_MESSAGE = PARTS_PER_MESSAGE + 1
 """A message of a last-value queue: its ``PARTS_PER_MESSAGE``, then its duplicate id and its key
-value, each encoded."""
+value, encoded together."""
 
 
 class LastValues:
