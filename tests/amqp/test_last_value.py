@@ -120,7 +120,8 @@ def test_two_producers_on_two_replicas(start_broker: Any, address: str, store_cl
             t.start()
         for t in threads:
             t.join(60)
-        assert not failures and not any(t.is_alive() for t in threads)
+        assert not failures
+        assert not any(t.is_alive() for t in threads)
         last = {n: {m.body['key']: m.body['seq'] for m in msgs} for n, (_, _, msgs) in work.items()}
         final = {}
         for key in range(KEYS_ // 2):  # one after the other: the store order is the send order
