@@ -115,8 +115,8 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
     assert duplicates == broker.DuplicateSettings(
         enabled=True, window=500, window_seconds=60, id_property='_AMQ_DUPL_ID'
     )
-    last = config.configmap(model(broker={
-        'lastValueAddresses': 'prices.*,devices', 'lastValueProperty': 'device'}))['data']  # fmt: skip
+    last_values = {'lastValueAddresses': 'prices.*,devices', 'lastValueProperty': 'device'}
+    last = config.configmap(model(broker=last_values))['data']
     assert broker.BrokerSettings.from_env(last).last_values == broker.LastValueSettings(
         addresses=('prices.*', 'devices'), key_property='device'
     )
