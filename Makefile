@@ -24,7 +24,8 @@ test: venv node-deps lint
 # The core functional modules again, with the brokers on a primary, a replica and three sentinels
 # (tests/conftest.py, docs/redis-modes.md); part of `make test` (about 2 minutes).
 SENTINEL_CORE := tests/amqp/test_queues.py tests/amqp/test_topics.py tests/amqp/test_delayed.py \
-	tests/amqp/test_failover.py tests/jms/test_subscriptions.py tests/jms/test_transactions.py
+	tests/amqp/test_failover.py tests/jms/test_subscriptions.py tests/jms/test_transactions.py \
+	tests/amqp/test_last_value.py
 test-sentinel: venv node-deps
 	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
 
