@@ -119,7 +119,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
         settings.security.max_backlog_per_address, settings.security.backlog_overflow.value
     )
     store.messages.duplicates.everywhere = window_of(settings.duplicates)
-    store.messages.last_values.settings = settings.last_values
+    store.messages.last_values.configure(settings.last_values)
     await _check_memory_watch(store.upkeep, settings.security.redis_memory_high_watermark)
     token = uuid.uuid4().hex
     liveness = Liveness(store, settings.replica_id, token, settings.store.lease_seconds)

@@ -148,10 +148,12 @@ class MessagePort(Protocol):
         ``duplicate_id`` is checked against the window in the same script that stores it."""
         ...
 
-    def last_value_key(self, address: str) -> str | None:
-        """The application property keying a last-value queue at ``address``; None when it is
-        not one. A message published with a ``last_value`` replaces the newest unread one with
-        the same key in the script that stores it (``store/last_values.py``)."""
+    @property
+    def last_value_key(self) -> Callable[[str], str | None]:
+        """Address -> the application property keying a last-value queue there; None when it
+        is not one. Bound once by the producing side (a C-level call where it can be: every
+        message asks). A message published with a ``last_value`` replaces the newest unread one
+        with the same key in the script that stores it (``store/last_values.py``)."""
         ...
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:

@@ -6,13 +6,14 @@ producers' side (``Messages.last_value_key``: whether to read a message's key) a
 message is stored (publish_last.lua, its op built here for ``cycles.py``).
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shoal_broker.metrics.registry import duplicates_dropped, values_replaced
-from shoal_broker.routing.storage import QUEUE_GROUP, DuplicateWindow, OutgoingMessage
+from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.settings import LastValueSettings
 from shoal_broker.store import keys
+from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.lane import Encoded, encode
 from shoal_broker.store.ops import PARTS_PER_MESSAGE, Op
 
@@ -26,20 +27,29 @@ value, encoded together."""
 
 class LastValues:
     def __init__(self, settings: LastValueSettings | None = None) -> None:
-        self.settings = settings or LastValueSettings()
         self.per_address: dict[str, str | None] = {}
-        """Declared queues' own (``lastValue``), over the patterns: None turns it off."""
+        """Declared queues' own (``lastValue``), over the patterns: None turns it off. Updated in
+        place: ``of`` may be its ``get``."""
         self._matched: dict[str, str | None] = {}
+        self.of: Callable[[str], str | None] = self.per_address.get
+        """The key property of a last-value queue at an address; None when it is not one.
+        Without patterns the declared queues' ``dict.get``: no Python frame per message."""
+        self.settings = LastValueSettings()
+        self.configure(settings or self.settings)
+
+    def configure(self, settings: LastValueSettings) -> None:
+        self.settings = settings
+        self._matched.clear()
+        self.of = self._matched_of if settings.addresses else self.per_address.get
 
     def set_per_address(self, declared: Mapping[str, str | None]) -> None:
-        self.per_address = dict(declared)
+        if declared != self.per_address:
+            self.per_address.clear()
+            self.per_address.update(declared)
 
-    def of(self, address: str) -> str | None:
-        """The key property of a last-value queue at ``address``; None when it is not one."""
+    def _matched_of(self, address: str) -> str | None:
         if address in self.per_address:
             return self.per_address[address]
-        if not self.settings.addresses:
-            return None
         if address not in self._matched:
             if len(self._matched) >= MAX_MATCHED:
                 self._matched.clear()
@@ -70,11 +80,12 @@ def publish_last_command(
 
 
 def last_op(
-    address: str, kind: str, message: OutgoingMessage, window: DuplicateWindow | None,
+    address: str, kind: str, message: OutgoingMessage, duplicates: DuplicateWindows,
     encoded: tuple[bytes, ...],
 ) -> tuple[tuple[Any, ...], tuple[bytes, ...]]:  # fmt: skip
     """The batch key and the encoded parts of a message to a last-value queue: every message of
     the queue takes this op (b'' for no duplicate id or no key), so none overtakes another."""
+    window = duplicates.of(address)
     count, seconds = (window.count, window.seconds) if window is not None else (0, 0)
     key = ('last', address, message.band, kind, count, seconds, QUEUE_GROUP)
     return key, (*encoded, encode(message.duplicate_id or b'', message.last_value or b''))

@@ -125,8 +125,9 @@ class Messages:
     def duplicate_window(self, address: str) -> DuplicateWindow | None:
         return self.duplicates.of(address)
 
-    def last_value_key(self, address: str) -> str | None:
-        return self.last_values.of(address)
+    @property
+    def last_value_key(self) -> Callable[[str], str | None]:
+        return self.last_values.of
 
     def _encoded(self, message: OutgoingMessage) -> tuple[bytes, ...]:
         """A message's four script arguments (header, rest, expiry, origin) as the
@@ -224,11 +225,10 @@ class Messages:
     ) -> None:
         """``_queue_publish`` with duplicate detection (publish_unique.lua) or to a last-value
         queue (publish_last.lua): every message of such an address comes here, none overtakes."""
-        window = self.duplicates.of(address)
         if message.last_value is not None:
-            key, parts = last_op(address, kind, message, window, self._encoded(message))
+            key, parts = last_op(address, kind, message, self.duplicates, self._encoded(message))
         else:
-            window = window or DuplicateWindow(1, 1)  # turned off meanwhile
+            window = self.duplicates.of(address) or DuplicateWindow(1, 1)  # turned off meanwhile
             key = ('unique', address, message.band, kind, window.count, window.seconds)
             parts = (*self._encoded(message), encode(message.duplicate_id or b''))
         opened = self._open_publishes
