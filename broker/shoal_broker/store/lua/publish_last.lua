@@ -82,16 +82,19 @@ for i = 10, #ARGV, 6 do
     if ARGV[i + 5] ~= '' then last[ARGV[i + 5]] = i end
   end
 end
--- what each key value replaces: its newest entry, unless the group has read it or it is gone
-local doomed, replaced, kept = {}, 0, {}
+-- what each key value replaces: its newest entry, unless the group has read it (or it is gone:
+-- looked up only for a limit, which counts what is deleted; XDEL says it otherwise)
+local limit = tonumber(ARGV[6])
+local doomed, replaced, kept, refs = {}, 0, {}, {}
 for value, _ in pairs(last) do
   local ref = redis.call('HGET', KEYS[7], value)
   if ref then
+    refs[value] = ref
     local band = tonumber(string.sub(ref, 1, 1))
     local id = raw(ref)
     if (not read[band] or string.sub(ref, 3) > read[band])
-        and #redis.call('XRANGE', KEYS[5 + band], id, id) > 0 then
-      doomed[#doomed + 1] = {band, id, ref .. '|' .. value}
+        and (limit == 0 or #redis.call('XRANGE', KEYS[5 + band], id, id) > 0) then
+      doomed[#doomed + 1] = {band, id}
     end
   end
 end
@@ -99,7 +102,6 @@ for _, i in ipairs(fresh) do
   local value = ARGV[i + 5]
   if value == '' or last[value] == i then kept[#kept + 1] = i else replaced = replaced + 1 end
 end
-local limit = tonumber(ARGV[6])
 local excess = 0
 if limit > 0 and #kept > 0 then
   local held = redis.call('XLEN', KEYS[5]) + redis.call('XLEN', KEYS[6]) - #doomed
@@ -112,9 +114,8 @@ if limit > 0 and #kept > 0 then
   excess = held + #kept - limit
 end
 if dedup then window_add(KEYS[4], seen, now, tonumber(ARGV[4]), tonumber(ARGV[5])) end
-for _, d in ipairs(doomed) do
+for _, d in ipairs(doomed) do  -- its order member goes with the new entry's (below)
   replaced = replaced + redis.call('XDEL', KEYS[5 + d[1]], d[2])
-  redis.call('ZREM', KEYS[8], d[3])
 end
 for _, i in ipairs(kept) do
   local id = redis.call('XADD', KEYS[1], '*', unpack(new_entry_fields(ARGV[i], ARGV[i + 1],
@@ -122,8 +123,7 @@ for _, i in ipairs(kept) do
   local value = ARGV[i + 5]
   if value ~= '' then
     local ref = ARGV[9] .. '|' .. padded(id)
-    local old = redis.call('HGET', KEYS[7], value)
-    if old then redis.call('ZREM', KEYS[8], old .. '|' .. value) end
+    if refs[value] then redis.call('ZREM', KEYS[8], refs[value] .. '|' .. value) end
     redis.call('HSET', KEYS[7], value, ref)
     redis.call('ZADD', KEYS[8], 0, ref .. '|' .. value)
   end
