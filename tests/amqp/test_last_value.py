@@ -23,6 +23,7 @@ from exposition import samples, value
 from processes import BrokerProcess, wait_for
 from proton import Delivery, Message
 from proton.utils import BlockingConnection, BlockingSender
+from txnclient import Controller, send_in
 
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.store import keys
@@ -213,5 +214,22 @@ def test_off_keeps_every_update(broker: BrokerProcess, address: str, store_clien
             assert send_with_outcome(conn, snd, update(1, 'a', seq)) == ACCEPTED
         assert [m['seq'] for m in bodies(conn, address, 3)] == [0, 1, 2]
         assert not store_client.exists(keys.AddressKeys.of(address).last_values)
+    finally:
+        conn.close()
+
+
+def test_sends_in_a_transaction_are_stored_unreplaced(start_broker: Any, address: str) -> None:
+    """A transaction's sends are applied by the commit's own scripts: kept, none replaced."""
+    b = start_broker(env=lvq_env(address))
+    conn = connect(b.url)
+    try:
+        snd = sender(conn, address)
+        controller = Controller(conn)
+        txn = controller.declare()
+        for seq in (1, 2):
+            send_in(conn, snd, txn, update(1, 'a', seq))
+        assert controller.discharge(txn, fail=False).remote_state == Delivery.ACCEPTED
+        assert send_with_outcome(conn, snd, update(1, 'a', 3)) == ACCEPTED
+        assert [m['seq'] for m in bodies(conn, address, 3)] == [1, 2, 3]
     finally:
         conn.close()
