@@ -61,6 +61,8 @@ STAMP = struct.Struct('<QQ')  # sequence, send time in ns
 ID_PLACEHOLDER = b'0' * 16
 TAG = struct.Struct('<Q')
 TRACE_MARK = 'f' * 32
+KEY_MARK = 'lvq-' + 'e' * 16
+"""--last-value-key: the key property's value, its last 16 characters patched per message."""
 """The trace id of the template's ``traceparent``, overwritten per message."""
 BATCH = 256  # most messages encoded per loop turn
 HIGH_WATER = 1 << 20  # stop encoding while this many bytes wait for the socket
@@ -245,6 +247,8 @@ class Producer:
             self.links.append(link)
         # --traceparent: a sampled W3C context per message, its trace id made afresh on each send
         properties = {'traceparent': f'00-{TRACE_MARK}-{"1" * 16}-01'} if opts.traceparent else None
+        if opts.last_value_key:  # a last-value queue's key, one per message: nothing replaced
+            properties = {**(properties or {}), '_AMQ_LVQ_NAME': KEY_MARK}
         template = Message(
             body=MARK + bytes(STAMP.size), durable=opts.durable, properties=properties
         )
@@ -256,6 +260,7 @@ class Producer:
         self.at = self.payload.index(MARK) + len(MARK)
         self.id_at = self.payload.index(ID_PLACEHOLDER) if opts.message_ids else -1
         self.trace_at = self.payload.index(TRACE_MARK.encode()) if opts.traceparent else -1
+        self.key_at = self.payload.index(KEY_MARK.encode()) + 4 if opts.last_value_key else -1
         self.payload_ptr = ffi.from_buffer(self.payload)
         self.tag = bytearray(8)
         self.tag_arg = (8, ffi.from_buffer(self.tag))
@@ -313,7 +318,7 @@ class Producer:
             lib.pn_delivery_settle,
         )
         stamp, pack_tag, clock = STAMP.pack_into, TAG.pack_into, time.monotonic_ns
-        trace_at = self.trace_at
+        trace_at, key_at = self.trace_at, self.key_at
         self.first_ns = self.first_ns or clock()
         id_at, id_end = self.id_at, self.id_at + len(ID_PLACEHOLDER)
         for seq in range(self.sent, self.sent + room):
@@ -325,6 +330,8 @@ class Producer:
                 payload[id_at:id_end] = b'%016d' % seq
             if trace_at >= 0:
                 payload[trace_at : trace_at + 32] = os.urandom(16).hex().encode()
+            if key_at >= 0:
+                payload[key_at : key_at + 16] = b'%016d' % seq
             write(link, payload_ptr, size)
             advance(link)
             if presettled:
@@ -686,6 +693,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument('--message-ids', action='store_true', help='a message-id per message')
     p.add_argument(
         '--traceparent', action='store_true', help='a sampled W3C traceparent on every message'
+    )
+    p.add_argument(
+        '--last-value-key',
+        action='store_true',
+        help='an _AMQ_LVQ_NAME per message (a distinct key each: a last-value queue replaces none)',
     )
     p.add_argument('--max-backlog', type=int, default=0, help='closed loop bound, 0: open loop')
     p.add_argument('--rate', type=float, default=0, help='msg/s, 0: as fast as allowed')

@@ -122,6 +122,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     )
     store.messages.duplicates.everywhere = window_of(settings.duplicates)
     store.redelivery = Backoffs.of({}, settings.routing)  # a dead replica's, until policies come
+    store.messages.last_values.configure(settings.last_values)
     await _check_memory_watch(store.upkeep, settings.security.redis_memory_high_watermark)
     token = uuid.uuid4().hex
     liveness = Liveness(store, settings.replica_id, token, settings.store.lease_seconds)

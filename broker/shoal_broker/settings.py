@@ -13,7 +13,11 @@ import socket
 from collections.abc import Mapping
 
 from shoal_broker.settings_duplicates import DuplicateSettings as DuplicateSettings
+from shoal_broker.settings_duplicates import duplicates_from_env
+from shoal_broker.settings_last_values import LastValueSettings as LastValueSettings
+from shoal_broker.settings_last_values import last_values_from_env
 from shoal_broker.settings_names import *  # the ENV_* names, re-exported
+from shoal_broker.settings_names import env_flag
 
 
 class AddressKind(enum.StrEnum):
@@ -329,6 +333,7 @@ class BrokerSettings:
     store: StoreSettings = dataclasses.field(default_factory=StoreSettings)
     security: SecuritySettings = dataclasses.field(default_factory=SecuritySettings)
     duplicates: DuplicateSettings = dataclasses.field(default_factory=DuplicateSettings)
+    last_values: LastValueSettings = dataclasses.field(default_factory=LastValueSettings)
     tracing: TracingSettings = dataclasses.field(default_factory=TracingSettings)
 
     replica_id: str = dataclasses.field(
@@ -364,8 +369,12 @@ class BrokerSettings:
                 producer_credit=int(env.get(ENV_PRODUCER_CREDIT, d.amqp.producer_credit)),
             ),
             routing=RoutingSettings(
-                auto_create_queues=_flag(env, ENV_AUTO_CREATE_QUEUES, d.routing.auto_create_queues),
-                auto_create_topics=_flag(env, ENV_AUTO_CREATE_TOPICS, d.routing.auto_create_topics),
+                auto_create_queues=env_flag(
+                    env, ENV_AUTO_CREATE_QUEUES, d.routing.auto_create_queues
+                ),
+                auto_create_topics=env_flag(
+                    env, ENV_AUTO_CREATE_TOPICS, d.routing.auto_create_topics
+                ),
                 default_address_kind=AddressKind(
                     env.get(ENV_DEFAULT_ADDRESS_KIND, d.routing.default_address_kind)
                 ),
@@ -380,11 +389,11 @@ class BrokerSettings:
                 max_consumers_per_subscription=int(
                     env.get(ENV_MAX_CONSUMERS, d.routing.max_consumers_per_subscription)
                 ),
-                declared_subscriptions_only=_flag(
+                declared_subscriptions_only=env_flag(
                     env, ENV_DECLARED_SUBSCRIPTIONS_ONLY, d.routing.declared_subscriptions_only
                 ),
-                handover=_flag(env, ENV_HANDOVER, d.routing.handover),
-                deliver_ahead=_flag(env, ENV_DELIVER_AHEAD, d.routing.deliver_ahead),
+                handover=env_flag(env, ENV_HANDOVER, d.routing.handover),
+                deliver_ahead=env_flag(env, ENV_DELIVER_AHEAD, d.routing.deliver_ahead),
                 handover_hold_seconds=float(
                     env.get(ENV_HANDOVER_HOLD, d.routing.handover_hold_seconds)
                 ),
@@ -417,9 +426,10 @@ class BrokerSettings:
                 hold_max_bytes=int(env.get(ENV_STORE_HOLD_BYTES, d.store.hold_max_bytes)),
             ),
             security=_security_from_env(env, d.security),
-            duplicates=_duplicates_from_env(env, d.duplicates),
+            duplicates=duplicates_from_env(env, d.duplicates),
+            last_values=last_values_from_env(env, d.last_values),
             tracing=TracingSettings(
-                enabled=_flag(env, ENV_TRACING, d.tracing.enabled),
+                enabled=env_flag(env, ENV_TRACING, d.tracing.enabled),
                 sample_ratio=float(env.get(ENV_TRACING_SAMPLE_RATIO, d.tracing.sample_ratio)),
             ),
             replica_id=env.get(ENV_REPLICA_ID) or d.replica_id,
@@ -433,7 +443,7 @@ class BrokerSettings:
 
 def _security_from_env(env: Mapping[str, str], d: SecuritySettings) -> SecuritySettings:
     return SecuritySettings(
-        allow_anonymous=_flag(env, ENV_ALLOW_ANONYMOUS, d.allow_anonymous),
+        allow_anonymous=env_flag(env, ENV_ALLOW_ANONYMOUS, d.allow_anonymous),
         users_file=env.get(ENV_USERS_FILE, d.users_file),
         management_credentials_dir=env.get(
             ENV_MANAGEMENT_CREDENTIALS_DIR, d.management_credentials_dir
@@ -475,23 +485,3 @@ def _security_from_env(env: Mapping[str, str], d: SecuritySettings) -> SecurityS
             env.get(ENV_REDIS_MEMORY_WATERMARK, d.redis_memory_high_watermark)
         ),
     )
-
-
-def _duplicates_from_env(env: Mapping[str, str], d: DuplicateSettings) -> DuplicateSettings:
-    return DuplicateSettings(
-        enabled=_flag(env, ENV_DUPLICATE_DETECTION, d.enabled),
-        window=int(env.get(ENV_DUPLICATE_WINDOW, d.window)),
-        window_seconds=int(env.get(ENV_DUPLICATE_WINDOW_SECONDS, d.window_seconds)),
-        id_property=env.get(ENV_DUPLICATE_ID_PROPERTY, d.id_property),
-    )
-
-
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    value = env.get(name)
-    if value is None:
-        return default
-    if value.lower() in ('1', 'true', 'yes', 'on'):
-        return True
-    if value.lower() in ('0', 'false', 'no', 'off'):
-        return False
-    raise ValueError(f'{name} must be true or false, not {value!r}')

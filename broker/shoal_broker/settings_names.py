@@ -1,7 +1,10 @@
 """
 The names of the environment variables the broker reads (``settings.py`` re-exports them): a
-contract with the Kubernetes operator, which renders them into the broker's pod.
+contract with the Kubernetes operator, which renders them into the broker's pod; and how a
+true-or-false one is read (``env_flag``).
 """
+
+from collections.abc import Mapping
 
 ENV_LISTEN = 'SHOAL_LISTEN'
 ENV_HTTP = 'SHOAL_HTTP'
@@ -70,6 +73,9 @@ ENV_DUPLICATE_DETECTION = 'SHOAL_DUPLICATE_DETECTION'
 ENV_DUPLICATE_WINDOW = 'SHOAL_DUPLICATE_WINDOW'
 ENV_DUPLICATE_WINDOW_SECONDS = 'SHOAL_DUPLICATE_WINDOW_SECONDS'
 ENV_DUPLICATE_ID_PROPERTY = 'SHOAL_DUPLICATE_ID_PROPERTY'
+# last-value queues (settings_last_values.py)
+ENV_LAST_VALUE_ADDRESSES = 'SHOAL_LAST_VALUE_ADDRESSES'
+ENV_LAST_VALUE_PROPERTY = 'SHOAL_LAST_VALUE_PROPERTY'
 ENV_DRAIN = 'SHOAL_CONNECTION_DRAIN_SECONDS'
 ENV_TRACING = 'SHOAL_TRACING'
 ENV_TRACING_SAMPLE_RATIO = 'SHOAL_TRACING_SAMPLE_RATIO'
@@ -96,6 +102,8 @@ __all__ = [
     'ENV_HANDOVER_HOLD',
     'ENV_HTTP',
     'ENV_IDLE_TIMEOUT',
+    'ENV_LAST_VALUE_ADDRESSES',
+    'ENV_LAST_VALUE_PROPERTY',
     'ENV_LEASE',
     'ENV_LISTEN',
     'ENV_LOGIN_FAILURES',
@@ -144,3 +152,14 @@ __all__ = [
     'ENV_TRIM_INTERVAL',
     'ENV_USERS_FILE',
 ]
+
+
+def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name)
+    if value is None:
+        return default
+    if value.lower() in ('1', 'true', 'yes', 'on'):
+        return True
+    if value.lower() in ('0', 'false', 'no', 'off'):
+        return False
+    raise ValueError(f'{name} must be true or false, not {value!r}')

@@ -15,6 +15,8 @@ from typing import Any
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy
 from shoal_broker.settings import Overflow
 from shoal_operator.autoscaling import Autoscaling
+from shoal_operator.invalid import InvalidSpec as InvalidSpec
+from shoal_operator.last_value import last_value_fields
 from shoal_operator.redelivery import redelivery_fields
 
 GROUP = 'shoal.dev'
@@ -28,10 +30,6 @@ def describe(body: Mapping[str, Any]) -> str:
     """``<namespace>/<name>`` of a raw body, for logs."""
     meta = body.get('metadata') or {}
     return f'{meta.get("namespace")}/{meta.get("name")}'
-
-
-class InvalidSpec(ValueError):
-    """The resource cannot be acted on as written; retrying will not help."""
 
 
 class DeletionPolicy(enum.StrEnum):
@@ -393,6 +391,7 @@ def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -
         overflow=_OVERFLOW[overflow],
         **_duplicates(spec.get('duplicateDetection'), topic),
         **redelivery,
+        **(last_value_fields(spec.get('lastValue')) if queue else {}),
     )
 
 

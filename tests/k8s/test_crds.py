@@ -66,9 +66,13 @@ def queue(**spec: Any) -> dict[str, Any]:
                     'maxRedeliveryDelay': 60000}),
     sub(delivery={'redeliveryDelay': 500, 'redeliveryMultiplier': 1.5}),
     queue(delivery={'redeliveryDelay': 0, 'maxRedeliveryDelay': 0}),
+    queue(lastValue={'enabled': True, 'property': 'device'}),
+    queue(lastValue={'enabled': False}),
+    cluster(auth={'allowAnonymous': True},
+            broker={'lastValueAddresses': 'prices.*,devices', 'lastValueProperty': 'device'}),
 ], ids=['subscription', 'attempts-only', 'queue', 'max-messages-only', 'duplicates',
         'duplicates-off', 'subscription-duplicates', 'redelivery', 'subscription-redelivery',
-        'redelivery-off'])  # fmt: skip
+        'redelivery-off', 'last-value', 'last-value-off', 'last-value-settings'])  # fmt: skip
 def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> None:
     assert validate(doc) == []
 
@@ -136,6 +140,12 @@ def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> No
     (queue(duplicateDetection={'enabled': True, 'windowSeconds': 604801}),
      '604801 is greater than the maximum of 604800'),
     (queue(duplicateDetection={'enabled': True, 'idProperty': 'a b'}), "'a b' does not match"),
+    (queue(lastValue={'property': 'device'}), "'enabled' is a required property"),
+    (queue(lastValue={'enabled': False, 'property': 'device'}), 'property needs enabled: true'),
+    (queue(lastValue={'enabled': True, 'property': 'a b'}), "'a b' does not match"),
+    (queue(lastValue={'enabled': True, 'property': ''}), "'' should be non-empty"),
+    (cluster(auth={'allowAnonymous': True}, broker={'lastValueAddresses': 'a, b'}),
+     "'a, b' does not match"),
     (cluster(auth={'allowAnonymous': True}, broker={'metricsHeartbeatSeconds': -1}),
      '-1 is less than the minimum of 0'),
     (cluster(auth={'allowAnonymous': True}, broker={'metricsHeartbeatSeconds': 3601}),

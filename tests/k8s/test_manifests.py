@@ -115,6 +115,11 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
     assert duplicates == broker.DuplicateSettings(
         enabled=True, window=500, window_seconds=60, id_property='_AMQ_DUPL_ID'
     )
+    last_values = {'lastValueAddresses': 'prices.*,devices', 'lastValueProperty': 'device'}
+    last = config.configmap(model(broker=last_values))['data']
+    assert broker.BrokerSettings.from_env(last).last_values == broker.LastValueSettings(
+        addresses=('prices.*', 'devices'), key_property='device'
+    )
     denying = config.configmap(model(subscriptions={'undeclared': 'Deny'}))['data']
     assert denying[broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY] == 'true'
 

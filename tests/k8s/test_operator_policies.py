@@ -140,3 +140,30 @@ async def test_a_subscription_duplicate_detection_names_its_topic(
         'duplicate_detection': True, 'duplicate_window': 50, 'topic': address,
         'overflow': 'reject-publish',
     }  # fmt: skip
+
+
+async def test_a_queue_last_value_is_provisioned_and_enforced_by_a_broker(
+    cluster: Kube, rds: redis.Redis, start_broker: Any, address: str
+) -> None:
+    body = {
+        'kind': 'Queue',
+        'metadata': {'name': f'q-{uuid.uuid4().hex[:8]}'},
+        'spec': {'clusterRef': {'name': 'shoal'}, 'queueName': address, 'deletionPolicy': 'Delete',
+                 'lastValue': {'enabled': True, 'property': 'device'}},
+    }  # fmt: skip
+    name = body['metadata']['name']
+    await cluster.create('queues', body)
+    await body_when(cluster, 'queues', name, ready_at(1), 'Ready')
+    entity = keys.provisioned_queue(address)
+    assert policy_in(rds, entity) == {
+        'last_value': True, 'last_value_property': 'device', 'overflow': 'reject-publish',
+    }  # fmt: skip
+    b: BrokerProcess = start_broker()  # no SHOAL_LAST_VALUE_ADDRESSES: the queue turns it on
+    conn = connect(b.url)
+    snd = sender(conn, address)
+    for state in ('on', 'off'):
+        message = Message(body=state, properties={'device': 'd-1'})
+        assert send_with_outcome(conn, snd, message) == (Delivery.ACCEPTED, None)
+    assert rds.xlen(keys.AddressKeys.of(address).streams[0]) == 1
+    conn.close()
+    await cluster.delete('queues', name)

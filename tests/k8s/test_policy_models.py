@@ -67,6 +67,17 @@ def test_duplicate_detection_is_carried_and_a_subscription_names_its_topic() -> 
     )
 
 
+def test_a_last_value_queue_is_carried() -> None:
+    parsed = Queue.from_body(queue(lastValue={'enabled': True, 'property': 'device'}))
+    assert parsed.policy == EntityPolicy(last_value=True, last_value_property='device')
+    off = Queue.from_body(queue(lastValue={'enabled': False}))
+    assert off.policy == EntityPolicy(last_value=False)
+    assert Queue.from_body(queue()).policy == EntityPolicy()
+    declaration = provisioning.declaration(SharedSubscription.from_body(sub(
+        lastValue={'enabled': True})))  # fmt: skip
+    assert declaration.policy == EntityPolicy()  # queues only
+
+
 @pytest.mark.parametrize(('spec', 'message'), [
     ({'delivery': {'maxDeliveryAttempts': 0}}, 'maxDeliveryAttempts must be an integer from 1'),
     ({'delivery': {'maxDeliveryAttempts': '3'}}, 'maxDeliveryAttempts must be an integer'),
@@ -83,6 +94,9 @@ def test_duplicate_detection_is_carried_and_a_subscription_names_its_topic() -> 
     ({'delivery': {'redeliveryMultiplier': 0.5}}, 'redeliveryMultiplier must be from 1'),
     ({'delivery': {'redeliveryMultiplier': True}}, 'redeliveryMultiplier must be a number'),
     ({'delivery': {'redeliveryDelay': 900, 'maxRedeliveryDelay': 100}}, 'at least redeliveryDelay'),
+    ({'lastValue': {'property': 'k'}}, 'lastValue.enabled must be true or false'),
+    ({'lastValue': {'enabled': False, 'property': 'k'}}, 'property needs enabled: true'),
+    ({'lastValue': {'enabled': True, 'property': 'a b'}}, 'lastValue.property'),
 ])  # fmt: skip
 def test_a_policy_the_crd_would_refuse_is_an_invalid_spec(spec: dict[str, Any], message: str
                                                           ) -> None:  # fmt: skip

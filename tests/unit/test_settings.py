@@ -100,6 +100,12 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_DUPLICATE_WINDOW': ('500', 'duplicates.window', 500),
     'SHOAL_DUPLICATE_WINDOW_SECONDS': ('60', 'duplicates.window_seconds', 60),
     'SHOAL_DUPLICATE_ID_PROPERTY': ('_AMQ_DUPL_ID', 'duplicates.id_property', '_AMQ_DUPL_ID'),
+    'SHOAL_LAST_VALUE_ADDRESSES': (
+        'prices.*, devices',
+        'last_values.addresses',
+        ('prices.*', 'devices'),
+    ),
+    'SHOAL_LAST_VALUE_PROPERTY': ('device', 'last_values.key_property', 'device'),
     # sends held through a store outage
     'SHOAL_STORE_HOLD_SECONDS': ('45', 'store.hold_seconds', 45.0),
     'SHOAL_STORE_HOLD_MAX_BYTES': ('1048576', 'store.hold_max_bytes', 1048576),

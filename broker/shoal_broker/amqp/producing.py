@@ -87,6 +87,7 @@ class Producing:
         self.top_up = turns.top_up
         self.top_up_later = turns.top_up_later
         self.duplicate_window = store.messages.duplicate_window
+        self.last_value_key = store.messages.last_value_key
         self.spawn = turns.spawn
         self.release = consuming.release
         self.schedule_recovery = consuming.schedule_recovery
@@ -169,20 +170,41 @@ class Producing:
 
     def _stamp_duplicate_id(
         self, producer: ProducerLink, message: PendingMessage, stored: OutgoingMessage,
-        address: str,
+        address: str, kind: AddressKind,
     ) -> bool:  # fmt: skip
         """Gives ``stored`` the id its address's window checks where it is stored (b'': it has
-        none, stored unchecked; no window, no id); False when the id cannot be read, the send
-        refused."""
+        none, stored unchecked; no window, no id), and its key at a last-value queue; False when
+        either cannot be read, the send refused."""
         window = self.duplicate_window(address)
-        if window is None:
+        if window is not None:
+            try:
+                stored.duplicate_id = duplicate_id(message.view.rest, window.id_property) or b''
+            except codec.DecodeError as exc:
+                self.refuse(producer, message.delivery, message.settled, BrokerError(str(exc)),
+                            'amqp:decode-error')  # fmt: skip
+                return False
+        if (key_property := self.last_value_key(address)) is not None:
+            return self._stamp_last_value(producer, message, stored, kind, key_property)
+        return True
+
+    def _stamp_last_value(
+        self, producer: ProducerLink, message: PendingMessage, stored: OutgoingMessage,
+        kind: AddressKind, key_property: str,
+    ) -> bool:  # fmt: skip
+        """Gives a message to a last-value queue its key (b'': none) and, at least, an empty
+        duplicate id: it takes the checked publish path, never handed past the store to a local
+        consumer (each would escape its replacement). False when the key cannot be read, the send
+        refused. Not for a topic: its subscriptions read at their own pace."""
+        if kind is not AddressKind.QUEUE:
             return True
         try:
-            stored.duplicate_id = duplicate_id(message.view.rest, window.id_property) or b''
+            stored.last_value = duplicate_id(message.view.rest, key_property) or b''
         except codec.DecodeError as exc:
             self.refuse(producer, message.delivery, message.settled, BrokerError(str(exc)),
                         'amqp:decode-error')  # fmt: skip
             return False
+        if stored.duplicate_id is None:
+            stored.duplicate_id = b''
         return True
 
     def _send_in_transaction(
@@ -225,7 +247,7 @@ class Producing:
         )
         if self.spans is not None:
             stored = self.spans.published(producer, message, stored, address, kind)
-        if not self._stamp_duplicate_id(producer, message, stored, address):
+        if not self._stamp_duplicate_id(producer, message, stored, address, kind):
             return
         if message.transaction is not None:  # held until the transaction is discharged
             self._send_in_transaction(producer, message, address, kind, stored)

@@ -47,6 +47,12 @@ _HOT_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         'Messages dropped (and answered accepted) as duplicates of one stored within the window.',
         ('address',),
     ),
+    'replaced': (
+        'shoal_messages_replaced',
+        'Messages of a last-value queue replaced, before any delivery, by a newer one with the '
+        'same key.',
+        ('address',),
+    ),
     'delivered': (
         'shoal_messages_delivered',
         'Transfers sent to consumers.',
@@ -246,6 +252,12 @@ def duplicates_dropped(address: str, count: int) -> None:
     """Duplicates dropped at an address with duplicate detection; 0 creates its series, so that
     an alert on the rate sees the address from its first publish."""
     key = ('duplicate', address)
+    _COUNTS[key] = _COUNTS.get(key, 0) + count
+
+
+def values_replaced(address: str, count: int) -> None:
+    """Messages a last-value queue replaced; 0 creates its series at the queue's first publish."""
+    key = ('replaced', address)
     _COUNTS[key] = _COUNTS.get(key, 0) + count
 
 

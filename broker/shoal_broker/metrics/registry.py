@@ -26,6 +26,7 @@ from shoal_broker.metrics.hot import (
     duplicates_dropped,
     entities_seen,
     subscription_seen,
+    values_replaced,
 )
 from shoal_broker.metrics.labels import (
     OTHER_ADDRESSES,
@@ -115,6 +116,7 @@ __all__ = [
     'register_gauges',
     'subscription_label',
     'subscription_seen',
+    'values_replaced',
 ]  # fmt: skip
 
 REDIS_ROUND_TRIP = Histogram(

@@ -40,6 +40,11 @@ class EntityPolicy:
     redelivery_delay_ms: int | None = None
     redelivery_multiplier: float | None = None
     max_redelivery_delay_ms: int | None = None
+    # last-value queue (``lastValue{}``): queues only
+    last_value: bool | None = None
+    """On or off for the queue; None: the broker-wide SHOAL_LAST_VALUE_ADDRESSES."""
+    last_value_property: str | None = None
+    """Application property holding the key; None: SHOAL_LAST_VALUE_PROPERTY."""
 
     def duplicates(self, defaults: DuplicateSettings) -> DuplicateWindow | None:
         """The window this policy sets (unset fields from ``defaults``); None when off."""
@@ -99,6 +104,20 @@ def declared_duplicates(
             )  # fmt: skip
         found[address] = window or known
     return found
+
+
+def declared_last_values(
+    policies: dict[str, EntityPolicy], default_property: str
+) -> dict[str, str | None]:
+    """Queue address -> the key property its declaration sets for a last-value queue (None:
+    off), for the queues whose declaration says either."""
+    return {
+        entity.removeprefix('queue:'): (policy.last_value_property or default_property)
+        if policy.last_value
+        else None
+        for entity, policy in policies.items()
+        if entity.startswith('queue:') and policy.last_value is not None
+    }
 
 
 def entity_field(address: str, group: str) -> str:

@@ -39,6 +39,10 @@ class OutgoingMessage:
     """Container-id of the publishing connection (no-local subscribers skip their own)."""
     duplicate_id: bytes | None = None
     """The id duplicate detection checks (``amqp/duplicate_ids.py``); None: not checked."""
+    last_value: bytes | None = None
+    """The key of a last-value queue's message (its typed value, as ``duplicate_id``; b'': none,
+    never replaced); None: not a last-value queue. Set with ``duplicate_id`` b'' at least, so that
+    the message takes the checked publish path."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,6 +148,14 @@ class MessagePort(Protocol):
     def duplicate_window(self, address: str) -> DuplicateWindow | None:
         """The address's duplicate detection; None when off. A message published with a
         ``duplicate_id`` is checked against the window in the same script that stores it."""
+        ...
+
+    @property
+    def last_value_key(self) -> Callable[[str], str | None]:
+        """Address -> the application property keying a last-value queue there; None when it
+        is not one. Bound once by the producing side (a C-level call where it can be: every
+        message asks). A message published with a ``last_value`` replaces the newest unread one
+        with the same key in the script that stores it (``store/last_values.py``)."""
         ...
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from shoal_broker.amqp.broker import Broker
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.metrics.registry import BACKGROUND_FAILURES, LEASE_UP, LOOP_LAG, REDIS_UP
-from shoal_broker.routing.policies import declared_duplicates
+from shoal_broker.routing.policies import declared_duplicates, declared_last_values
 from shoal_broker.routing.redelivery import Backoffs
 from shoal_broker.running.backlog import BacklogSnapshot
 from shoal_broker.store.redisstore import RedisStore
@@ -151,6 +151,8 @@ async def refresh_policies(store: RedisStore, broker: Broker) -> None:
     })  # fmt: skip
     defaults = broker.settings.duplicates
     store.messages.duplicates.set_per_address(declared_duplicates(policies, defaults))
+    key_property = broker.settings.last_values.key_property
+    store.messages.last_values.set_per_address(declared_last_values(policies, key_property))
 
 
 async def refresh_policies_forever(store: RedisStore, broker: Broker) -> None:

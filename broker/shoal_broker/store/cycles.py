@@ -34,6 +34,7 @@ from shoal_broker.store.calls import REDIS_DOWN, Scripts
 from shoal_broker.store.lane import Lane
 from shoal_broker.store.lanes import ClusterLanes, slot_of
 from shoal_broker.store.lanes import Unit as LaneUnit
+from shoal_broker.store.last_values import publish_last_command
 from shoal_broker.store.ops import (
     WRITES,
     Op,
@@ -421,6 +422,10 @@ class Cycles:
                  k.notify, self._replica_id, count, seconds * 1000,
                  *(self._backlogs.of(key[1]) or (0, '')), quintuples(members))
             ]  # fmt: skip
+        if key[0] == 'last':  # a last-value queue (last_values.py)
+            last = source['publish_last']
+            return [publish_last_command(last, key, members, self._replica_id,
+                                         self._backlogs.of(key[1]))]  # fmt: skip
         if key[0] == 'claim':  # by source, as publish
             _, _, band, group, _ = key
             args = quadruples(members)

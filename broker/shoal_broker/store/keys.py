@@ -188,6 +188,19 @@ class AddressKeys:
         count of ids, none older than its window's time."""
         return f'{self.tag}:dups'
 
+    @property
+    def last_values(self) -> str:
+        """HASH key value (``amqp/duplicate_ids.py``'s typed form) -> ``<band>|<padded entry
+        id>`` of its newest entry: a last-value queue's replacements (``lua/publish_last.lua``),
+        one field per key value the queue has not read past (swept by each publish)."""
+        return f'{self.tag}:lv'
+
+    @property
+    def last_value_order(self) -> str:
+        """ZSET (scores 0) ``<band>|<padded entry id>|<key value>``, one member per field of
+        ``last_values``, in entry order: what a publish finds the group has read past."""
+        return f'{self.tag}:lv:order'
+
     def transaction_marker(self, transaction_id: str) -> str:
         """STRING with a short lifetime, written by a one-slot commit's ``MULTI``: whether that
         ``EXEC`` ran, when its reply was lost (``store/transactions.py``)."""

@@ -91,6 +91,7 @@ def address_keys(address: str, groups: Iterable[Any]) -> list[str]:
     doomed = [*k.streams, k.groups, k.scheduled, k.scheduled_messages, k.watchers]
     doomed.append(k.commit_markers)
     doomed.append(k.duplicates)
+    doomed += [k.last_values, k.last_value_order]
     for raw in groups:
         group = text(raw)
         doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),

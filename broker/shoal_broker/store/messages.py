@@ -16,7 +16,6 @@ from typing import Any
 import redis.asyncio
 
 from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull
-from shoal_broker.metrics.registry import duplicates_dropped
 from shoal_broker.routing.storage import (
     NORMAL_BAND,
     BrowseCursor,
@@ -31,13 +30,14 @@ from shoal_broker.routing.storage import (
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.calls import Scripts, as_text
+from shoal_broker.store.calls import Scripts
 from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
+from shoal_broker.store.last_values import LastValues, count_checked, last_op
 from shoal_broker.store.ops import Op, Tokens, no_result
-from shoal_broker.store.replies import entries_of, new_entries, replica_is_ready
+from shoal_broker.store.replies import browse_page, entries_of, new_entries, replica_is_ready
 from shoal_broker.store.stranded import return_stranded
 from shoal_broker.store.transactions import Transactions
 
@@ -83,6 +83,7 @@ class Messages:
     ) -> None:
         self._client = client
         self.duplicates = duplicates or DuplicateWindows()
+        self.last_values = LastValues()
         self.transactions = Transactions(
             client, scripts, replica_id, announce, durability, replication_timeout_ms, commits,
             duplicates=self.duplicates,
@@ -123,6 +124,10 @@ class Messages:
 
     def duplicate_window(self, address: str) -> DuplicateWindow | None:
         return self.duplicates.of(address)
+
+    @property
+    def last_value_key(self) -> Callable[[str], str | None]:
+        return self.last_values.of
 
     def _encoded(self, message: OutgoingMessage) -> tuple[bytes, ...]:
         """A message's four script arguments (header, rest, expiry, origin) as the
@@ -218,11 +223,14 @@ class Messages:
         callback: PublishCallback[Any] | None,
         token: Any = None,
     ) -> None:
-        """``_queue_publish`` with duplicate detection (publish_unique.lua, the window as now).
-        Every message of such an address comes here (b'': no id, unchecked): none overtakes."""
-        window = self.duplicates.of(address) or DuplicateWindow(1, 1)  # turned off meanwhile
-        key = ('unique', address, message.band, kind, window.count, window.seconds)
-        parts = (*self._encoded(message), encode(message.duplicate_id or b''))
+        """``_queue_publish`` with duplicate detection (publish_unique.lua) or to a last-value
+        queue (publish_last.lua): every message of such an address comes here, none overtakes."""
+        if message.last_value is not None:
+            key, parts = last_op(address, kind, message, self.duplicates, self._encoded(message))
+        else:
+            window = self.duplicates.of(address) or DuplicateWindow(1, 1)  # turned off meanwhile
+            key = ('unique', address, message.band, kind, window.count, window.seconds)
+            parts = (*self._encoded(message), encode(message.duplicate_id or b''))
         opened = self._open_publishes
         batched = opened.get(key) if callback is not None else opened.pop(key, None)
         if batched is not None and batched.callback is callback:
@@ -235,7 +243,7 @@ class Messages:
             self._refused(address, replies[0])
             if not isinstance(replies[0], list):  # a topic nobody subscribes to
                 return False
-            duplicates_dropped(address, int(replies[0][1]))
+            count_checked(address, replies[0])
             return True  # duplicates too: answered accepted, or the producer sends them again
 
         self._open_op(key, args, finish, future, callback, token)
@@ -459,22 +467,7 @@ class Messages:
         ]
 
         def finish(replies: list[Any]) -> tuple[Sequence[Entry], BrowseCursor]:
-            # bands are read independently, highest first; show at most ``count`` in all
-            shown: list[Entry] = []
-            positions = []
-            for (band, position), reply in zip(cursor.positions, replies, strict=True):
-                found = [
-                    Entry(as_text(reply[i]), band, reply[i + 1], reply[i + 2], int(reply[i + 3]), 0)
-                    for i in range(1, len(reply), 4)
-                ]
-                room = count - len(shown)
-                if len(found) <= room:
-                    positions.append((band, as_text(reply[0])))
-                    shown += found
-                else:
-                    shown += found[:room]
-                    positions.append((band, found[room - 1].id if room else position))
-            return shown, BrowseCursor(tuple(positions))
+            return browse_page(cursor, replies, count)
 
         return self._queue(commands, finish)
 

@@ -25,7 +25,7 @@ PARTS_PER_MESSAGE = 7
 """A published message's script arguments as encoded parts: the header's bulk-string head,
 the header, CRLF, the same three for the rest, and the expiry and origin, encoded together."""
 
-WRITES = ('publish', 'claim', 'unique')
+WRITES = ('publish', 'claim', 'unique', 'last')
 """Batched ops that append messages: a replicated durability waits for them, and fails them
 unconfirmed."""
 

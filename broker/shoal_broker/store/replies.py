@@ -1,12 +1,13 @@
 """
 Entries from Redis replies: fetch.lua's and publish_claim.lua's septuples, and a plain
 XREADGROUP of the normal band (``Messages._fetch_op``); and whether ``WAIT 0 0`` with ``ROLE``
-says a replica is there (``Messages.replica_ready``).
+says a replica is there (``Messages.replica_ready``); a page of browse.lua's replies, one per
+band (``Messages.browse``).
 """
 
 from typing import Any
 
-from shoal_broker.routing.storage import NORMAL_BAND, Entry
+from shoal_broker.routing.storage import NORMAL_BAND, BrowseCursor, Entry
 from shoal_broker.store.calls import as_text
 
 
@@ -61,3 +62,25 @@ def replica_is_ready(replies: list[Any]) -> bool:
     if not isinstance(role, list) or len(role) < 3 or as_text(role[0]) != 'master':
         return False
     return any(int(replica[2]) > 0 for replica in role[2])
+
+
+def browse_page(
+    cursor: BrowseCursor, replies: list[Any], count: int
+) -> tuple[list[Entry], BrowseCursor]:
+    """At most ``count`` entries from browse.lua's replies for ``cursor``'s bands (read
+    independently, highest first), and the cursor after the last one shown."""
+    shown: list[Entry] = []
+    positions = []
+    for (band, position), reply in zip(cursor.positions, replies, strict=True):
+        found = [
+            Entry(as_text(reply[i]), band, reply[i + 1], reply[i + 2], int(reply[i + 3]), 0)
+            for i in range(1, len(reply), 4)
+        ]
+        room = count - len(shown)
+        if len(found) <= room:
+            positions.append((band, as_text(reply[0])))
+            shown += found
+        else:
+            shown += found[:room]
+            positions.append((band, found[room - 1].id if room else position))
+    return shown, BrowseCursor(tuple(positions))

@@ -33,6 +33,9 @@ _SETTINGS = {
     'duplicateWindow': broker.ENV_DUPLICATE_WINDOW,
     'duplicateWindowSeconds': broker.ENV_DUPLICATE_WINDOW_SECONDS,
     'duplicateIdProperty': broker.ENV_DUPLICATE_ID_PROPERTY,
+    # last-value queues
+    'lastValueAddresses': broker.ENV_LAST_VALUE_ADDRESSES,
+    'lastValueProperty': broker.ENV_LAST_VALUE_PROPERTY,
     # sends held through a store outage
     'storeHoldSeconds': broker.ENV_STORE_HOLD,
 }
