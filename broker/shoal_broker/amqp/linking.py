@@ -228,6 +228,8 @@ class Linking:
         returned = [] if consumer.owned_group else [
             self.consuming.apply(consumer, entry, UNSETTLED_ON_DETACH) for entry in unacked.values()
         ]  # fmt: skip
+        if sub is not None and sub.exclusive:  # its place goes once they are back
+            self.spawn(self.consuming.leave_line(sub.address, sub.group, consumer.line, returned))
         left = None
         if consumer.owned_group:
             self.spawn(self._drop_subscription(consumer.address, consumer.group))

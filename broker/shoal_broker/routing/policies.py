@@ -36,6 +36,8 @@ class EntityPolicy:
     duplicate_id_property: str | None = None
     topic: str | None = None
     """A subscription's topic, filed with its duplicate detection (whose address it is)."""
+    exclusive: bool | None = None
+    """A single active consumer (``routing/exclusive.py``); None: SHOAL_EXCLUSIVE_ADDRESSES."""
 
     def duplicates(self, defaults: DuplicateSettings) -> DuplicateWindow | None:
         """The window this policy sets (unset fields from ``defaults``); None when off."""

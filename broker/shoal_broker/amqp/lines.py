@@ -1,0 +1,46 @@
+"""
+A local subscription's part in an exclusive entity's line (``routing/exclusive.py``): which of
+its consumers it fetches for, and which may be dealt to.
+
+The line in Redis (``store/lines.py``) says which consumer, cluster-wide, is first. A replica
+fetches for one local consumer, its oldest until a fetch answers that another local consumer is
+first (``first_elsewhere``); the fetch is granted only while that consumer is first in line,
+and the entries it brings go to that consumer alone (``pool``).
+"""
+
+from shoal_broker.amqp.links import ConsumerLink
+
+
+class Line:
+    """Mixed into ``subscriptions.LocalSubscription``, whose ``consumers`` it reads."""
+
+    consumers: list[ConsumerLink]
+    exclusive = False
+    """One consumer receives at a time, cluster-wide (``routing/exclusive.py``)."""
+    _active_line = ''
+    """The local consumer (``ConsumerLink.line``) fetched for: found first in line, or (none
+    found yet) the oldest here."""
+
+    def _active(self) -> ConsumerLink | None:
+        """The local consumer an exclusive entity is fetched for (``_active_line``)."""
+        for consumer in self.consumers:
+            if consumer.line == self._active_line:
+                return consumer
+        if self.consumers:
+            self._active_line = self.consumers[0].line
+            return self.consumers[0]
+        return None
+
+    def _first_elsewhere(self, first: str) -> bool:
+        """Whether ``first`` (first in line) is another local consumer than the one fetched for:
+        it becomes the one fetched for."""
+        if first and first != self._active_line and any(c.line == first for c in self.consumers):
+            self._active_line = first
+            return True
+        return False
+
+    def _pool(self) -> list[ConsumerLink]:
+        """The consumers an entry may go to: an exclusive entity's active one alone."""
+        if not self.exclusive:
+            return self.consumers
+        return [c for c in self.consumers if c.line == self._active_line]
