@@ -380,6 +380,8 @@ def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -
         raise InvalidSpec(f'overflow must be RejectPublish or DropOldest, not {overflow!r}')
     if 'overflow' in retention and queue and max_messages is None:
         raise InvalidSpec('overflow needs maxMessages')
+    if (exclusive := delivery.get('exclusive')) is not None and not isinstance(exclusive, bool):
+        raise InvalidSpec(f'exclusive must be true or false, not {exclusive!r}')
     return EntityPolicy(
         max_delivery_attempts=_bounded(delivery, 'maxDeliveryAttempts', 1, 1000),
         dead_letter_address=str(dla) if dla is not None else None,
@@ -387,6 +389,7 @@ def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -
         max_messages=max_messages,
         overflow=_OVERFLOW[overflow],
         **_duplicates(spec.get('duplicateDetection'), topic),
+        exclusive=exclusive,
     )
 
 
@@ -473,6 +476,8 @@ class SharedSubscription:
         if not durable and deletion is not DeletionPolicy.DELETE:
             raise InvalidSpec('non-durable subscriptions can only use deletionPolicy=Delete')
         max_consumers = spec.get('maxConsumers')
+        if (spec.get('delivery') or {}).get('exclusive') is True and max_consumers == 1:
+            raise InvalidSpec('an exclusive subscription needs maxConsumers of at least 2 or none')
         return cls(
             meta=meta,
             cluster=_cluster_ref(meta, spec),

@@ -62,8 +62,13 @@ def queue(**spec: Any) -> dict[str, Any]:
                               'idProperty': '_AMQ_DUPL_ID'}),
     queue(duplicateDetection={'enabled': False}),
     sub(duplicateDetection={'enabled': True}),
+    queue(delivery={'exclusive': True}),
+    sub(delivery={'exclusive': True}, maxConsumers=3),
+    sub(delivery={'exclusive': False}, maxConsumers=1),
+    cluster(auth={'allowAnonymous': True}, broker={'exclusiveAddresses': ['orders.*', 'fx']}),
 ], ids=['subscription', 'attempts-only', 'queue', 'max-messages-only', 'duplicates',
-        'duplicates-off', 'subscription-duplicates'])  # fmt: skip
+        'duplicates-off', 'subscription-duplicates', 'exclusive-queue', 'exclusive-subscription',
+        'not-exclusive-single', 'exclusive-addresses'])  # fmt: skip
 def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> None:
     assert validate(doc) == []
 
@@ -111,6 +116,11 @@ def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> No
     (queue(retention={'overflow': 'DropOldest'}), 'overflow needs maxMessages'),
     (queue(delivery={'maxDeliveryAttempts': 1001}), '1001 is greater than the maximum of 1000'),
     (queue(duplicateDetection={'window': 10}), "'enabled' is a required property"),
+    (queue(delivery={'exclusive': 'yes'}), "'yes' is not of type 'boolean'"),
+    (sub(delivery={'exclusive': True}, maxConsumers=1),
+     'an exclusive subscription needs maxConsumers of at least 2'),
+    (cluster(auth={'allowAnonymous': True}, broker={'exclusiveAddresses': ['a,b']}),
+     "'a,b' does not match"),
     (cluster(auth={'allowAnonymous': True}, broker={'duplicateWindow': 0}),
      '0 is less than the minimum of 1'),
     (cluster(auth={'allowAnonymous': True}, broker={'duplicateIdProperty': 'a b'}),

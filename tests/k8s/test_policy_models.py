@@ -56,6 +56,18 @@ def test_duplicate_detection_is_carried_and_a_subscription_names_its_topic() -> 
     )
 
 
+def test_exclusive_is_carried_and_unset_leaves_it_to_the_broker_patterns() -> None:
+    assert Queue.from_body(queue(delivery={'exclusive': True})).policy == EntityPolicy(
+        exclusive=True
+    )
+    declared = provisioning.declaration(SharedSubscription.from_body(sub(
+        delivery={'exclusive': False})))  # fmt: skip
+    assert declared.policy == EntityPolicy(exclusive=False)
+    assert Queue.from_body(queue(delivery={'maxDeliveryAttempts': 2})).policy.exclusive is None
+    with pytest.raises(InvalidSpec, match='maxConsumers of at least 2'):
+        SharedSubscription.from_body(sub(delivery={'exclusive': True}, maxConsumers=1))
+
+
 @pytest.mark.parametrize(('spec', 'message'), [
     ({'delivery': {'maxDeliveryAttempts': 0}}, 'maxDeliveryAttempts must be an integer from 1'),
     ({'delivery': {'maxDeliveryAttempts': '3'}}, 'maxDeliveryAttempts must be an integer'),
@@ -67,6 +79,7 @@ def test_duplicate_detection_is_carried_and_a_subscription_names_its_topic() -> 
     ({'duplicateDetection': {'enabled': False, 'window': 3}}, 'need enabled: true'),
     ({'duplicateDetection': {'enabled': True, 'window': 0}}, 'window must be an integer from 1'),
     ({'duplicateDetection': {'enabled': True, 'idProperty': 'a b'}}, 'idProperty'),
+    ({'delivery': {'exclusive': 'yes'}}, 'exclusive must be true or false'),
 ])  # fmt: skip
 def test_a_policy_the_crd_would_refuse_is_an_invalid_spec(spec: dict[str, Any], message: str
                                                           ) -> None:  # fmt: skip
