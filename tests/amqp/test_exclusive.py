@@ -19,6 +19,8 @@ from collections.abc import Callable
 import pytest
 import redis
 from amqpclient import Capabilities, connect, flush, nothing_more, receiver, sender
+from exposition import samples, value
+from jmswire import JmsSource, durable_detach, jms_connect, subscriber, take
 from processes import BrokerProcess
 from proton import Message
 
@@ -248,3 +250,28 @@ def test_an_attach_requiring_an_exclusive_entity_is_refused_on_a_shared_one(
     answered.next()
     assert 'exclusive' in [str(c) for c in answered.get_object()]
     conn.close()
+
+
+def test_a_shared_subscription_has_one_active_consumer_and_hand_overs_are_counted(
+    start_broker: Callable[..., BrokerProcess], address: str
+) -> None:
+    a, b = start_broker(env=_exclusive(address)), start_broker(env=_exclusive(address))
+    assert value(samples(a), 'shoal_exclusive_handovers_total') == 0  # exported from 0
+    shared = JmsSource('topic', 'shared', 'global', durable=True)
+    first_conn, second_conn = jms_connect(a.url), jms_connect(b.url)
+    first = subscriber(first_conn, address, 'audit|global', shared)
+    time.sleep(0.2)
+    second = subscriber(second_conn, address, 'audit|global', shared)
+    producer = connect(b.url)
+    snd = sender(producer, address, Capabilities('topic'))
+    for body in range(6):
+        _send(snd, body)
+    assert take(first, 6) == [0, 1, 2, 3, 4, 5]
+    assert nothing_more(second)
+    durable_detach(first)  # a JMS durable consumer's close: the next in line takes over
+    for body in range(6, 9):
+        _send(snd, body)
+    assert take(second, 3) == [6, 7, 8]
+    assert value(samples(a), 'shoal_exclusive_handovers_total') == 1
+    for conn in (first_conn, second_conn, producer):
+        conn.close()
