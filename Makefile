@@ -25,6 +25,7 @@ test: venv node-deps lint
 # (tests/conftest.py, docs/redis-modes.md); part of `make test` (about 2 minutes).
 SENTINEL_CORE := tests/amqp/test_queues.py tests/amqp/test_topics.py tests/amqp/test_delayed.py \
 	tests/amqp/test_failover.py tests/jms/test_subscriptions.py tests/jms/test_transactions.py
+SENTINEL_CORE += tests/amqp/test_exclusive.py::test_a_killed_replicas_active_consumer_is_followed_in_order_with_nothing_lost
 test-sentinel: venv node-deps
 	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
 
