@@ -277,3 +277,24 @@ def test_a_shared_subscription_has_one_active_consumer_and_hand_overs_are_counte
     assert value(samples(a), 'shoal_exclusive_handovers_total') == 1
     for conn in (first_conn, second_conn, producer):
         conn.close()
+
+
+def test_a_declared_policy_makes_a_queue_exclusive_on_every_replica(
+    start_broker: Callable[..., BrokerProcess], address: str, store_client: redis.Redis
+) -> None:
+    store_client.hset('shoal:policies', f'queue:{address}', '{"exclusive": true}')
+    a, b = start_broker(env=FAST_LEASE), start_broker(env=FAST_LEASE)
+    conns = [connect(a.url), connect(b.url)]
+    receivers = [receiver(c, address, Capabilities('queue', 'exclusive')) for c in conns]
+    producer = connect(a.url)
+    snd = sender(producer, address)
+    for body in range(4):
+        _send(snd, body)
+    got = [receivers[0].receive(timeout=10) for _ in range(4)]
+    receivers[0].accept()
+    flush(conns[0])
+    assert [m.body for m in got] == [0, 1, 2, 3]
+    assert nothing_more(receivers[1])
+    store_client.hdel('shoal:policies', f'queue:{address}')
+    for conn in (*conns, producer):
+        conn.close()
