@@ -9,6 +9,7 @@ message reached the application; the receive intervals of the consumers must not
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import signal
@@ -295,6 +296,18 @@ def test_a_declared_policy_makes_a_queue_exclusive_on_every_replica(
     flush(conns[0])
     assert [m.body for m in got] == [0, 1, 2, 3]
     assert nothing_more(receivers[1])
-    store_client.hdel('shoal:policies', f'queue:{address}')
+    store_client.hdel('shoal:policies', f'queue:{address}')  # no longer exclusive: they compete
+    deadline, body, second = time.monotonic() + 20, 4, []
+    while not second and time.monotonic() < deadline:
+        _send(snd, body)
+        body += 1
+        for rcv in receivers:
+            with contextlib.suppress(Exception):  # Timeout: nothing for this one yet
+                message = rcv.receive(timeout=0.1)
+                rcv.accept()
+                if rcv is receivers[1]:
+                    second.append(message.body)
+    assert second, 'the second consumer never received once the queue stopped being exclusive'
+    assert store_client.zcard(f'shoal:{{a:{address}}}:line:queue') == 0
     for conn in (*conns, producer):
         conn.close()

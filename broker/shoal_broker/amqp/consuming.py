@@ -41,6 +41,10 @@ from shoal_broker.settings import RoutingSettings
 
 logger = logging.getLogger(__name__)
 
+LEAVE_ATTEMPTS = 30
+"""Tries to give up a place in an exclusive entity's line (about a minute); after that, the
+replica's next fetch finds its own departed consumer first in line and takes it out."""
+
 RECOVERY_WAIT_STEP = 0.01
 RECOVERY_WAIT_STEPS = 1000
 """Recovery waits up to 10 s for a fetch in flight to be answered before it returns entries."""
@@ -251,12 +255,20 @@ class Consuming:
         if (sub.address, sub.group) in self.nodes.subscriptions:
             sub.kick()
 
-    def line(self, address: str, group: str, line: str, *, join: bool) -> None:
+    def line(
+        self, address: str, group: str, line: str, *, join: bool, hand_over: bool = True
+    ) -> None:
         """Take or give up a consumer's place in an exclusive entity's line
-        (``routing/exclusive.py``), queued now: ahead of a fetch that follows."""
-        self.turns.spawn(self.leave_line(address, group, line, ()) if not join else _quietly(
-            self.store.lines.join(address, group, line)
-        ))  # fmt: skip
+        (``routing/exclusive.py``), queued now: ahead of a fetch that follows. Given up
+        without ``hand_over``, what the consumer holds stays with it (the entity stops being
+        exclusive)."""
+        lines = self.store.lines
+        if join:
+            self.turns.spawn(_quietly(lines.join(address, group, line)))
+        elif not hand_over:
+            self.turns.spawn(_quietly(lines.leave(address, group, line, hand_over=False)))
+        else:
+            self.turns.spawn(self.leave_line(address, group, line, ()))
 
     async def leave_line(
         self, address: str, group: str, line: str, after: Sequence[Awaitable[None] | None]
@@ -264,9 +276,16 @@ class Consuming:
         """Give up a consumer's place once ``after`` (the returns of its unsettled deliveries)
         are done: the next in line then finds them first."""
         await asyncio.gather(*(r for r in after if r is not None), return_exceptions=True)
-        with contextlib.suppress(BrokerError):
-            if await self.store.lines.leave(address, group, line):
-                EXCLUSIVE_HANDOVERS.inc()
+        pause = 0.0
+        for _ in range(LEAVE_ATTEMPTS):  # a place left behind would stop the line: try again
+            try:
+                if await self.store.lines.leave(address, group, line):
+                    EXCLUSIVE_HANDOVERS.inc()
+                return
+            except BrokerError as exc:
+                pause = min(MAX_RETRY_SECONDS, max(0.25, pause * 2))
+                logger.warning('leaving the line of %s/%s failed (%s)', address, group, exc)
+                await asyncio.sleep(pause)
 
     def leave_sharing(self, address: str, group: str) -> None:
         """The subscription's last consumer here left: out of its sharing between replicas

@@ -9,12 +9,16 @@ and the entries it brings go to that consumer alone (``pool``).
 """
 
 from shoal_broker.amqp.links import ConsumerLink
+from shoal_broker.amqp.outlets import Outlet
 
 
 class Line:
     """Mixed into ``subscriptions.LocalSubscription``, whose ``consumers`` it reads."""
 
     consumers: list[ConsumerLink]
+    outlet: Outlet
+    address: str
+    group: str
     exclusive = False
     """One consumer receives at a time, cluster-wide (``routing/exclusive.py``)."""
     _active_line = ''
@@ -32,11 +36,15 @@ class Line:
         return None
 
     def _first_elsewhere(self, first: str) -> bool:
-        """Whether ``first`` (first in line) is another local consumer than the one fetched for:
-        it becomes the one fetched for."""
-        if first and first != self._active_line and any(c.line == first for c in self.consumers):
+        """Whether ``first`` (first in line, when it is this replica's) is another local consumer
+        than the one fetched for: it becomes the one fetched for. One that is no longer here
+        (its leaving failed) is taken out of the line, which wakes the next."""
+        if not first or first == self._active_line:
+            return False
+        if any(c.line == first for c in self.consumers):
             self._active_line = first
             return True
+        self.outlet.line(self.address, self.group, first, join=False)
         return False
 
     def _pool(self) -> list[ConsumerLink]:

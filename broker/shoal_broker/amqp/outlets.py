@@ -62,7 +62,9 @@ class Outlet(Protocol):
 
     def leave_sharing(self, address: str, group: str) -> None: ...
 
-    def line(self, address: str, group: str, line: str, *, join: bool) -> None: ...
+    def line(
+        self, address: str, group: str, line: str, *, join: bool, hand_over: bool = True
+    ) -> None: ...
 
 
 class Intake(Protocol):

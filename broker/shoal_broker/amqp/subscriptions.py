@@ -121,11 +121,15 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         exclusive = not self.private and is_exclusive(
             policy.exclusive, self.address, defaults.exclusive_addresses
         )
-        if exclusive != self.exclusive:  # the consumers here take or give up their places
+        flipped = exclusive != self.exclusive
+        if flipped:  # the consumers here take or give up their places
             self.exclusive = exclusive
             for consumer in self.consumers:
-                self.outlet.line(self.address, self.group, consumer.line, join=exclusive)
+                line = consumer.line
+                self.outlet.line(self.address, self.group, line, join=exclusive, hand_over=False)
         self._consumers_changed()
+        if flipped and self.consumers:  # a standby fetches (and joins the sharing) at once
+            self.kick()
 
     def set_paused(self, paused: bool) -> None:
         self.paused = paused

@@ -64,9 +64,15 @@ class Lines:
         command = self._script('exclusive_join', (k.line(group),), (self.member(consumer),))
         return self._queue([command], _flag)
 
-    def leave(self, address: str, group: str, consumer: str) -> Awaitable[bool]:
-        """Give up the place; resolves True when the next in line took over (a hand-over)."""
+    def leave(
+        self, address: str, group: str, consumer: str, *, hand_over: bool = True
+    ) -> Awaitable[bool]:
+        """Give up the place; resolves True when the next in line took over (a hand-over).
+        Without ``hand_over`` (the entity stops being exclusive) only the place goes: what the
+        consumer holds stays with it."""
         k = keys.AddressKeys.of(address)
+        if not hand_over:
+            return self._queue([('ZREM', k.line(group), self.member(consumer))], lambda r: False)
         script_keys = (k.line(group), *k.streams, k.returned(group))
         args = (self.member(consumer), group, self._replica_id, k.notify)
         return self._queue([self._script('exclusive_leave', script_keys, args)], _flag)
