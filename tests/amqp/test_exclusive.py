@@ -1,7 +1,7 @@
 """
 Exclusive (single active) consumers across replicas: one consumer of the queue receives at a time,
 the next in attach order takes over when it leaves or its replica is killed, and the messages keep
-their order with none lost (routing/exclusive.py). Real brokers on the test session's store (run
+their order with none lost (routing/exclusive.py). Real brokers on the tests' Redis (run
 under SHOAL_TEST_STORE=standalone, sentinel and cluster).
 
 Each consumer runs in a thread of its own, with a connection of its own, and records when each
