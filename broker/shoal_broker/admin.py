@@ -55,6 +55,11 @@ def _shares(delivered: dict[str, int]) -> str:
     )
 
 
+def _standby(line: list[str]) -> str:
+    """An exclusive entity's standby consumers, next in line first."""
+    return ','.join(line[1:])
+
+
 TABLES: dict[str, Columns] = {
     'addresses': [('NAME', lambda r: r.name), ('KIND', lambda r: r.kind)],
     'queues': [
@@ -64,6 +69,8 @@ TABLES: dict[str, Columns] = {
         ('IN-FLIGHT', lambda r: r.in_flight),
         ('CONSUMERS', lambda r: _consumers(r.consumers)),
         ('DELIVERED', lambda r: _shares(r.delivered)),
+        ('ACTIVE', lambda r: r.line[0] if r.line else ''),
+        ('STANDBY', lambda r: _standby(r.line)),
     ],
     'subscriptions': [
         ('NAME', lambda r: r.name),
@@ -72,6 +79,8 @@ TABLES: dict[str, Columns] = {
         ('TOPIC', lambda r: r.topic),
         ('CONSUMERS', lambda r: _consumers(r.consumers)),
         ('DELIVERED', lambda r: _shares(r.delivered)),
+        ('ACTIVE', lambda r: r.line[0] if r.line else ''),
+        ('STANDBY', lambda r: _standby(r.line)),
         ('BACKLOG', lambda r: r.backlog),
         ('NO-LOCAL', lambda r: 'yes' if r.no_local else 'no'),
         ('SELECTOR', lambda r: r.selector),
@@ -101,7 +110,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest='command', required=True, metavar='COMMAND')
     helps = {
         'addresses': 'every address and its kind (queue or topic)',
-        'queues': 'queues: backlog (ready + in flight), consumers and delivered share per replica',
+        'queues': 'queues: backlog (ready + in flight), consumers and delivered share per replica, '
+        'and the active and standby consumers of an exclusive queue',
         'subscriptions': 'named JMS subscriptions: kind, namespace, selector, consumers and '
         'delivered share per replica, backlog',
         'clients': 'JMS ClientIDs held, and by which replica and connection',

@@ -28,6 +28,12 @@ class InvalidField(BrokerError):
     condition = 'amqp:invalid-field'
 
 
+class PreconditionFailed(BrokerError):
+    """The peer asked for something the node does not offer (an exclusive entity that is not)."""
+
+    condition = 'amqp:precondition-failed'
+
+
 class NotAllowed(BrokerError):
     """The request is well formed but contradicts the state of the node it names."""
 

@@ -124,6 +124,11 @@ class RoutingSettings:
     Redis stores it, rather than after (``LocalSubscription.ahead``): Redis leaves the path from
     producer to consumer. The producer is still answered only once Redis has the message."""
 
+    exclusive_addresses: tuple[str, ...] = ()
+    """Shell-style patterns (comma-separated in SHOAL_EXCLUSIVE_ADDRESSES) of the addresses whose
+    queue and subscriptions have a single active consumer (``routing/exclusive.py``), unless
+    their Queue or SharedSubscription says otherwise."""
+
     def __post_init__(self) -> None:
         if min(self.redelivery_delay_ms, self.max_redelivery_delay_ms) < 0:
             raise ValueError('redelivery delays must be 0 ms or more')
@@ -396,6 +401,13 @@ class BrokerSettings:
                 deliver_ahead=env_flag(env, ENV_DELIVER_AHEAD, d.routing.deliver_ahead),
                 handover_hold_seconds=float(
                     env.get(ENV_HANDOVER_HOLD, d.routing.handover_hold_seconds)
+                ),
+                exclusive_addresses=tuple(
+                    p.strip()
+                    for p in env.get(
+                        ENV_EXCLUSIVE_ADDRESSES, ','.join(d.routing.exclusive_addresses)
+                    ).split(',')
+                    if p.strip()
                 ),
             ),
             store=StoreSettings(

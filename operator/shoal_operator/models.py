@@ -15,7 +15,9 @@ from typing import Any
 from shoal_broker.routing.policies import NO_POLICY, EntityPolicy
 from shoal_broker.settings import Overflow
 from shoal_operator.autoscaling import Autoscaling
+from shoal_operator.duplicates import duplicate_fields
 from shoal_operator.invalid import InvalidSpec as InvalidSpec
+from shoal_operator.invalid import bounded
 from shoal_operator.last_value import last_value_fields
 from shoal_operator.redelivery import redelivery_fields
 
@@ -356,15 +358,6 @@ def _cluster_ref(meta: Meta, spec: Mapping[str, Any]) -> ClusterRef:
 _OVERFLOW = {'RejectPublish': Overflow.REJECT_PUBLISH, 'DropOldest': Overflow.DROP_OLDEST}
 
 
-def _bounded(section: Mapping[str, Any], field: str, low: int, high: int) -> int | None:
-    value = section.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidSpec(f'{field} must be an integer from {low} to {high}, not {value!r}')
-    return value
-
-
 def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -> EntityPolicy:
     """``delivery{}``, ``retention{}`` and ``duplicateDetection{}`` in the broker's vocabulary
     (the CRD bounds again); a subscription's duplicate detection names its ``topic``."""
@@ -373,7 +366,7 @@ def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -
     dla = delivery.get('deadLetterAddress')
     if dla is not None and (not str(dla) or any(c.isspace() for c in str(dla))):
         raise InvalidSpec(f'deadLetterAddress {dla!r} must be non-empty without whitespace')
-    max_messages = _bounded(retention, 'maxMessages', 1, 100_000_000) if queue else None
+    max_messages = bounded(retention, 'maxMessages', 1, 100_000_000) if queue else None
     overflow = retention.get('overflow', 'RejectPublish') if queue else 'RejectPublish'
     if overflow not in _OVERFLOW:
         raise InvalidSpec(f'overflow must be RejectPublish or DropOldest, not {overflow!r}')
@@ -383,36 +376,19 @@ def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -
         redelivery = redelivery_fields(delivery)
     except ValueError as exc:
         raise InvalidSpec(str(exc)) from None
+    if (exclusive := delivery.get('exclusive')) is not None and not isinstance(exclusive, bool):
+        raise InvalidSpec(f'exclusive must be true or false, not {exclusive!r}')
     return EntityPolicy(
-        max_delivery_attempts=_bounded(delivery, 'maxDeliveryAttempts', 1, 1000),
+        max_delivery_attempts=bounded(delivery, 'maxDeliveryAttempts', 1, 1000),
         dead_letter_address=str(dla) if dla is not None else None,
-        max_age_seconds=_bounded(retention, 'maxAgeSeconds', 1, 31_536_000),
+        max_age_seconds=bounded(retention, 'maxAgeSeconds', 1, 31_536_000),
         max_messages=max_messages,
         overflow=_OVERFLOW[overflow],
-        **_duplicates(spec.get('duplicateDetection'), topic),
+        **duplicate_fields(spec.get('duplicateDetection'), topic),
         **redelivery,
         **(last_value_fields(spec.get('lastValue')) if queue else {}),
+        exclusive=exclusive,
     )
-
-
-def _duplicates(section: Mapping[str, Any] | None, topic: str | None) -> dict[str, Any]:
-    """``duplicateDetection{}`` as the policy's fields (the CRD bounds again)."""
-    if section is None:
-        return {}
-    enabled = section.get('enabled')
-    if not isinstance(enabled, bool):
-        raise InvalidSpec(f'duplicateDetection.enabled must be true or false, not {enabled!r}')
-    prop = section.get('idProperty')
-    if prop is not None and (not str(prop) or any(c.isspace() for c in str(prop))):
-        raise InvalidSpec(f'idProperty {prop!r} must be non-empty without whitespace')
-    fields = {
-        'duplicate_window': _bounded(section, 'window', 1, 1_000_000),
-        'duplicate_window_seconds': _bounded(section, 'windowSeconds', 1, 604_800),
-        'duplicate_id_property': None if prop is None else str(prop),
-    }
-    if not enabled and any(v is not None for v in fields.values()):
-        raise InvalidSpec('window, windowSeconds and idProperty need enabled: true')
-    return {'duplicate_detection': enabled, **fields, 'topic': topic}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -478,6 +454,8 @@ class SharedSubscription:
         if not durable and deletion is not DeletionPolicy.DELETE:
             raise InvalidSpec('non-durable subscriptions can only use deletionPolicy=Delete')
         max_consumers = spec.get('maxConsumers')
+        if (spec.get('delivery') or {}).get('exclusive') is True and max_consumers == 1:
+            raise InvalidSpec('an exclusive subscription needs maxConsumers of at least 2 or none')
         return cls(
             meta=meta,
             cluster=_cluster_ref(meta, spec),

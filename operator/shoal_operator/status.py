@@ -86,6 +86,7 @@ def subscription_live(sub: SharedSubscription, state: EntityState, now: datetime
     return {
         'consumers': consumers,
         'backlog': _backlog(state, now),
+        **_exclusive(state),
     }
 
 
@@ -108,7 +109,16 @@ def per_replica(state: EntityState) -> list[dict[str, Any]]:
 def queue_live(queue: Queue, state: EntityState, now: datetime.datetime) -> dict[str, Any]:
     backlog = _backlog(state, now)
     backlog.update(ready=state.ready, inFlight=state.in_flight)
-    return {'address': queue.address, 'backlog': backlog}
+    return {'address': queue.address, 'backlog': backlog, **_exclusive(state)}
+
+
+def _exclusive(state: EntityState) -> dict[str, Any]:
+    """An exclusive entity's consumer receiving and those standing by, next in line first; a
+    declared exclusive one with no consumer clears them (``None`` removes a field on a merge
+    patch)."""
+    if state.line:
+        return {'exclusive': {'active': state.line[0], 'standby': list(state.line[1:])}}
+    return {'exclusive': {'active': None, 'standby': []}} if state.policy.exclusive else {}
 
 
 def _backlog(state: EntityState, now: datetime.datetime) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from shoal_broker.routing.jms_subscriptions import Scope
+from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.store.declarations import EntityState, RedisInfo
 from shoal_operator import conditions, provisioning, status
 from shoal_operator.models import BrokerCluster, DeletionPolicy, InvalidSpec, SharedSubscription
@@ -262,3 +263,16 @@ def test_the_oldest_message_age_is_written_on_a_coarse_scale() -> None:
     moved = status.subscription_live(subscription(), dataclasses.replace(
         state, oldest_age_seconds=120.0), T0)  # fmt: skip
     assert status.worth_writing(live, moved)
+
+
+def test_the_live_status_shows_an_exclusive_entitys_active_and_standby_consumers() -> None:
+    line = ('replica-a/c1|orders-rx', 'replica-b/c7|orders-rx', 'replica-a/c2|orders-rx')
+    live = status.subscription_live(subscription(), EntityState(exists=True, line=line), T0)
+    assert live['exclusive'] == {
+        'active': 'replica-a/c1|orders-rx',
+        'standby': ['replica-b/c7|orders-rx', 'replica-a/c2|orders-rx'],
+    }
+    declared = EntityState(exists=True, policy=EntityPolicy(exclusive=True))
+    idle = status.subscription_live(subscription(), declared, T0)
+    assert idle['exclusive'] == {'active': None, 'standby': []}  # cleared on a merge patch
+    assert 'exclusive' not in status.subscription_live(subscription(), EntityState(exists=True), T0)

@@ -93,6 +93,7 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
                 'deadLetterAddress': 'DLQ',
                 'handover': False,
                 'deliverAhead': False,
+                'exclusiveAddresses': ['orders.*', 'fx'],
             },
         )
     )['data']
@@ -106,6 +107,7 @@ def test_the_configmap_carries_the_broker_settings_as_its_environment() -> None:
     assert broker.BrokerSettings.from_env(data).routing.handover is False
     assert data[broker.ENV_DELIVER_AHEAD] == 'false'
     assert broker.BrokerSettings.from_env(data).routing.deliver_ahead is False
+    assert broker.BrokerSettings.from_env(data).routing.exclusive_addresses == ('orders.*', 'fx')
     assert broker.ENV_AUTO_CREATE_TOPICS not in data
     assert broker.ENV_DECLARED_SUBSCRIPTIONS_ONLY not in data
     detecting = config.configmap(model(broker={

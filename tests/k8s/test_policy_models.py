@@ -78,6 +78,18 @@ def test_a_last_value_queue_is_carried() -> None:
     assert declaration.policy == EntityPolicy()  # queues only
 
 
+def test_exclusive_is_carried_and_unset_leaves_it_to_the_broker_patterns() -> None:
+    assert Queue.from_body(queue(delivery={'exclusive': True})).policy == EntityPolicy(
+        exclusive=True
+    )
+    declared = provisioning.declaration(SharedSubscription.from_body(sub(
+        delivery={'exclusive': False})))  # fmt: skip
+    assert declared.policy == EntityPolicy(exclusive=False)
+    assert Queue.from_body(queue(delivery={'maxDeliveryAttempts': 2})).policy.exclusive is None
+    with pytest.raises(InvalidSpec, match='maxConsumers of at least 2'):
+        SharedSubscription.from_body(sub(delivery={'exclusive': True}, maxConsumers=1))
+
+
 @pytest.mark.parametrize(('spec', 'message'), [
     ({'delivery': {'maxDeliveryAttempts': 0}}, 'maxDeliveryAttempts must be an integer from 1'),
     ({'delivery': {'maxDeliveryAttempts': '3'}}, 'maxDeliveryAttempts must be an integer'),
@@ -97,6 +109,7 @@ def test_a_last_value_queue_is_carried() -> None:
     ({'lastValue': {'property': 'k'}}, 'lastValue.enabled must be true or false'),
     ({'lastValue': {'enabled': False, 'property': 'k'}}, 'property needs enabled: true'),
     ({'lastValue': {'enabled': True, 'property': 'a b'}}, 'lastValue.property'),
+    ({'delivery': {'exclusive': 'yes'}}, 'exclusive must be true or false'),
 ])  # fmt: skip
 def test_a_policy_the_crd_would_refuse_is_an_invalid_spec(spec: dict[str, Any], message: str
                                                           ) -> None:  # fmt: skip

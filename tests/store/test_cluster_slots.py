@@ -79,6 +79,14 @@ CASES = [
     Case('release_later', (A.returned(GROUP), A.delivery_counts(GROUP)),
          ('0|000000000000001-0000000000', '0|1-0', '1', 200)),
     Case('trim', (A.streams[0],), (1000,)),
+    # exclusive (single active) consumers: the line, the fetch gated on it, leaving and reaping
+    Case('exclusive_join', (A.line(GROUP),), (f'{REPLICA}|c1|rx|1',)),
+    Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP),
+                   A.line(GROUP)),
+         (GROUP, REPLICA, 10, '1', 0, 10, A.notify, f'{REPLICA}|c1|rx|1')),
+    Case('exclusive_leave', (A.line(GROUP), *A.streams, A.returned(GROUP)),
+         (f'{REPLICA}|c1|rx|1', GROUP, REPLICA, A.notify)),
+    Case('exclusive_reap', (A.line(GROUP),), ('replica-dead', A.notify)),
     # named subscriptions (JMS) and their declarations (the operator)
     Case('join', (S.definition, S.consumers),
          ('c1', REPLICA, SUBSCRIPTION, '1', '1', 'client', 'app-1', 'watch', TOPIC, '', '0', 0,

@@ -49,6 +49,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_HANDOVER': ('false', 'routing.handover', False),
     'SHOAL_HANDOVER_HOLD_SECONDS': ('2.5', 'routing.handover_hold_seconds', 2.5),
     'SHOAL_DELIVER_AHEAD': ('false', 'routing.deliver_ahead', False),
+    'SHOAL_EXCLUSIVE_ADDRESSES': ('orders.*,fx', 'routing.exclusive_addresses', ('orders.*', 'fx')),
     'SHOAL_TRIM_INTERVAL_SECONDS': ('0.5', 'store.trim_interval_seconds', 0.5),
     'SHOAL_LEASE_SECONDS': ('2', 'store.lease_seconds', 2.0),
     'SHOAL_METRICS_INTERVAL_SECONDS': ('1.5', 'store.metrics_interval_seconds', 1.5),

@@ -32,9 +32,10 @@ from shoal_broker.errors import (
     FrameSizeTooSmall,
     InvalidField,
     NotImplementedByBroker,
+    PreconditionFailed,
 )
 from shoal_broker.metrics import registry as metrics
-from shoal_broker.routing import addresses, jms_subscriptions
+from shoal_broker.routing import addresses, exclusive, jms_subscriptions
 from shoal_broker.routing.storage import QUEUE_GROUP, MessageStore
 from shoal_broker.security.permissions import Operation
 from shoal_broker.settings import AddressKind, BrokerSettings
@@ -66,6 +67,8 @@ class Attaching(Protocol):
     def add_browser(self, browser: BrowserLink) -> None: ...
 
     def subscription(self, address: str, group: str) -> LocalSubscription: ...
+
+    def exclusive(self, address: str, group: str) -> bool: ...
 
     def next_serial(self) -> int: ...
 
@@ -230,6 +233,9 @@ async def consumer(
         consumer.arrived = placeholder.arrived  # its rank is its attach's, not its answer's
         if kind is AddressKind.TOPIC:
             await _subscribe(parts, consumer, source, capabilities, selector_text)
+        if exclusive.CAPABILITY in capabilities and not parts.exclusive(address, consumer.group):
+            parts.spawn(_undo(parts, consumer))
+            raise PreconditionFailed(f'{address} has no single active consumer (not exclusive)')
         state = consumer
     state.owned_temporary = placeholder.owned_temporary
     if not _still_wanted(placeholder):

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from shoal_broker.amqp import outcome_codes as codes
@@ -33,13 +33,17 @@ from shoal_broker.amqp.spans import Spans
 from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import BrokerError, StoreUnavailable
-from shoal_broker.metrics.registry import Counters
+from shoal_broker.metrics.registry import EXCLUSIVE_HANDOVERS, Counters
 from shoal_broker.routing import outcomes
 from shoal_broker.routing.outcomes import Action, Disposition, Outcome
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, MessageStore
 from shoal_broker.settings import RoutingSettings
 
 logger = logging.getLogger(__name__)
+
+LEAVE_ATTEMPTS = 30
+"""Tries to give up a place in an exclusive entity's line (about a minute); after that, the
+replica's next fetch finds its own departed consumer first in line and takes it out."""
 
 RECOVERY_WAIT_STEP = 0.01
 RECOVERY_WAIT_STEPS = 1000
@@ -252,12 +256,44 @@ class Consuming:
         if (sub.address, sub.group) in self.nodes.subscriptions:
             sub.kick()
 
+    def line(
+        self, address: str, group: str, line: str, *, join: bool, hand_over: bool = True
+    ) -> None:
+        """Take or give up a consumer's place in an exclusive entity's line
+        (``routing/exclusive.py``), queued now: ahead of a fetch that follows. Given up
+        without ``hand_over``, what the consumer holds stays with it (the entity stops being
+        exclusive)."""
+        lines = self.store.lines
+        if join:
+            self.turns.spawn(_quietly(lines.join(address, group, line)))
+        elif not hand_over:
+            self.turns.spawn(_quietly(lines.leave(address, group, line, hand_over=False)))
+        else:
+            self.turns.spawn(self.leave_line(address, group, line, ()))
+
+    async def leave_line(
+        self, address: str, group: str, line: str, after: Sequence[Awaitable[None] | None]
+    ) -> None:
+        """Give up a consumer's place once ``after`` (the returns of its unsettled deliveries)
+        are done: the next in line then finds them first."""
+        await asyncio.gather(*(r for r in after if r is not None), return_exceptions=True)
+        pause = 0.0
+        for _ in range(LEAVE_ATTEMPTS):  # a place left behind would stop the line: try again
+            try:
+                if await self.store.lines.leave(address, group, line):
+                    EXCLUSIVE_HANDOVERS.inc()
+                return
+            except BrokerError as exc:
+                pause = min(MAX_RETRY_SECONDS, max(0.25, pause * 2))
+                logger.warning('leaving the line of %s/%s failed (%s)', address, group, exc)
+                await asyncio.sleep(pause)
+
     def leave_sharing(self, address: str, group: str) -> None:
         """The subscription's last consumer here left: out of its sharing between replicas
         (queued now, so a consumer attaching right after registers again behind it)."""
         self.turns.spawn(_quietly(self.store.messages.leave_sharing(address, group)))
 
 
-async def _quietly(done: Awaitable[None]) -> None:
+async def _quietly(done: Awaitable[object]) -> None:
     with contextlib.suppress(BrokerError):
         await done

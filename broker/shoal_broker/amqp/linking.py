@@ -36,6 +36,7 @@ from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import BrokerError, StoreUnavailable
 from shoal_broker.metrics import registry as metrics
+from shoal_broker.routing.exclusive import is_exclusive
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey
 from shoal_broker.routing.storage import MessageStore
 from shoal_broker.settings import AddressKind, BrokerSettings
@@ -84,6 +85,12 @@ class Linking:
 
     def subscription(self, address: str, group: str) -> LocalSubscription:
         return self.nodes.subscription(address, group)
+
+    def exclusive(self, address: str, group: str) -> bool:
+        """Whether the queue or subscription has a single active consumer (its policy, else
+        SHOAL_EXCLUSIVE_ADDRESSES)."""
+        patterns = self.nodes.settings.routing.exclusive_addresses
+        return is_exclusive(self.nodes.policy(address, group).exclusive, address, patterns)
 
     def next_serial(self) -> int:
         return self.nodes.next_serial()
@@ -228,6 +235,8 @@ class Linking:
         returned = [] if consumer.owned_group else [
             self.consuming.apply(consumer, entry, UNSETTLED_ON_DETACH) for entry in unacked.values()
         ]  # fmt: skip
+        if sub is not None and sub.exclusive:  # its place goes once they are back
+            self.spawn(self.consuming.leave_line(sub.address, sub.group, consumer.line, returned))
         left = None
         if consumer.owned_group:
             self.spawn(self._drop_subscription(consumer.address, consumer.group))

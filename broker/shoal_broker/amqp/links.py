@@ -104,6 +104,7 @@ class Feed(Protocol):
     group: str
     consumers: 'list[ConsumerLink]'
     max_delivery_attempts: int
+    exclusive: bool
 
     def credit_added(self, consumer: 'ConsumerLink') -> None: ...
 
@@ -133,6 +134,9 @@ class ConsumerLink(LinkState):
     """The durable or shared JMS subscription this link consumes from, if any."""
     consumer_key: str = ''
     """This link's registration among the named subscription's consumers cluster-wide."""
+    line: str = ''
+    """This link's place in an exclusive entity's line, unique on this replica
+    (``routing/exclusive.py``)."""
     selector: selectors.Selector | None = None
     no_local: bool = False
     """Skip messages published by this link's own connection (JMS noLocal)."""

@@ -62,6 +62,10 @@ class Outlet(Protocol):
 
     def leave_sharing(self, address: str, group: str) -> None: ...
 
+    def line(
+        self, address: str, group: str, line: str, *, join: bool, hand_over: bool = True
+    ) -> None: ...
+
 
 class Intake(Protocol):
     """Where messages held for hand-over go when they must be stored after all

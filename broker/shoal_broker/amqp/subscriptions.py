@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 
 from shoal_broker.amqp.engine import lib
+from shoal_broker.amqp.lines import Line
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
 from shoal_broker.amqp.outlets import Held, Intake, Outlet
 from shoal_broker.errors import BrokerError
@@ -53,6 +54,7 @@ from shoal_broker.routing.dispatch import (
 from shoal_broker.routing.dispatch import MAX_HELD as MAX_HELD
 from shoal_broker.routing.dispatch import MAX_HELD_BYTES as MAX_HELD_BYTES
 from shoal_broker.routing.dispatch import PARK_SECONDS as PARK_SECONDS
+from shoal_broker.routing.exclusive import STANDBY, is_exclusive
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import Entry, Fetched, OutgoingMessage
 from shoal_broker.settings import RoutingSettings
@@ -74,7 +76,7 @@ def _arrived(consumer: ConsumerLink) -> int:
     return consumer.arrived
 
 
-class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
+class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
     """This replica's consumers of one subscription: fetches for their credit, deals to them."""
 
     def __init__(self, outlet: Outlet, intake: Intake, address: str, group: str) -> None:
@@ -114,7 +116,13 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
         self.handover_allowed = defaults.handover
         self.ahead_allowed = defaults.deliver_ahead
         self.hold_seconds = max(0.0, defaults.handover_hold_seconds)
+        flipped = self._set_exclusive(
+            not self.private
+            and is_exclusive(policy.exclusive, self.address, defaults.exclusive_addresses)
+        )
         self._consumers_changed()
+        if flipped and self.consumers:  # a standby fetches (and joins the sharing) at once
+            self.kick()
 
     def set_paused(self, paused: bool) -> None:
         self.paused = paused
@@ -127,6 +135,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
         self.consumers.insert(index, consumer)
         self.joined(index)
         consumer.subscription = self
+        self._take_place(consumer)  # queued ahead of the fetch below
         self._consumers_changed()
         self.kick()
 
@@ -136,6 +145,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
             del self.consumers[index]
             self.left(index)
         consumer.subscription = None
+        if consumer.line == self._active_line:  # its place goes once its deliveries are back
+            self._active_line = ''
         self._consumers_changed()
         if not self.consumers:
             self.spill()  # behind the fetch in flight: what it returns is given back first
@@ -150,6 +161,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
         traits = [(c.presettled, c.filtered) for c in self.consumers]
         self.hands_over = dispatch.hands_over(self.handover_allowed, self.group, traits)
         self.sends_ahead = dispatch.sends_ahead(self.ahead_allowed, self.group, traits)
+        if self.exclusive:  # their shortcuts pick a consumer without asking the line
+            self.hands_over = self.sends_ahead = False
 
     def claimed(self, entries: Sequence[Entry]) -> None:
         """Entries a claim read ahead of messages sent ahead: other replicas' messages, dealt
@@ -272,7 +285,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
             self._deliver_parked()
             if len(self._parked) >= MAX_PARKED:
                 return  # nothing here wants what we hold: stop taking more until it goes back
-        credit = sum(c.credit() for c in self.consumers)
+        active = self._active() if self.exclusive else None
+        credit = active.credit() if active else sum(c.credit() for c in self.consumers)
         want = min(credit, MAX_FETCH)
         if want <= 0:
             return
@@ -285,6 +299,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
             lambda entries, error: self._fetched(entries, error, want),
             0 if self.private else len(self.consumers),
             credit,
+            active.line if active else '',
         )
 
     def _fetched(self, entries: Fetched | None, error: BrokerError | None, asked: int) -> None:
@@ -316,8 +331,10 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
             if not self._share_check:
                 self._share_check = True
                 self.outlet.call_later(SHARE_CHECK_SECONDS, self.check_share)
+        elif entries.left == STANDBY and self._first_elsewhere(entries.active):
+            self.kick()  # another consumer here is first in line: fetch for it
         else:
-            self._exhausted = True
+            self._exhausted = True  # a standby fetches again when a hand-over is announced
             if self._held:
                 self._hand_held()
             self._finish_drains()
@@ -339,7 +356,11 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
     def _deal(self, entries: Sequence[Entry]) -> None:
         now_ms = int(time.time() * 1000)
         enqueued_before = dispatch.enqueued_before(now_ms, self.max_age_ms)  # retention.maxAge
-        filtering = any(c.filtered for c in self.consumers)
+        filtering = self.exclusive or any(c.filtered for c in self.consumers)
+        if self.exclusive and not self._pool():  # fetched for a consumer that left since
+            for entry in entries:
+                self.outlet.release(self.address, self.group, entry, delivery_failed=False)
+            return
         if len(self.consumers) == 1 and not filtering:  # every non-durable topic subscriber
             self._deal_to_one(self.consumers[0], entries, now_ms, enqueued_before)
             return
@@ -393,7 +414,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink]):
             self.outlet.sent(consumer, sent)
 
     def _wanting(self, entry: Entry, identifiers: Identifiers) -> list[ConsumerLink]:
-        return [c for c in self.consumers if not c.filtered or c.wants(entry, identifiers)]
+        return [c for c in self._pool() if not c.filtered or c.wants(entry, identifiers)]
 
     def _refused(self, entry: Entry) -> None:
         """No local consumer's selector or no-local filter takes the entry."""

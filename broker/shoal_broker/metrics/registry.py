@@ -132,6 +132,13 @@ MANAGEMENT_WRITES = Counter(
     ['operation', 'outcome'],
 )
 
+EXCLUSIVE_HANDOVERS = Counter(
+    'shoal_exclusive_handovers',
+    'Times the next consumer in line of an exclusive queue or subscription took over from the '
+    'active one (it left, its connection dropped or its replica died), counted by the replica '
+    'that moved the line.',
+)
+
 BACKGROUND_FAILURES = Counter(
     'shoal_background_task_failures',
     'Failed rounds of a background safety task (lease, store_memory, trim, policies, reaping).',

@@ -45,6 +45,8 @@ class EntityPolicy:
     """On or off for the queue; None: the broker-wide SHOAL_LAST_VALUE_ADDRESSES."""
     last_value_property: str | None = None
     """Application property holding the key; None: SHOAL_LAST_VALUE_PROPERTY."""
+    exclusive: bool | None = None
+    """A single active consumer (``routing/exclusive.py``); None: SHOAL_EXCLUSIVE_ADDRESSES."""
 
     def duplicates(self, defaults: DuplicateSettings) -> DuplicateWindow | None:
         """The window this policy sets (unset fields from ``defaults``); None when off."""

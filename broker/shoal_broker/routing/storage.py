@@ -79,15 +79,21 @@ class Fetched(list[Entry]):
     """A fetch's entries, and what the sharing between replicas (``routing/sharing.py``) left
     behind for other replicas' consumers."""
 
-    __slots__ = ('left', 'wait_ms')
+    __slots__ = ('active', 'left', 'wait_ms')
 
-    def __init__(self, entries: Iterable[Entry] = (), left: int = -1, wait_ms: int = 0) -> None:
+    def __init__(
+        self, entries: Iterable[Entry] = (), left: int = -1, wait_ms: int = 0, active: str = ''
+    ) -> None:
         super().__init__(entries)
         self.wait_ms = wait_ms
         """In how many ms the first entry waiting out a redelivery delay is due; 0: none waits."""
         self.left = left
         """Entries left for other replicas (reserved for them, or more than this replica's credit
-        could take); -1 when no other replica has consumers of the subscription."""
+        could take); -1 when no other replica has consumers of the subscription; -2
+        (``exclusive.STANDBY``) when the entity is exclusive and the consumer asked for is not
+        first in its line."""
+        self.active = active
+        """With -2: this replica's consumer first in line (``ConsumerLink.line``), if any."""
 
     @property
     def shared(self) -> bool:
@@ -180,9 +186,11 @@ class MessagePort(Protocol):
         callback: Callable[[Fetched | None, BrokerError | None], None],
         consumers: int = 0,
         credit: int = 0,
+        active: str = '',
     ) -> None:
         """``fetch`` for the per-message path: ``callback(entries, None)`` or ``callback(None,
-        error)`` as the replies are read, not a loop turn later through a future."""
+        error)`` as the replies are read, not a loop turn later through a future. ``active``: the
+        local consumer that must be first in an exclusive entity's line (routing/exclusive.py)."""
         ...
 
     def leave_sharing(self, address: str, group: str) -> Awaitable[None]:
@@ -322,6 +330,19 @@ class WatchPort(Protocol):
     def unwatch(self, address: str, notify: Notify) -> None: ...
 
 
+class LinePort(Protocol):
+    """The lines of exclusive queues and subscriptions (``routing/exclusive.py``,
+    ``store/lines.py``); ``consumer`` is unique on this replica."""
+
+    def join(self, address: str, group: str, consumer: str) -> Awaitable[bool]: ...
+
+    def leave(
+        self, address: str, group: str, consumer: str, *, hand_over: bool = True
+    ) -> Awaitable[bool]: ...
+
+    async def line(self, address: str, group: str) -> list[str]: ...
+
+
 class MessageStore(Protocol):
     """The store the protocol edge is handed: one object per role, each behind its port."""
 
@@ -336,3 +357,6 @@ class MessageStore(Protocol):
 
     @property
     def watching(self) -> WatchPort: ...
+
+    @property
+    def lines(self) -> LinePort: ...

@@ -86,6 +86,8 @@ class EntityState:
     """Age of the oldest message not yet consumed; None when there is none."""
     policy: EntityPolicy = NO_POLICY
     """The delivery and retention policy Redis holds for it (empty: none)."""
+    line: tuple[str, ...] = ()
+    """An exclusive entity's consumers in line, the active one first (``Inspector.lines``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

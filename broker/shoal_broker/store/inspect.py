@@ -28,6 +28,7 @@ import redis.exceptions
 from redis.client import NEVER_DECODE
 
 from shoal_broker.errors import StoreUnavailable
+from shoal_broker.routing.exclusive import consumer_of
 from shoal_broker.routing.jms_subscriptions import Scope
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
@@ -100,6 +101,9 @@ class QueueInfo:
     delivered: dict[str, int] = dataclasses.field(default_factory=dict)
     """Messages each replica delivered (``AddressKeys.delivered``; counted at each replica's
     metric interval)."""
+    line: list[str] = dataclasses.field(default_factory=list)
+    """An exclusive entity's consumers in line (``routing/exclusive.py``), the active one
+    first, each ``<replica>/<connection>|<link>``; empty for any other."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,6 +134,9 @@ class SubscriptionInfo:
     delivered: dict[str, int] = dataclasses.field(default_factory=dict)
     """Messages each replica delivered (``AddressKeys.delivered``; counted at each replica's
     metric interval)."""
+    line: list[str] = dataclasses.field(default_factory=list)
+    """An exclusive entity's consumers in line (``routing/exclusive.py``), the active one
+    first, each ``<replica>/<connection>|<link>``; empty for any other."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -197,6 +204,7 @@ class Inspector:
         groups = [(name, QUEUE_GROUP) for name in names]
         found = await self._backlogs(groups)
         per_replica = await self._per_replica(groups)
+        lines = await self.lines(groups)
         return [
             QueueInfo(
                 name,
@@ -204,11 +212,23 @@ class Inspector:
                 b.ready,
                 b.in_flight,
                 oldest_ms=b.oldest_ms,
-                consumers=consumers,
+                consumers=_in_line(line) if line else consumers,
                 delivered=delivered,
+                line=line,
             )
-            for name, b, (consumers, delivered) in zip(names, found, per_replica, strict=True)
+            for name, b, (consumers, delivered), line in zip(
+                names, found, per_replica, lines, strict=True
+            )
         ]
+
+    async def lines(self, groups: list[tuple[str, str]]) -> list[list[str]]:
+        """For each (address, group): its line of consumers, the active one first, each
+        ``<replica>/<connection>|<link>`` (empty: not exclusive, or nobody attached)."""
+        pipe = self._client.pipeline(transaction=False)
+        for address, group in groups:
+            pipe.zrange(keys.AddressKeys.of(address).line(group), 0, -1)
+        replies = await self._call(pipe.execute()) if groups else []
+        return [['/'.join(consumer_of(_text(m))) for m in members] for members in replies]
 
     async def backlogs(
         self, settled: set[str] | None = None
@@ -273,9 +293,12 @@ class Inspector:
         groups = [(d.get('topic', ''), sid) for sid, d, _ in rows]
         backlogs = await self._backlogs(groups)
         per_replica = await self._per_replica(groups)
+        lines = await self.lines(groups)
         return [
-            _subscription(sid, d, c, b, delivered)
-            for (sid, d, c), b, (_, delivered) in zip(rows, backlogs, per_replica, strict=True)
+            dataclasses.replace(_subscription(sid, d, c, b, delivered), line=line)
+            for (sid, d, c), b, (_, delivered), line in zip(
+                rows, backlogs, per_replica, lines, strict=True
+            )
         ]
 
     async def group_backlogs(self, groups: list[tuple[str, str]]) -> list[GroupBacklog]:
@@ -425,6 +448,15 @@ def _subscription(
         oldest_ms=backlog.oldest_ms,
         delivered=delivered,
     )
+
+
+def _in_line(line: list[str]) -> dict[str, int]:
+    """Consumers per replica of an exclusive entity, from its line (it keeps no sharing)."""
+    per_replica: dict[str, int] = {}
+    for entry in line:
+        replica = entry.split('/', 1)[0]
+        per_replica[replica] = per_replica.get(replica, 0) + 1
+    return dict(sorted(per_replica.items()))
 
 
 def _entry_ms(entry_id: Any) -> int | None:

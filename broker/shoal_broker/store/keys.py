@@ -151,6 +151,12 @@ class AddressKeys:
         round-robin counter, last fetch and reservation times (ms)."""
         return f'{self.tag}:share:{group}'
 
+    def line(self, group: str) -> str:
+        """ZSET ``<replica>|<connection>|<link>|<serial>`` -> attach time (µs): the consumers of
+        an exclusive queue or subscription in attach order; the first receives, the others
+        stand by (``routing/exclusive.py``, ``lua/exclusive_*.lua``)."""
+        return f'{self.tag}:line:{group}'
+
     def delivered(self, group: str) -> str:
         """HASH replica id -> messages it delivered for the group since the group exists, added
         from each replica's metric records (``Upkeep.append_records``): the per-replica

@@ -95,7 +95,7 @@ def address_keys(address: str, groups: Iterable[Any]) -> list[str]:
     for raw in groups:
         group = text(raw)
         doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),
-                   k.delivered(group)]  # fmt: skip
+                   k.delivered(group), k.line(group)]  # fmt: skip
     return doomed
 
 

@@ -36,6 +36,7 @@ from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.last_values import LastValues, count_checked, last_op
+from shoal_broker.store.lines import STANDBY, gated_fetch, standby
 from shoal_broker.store.ops import Op, Tokens, no_result
 from shoal_broker.store.replies import browse_page, entries_of, new_entries, replica_is_ready
 from shoal_broker.store.stranded import return_stranded
@@ -328,13 +329,14 @@ class Messages:
         callback: Callable[[Fetched | None, BrokerError | None], None],
         consumers: int = 0,
         credit: int = 0,
+        active: str = '',
     ) -> None:
-        commands, finish = self._fetch_op(address, group, count, consumers, credit or count)
+        commands, finish = self._fetch_op(address, group, count, consumers, credit or count, active)
         self._enqueue(Op(commands, finish, None, None, False, None, (), callback, confirmed=True))
         self._wake()
 
     def _fetch_op(
-        self, address: str, group: str, count: int, consumers: int, credit: int
+        self, address: str, group: str, count: int, consumers: int, credit: int, active: str = ''
     ) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], Fetched]]:
         """The commands of one fetch and what makes entries of their replies. A subscription
         fetching in bulk (BULK_FETCH_ENTRIES) has its normal band read by a plain XREADGROUP:
@@ -348,7 +350,11 @@ class Messages:
         )  # fmt: skip
         subscription = (address, group)
         sharing = (consumers, credit, k.notify)
-        if subscription in self._bulk_fetches and subscription not in self._shared:
+        if active:  # exclusive: fetch.lua gates it on the line (routing/exclusive.py)
+            commands = [
+                gated_fetch(self._script, script_keys, k, group, self._replica_id, count, active)
+            ]
+        elif subscription in self._bulk_fetches and subscription not in self._shared:
             # fetch.lua takes returned and high-band entries; the normal band is read directly.
             # The script goes as source: if Redis had forgotten it, a retry would send the
             # XREADGROUP again, stranding what the first one claimed.
@@ -365,6 +371,8 @@ class Messages:
 
         def finish(replies: list[Any]) -> Fetched:
             head = replies[0]
+            if active and int(head[1]) == STANDBY:  # another consumer is first in line
+                return standby(head, self._replica_id)
             entries = Fetched(entries_of(head, 3), int(head[1]), int(head[2]))
             if entries.shared:
                 if len(self._shared) < MAX_BULK_FETCHES:

@@ -29,6 +29,7 @@ from shoal_broker.store.commit_nodes import ClusterNodes
 from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.cycles import PIPELINES_IN_FLIGHT, Cycles
 from shoal_broker.store.lanes import ClusterLanes
+from shoal_broker.store.lines import Lines
 from shoal_broker.store.messages import Messages
 from shoal_broker.store.notifications import ShardedNotifications
 from shoal_broker.store.upkeep import Upkeep
@@ -82,6 +83,7 @@ class RedisStore:
         self.redelivery = Backoffs()
         """Each entity's redelivery delay, for the in-flight entries of a dead replica
         (``Liveness``); set with the declared policies."""
+        self.lines = Lines(client, self._scripts, self.cycles, replica_id)
         self.upkeep = Upkeep(
             client, self._scripts, backlogs, address_kind=self.registry.address_kind,
             announce=self.watching.announce,

@@ -146,6 +146,7 @@ class Registry(Inspector):
             consumer_replicas=len(per_replica),
             consumers_per_replica=per_replica,
             delivered=await self.delivered(topic, key.id),
+            line=tuple((await self.lines([(topic, key.id)]))[0]),
             backlog=backlog.backlog,
             ready=backlog.ready,
             in_flight=backlog.in_flight,
@@ -218,6 +219,7 @@ class Registry(Inspector):
             in_flight=backlog.in_flight,
             oldest_age_seconds=await self._oldest_age(address, QUEUE_GROUP),
             policy=await self.policy(entity_field(address, QUEUE_GROUP)),
+            line=tuple((await self.lines([(address, QUEUE_GROUP)]))[0]),
         )
 
     async def states(
@@ -260,15 +262,16 @@ class Registry(Inspector):
         sub_groups = [(_text(d.get('topic', '')), key.id) for key, d, _ in defined]
         backlogs = await self._backlogs(groups + sub_groups)
         per_replica = await self._per_replica(sub_groups) if sub_groups else []
+        lines = [tuple(line) for line in await self.lines(groups + sub_groups)]
         clock = time.time()
-        for (address, _), backlog in zip(groups, backlogs, strict=False):
+        for (address, _), backlog, line in zip(groups, backlogs, lines, strict=False):
             found_queues[address] = dataclasses.replace(
-                found_queues[address], **_numbers(backlog, clock)
+                found_queues[address], **_numbers(backlog, clock), line=line
             )
         found_subs = {key.id: EntityState(exists=False) for key in subscriptions}
         sub_backlogs = backlogs[len(groups) :]
-        for (key, definition, consumers), policy, backlog, (_, delivered) in zip(
-            defined, policies, sub_backlogs, per_replica, strict=True
+        for (key, definition, consumers), policy, backlog, (_, delivered), line in zip(
+            defined, policies, sub_backlogs, per_replica, lines[len(groups) :], strict=True
         ):
             replicas: dict[str, int] = {}
             for replica in consumers.values():
@@ -278,7 +281,7 @@ class Registry(Inspector):
                 definition={_text(k): _text(v) for k, v in definition.items()},
                 consumers=len(consumers), consumer_replicas=len(replicas),
                 consumers_per_replica=replicas, delivered=delivered, policy=_policy(policy),
-                **_numbers(backlog, clock),
+                line=line, **_numbers(backlog, clock),
             )  # fmt: skip
         return found_queues, found_subs
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 
+from shoal_broker.metrics.registry import EXCLUSIVE_HANDOVERS
 from shoal_broker.routing.policies import entity_field
 from shoal_broker.store import connect, keys, layout, scripts
 from shoal_broker.store.calls import as_text
@@ -253,6 +254,7 @@ class Liveness:
         found: list[list[tuple[int, dict[str, Any]]]] = []
         shares = client.pipeline(transaction=False)
         private_prefix = f'nd:{dead}:'
+        shared: list[dict[str, Any]] = []
         for address in addresses:
             k = keys.AddressKeys.of(address)
             if isinstance(unwatched := next(replies), redis.ResponseError):
@@ -263,9 +265,13 @@ class Liveness:
                     groups.append((band, group))
                     if not as_text(group['name']).startswith(private_prefix):
                         shares.hdel(k.shares(as_text(group['name'])), dead)  # out of the sharing
+                        shares.exists(k.line(as_text(group['name'])))  # exclusive: has a line
+                        shared.append(group)
             found.append(groups)
         if len(shares):
-            await self.store.call(shares.execute())
+            answers = await self.store.call(shares.execute())
+            for group, lined in zip(shared, answers[1::2], strict=True):
+                group['lined'] = bool(lined)
         return found
 
     async def _return_address_entries(
@@ -302,6 +308,10 @@ class Liveness:
                 if moved < RECLAIM_BATCH:
                     break
             await self.store.call(client.xgroup_delconsumer(stream, name, dead))
+        for name in sorted({as_text(g['name']) for _, g in groups if g.get('lined')}):
+            # after its entries are back: the next in line starts with them
+            if await self.store.evalsha('exclusive_reap', (k.line(name),), (dead, k.notify)):
+                EXCLUSIVE_HANDOVERS.inc()
         return moved_any
 
     async def _remove_consumers(self, dead: str, report: ReapReport) -> None:

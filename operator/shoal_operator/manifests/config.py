@@ -24,6 +24,7 @@ _SETTINGS = {
     'maxConsumersPerSubscription': broker.ENV_MAX_CONSUMERS,
     'handover': broker.ENV_HANDOVER,
     'deliverAhead': broker.ENV_DELIVER_AHEAD,
+    'exclusiveAddresses': broker.ENV_EXCLUSIVE_ADDRESSES,
     'idleTimeoutSeconds': broker.ENV_IDLE_TIMEOUT,
     'metricsIntervalSeconds': broker.ENV_METRICS_INTERVAL,
     'metricsHeartbeatSeconds': broker.ENV_METRICS_HEARTBEAT,
@@ -54,6 +55,8 @@ REDIS_URL_KEY = 'url'
 
 
 def _text(value: Any) -> str:
+    if isinstance(value, list):  # patterns: comma-separated
+        return ','.join(str(item) for item in value)
     return ('true' if value else 'false') if isinstance(value, bool) else str(value)
 
 

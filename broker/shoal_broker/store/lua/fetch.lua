@@ -14,6 +14,10 @@
 -- ARGV[6] the free credit of those consumers (its weight in the sharing; may exceed the count)
 -- ARGV[7] the address's notification channel: a replica that joins the sharing wakes the others,
 --         so they see it before they next take everything (hand-over, sending ahead)
+-- KEYS[6] and ARGV[8], only for an exclusive queue or subscription (routing/exclusive.py): its
+--         line ZSET and the member of the consumer this replica fetches for; unless that member
+--         is first in line, nothing is fetched and the reply is {0, -2, the first member or ''}
+--         (ARGV[5] is 0 then: no sharing)
 -- Returned (released or failed) entries come first, oldest first, claimed from whichever replica
 -- held them; then new entries, high band (1) before normal band (0). A returned entry waiting out
 -- a redelivery delay (its score: when it is due, ms on Redis's clock; 0 = at once) stays, and the
@@ -22,6 +26,10 @@
 -- replicas (-1: this replica serves the subscription alone); in how many ms the first delayed
 -- entry is due (0: none waits); then a flat array of septuples:
 -- band, id, header, rest, expiry, delivery count, origin.
+if ARGV[8] then
+  local first = redis.call('ZRANGE', KEYS[6], 0, 0)[1] or ''
+  if first ~= ARGV[8] then return {0, -2, first} end
+end
 local want = tonumber(ARGV[3])
 local out = {0, -1, 0}
 

@@ -1,0 +1,75 @@
+"""
+A local subscription's part in an exclusive entity's line (``routing/exclusive.py``): which of
+its consumers it fetches for, and which may be dealt to.
+
+The line in Redis (``store/lines.py``) says which consumer, cluster-wide, is first. A replica
+fetches for one local consumer, its oldest until a fetch answers that another local consumer is
+first (``first_elsewhere``); the fetch is granted only while that consumer is first in line,
+and the entries it brings go to that consumer alone (``pool``).
+"""
+
+import itertools
+
+from shoal_broker.amqp.links import ConsumerLink
+from shoal_broker.amqp.outlets import Outlet
+
+_LINE_SERIALS = itertools.count(1)
+
+
+class Line:
+    """Mixed into ``subscriptions.LocalSubscription``, whose ``consumers`` it reads."""
+
+    consumers: list[ConsumerLink]
+    outlet: Outlet
+    address: str
+    group: str
+    exclusive = False
+    """One consumer receives at a time, cluster-wide (``routing/exclusive.py``)."""
+    _active_line = ''
+    """The local consumer (``ConsumerLink.line``) fetched for: found first in line, or (none
+    found yet) the oldest here."""
+
+    def _active(self) -> ConsumerLink | None:
+        """The local consumer an exclusive entity is fetched for (``_active_line``)."""
+        for consumer in self.consumers:
+            if consumer.line == self._active_line:
+                return consumer
+        if self.consumers:
+            self._active_line = self.consumers[0].line
+            return self.consumers[0]
+        return None
+
+    def _first_elsewhere(self, first: str) -> bool:
+        """Whether ``first`` (first in line, when it is this replica's) is another local consumer
+        than the one fetched for: it becomes the one fetched for. One that is no longer here
+        (its leaving failed) is taken out of the line, which wakes the next."""
+        if not first or first == self._active_line:
+            return False
+        if any(c.line == first for c in self.consumers):
+            self._active_line = first
+            return True
+        self.outlet.line(self.address, self.group, first, join=False)
+        return False
+
+    def _pool(self) -> list[ConsumerLink]:
+        """The consumers an entry may go to: an exclusive entity's active one alone."""
+        if not self.exclusive:
+            return self.consumers
+        return [c for c in self.consumers if c.line == self._active_line]
+
+    def _set_exclusive(self, exclusive: bool) -> bool:
+        """Whether the entity turned exclusive or stopped being so: the consumers here take or
+        give up their places (no hand-over: all compete, or the line forms anew)."""
+        if exclusive == self.exclusive:
+            return False
+        self.exclusive = exclusive
+        for consumer in self.consumers:
+            line = consumer.line
+            self.outlet.line(self.address, self.group, line, join=exclusive, hand_over=False)
+        return True
+
+    def _take_place(self, consumer: ConsumerLink) -> None:
+        """Name a consumer attaching here in the line; an exclusive entity's line gets it last."""
+        consumer.line = f'{consumer.conn.id}|{consumer.name}|{next(_LINE_SERIALS)}'
+        if self.exclusive:
+            self.outlet.line(self.address, self.group, consumer.line, join=True)
