@@ -206,3 +206,37 @@ def test_consumers_on_two_replicas_get_a_waiting_message_once_it_is_due(
     assert nothing_more(theirs)
     one.close()
     other.close()
+
+
+@pytest.mark.timeout(90)
+def test_on_an_exclusive_queue_nothing_overtakes_a_waiting_message(
+    start_broker: Callable[..., BrokerProcess], address: str
+) -> None:
+    """An exclusive queue keeps its order through a redelivery delay: messages sent while the
+    failed one waits come after it, in order, on whichever replica they were sent."""
+    env = {**DELAY, 'SHOAL_EXCLUSIVE_ADDRESSES': address}
+    producing, consuming = start_broker(env=env), start_broker(env=env)
+    consumer = connect(consuming.url)
+    rcv = receiver(consumer, address, credit=20)
+    conn = connect(producing.url)
+    snd = send_all(conn, address, ['poison'])
+    first, _ = _next(rcv)
+    assert (first.body, first.delivery_count) == ('poison', 0)
+    failed_at = time.monotonic()
+    settle(rcv, Delivery.MODIFIED, failed=True)
+    flush(consumer)
+    for i in range(10):  # while the poison waits (200 ms): none of these may go ahead of it
+        snd.send(Message(body=f'm{i}'))
+    again, arrived = _next(rcv)
+    assert (again.body, again.delivery_count) == ('poison', 1)
+    assert arrived - failed_at >= WAITS[0]
+    rcv.accept()
+    rest = []
+    for _ in range(10):
+        message, _ = _next(rcv)
+        rest.append(message.body)
+        rcv.accept()
+    assert rest == [f'm{i}' for i in range(10)]
+    assert nothing_more(rcv)
+    consumer.close()
+    conn.close()

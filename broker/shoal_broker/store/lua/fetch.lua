@@ -17,7 +17,8 @@
 -- KEYS[6] and ARGV[8], only for an exclusive queue or subscription (routing/exclusive.py): its
 --         line ZSET and the member of the consumer this replica fetches for; unless that member
 --         is first in line, nothing is fetched and the reply is {0, -2, the first member or ''}
---         (ARGV[5] is 0 then: no sharing)
+--         (ARGV[5] is 0 then: no sharing); while a returned entry waits out a redelivery
+--         delay, nothing is fetched either (the reply says when it is due): order is kept
 -- Returned (released or failed) entries come first, oldest first, claimed from whichever replica
 -- held them; then new entries, high band (1) before normal band (0). A returned entry waiting out
 -- a redelivery delay (its score: when it is due, ms on Redis's clock; 0 = at once) stays, and the
@@ -105,6 +106,16 @@ if consumers > 0 then
   end
   -- alone and known: nothing to share, nothing to write (its record is refreshed once another
   -- replica joins, whose first fetch wakes it)
+end
+
+if ARGV[8] then  -- exclusive: nothing overtakes a returned entry waiting out its delay
+  local now = share_now()
+  local waiting = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES',
+                             'LIMIT', 0, 1)
+  if waiting[2] then
+    out[3] = tonumber(waiting[2]) - now
+    return out
+  end
 end
 
 while want > 0 do
