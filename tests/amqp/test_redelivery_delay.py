@@ -5,6 +5,7 @@ released, rolled back, its consumer or replica gone) is deliverable again only a
 two replicas on one Redis; the bounds asserted are lower bounds (behaviour, not speed).
 """
 
+import asyncio
 import signal
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from txnclient import Controller, accept_in
 
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.store import keys
+from shoal_broker.store.inspect import Inspector, QueueInfo
 
 DELAY = {'SHOAL_REDELIVERY_DELAY_MS': '200', 'SHOAL_REDELIVERY_MULTIPLIER': '2'}
 WAITS = (0.2, 0.4, 0.8)
@@ -239,4 +241,44 @@ def test_on_an_exclusive_queue_nothing_overtakes_a_waiting_message(
     assert rest == [f'm{i}' for i in range(10)]
     assert nothing_more(rcv)
     consumer.close()
+    conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_waiting_gauge_counts_a_message_while_it_waits_and_ready_leaves_it_out(
+    start_broker: Callable[..., BrokerProcess], store_url: str, address: str
+) -> None:
+    """``shoal_redelivery_waiting_messages`` reads 1 while a failed message waits (a long
+    delay here), the queue's ready count leaves it out, and both change back once it is due."""
+    quick = {'SHOAL_BACKLOG_REFRESH_SECONDS': '0.2', 'SHOAL_REDELIVERY_DELAY_MS': '3000'}
+    b = start_broker(env=quick)
+    conn = connect(b.url)
+    send_all(conn, address, ['slow'])
+    rcv = receiver(conn, address, credit=1)
+    assert rcv.receive(timeout=10).body == 'slow'
+    settle(rcv, Delivery.MODIFIED, failed=True)
+    flush(conn)
+
+    def waiting() -> float | None:
+        return value(samples(b), 'shoal_redelivery_waiting_messages', address=address,
+                     subscription='queue')  # fmt: skip
+
+    async def row() -> QueueInfo:
+        async with Inspector.from_url(store_url) as inspector:
+            return (await inspector.queues([address]))[0]
+
+    deadline = time.monotonic() + 2.5
+    while waiting() != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert waiting() == 1
+    found = asyncio.run(row())
+    assert (found.backlog, found.ready) == (1, 0)  # returned, but no consumer may have it yet
+    message, _ = _next(rcv)
+    assert (message.body, message.delivery_count) == ('slow', 1)
+    rcv.accept()
+    flush(conn)
+    deadline = time.monotonic() + 10
+    while waiting() != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert waiting() == 0
     conn.close()

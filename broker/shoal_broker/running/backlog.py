@@ -25,8 +25,9 @@ from shoal_broker.store.upkeep import Upkeep
 
 logger = logging.getLogger(__name__)
 
-Row = tuple[str, str, float, float, int | None, tuple[str, str] | None]
-"""(address, subscription label, backlog, in flight, oldest enqueue ms, declaring resource)."""
+Row = tuple[str, str, float, float, int | None, tuple[str, str] | None, int]
+"""(address, subscription label, backlog, in flight, oldest enqueue ms, declaring resource,
+messages waiting out a redelivery delay)."""
 
 SHARED_FOR_INTERVALS = 3
 """How many refresh intervals a shared snapshot stays in Redis before it expires."""
@@ -56,6 +57,7 @@ class BacklogSnapshot:
         self._walks = walks
         self.samples: list[tuple[list[str], float]] = []
         self.in_flight: list[tuple[list[str], float]] = []
+        self.waiting: list[tuple[list[str], float]] = []
         self.oldest_ms: dict[tuple[str, str], int | None] = {}
         self.declared: list[tuple[list[str], float]] = []
         self.walked = 0
@@ -88,8 +90,16 @@ class BacklogSnapshot:
             return None
         try:
             return [
-                (a, s, float(b), float(f), o, None if owner is None else (owner[0], owner[1]))
-                for a, s, b, f, o, owner in json.loads(raw)
+                (
+                    a,
+                    s,
+                    float(b),
+                    float(f),
+                    o,
+                    None if owner is None else (owner[0], owner[1]),
+                    int(w),
+                )
+                for a, s, b, f, o, owner, w in json.loads(raw)
             ]
         except (ValueError, TypeError) as exc:  # another version's shape: read for ourselves
             logger.debug('shared backlog snapshot not understood: %s', exc)
@@ -111,14 +121,15 @@ class BacklogSnapshot:
         oldest: dict[tuple[str, str], int | None] = {}
         for address, group, backlog in found:
             key = (address, subscription_label(group))  # private subscriptions add up
-            total = totals.setdefault(key, [0.0, 0.0])
+            total = totals.setdefault(key, [0.0, 0.0, 0])
             total[0] += backlog.backlog
             total[1] += backlog.in_flight
+            total[2] += backlog.waiting
             known = [ms for ms in (oldest.get(key), backlog.oldest_ms) if ms is not None]
             oldest[key] = min(known) if known else None
         rows: list[Row] = [
-            (a, s, b, f, oldest[(a, s)], registry.owner_of(a, s, owners))
-            for (a, s), (b, f) in totals.items()
+            (a, s, b, f, oldest[(a, s)], registry.owner_of(a, s, owners), int(w))
+            for (a, s), (b, f, w) in totals.items()
         ]
         self.walked += 1
         self._settled, self._walked_at = settled, time.monotonic()
@@ -128,11 +139,12 @@ class BacklogSnapshot:
         return rows
 
     def _take(self, rows: list[Row]) -> None:
-        self.oldest_ms = {(a, s): oldest for a, s, _, _, oldest, _ in rows}
-        self.samples = [([a, s], backlog) for a, s, backlog, _, _, _ in rows]
-        self.in_flight = [([a, s], out) for a, s, _, out, _, _ in rows]
-        self.declared = [([a, s, *owner], 1.0) for a, s, _, _, _, owner in rows if owner]
-        entities_seen((a, s) for a, s, _, _, _, _ in rows)
+        self.oldest_ms = {(a, s): oldest for a, s, _, _, oldest, _, _ in rows}
+        self.samples = [([a, s], backlog) for a, s, backlog, _, _, _, _ in rows]
+        self.in_flight = [([a, s], out) for a, s, _, out, _, _, _ in rows]
+        self.waiting = [([a, s], float(w)) for a, s, _, _, _, _, w in rows]
+        self.declared = [([a, s, *owner], 1.0) for a, s, _, _, _, owner, _ in rows if owner]
+        entities_seen((a, s) for a, s, *_ in rows)
 
     async def refresh_forever(self) -> None:
         """Refresh whenever the last refresh (here or by the metric records) is an interval old."""

@@ -83,6 +83,10 @@ def broker_gauges(
         ('shoal_in_flight_messages', 'Messages handed to consumers and not yet settled, '
          f'cluster-wide (read every {backlog.interval:g} s by one replica for all).',
          ['address', 'subscription'], backlog.in_flight),
+        ('shoal_redelivery_waiting_messages', 'Messages given back and waiting out a '
+         'redelivery delay before any consumer may have them again, cluster-wide (read every '
+         f'{backlog.interval:g} s by one replica for all).', ['address', 'subscription'],
+         backlog.waiting),
         ('shoal_oldest_message_age_seconds', 'Age of the oldest message not yet consumed '
          '(0 when none waits).', ['address', 'subscription'], backlog.ages()),
         # An info metric, as kube-state-metrics does: join any series on (address, subscription)

@@ -63,6 +63,8 @@ class GroupBacklog:
     oldest_ms: int | None = None
     """Stream time (enqueue, ms since the epoch) of the oldest message not consumed yet; None
     when there is none."""
+    waiting: int = 0
+    """Returned entries waiting out a redelivery delay (``routing/redelivery.py``)."""
 
     @property
     def backlog(self) -> int:
@@ -72,7 +74,7 @@ class GroupBacklog:
     @property
     def ready(self) -> int:
         """Messages a consumer could be handed now."""
-        return self.lag + min(self.returned, self.pending)
+        return self.lag + max(min(self.returned, self.pending) - self.waiting, 0)
 
     @property
     def in_flight(self) -> int:
@@ -83,7 +85,7 @@ class GroupBacklog:
         known = [ms for ms in (self.oldest_ms, other.oldest_ms) if ms is not None]
         return GroupBacklog(
             self.lag + other.lag, self.pending + other.pending, self.returned + other.returned,
-            min(known) if known else None,
+            min(known) if known else None, self.waiting + other.waiting,
         )  # fmt: skip
 
 
@@ -339,7 +341,7 @@ class Inspector:
         found = []
         for address, group in groups:
             row = rows[(address, group)]
-            total = GroupBacklog(returned=int(row[6]))
+            total = GroupBacklog(returned=int(row[6]), waiting=int(row[9]))
             for stream, (lag, pending, oldest), length in zip(
                 keys.AddressKeys.of(address).streams, (row[0:3], row[3:6]), row[7:9], strict=True
             ):

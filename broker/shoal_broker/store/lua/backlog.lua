@@ -5,9 +5,10 @@
 -- ARGV[i] group i's name
 -- One call per address replaces a round trip per stream, group and question (inspect.py).
 -- Returns per group {lag0, pending0, oldest0, lag1, pending1, oldest1, returned, length0,
--- length1}: lag -1 when Redis cannot tell it (deleted entries in range: the caller counts them),
+-- length1, waiting}: lag -1 when Redis cannot tell it (deleted entries in range: the caller counts them),
 -- oldest the id of the oldest unconsumed entry of that band ('' when none), length the band's
--- XLEN (the same in every row). A missing stream or group counts as 0.
+-- XLEN (the same in every row), waiting the returned entries not yet due after a redelivery
+-- delay (score above now, on Redis's clock). A missing stream or group counts as 0.
 local bands, lengths = {}, {}
 for b = 1, 2 do
   local found = {}
@@ -21,6 +22,8 @@ for b = 1, 2 do
   end
   bands[b] = found
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 for i, group in ipairs(ARGV) do
   local row = {}
@@ -45,6 +48,7 @@ for i, group in ipairs(ARGV) do
   row[#row + 1] = redis.call('ZCARD', KEYS[2 + i])
   row[#row + 1] = lengths[1]
   row[#row + 1] = lengths[2]
+  row[#row + 1] = redis.call('ZCOUNT', KEYS[2 + i], '(' .. now, '+inf')
   out[i] = row
 end
 return out
