@@ -31,6 +31,7 @@ if redis.call('SCARD', KEYS[2]) == 0 then
 end
 --! include duplicate_window
 --! include new_entry_fields
+--! include drop_oldest
 --! include notify_watchers
 --! include trim_consumed
 local function padded(id)
@@ -128,14 +129,6 @@ for _, i in ipairs(kept) do
     redis.call('ZADD', KEYS[8], 0, ref .. '|' .. value)
   end
 end
-for band = 5, 6 do
-  if excess <= 0 then break end
-  local length = redis.call('XLEN', KEYS[band])
-  local cut = math.min(length, excess)
-  if cut > 0 then
-    redis.call('XTRIM', KEYS[band], 'MAXLEN', length - cut)
-    excess = excess - cut
-  end
-end
+drop_oldest(5, excess)
 if #kept > 0 and ARGV[2] ~= '' then notify_watchers(KEYS[3], ARGV[2], ARGV[3]) end
 return {#kept, duplicates, replaced}

@@ -29,17 +29,10 @@ if held + adding > limit then
   if ARGV[3] == 'reject-publish' and held + adding > limit then return -2 end
 end
 --! include append_entries
+--! include drop_oldest
 --! include notify_watchers
 local added = append_entries(6)
 local excess = held + adding - limit
-for band = 3, 4 do
-  if excess <= 0 then break end
-  local length = redis.call('XLEN', KEYS[band])
-  local cut = math.min(length, excess)
-  if cut > 0 then
-    redis.call('XTRIM', KEYS[band], 'MAXLEN', length - cut)
-    excess = excess - cut
-  end
-end
+drop_oldest(3, excess)
 if ARGV[4] ~= '' then notify_watchers(KEYS[5], ARGV[4], ARGV[5]) end
 return added

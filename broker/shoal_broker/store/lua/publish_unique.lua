@@ -25,6 +25,7 @@ if redis.call('SCARD', KEYS[2]) == 0 then
 end
 --! include duplicate_window
 --! include new_entry_fields
+--! include drop_oldest
 --! include notify_watchers
 --! include trim_consumed
 local now = window_open(KEYS[4], tonumber(ARGV[5]))
@@ -57,14 +58,6 @@ for _, i in ipairs(fresh) do
   redis.call('XADD', KEYS[1], '*', unpack(new_entry_fields(ARGV[i], ARGV[i + 1], ARGV[i + 2],
                                                            ARGV[i + 3])))
 end
-for band = 5, 6 do
-  if excess <= 0 then break end
-  local length = redis.call('XLEN', KEYS[band])
-  local cut = math.min(length, excess)
-  if cut > 0 then
-    redis.call('XTRIM', KEYS[band], 'MAXLEN', length - cut)
-    excess = excess - cut
-  end
-end
+drop_oldest(5, excess)
 if #fresh > 0 and ARGV[2] ~= '' then notify_watchers(KEYS[3], ARGV[2], ARGV[3]) end
 return {#fresh, duplicates}
