@@ -100,18 +100,24 @@ async def test_a_queue_policy_is_provisioned_and_enforced_by_a_broker(
     await cluster.eventually(removed, 'the queue and its policy removed')
 
 
+async def _ready_queue(cluster: Kube, address: str, **spec: Any) -> str:
+    """A Queue of ``address`` with ``spec`` (deletionPolicy Delete), created and Ready: its name."""
+    name = f'q-{uuid.uuid4().hex[:8]}'
+    await cluster.create('queues', {
+        'kind': 'Queue', 'metadata': {'name': name},
+        'spec': {'clusterRef': {'name': 'shoal'}, 'queueName': address,
+                 'deletionPolicy': 'Delete', **spec},
+    })  # fmt: skip
+    await body_when(cluster, 'queues', name, ready_at(1), 'Ready')
+    return name
+
+
 async def test_a_queue_duplicate_detection_is_provisioned_and_enforced_by_a_broker(
     cluster: Kube, rds: redis.Redis, start_broker: Any, address: str
 ) -> None:
-    body = {
-        'kind': 'Queue',
-        'metadata': {'name': f'q-{uuid.uuid4().hex[:8]}'},
-        'spec': {'clusterRef': {'name': 'shoal'}, 'queueName': address, 'deletionPolicy': 'Delete',
-                 'duplicateDetection': {'enabled': True, 'idProperty': '_AMQ_DUPL_ID'}},
-    }  # fmt: skip
-    name = body['metadata']['name']
-    await cluster.create('queues', body)
-    await body_when(cluster, 'queues', name, ready_at(1), 'Ready')
+    name = await _ready_queue(
+        cluster, address, duplicateDetection={'enabled': True, 'idProperty': '_AMQ_DUPL_ID'}
+    )
     entity = keys.provisioned_queue(address)
     assert policy_in(rds, entity) == {
         'duplicate_detection': True, 'duplicate_id_property': '_AMQ_DUPL_ID',
@@ -145,15 +151,7 @@ async def test_a_subscription_duplicate_detection_names_its_topic(
 async def test_a_queue_last_value_is_provisioned_and_enforced_by_a_broker(
     cluster: Kube, rds: redis.Redis, start_broker: Any, address: str
 ) -> None:
-    body = {
-        'kind': 'Queue',
-        'metadata': {'name': f'q-{uuid.uuid4().hex[:8]}'},
-        'spec': {'clusterRef': {'name': 'shoal'}, 'queueName': address, 'deletionPolicy': 'Delete',
-                 'lastValue': {'enabled': True, 'property': 'device'}},
-    }  # fmt: skip
-    name = body['metadata']['name']
-    await cluster.create('queues', body)
-    await body_when(cluster, 'queues', name, ready_at(1), 'Ready')
+    name = await _ready_queue(cluster, address, lastValue={'enabled': True, 'property': 'device'})
     entity = keys.provisioned_queue(address)
     assert policy_in(rds, entity) == {
         'last_value': True, 'last_value_property': 'device', 'overflow': 'reject-publish',
