@@ -16,8 +16,12 @@ run: venv
 	$(VENV)/bin/shoal-broker --listen 127.0.0.1:$(PORT) --http 127.0.0.1:$(HTTP_PORT) \
 		$(if $(REDIS_URL),--redis-url $(REDIS_URL),--data-dir .data/redis)
 
+# The main run spreads whole test files over one worker per CPU, at most four (pytest-xdist):
+# each worker has its own Redis and brokers (tests/conftest.py), and a module's fixtures stay in
+# one worker. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= auto
 test: venv node-deps lint
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 	$(MAKE) --no-print-directory test-sentinel
 	$(MAKE) --no-print-directory test-cluster
 

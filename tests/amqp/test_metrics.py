@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import redis
 from amqpclient import Capabilities, connect, flush, receive_all, receiver, send_all, settle
 from jmswire import JmsSource, jms_connect, subscriber
+from metricrecords import metric_records
 from processes import BrokerProcess, RedisServer
 from prometheus_client.parser import text_string_to_metric_families
 from proton import Delivery, Timeout
@@ -194,18 +194,14 @@ def test_each_replica_appends_interval_records_to_the_metrics_stream(
     conn = connect(b.url)
     send_all(conn, address, range(5))
     receive_all(receiver(conn, address, credit=10), 5)
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     mine: list[MetricRecord] = []
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and sum(r.accepted for r in mine) < 5:
         time.sleep(0.5)
-        entries = client.xrange('shoal:metrics')
-        # only this broker's entries: other tests' writers share the stream
-        ours = [
-            f for _, f in entries if (f.get('replica'), f.get('address')) == ('recorder', address)
-        ]
-        mine = [MetricRecord.from_fields(fields) for fields in ours]
-    client.close()
+        mine = metric_records(
+            redis_server.url,
+            lambda f: (f.get('replica'), f.get('address')) == ('recorder', address),
+        )
     assert sum(r.enqueued for r in mine) == 5
     assert sum(r.delivered for r in mine) == 5
     assert sum(r.accepted for r in mine) == 5
@@ -215,12 +211,7 @@ def test_each_replica_appends_interval_records_to_the_metrics_stream(
 
 
 def _records(redis_url: str, address_prefix: str) -> list[MetricRecord]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        found = [MetricRecord.from_fields(f) for _, f in client.xrange('shoal:metrics')]
-    finally:
-        client.close()
-    return [r for r in found if r.address.startswith(address_prefix)]
+    return metric_records(redis_url, lambda f: f.get('address', '').startswith(address_prefix))
 
 
 def test_idle_queues_and_the_dead_letter_queue_get_a_record_every_interval_from_one_replica(

@@ -8,14 +8,13 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-import redis
 from amqpclient import Capabilities, connect, nothing_more, receive_all, sender
 from jmswire import JmsSource, NullSource, collect, jms_connect, subscriber
+from metricrecords import metric_records
 from processes import BrokerProcess, RedisServer
 from prometheus_client.parser import text_string_to_metric_families
 from proton import Message
 
-from shoal_broker.metrics.records import MetricRecord
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.store.declarations import SubscriptionDeclaration
 from shoal_broker.store.registry import Registry
@@ -171,18 +170,15 @@ def test_metric_records_of_declared_entities_name_their_resource(
     snd = sender(conn, queue)
     snd.send(Message(body='order'))
     assert [m.body for m in receive_all(sub, 1)] == [1]
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     labels: dict[str, set[tuple[str, str]]] = {}
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not {key.id, 'queue'} <= set(labels):
         time.sleep(0.5)
-        for _, fields in client.xrange('shoal:metrics'):
-            record = MetricRecord.from_fields(fields)
-            if record.replica == f'rec-{name}' and record.address in (address, queue):
-                labels.setdefault(record.subscription, set()).add(
-                    (record.cr_namespace, record.cr_name)
-                )
-    client.close()
+        for record in metric_records(
+            redis_server.url,
+            lambda f: f.get('replica') == f'rec-{name}' and f.get('address') in (address, queue),
+        ):
+            labels.setdefault(record.subscription, set()).add((record.cr_namespace, record.cr_name))
     conn.close()
     producer_side = labels.pop('', {('', '')})  # the topic's own (publish) records: no resource
     assert producer_side == {('', '')}
