@@ -117,6 +117,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     store.messages.transactions.confirm_seconds = settings.store.hold_seconds
     # and an acknowledgement is sent again as long (replicated durability: store/acks.py)
     store.messages.acks.confirm_seconds = settings.store.hold_seconds
+    store.messages.confirming.confirm_seconds = settings.store.hold_seconds  # and a fetch
     await store.start()
     await store.check_durability()
     store.upkeep.limit_backlog(

@@ -16,6 +16,7 @@ from failoverload import (
     REPLICATED,
     crossed_load,
     ledger,
+    receipts_of,
     rhea_outcomes,
     rhea_producer,
     tally,
@@ -120,8 +121,9 @@ def test_a_primary_kill_delivers_nothing_twice_and_fails_no_send(cluster) -> Non
     cluster.report(summary)
     assert not counted.lost, summary
     assert finished, summary
-    assert went.twice == 0, f'{summary}; e.g. {sorted(counted.duplicates, key=str)[:10]}'
+    assert went.twice == 0, f'{summary}; {receipts_of(run, counted.duplicates, killed_at)}'
     assert sends.outcomes == ['accepted'] * RHEA_SENDS, summary  # no send failed
+    assert run.released == 0, summary  # held through the promotion, never released
 
 
 @pytest.mark.timeout(150)

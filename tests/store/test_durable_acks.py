@@ -30,6 +30,7 @@ def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
     replica = RedisServer(None, '--replicaof', LOOPBACK, str(primary.port))
     try:
         wait_for(replica.linked, 10, 'the replica linked')
+        wait_for(lambda: _confirms(primary), 10, 'the replica confirming writes')
         yield primary, replica
     finally:
         os.kill(replica.process.pid, signal.SIGCONT)  # a stopped one must hear the stop
@@ -54,6 +55,15 @@ async def _one_fetched(store: RedisStore) -> tuple[str, Entry]:
     assert await store.messages.publish(name, AddressKind.QUEUE, message) is True
     (entry,) = await store.messages.fetch(name, QUEUE_GROUP, 10)
     return name, entry
+
+
+def _confirms(primary: RedisServer) -> bool:
+    client = redis.Redis(host=LOOPBACK, port=primary.port)
+    try:
+        client.set('confirms', 1)
+        return int(client.execute_command('WAIT', 1, 1000)) >= 1
+    finally:
+        client.close()
 
 
 def _pending(server: RedisServer, name: str) -> int:

@@ -180,3 +180,15 @@ def rhea_outcomes(process: 'subprocess.Popen[str]', bodies: list[str]) -> RheaSe
     outcomes, waited = result['steps'][1]['outcomes'], result['steps'][1]['waited_ms']
     accepted = frozenset(b for b, o in zip(bodies, outcomes, strict=True) if o == 'accepted')
     return RheaSends(list(outcomes), list(waited), accepted)
+
+
+def receipts_of(run: ChaosRun, bodies: set[Any], since: float) -> str:
+    """Each of ``bodies``' receipts: (consumer, broker, delivery-count, seconds after
+    ``since``), to tell a failure's cause."""
+    found: dict[Any, list[tuple[int, str, int, float]]] = collections.defaultdict(list)
+    for r in run.receipts:
+        if r.body in bodies:
+            found[r.body].append((r.consumer, r.url, r.delivery_count, round(r.at - since, 2)))
+    unmarked = [b for b, seen in found.items() if any(c == 0 for _, _, c, _ in seen[1:])]
+    first = unmarked + sorted(set(found) - set(unmarked), key=str)  # the unflagged ones first
+    return '; '.join(f'{body}: {found[body]}' for body in first[:10])

@@ -33,6 +33,7 @@ from shoal_broker.store.acks import Acks
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import Scripts
 from shoal_broker.store.commits import CommitLog
+from shoal_broker.store.confirming import Confirming
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
@@ -115,6 +116,7 @@ class Messages:
         """(address, group) whose last fetch found other replicas serving it too."""
         self.acks = Acks(cycles, durable=durability is Durability.REPLICATED)
         self.ack_nowait = self.acks.ack_nowait
+        self.confirming = Confirming(cycles)
 
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
         future: asyncio.Future[bool] = (
@@ -333,7 +335,10 @@ class Messages:
         active: str = '',
     ) -> None:
         commands, finish = self._fetch_op(address, group, count, consumers, credit or count, active)
-        self._enqueue(Op(commands, finish, None, None, False, None, (), callback, confirmed=True))
+        op = Op(commands, finish, None, None, False, None, (), None, confirmed=True)
+        durable = self.acks.durable  # replicated: delivered once a replica has the claims
+        op.callback = self.confirming.answer(op, address, callback) if durable else callback
+        self._enqueue(op)
         self._wake()
 
     def _fetch_op(
