@@ -2,7 +2,8 @@
 Acknowledgements in ``replicated`` durability (``store/acks.py``), on a real Redis primary with a
 real replica: an ack the replica has not confirmed stays held (a recovery does not return its
 entry) and is sent again until the replica confirms it, within the store's hold bound; past the
-bound it is given up and its entry comes back, counted as a redelivery.
+bound it is given up. A fetch no replica confirmed is delivered only once one does
+(``store/confirming.py``).
 """
 
 import asyncio
@@ -139,3 +140,29 @@ async def test_acks_of_many_entries_are_confirmed_together(
     assert await _until(lambda: not store.messages.acks.held(name, QUEUE_GROUP), 10)
     assert store.cycles.pipelines - before == 1
     assert _pending(primary, name) == 0
+
+
+async def test_a_fetch_no_replica_confirmed_is_delivered_once_one_does(
+    store: RedisStore, primary_and_replica: tuple[RedisServer, RedisServer]
+) -> None:
+    """Its claim could be undone by a failover meanwhile (and with it a write no replica had):
+    the entries wait for a replica, then go to the consumer."""
+    _, replica = primary_and_replica
+    name = f'acks-{uuid.uuid4().hex[:8]}'
+    await store.registry.create_address(name, AddressKind.QUEUE)
+    message = OutgoingMessage(band=0, header=b'', rest=b'body', expiry_ms=0)
+    assert await store.messages.publish(name, AddressKind.QUEUE, message) is True
+    answers: list[tuple[object, object]] = []
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    try:
+        store.messages.fetch_then(name, QUEUE_GROUP, 10, lambda f, e: answers.append((f, e)))
+        assert await _until(lambda: store.messages.confirming.waiting == 1, 5)
+        await asyncio.sleep(3 * TIMEOUT_MS / 1000)  # a few probes time out
+        assert answers == []
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    assert await _until(lambda: bool(answers), 10)
+    ((fetched, error),) = answers
+    assert error is None
+    assert [e.rest for e in fetched] == [b'body']  # type: ignore[attr-defined]
+    assert store.messages.confirming.waiting == 0
