@@ -3,8 +3,8 @@ consumers (docs/redis-modes.md, "Redis Cluster"): kill -9 of the primary holding
 (a replica is promoted; in ``replicated`` mode nothing accepted is lost), and the busy queue's
 slot migrated to another primary key by key (ASK between batches, then MOVED; nothing lost, and
 nothing delivered twice unless counted as a redelivery or sent twice after a release); with
-the hold, duplicate detection and acks confirmed by a replica, a primary kill delivers nothing
-twice and fails no send."""
+the hold, duplicate detection and acks confirmed by a replica, a primary kill, and a migration
+followed by the kill of the slot's new owner, deliver nothing twice and fail no send."""
 
 import collections
 import time
@@ -153,3 +153,56 @@ def test_migrating_a_busy_queues_slot_loses_nothing(cluster) -> None:  # type: i
     assert not lost, f'{summary}; lost e.g. {sorted(lost)[:10]}'
     assert finished, summary
     assert not unexplained, f'{summary}; e.g. {sorted(unexplained)[:10]}'
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_migrated_slot_whose_new_owner_dies_delivers_nothing_twice(cluster) -> None:  # type: ignore[no-untyped-def]
+    """The busy queue's slot moved to another primary key by key (ASK between batches, then
+    MOVED), then that new owner killed, with what a failover should not show (``INVISIBLE``) and
+    the rhea producer sending across both: nothing lost, nothing delivered twice, no send
+    fails."""
+    group = ClusterGroup()
+    rhea = None
+    try:
+        queue = f'chaos-{uuid.uuid4().hex[:8]}'
+        a = cluster.broker(group.url, replica_id=f'cl-a-{queue[-4:]}', env=INVISIBLE)
+        b = cluster.broker(group.url, replica_id=f'cl-b-{queue[-4:]}', env=INVISIBLE)
+        run = crossed_load(a.url, b.url, queue, LOAD, message_ids=True)
+        rhea_bodies = [f'rhea-{i}' for i in range(RHEA_SENDS)]
+        try:
+            assert run.wait(lambda r: len(r.accepted) >= LOAD // 4, timeout=40), run.log
+            rhea = rhea_producer(b.url, queue, rhea_bodies, pause_ms=RHEA_PAUSE_MS)
+            slot = group.keyslot(keys.AddressKeys.of(queue).tag)
+            target = next(n for n in group.primaries() if n.port != group.owner_of_slot(slot))
+            started = time.monotonic()
+            moved = group.migrate_slot(
+                slot, target, batch=2, between_batches=lambda: time.sleep(0.05)
+            )
+            victim, _, _ = group.kill_primary_of(keys.AddressKeys.of(queue).tag)
+            group.restart(victim)
+            sends = rhea_outcomes(rhea, rhea_bodies)
+            finished = run.wait(lambda r: r.delivered_all() and sends.accepted <= r.received, 80)
+            time.sleep(0.5)  # late duplicates
+        finally:
+            run.stop()
+            if rhea is not None and rhea.poll() is None:
+                rhea.kill()
+                rhea.wait()
+    finally:
+        group.stop()
+    counted = tally(run, started)
+    went = ledger(run, sends.accepted)
+    summary = (
+        f'cluster slot migrated ({moved} keys), then its new owner killed (replicated, durable '
+        f'acks, hold, duplicate detection): {went}; {run.released} releases seen by the proton '
+        f'producers; rhea: {collections.Counter(sends.outcomes)}, slowest send '
+        f'{max(sends.waited_ms) / 1000:.2f} s'
+    )
+    cluster.report(summary)
+    assert victim.port == target.port  # the kill hit the new owner
+    assert not counted.lost, summary
+    assert finished, summary
+    assert went.twice == 0, f'{summary}; {receipts_of(run, counted.duplicates, started)}'
+    assert sends.outcomes == ['accepted'] * RHEA_SENDS, summary  # no send failed
+    assert run.released == 0, summary
