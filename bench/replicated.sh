@@ -3,7 +3,8 @@
 # replica: the 1 -> 1 at-least-once row (ROW) per tree, interleaved REPS times, the primary and
 # its replica fresh for each run. What `WAIT 1` on more of the pipelines costs (a tree that waits
 # on its fetch and ack pipelines too, docs/performance.md#durable-fetches) shows here, where
-# bench/instructions.sh does not see it: the wait is time, not instructions.
+# bench/instructions.sh does not see it: the wait is time, not instructions. Each run's line also
+# gives the WAIT commands the primary ran (INFO commandstats): a count the machine's noise spares.
 #
 # usage: bench/replicated.sh SRC_A [SRC_B ...]   (a tree's broker/ directory; SRC:VAR=v,VAR2=w
 #        gives that tree broker environment of its own, as in bench/instructions.sh)
@@ -50,7 +51,10 @@ for ((rep = 1; rep <= REPS; rep++)); do
         -n "$N" --warmup "$WARMUP" --size 1024 --broker-pid "$bpid" \
         --label "$i ${src}${own:+:${own// /,}}" --json "$WORK/results.jsonl" $ROW \
         > "$dir/load.out" 2>&1 || { cat "$dir/load.out" >&2; exit 1; }
-    tail -1 "$dir/load.out"
+    # the WAITs Redis ran (warm-up included): a count, which the noise of the machine spares
+    waits=$(redis-cli -p "$pport" INFO commandstats | tr -d '\r' \
+      | sed -n 's/^cmdstat_wait:calls=\([0-9]*\),.*/\1/p')
+    echo "$(tail -1 "$dir/load.out"); ${waits:-0} WAITs for $((N + WARMUP)) messages"
     kill -TERM "$bpid"; wait "$bpid" || true
     kill -TERM "$replica" "$primary"; wait "$replica" "$primary" || true
     i=$((i + 1))

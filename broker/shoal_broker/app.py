@@ -115,6 +115,9 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     )
     # an applied commit waits as long as a held send for a replica to confirm it
     store.messages.transactions.confirm_seconds = settings.store.hold_seconds
+    # and an acknowledgement is sent again as long (replicated durability: store/acks.py)
+    store.messages.acks.confirm_seconds = settings.store.hold_seconds
+    store.messages.confirming.confirm_seconds = settings.store.hold_seconds  # and a fetch
     await store.start()
     await store.check_durability()
     store.upkeep.limit_backlog(

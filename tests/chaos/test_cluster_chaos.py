@@ -2,19 +2,34 @@
 consumers (docs/redis-modes.md, "Redis Cluster"): kill -9 of the primary holding the queue's slot
 (a replica is promoted; in ``replicated`` mode nothing accepted is lost), and the busy queue's
 slot migrated to another primary key by key (ASK between batches, then MOVED; nothing lost, and
-nothing delivered twice unless counted as a redelivery or sent twice after a release)."""
+nothing delivered twice unless counted as a redelivery or sent twice after a release); with
+the hold, duplicate detection and acks confirmed by a replica, a primary kill, and a migration
+followed by the kill of the slot's new owner, deliver nothing twice and fail no send."""
 
+import collections
 import time
 import uuid
 
 import pytest
-from failoverload import REPLICATED, crossed_load, tally
+from failoverload import (
+    INVISIBLE,
+    REPLICATED,
+    crossed_load,
+    ledger,
+    receipts_of,
+    rhea_outcomes,
+    rhea_producer,
+    tally,
+)
 from loadclient import ChaosRun
 from redisclusters import ClusterGroup
 
 from shoal_broker.store import keys
 
 LOAD = 4_000
+RHEA_SENDS = 300
+RHEA_PAUSE_MS = 30
+"""The rhea producer's sends, one at a time this far apart: ~10 s, across the kill."""
 
 
 def _start(cluster, group: ClusterGroup, queue: str, env: dict[str, str],  # type: ignore[no-untyped-def]
@@ -61,38 +76,54 @@ def test_kill_9_of_the_primary_holding_the_queue_loses_no_accepted_message(clust
     assert not unexplained, f'{summary}; e.g. {sorted(unexplained)[:10]}'
 
 
-@pytest.mark.timeout(150)
-def test_with_duplicate_detection_a_primary_kill_stores_no_resend_twice(cluster) -> None:  # type: ignore[no-untyped-def]
-    """The same kill, producers resending with the same message-id and the address checking
-    it: nothing delivered again with delivery-count 0 (stored twice, or a delivery undone)."""
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_primary_kill_delivers_nothing_twice_and_fails_no_send(cluster) -> None:  # type: ignore[no-untyped-def]
+    """The same kill with ``replicated`` durability (publishes, fetches and acks confirmed by a
+    replica), the hold and duplicate detection, and a rhea producer sending synchronously, as
+    Qpid JMS does, across it: nothing accepted lost, no body delivered twice, no send of the
+    rhea producer fails."""
     group = ClusterGroup()
+    rhea = None
     try:
         queue = f'chaos-{uuid.uuid4().hex[:8]}'
-        env = {**REPLICATED, 'SHOAL_DUPLICATE_DETECTION': 'true'}
-        run = _start(cluster, group, queue, env, message_ids=True)
+        a = cluster.broker(group.url, replica_id=f'cl-a-{queue[-4:]}', env=INVISIBLE)
+        b = cluster.broker(group.url, replica_id=f'cl-b-{queue[-4:]}', env=INVISIBLE)
+        run = crossed_load(a.url, b.url, queue, LOAD, message_ids=True)
+        rhea_bodies = [f'rhea-{i}' for i in range(RHEA_SENDS)]
         try:
             assert run.wait(lambda r: len(r.accepted) >= LOAD // 3, timeout=40), run.log
+            rhea = rhea_producer(a.url, queue, rhea_bodies, pause_ms=RHEA_PAUSE_MS)
+            time.sleep(1.0)  # its first sends before the kill
             killed_at = time.monotonic()
-            victim, _, _ = group.kill_primary_of(keys.AddressKeys.of(queue).tag)
+            victim, _, promoted_at = group.kill_primary_of(keys.AddressKeys.of(queue).tag)
             group.restart(victim)
-            finished = run.wait(ChaosRun.delivered_all, timeout=80)
+            restarted_at = time.monotonic()
+            sends = rhea_outcomes(rhea, rhea_bodies)
+            finished = run.wait(lambda r: r.delivered_all() and sends.accepted <= r.received, 80)
             time.sleep(0.5)  # late duplicates
         finally:
             run.stop()
+            if rhea is not None and rhea.poll() is None:
+                rhea.kill()
+                rhea.wait()
     finally:
         group.stop()
-    lost, _, summary = _accounting(run, killed_at)
-    seen: set[object] = set()
-    unmarked = []
-    for receipt in sorted(run.receipts, key=lambda r: r.at):
-        if receipt.body in seen and receipt.delivery_count == 0:
-            unmarked.append(receipt.body)
-        seen.add(receipt.body)
-    summary += f', {len(unmarked)} of them again with delivery-count 0'
-    cluster.report(f'cluster primary killed (replicated, duplicate detection): {summary}')
-    assert not lost, f'{summary}; lost e.g. {sorted(lost)[:10]}'
+    counted = tally(run, killed_at)
+    went = ledger(run, sends.accepted)
+    summary = (
+        f'cluster primary killed (replicated, durable acks, hold, duplicate detection): {went}; '
+        f'{run.released} releases seen by the proton producers; rhea: '
+        f'{collections.Counter(sends.outcomes)}, slowest send '
+        f'{max(sends.waited_ms) / 1000:.2f} s; promoted {promoted_at - killed_at:.2f} s, its '
+        f'replica back {restarted_at - killed_at:.2f} s after the kill'
+    )
+    cluster.report(summary)
+    assert not counted.lost, summary
     assert finished, summary
-    assert not unmarked, f'{summary}; e.g. {unmarked[:10]}'
+    assert went.twice == 0, f'{summary}; {receipts_of(run, counted.duplicates, killed_at)}'
+    assert sends.outcomes == ['accepted'] * RHEA_SENDS, summary  # no send failed
+    assert run.released == 0, summary  # held through the promotion, never released
 
 
 @pytest.mark.timeout(150)
@@ -122,3 +153,56 @@ def test_migrating_a_busy_queues_slot_loses_nothing(cluster) -> None:  # type: i
     assert not lost, f'{summary}; lost e.g. {sorted(lost)[:10]}'
     assert finished, summary
     assert not unexplained, f'{summary}; e.g. {sorted(unexplained)[:10]}'
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_migrated_slot_whose_new_owner_dies_delivers_nothing_twice(cluster) -> None:  # type: ignore[no-untyped-def]
+    """The busy queue's slot moved to another primary key by key (ASK between batches, then
+    MOVED), then that new owner killed, with what a failover should not show (``INVISIBLE``) and
+    the rhea producer sending across both: nothing lost, nothing delivered twice, no send
+    fails."""
+    group = ClusterGroup()
+    rhea = None
+    try:
+        queue = f'chaos-{uuid.uuid4().hex[:8]}'
+        a = cluster.broker(group.url, replica_id=f'cl-a-{queue[-4:]}', env=INVISIBLE)
+        b = cluster.broker(group.url, replica_id=f'cl-b-{queue[-4:]}', env=INVISIBLE)
+        run = crossed_load(a.url, b.url, queue, LOAD, message_ids=True)
+        rhea_bodies = [f'rhea-{i}' for i in range(RHEA_SENDS)]
+        try:
+            assert run.wait(lambda r: len(r.accepted) >= LOAD // 4, timeout=40), run.log
+            rhea = rhea_producer(b.url, queue, rhea_bodies, pause_ms=RHEA_PAUSE_MS)
+            slot = group.keyslot(keys.AddressKeys.of(queue).tag)
+            target = next(n for n in group.primaries() if n.port != group.owner_of_slot(slot))
+            started = time.monotonic()
+            moved = group.migrate_slot(
+                slot, target, batch=2, between_batches=lambda: time.sleep(0.05)
+            )
+            victim, _, _ = group.kill_primary_of(keys.AddressKeys.of(queue).tag)
+            group.restart(victim)
+            sends = rhea_outcomes(rhea, rhea_bodies)
+            finished = run.wait(lambda r: r.delivered_all() and sends.accepted <= r.received, 80)
+            time.sleep(0.5)  # late duplicates
+        finally:
+            run.stop()
+            if rhea is not None and rhea.poll() is None:
+                rhea.kill()
+                rhea.wait()
+    finally:
+        group.stop()
+    counted = tally(run, started)
+    went = ledger(run, sends.accepted)
+    summary = (
+        f'cluster slot migrated ({moved} keys), then its new owner killed (replicated, durable '
+        f'acks, hold, duplicate detection): {went}; {run.released} releases seen by the proton '
+        f'producers; rhea: {collections.Counter(sends.outcomes)}, slowest send '
+        f'{max(sends.waited_ms) / 1000:.2f} s'
+    )
+    cluster.report(summary)
+    assert victim.port == target.port  # the kill hit the new owner
+    assert not counted.lost, summary
+    assert finished, summary
+    assert went.twice == 0, f'{summary}; {receipts_of(run, counted.duplicates, started)}'
+    assert sends.outcomes == ['accepted'] * RHEA_SENDS, summary  # no send failed
+    assert run.released == 0, summary

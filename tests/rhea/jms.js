@@ -43,9 +43,13 @@
  *   detach       {link, closed}: closed=false is detach() (a durable consumer going away),
  *                closed=true is close() (unsubscribe, or any other consumer). Waits for the
  *                broker's answering detach. Result: {closed (the broker's flag), error}.
- *   publish      {conn, address, bodies, properties?, caps? (default ["topic"])}: a sender with
- *                target {address, capabilities}; sends persistent messages, waits for every
- *                outcome, closes the sender. Result: {outcomes: ["accepted", ...]}.
+ *   publish      {conn, address, bodies, properties?, caps? (default ["topic"]), sync?, ids?,
+ *                pause_ms?}: a sender with target {address, capabilities}; sends persistent
+ *                messages, waits for every outcome, closes the sender. With "sync", one at a
+ *                time, the next only once the last was answered (MessageProducer.send of a
+ *                persistent message), "pause_ms" apart; with "ids", each message has the
+ *                message-id "ID:rhea:<body>". Result: {outcomes: ["accepted", ...], waited_ms:
+ *                [how long each waited for its outcome]}.
  *   receive      {links, count, linger_ms?}: waits (within the step timeout, not failing on it)
  *                until the links together got `count` new messages, then `linger_ms` (default
  *                300) more. Result: {received: {link: [bodies]}, properties: {link: [...]},
@@ -354,23 +358,40 @@ const ops = {
       rcv_settle_mode: 0,
     });
     const outcomes = new Array(bodies.length).fill(null);
+    const sentAt = new Array(bodies.length).fill(null);
+    const waited = new Array(bodies.length).fill(null);
     let sent = 0;
     let settled = 0;
     let senderError = null;
-    sender.on('sendable', () => {
-      while (sent < bodies.length && sender.sendable()) {
+    let pausing = false;
+    const pump = () => {
+      while (sent < bodies.length && sender.sendable() && !pausing) {
+        if (step.sync && settled < sent) return; // the last send is not answered yet
         const message = { body: bodies[sent], durable: true };
         if (step.properties) message.application_properties = step.properties[sent];
+        if (step.ids) message.message_id = `ID:rhea:${bodies[sent]}`;
+        sentAt[sent] = Date.now();
         sender.send(message).index = sent;
         sent++;
       }
-    });
+    };
+    sender.on('sendable', pump);
     for (const kind of ['accepted', 'rejected', 'released', 'modified']) {
       sender.on(kind, (context) => {
         const i = context.delivery.index;
         if (outcomes[i] === null) settled++;
         outcomes[i] = kind;
+        waited[i] = Date.now() - sentAt[i];
         notify();
+        if (step.sync && step.pause_ms) {
+          pausing = true;
+          setTimeout(() => {
+            pausing = false;
+            pump();
+          }, step.pause_ms);
+        } else if (step.sync) {
+          pump();
+        }
       });
     }
     sender.on('sender_error', () => {
@@ -381,7 +402,7 @@ const ops = {
     await until(() => settled === bodies.length || senderError !== null, ms, 'outcomes');
     if (senderError) throw new Error(`sender refused: ${JSON.stringify(senderError)}`);
     sender.close();
-    return { outcomes: outcomes };
+    return { outcomes: outcomes, waited_ms: waited };
   },
 
   async receive(step, ms) {

@@ -131,6 +131,29 @@ class SentinelGroup:
     def wait_linked(self, port: int, timeout: float) -> None:
         wait_for(lambda: self._linked(port), timeout, f'replica on {port} linked')
 
+    def _replica_ready(self, port: int) -> bool:
+        """Every sentinel knows the replica on ``port``, up and linked: one it may promote."""
+        for sentinel, _ in self.sentinels:
+            client = self._sentinel_client(sentinel)
+            try:
+                replicas = client.sentinel_slaves(SERVICE)
+            except redis.exceptions.RedisError:
+                return False
+            finally:
+                client.close()
+            if not any(
+                int(r['port']) == port and not r.get('is_sdown') and not r.get('is_odown')
+                and r.get('master-link-status') == 'ok'
+                for r in replicas
+            ):  # fmt: skip
+                return False
+        return True
+
+    def wait_replica_ready(self, port: int, timeout: float) -> None:
+        """Wait until the sentinels could promote the replica on ``port`` (they learn of a
+        replica from its primary's INFO, every 10 s outside a failover)."""
+        wait_for(lambda: self._replica_ready(port), timeout, f'sentinels seeing replica {port}')
+
     def wait_promoted(self, old: int, timeout: float) -> tuple[int, float]:
         """Wait until the sentinels name a primary other than ``old``: (its port, monotonic
         time when that was first seen)."""

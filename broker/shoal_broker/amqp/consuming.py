@@ -94,6 +94,8 @@ class Consuming:
         self.call_later = turns.call_later
         self.spans: Spans | None = None
         """Set by ``Broker`` when tracing is on."""
+        self._recoveries: set[int] = set()
+        """The subscriptions (``id``) with a recovery scheduled or running."""
 
     # -- what went out -------------------------------------------------------------------------
 
@@ -229,10 +231,28 @@ class Consuming:
     # -- what subscriptions schedule -------------------------------------------------------------
 
     def schedule_recovery(self, sub: Fed, delay: float) -> None:
-        """After a failed fetch: return entries Redis handed us but we never got, then fetch."""
-        self.turns.call_later(delay, lambda: self.turns.spawn(self._recover(sub)))
+        """After a failed fetch: return entries Redis handed us but we never got, then fetch.
+        One recovery per subscription at a time, the one scheduled first: a second, started
+        while the first ran, took its snapshot of what the subscription holds before the fetch
+        that the first one's end started, and returned what that fetch had just delivered (a
+        failover's failed fetches each asked for one: a whole fetch delivered twice). The one
+        scheduled covers the fetches failed meanwhile: it reads what is pending when it runs."""
+        key = id(sub)
+        if key in self._recoveries:
+            return
+        self._recoveries.add(key)
+        self.turns.call_later(delay, lambda: self.turns.spawn(self._recover_once(sub, key)))
 
-    async def _recover(self, sub: Fed) -> None:
+    async def _recover_once(self, sub: Fed, key: int) -> None:
+        try:
+            again = await self._recover(sub)
+        finally:
+            self._recoveries.discard(key)
+        if again is not None:
+            self.schedule_recovery(sub, again)
+
+    async def _recover(self, sub: Fed) -> float | None:
+        """Returns the delay before trying again, or None when done."""
         sub.recovering = True  # no new fetch until the stranded entries are back
         try:
             for _ in range(RECOVERY_WAIT_STEPS):  # a fetch started meanwhile must land first
@@ -246,8 +266,7 @@ class Consuming:
         except BrokerError as exc:
             sub.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, sub.retry_delay * 2))
             logger.warning('recovery of %s/%s postponed: %s', sub.address, sub.group, exc)
-            self.schedule_recovery(sub, sub.retry_delay)
-            return
+            return sub.retry_delay
         finally:
             sub.recovering = False
         if returned:
@@ -255,6 +274,7 @@ class Consuming:
                            returned, sub.address, sub.group)  # fmt: skip
         if (sub.address, sub.group) in self.nodes.subscriptions:
             sub.kick()
+        return None
 
     def line(
         self, address: str, group: str, line: str, *, join: bool, hand_over: bool = True

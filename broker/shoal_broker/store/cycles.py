@@ -471,8 +471,10 @@ _KEY_HEAD_BYTES = _KEY_HEAD.encode()
 
 def _writes(ops: list[Op]) -> bool:
     """Whether ``replicated`` durability waits for a replica after these ops: they append
-    messages, or they are fetches (``Op.confirmed``)."""
-    return any((op.batch is not None and op.batch[0] in WRITES) or op.confirmed for op in ops)
+    messages, or they are fetches (``Op.confirmed``) or acks (``Op.durable``)."""
+    return any(
+        (op.batch is not None and op.batch[0] in WRITES) or op.confirmed or op.durable for op in ops
+    )
 
 
 class _NoPool:

@@ -10,7 +10,7 @@ and the return of stranded entries are direct calls: rare, and atomic on their o
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -29,9 +29,11 @@ from shoal_broker.routing.storage import (
 )
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
+from shoal_broker.store.acks import Acks
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import Scripts
 from shoal_broker.store.commits import CommitLog
+from shoal_broker.store.confirming import Confirming
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
@@ -103,9 +105,7 @@ class Messages:
         # them with one lookup each
         self._enqueue = cycles.queued.append
         self._open_publishes = cycles.open_publishes
-        self._open_acks = cycles.open_acks
         self._wake = cycles.wakeup.set
-        self._wake_lazily = cycles.wake_lazily
         self._queue = cycles.queue
         self._script = scripts.command
         self._tails: dict[str, bytes] = {}
@@ -114,6 +114,9 @@ class Messages:
         """(address, group) whose last fetch was big and found nothing returned or high-band."""
         self._shared: set[tuple[str, str]] = set()
         """(address, group) whose last fetch found other replicas serving it too."""
+        self.acks = Acks(cycles, durable=durability is Durability.REPLICATED)
+        self.ack_nowait = self.acks.ack_nowait
+        self.confirming = Confirming(cycles)
 
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
         future: asyncio.Future[bool] = (
@@ -332,7 +335,10 @@ class Messages:
         active: str = '',
     ) -> None:
         commands, finish = self._fetch_op(address, group, count, consumers, credit or count, active)
-        self._enqueue(Op(commands, finish, None, None, False, None, (), callback, confirmed=True))
+        op = Op(commands, finish, None, None, False, None, (), None, confirmed=True)
+        durable = self.acks.durable  # replicated: delivered once a replica has the claims
+        op.callback = self.confirming.answer(op, address, callback) if durable else callback
+        self._enqueue(op)
         self._wake()
 
     def _fetch_op(
@@ -407,25 +413,6 @@ class Messages:
             lazy=True,
         )
 
-    def ack_nowait(self, address: str, group: str, entries: Iterable[Entry]) -> None:
-        open_acks = self._open_acks
-        band: int | None = None
-        args: list[Any] = []
-        for entry in entries:
-            if entry.band != band:  # this cycle's op for the address, band and group takes it
-                band = entry.band
-                key = ('ack', address, band, group)
-                batched = open_acks.get(key)
-                if batched is None:
-                    batched = open_acks[key] = Op([], no_result, None, None, False, key, [])
-                    self._enqueue(batched)
-                    self._wake_lazily()  # as _queue's lazy ops: ride with the next pipeline
-                args = batched.batch_args  # type: ignore[assignment]
-            if entry.delivery_count:
-                args += (entry.id, keys.entry_field(band, entry.id))
-            else:
-                args += (entry.id, None)
-
     async def _give_back(
         self, address: str, group: str, entries: list[Entry], releases: list[Awaitable[None]]
     ) -> None:
@@ -488,7 +475,8 @@ class Messages:
         await self.transactions.commit(sends, acks)
 
     async def return_stranded(self, address: str, group: str, held: set[tuple[int, str]]) -> int:
-        """See ``stranded.return_stranded``."""
+        """See ``stranded.return_stranded``; entries whose acks settle (``acks.py``) are held."""
+        held = held | self.acks.held(address, group)
         return await return_stranded(self._client, self._replica_id, address, group, held,
                                      self._announce)  # fmt: skip
 

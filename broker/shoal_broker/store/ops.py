@@ -54,6 +54,11 @@ class Op:
     claims is on the replica before a consumer gets it (docs/performance.md#durable-fetches).
     Not confirmed in time, the entries are delivered all the same: consumers do not stall while
     the primary has no replica."""
+    unconfirmed: bool = False
+    """A ``confirmed`` op whose pipeline's WAIT timed out (``confirming.py``)."""
+    durable: bool = False
+    """An ack in ``replicated`` durability (``acks.py``): its pipeline waits for a replica, and
+    one not confirmed in time is answered ``StoreUnconfirmed`` (then sent again)."""
 
     def done(self) -> bool:
         return self.answered or (self.future is not None and self.future.done())
@@ -154,9 +159,11 @@ def unreachable(ops: list[Op], exc: BaseException) -> None:
 
 
 def unconfirmed(ops: list[Op]) -> None:
-    """Messages written but not confirmed by a Redis replica in time: never accept them."""
+    """Messages written but not confirmed by a Redis replica in time: never accept them; and
+    durable acks, sent again."""
     for op in ops:
-        if op.batch is not None and op.batch[0] in WRITES and not op.done():
+        op.unconfirmed = op.confirmed  # a fetch: its entries wait for a replica (confirming.py)
+        if ((op.batch is not None and op.batch[0] in WRITES) or op.durable) and not op.done():
             fail(op, StoreUnconfirmed('no Redis replica confirmed the write in time'))
 
 
