@@ -20,7 +20,6 @@ import aiohttp
 import kopf
 import pytest
 import rbac
-import redis
 from kubeemulator import (
     CRDS,
     GROUP_VERSION,
@@ -30,8 +29,8 @@ from kubeemulator import (
     cluster_body,
     kmock_resource,
 )
-from processes import RedisServer
 
+from shoal_broker.store import connect
 from shoal_operator import cli
 from shoal_operator.runtime import Settings
 
@@ -115,7 +114,7 @@ async def running(
 
 @pytest.fixture
 async def operator(
-    kube: Kube, redis_server: RedisServer, operator_settings: Settings, rbac_values: dict[str, Any]
+    kube: Kube, store_url: str, operator_settings: Settings, rbac_values: dict[str, Any]
 ) -> AsyncIterator[Kube]:
     """The operator running for the whole test (``running``)."""
     async with running(kube, operator_settings, rbac_values):
@@ -124,7 +123,7 @@ async def operator(
 
 @pytest.fixture
 def restartable(
-    kube: Kube, redis_server: RedisServer, operator_settings: Settings, rbac_values: dict[str, Any]
+    kube: Kube, store_url: str, operator_settings: Settings, rbac_values: dict[str, Any]
 ) -> Callable[[], AbstractAsyncContextManager[Kube]]:
     """An operator a test starts and stops itself, as often as it likes: ``async with
     restartable():`` runs one until the block ends."""
@@ -132,16 +131,17 @@ def restartable(
 
 
 @pytest.fixture
-async def cluster(operator: Kube, redis_server: RedisServer) -> Kube:
+async def cluster(operator: Kube, store_url: str) -> Kube:
     """An operator with a BrokerCluster ``shoal`` on the session's Redis."""
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create('brokerclusters', cluster_body())
     return operator
 
 
 @pytest.fixture
-def rds(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """A client of the session's Redis, to see what the operator wrote."""
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+def rds(store_url: str) -> Iterator[Any]:
+    """A client of the session's Redis in any store mode (on a cluster, each command goes to the
+    node serving its key's slot), to see what the operator wrote."""
+    client = connect.sync_client_of_any_mode(store_url, decode_responses=True)
     yield client
     client.close()

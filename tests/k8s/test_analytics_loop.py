@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import redis
 from kubeemulator import Kube, cluster_body, condition
-from processes import RedisServer
 
 from shoal_broker.metrics.records import AnalyticsSummary, Anomaly
-from shoal_broker.store import keys
+from shoal_broker.store import connect, keys
 from shoal_operator import analytics
 from shoal_operator.models import BrokerCluster
 
@@ -73,8 +72,8 @@ def test_the_status_section_condition_and_events_of_a_summary() -> None:
 
 
 @pytest.fixture
-def summary_in_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+def summary_in_redis(store_url: str) -> Iterator[Any]:
+    client = connect.sync_client_of_any_mode(store_url, decode_responses=True)
     client.hset(keys.ANALYTICS_SUMMARY, mapping=summary(5, BACKLOG).to_fields())
     yield client
     client.delete(keys.ANALYTICS_SUMMARY)
@@ -82,9 +81,9 @@ def summary_in_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 async def test_the_operator_reports_the_summary_and_scales_within_bounds(
-    operator: Kube, redis_server: RedisServer, summary_in_redis: redis.Redis
+    operator: Kube, store_url: str, summary_in_redis: redis.Redis
 ) -> None:
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create('brokerclusters', cluster_body(
         autoscaling={'fromAnalytics': True, 'minReplicas': 1, 'maxReplicas': 3}))  # fmt: skip
 

@@ -6,7 +6,6 @@ the HPA writes through the scale subresource reach the Deployment."""
 from typing import Any
 
 from kubeemulator import Kube, cluster_body
-from processes import RedisServer
 
 HPA = ('horizontalpodautoscalers', 'shoal')
 AUTOSCALING = 'autoscaling/v2'
@@ -42,10 +41,10 @@ async def change(kube: Kube, spec: dict[str, Any]) -> None:
 
 
 async def test_the_operator_creates_updates_and_deletes_the_hpa(
-    operator: Kube, redis_server: RedisServer
+    operator: Kube, store_url: str
 ) -> None:
     kube = operator
-    await kube.redis_secret(redis_server.url)
+    await kube.redis_secret(store_url)
     scaling = {'enabled': True, 'minReplicas': 2, 'maxReplicas': 5}
     await kube.create('brokerclusters', cluster_body(autoscaling=scaling))
     hpa = await hpa_present(kube, lambda b: True, 'the HPA created')
@@ -87,11 +86,9 @@ async def test_the_operator_creates_updates_and_deletes_the_hpa(
     await hpa_when(kube, lambda b: b is None, 'the HPA deleted when switched off')
 
 
-async def test_the_hpa_goes_with_spec_autoscaling(
-    operator: Kube, redis_server: RedisServer
-) -> None:
+async def test_the_hpa_goes_with_spec_autoscaling(operator: Kube, store_url: str) -> None:
     kube = operator
-    await kube.redis_secret(redis_server.url)
+    await kube.redis_secret(store_url)
     await kube.create('brokerclusters', cluster_body(autoscaling={'enabled': True}))
     await hpa_present(kube, lambda b: True, 'the HPA created')
     await change(kube, {'autoscaling': None})
@@ -99,10 +96,10 @@ async def test_the_hpa_goes_with_spec_autoscaling(
 
 
 async def test_an_hpa_with_analytics_replicas_is_refused_and_none_is_created(
-    operator: Kube, redis_server: RedisServer
+    operator: Kube, store_url: str
 ) -> None:
     kube = operator
-    await kube.redis_secret(redis_server.url)
+    await kube.redis_secret(store_url)
     both = {'enabled': True, 'fromAnalytics': True}
     await kube.create('brokerclusters', cluster_body(autoscaling=both))
 

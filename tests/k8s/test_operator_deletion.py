@@ -13,7 +13,7 @@ import rbac
 import redis
 from amqpclient import connect, receive_all, receiver, sender
 from kubeemulator import Kube, cluster_body, condition, subscription_body
-from processes import BrokerProcess, RedisServer
+from processes import BrokerProcess
 from proton import Message
 
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
@@ -34,10 +34,10 @@ async def ready(kube: Kube, plural: str, name: str, namespace: str = 'default') 
 
 
 async def _declare_app(
-    kube: Kube, redis_server: RedisServer, address: str, billing: str, subscription_policy: str
+    kube: Kube, store_url: str, address: str, billing: str, subscription_policy: str
 ) -> None:
     """The app: Redis's Secret, a BrokerCluster, a Queue (Delete) and a SharedSubscription."""
-    await kube.redis_secret(redis_server.url)
+    await kube.redis_secret(store_url)
     await kube.create('brokerclusters', cluster_body())
     queue = {
         'clusterRef': {'name': 'shoal'},
@@ -54,7 +54,7 @@ async def _declare_app(
 
 
 async def test_kubectl_delete_of_a_whole_app_honours_delete(
-    operator: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
+    operator: Kube, store_url: str, rds: redis.Redis, address: str
 ) -> None:
     kube = operator
     billing = f'billing-{uuid.uuid4().hex[:8]}'
@@ -64,7 +64,7 @@ async def test_kubectl_delete_of_a_whole_app_honours_delete(
         ('queues', 'orders', None),
         ('sharedsubscriptions', billing, None),
     ]
-    await _declare_app(kube, redis_server, address, billing, 'Delete')
+    await _declare_app(kube, store_url, address, billing, 'Delete')
     assert kind_of(rds.hget(keys.ADDRESSES, f'{address}-q')) == 'queue'
     assert rds.exists(definition_key(billing))
 
@@ -80,7 +80,7 @@ async def test_kubectl_delete_of_a_whole_app_honours_delete(
 
     # the same subscription declared from another namespace on the same Redis is not a Conflict
     secret = {'metadata': {'name': 'redis', 'namespace': 'elsewhere'},
-              'stringData': {'url': redis_server.url}}  # fmt: skip
+              'stringData': {'url': store_url}}  # fmt: skip
     await kube.create('secrets', secret, api_version='v1')
     other = cluster_body()
     other['metadata']['namespace'] = 'elsewhere'
@@ -95,11 +95,11 @@ async def test_kubectl_delete_of_a_whole_app_honours_delete(
 
 
 async def test_deleting_the_namespace_after_the_operators_role_finishes_and_honours_delete(
-    operator: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
+    operator: Kube, store_url: str, rds: redis.Redis, address: str
 ) -> None:
     kube = operator
     billing = f'billing-{uuid.uuid4().hex[:8]}'
-    await _declare_app(kube, redis_server, address, billing, 'DeleteIfEmpty')
+    await _declare_app(kube, store_url, address, billing, 'DeleteIfEmpty')
     for plural, name in [('queues', 'orders'), ('sharedsubscriptions', billing)]:
         body = await kube.get(plural, name) or {}
         assert not body['metadata'].get('finalizers'), 'nothing may hold the namespace'
@@ -121,14 +121,14 @@ async def test_deleting_the_namespace_after_the_operators_role_finishes_and_hono
 
 
 async def test_a_declaration_whose_resource_is_gone_is_released(
-    cluster: Kube, redis_server: RedisServer, rds: redis.Redis, address: str
+    cluster: Kube, store_url: str, rds: redis.Redis, address: str
 ) -> None:
     """What no operator could carry out (deleted without a finalizer while it was down) is found
     in Redis: the declarations of resources that no longer exist are released, so their names
     are free; a declaration whose resource exists, or lives in a namespace the operator does not
     watch, is left alone."""
     ghost = f'ghost-{uuid.uuid4().hex[:8]}'
-    registry = Registry.from_url(redis_server.url)
+    registry = Registry.from_url(store_url)
     try:
         await registry.declare_queue(f'{address}-q', f'default/{ghost}')
         await registry.declare_queue(f'{address}-other', f'unwatched/{ghost}')
@@ -166,7 +166,7 @@ def queue_body(name: str, queue: str, policy: str) -> dict[str, Any]:
 async def test_an_operator_restart_honours_the_deletion_policy_of_what_was_deleted_meanwhile(
     kube: Kube,
     restartable: Callable[[], AbstractAsyncContextManager[Kube]],
-    redis_server: RedisServer,
+    store_url: str,
     rds: redis.Redis,
     broker: BrokerProcess,
     address: str,
@@ -178,7 +178,7 @@ async def test_an_operator_restart_honours_the_deletion_policy_of_what_was_delet
     suffix = address[-8:]
     queues = {'gone': 'Delete', 'kept': 'Retain', 'full': 'DeleteIfEmpty'}
     subs = {f'gone-{suffix}': 'Delete', f'kept-{suffix}': 'Retain'}
-    await kube.redis_secret(redis_server.url)
+    await kube.redis_secret(store_url)
     await kube.create('brokerclusters', cluster_body())
     async with restartable():
         for name, policy in queues.items():

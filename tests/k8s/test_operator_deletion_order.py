@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import redis
 from kubeemulator import Kube, cluster_body, subscription_body
-from processes import RedisServer
 
 from shoal_broker.store import keys
 from shoal_broker.store.layout import kind_of
@@ -36,11 +35,11 @@ def definition_key(name: str) -> str:
 
 @pytest.mark.parametrize('secret', ['before', 'with', 'after'])
 async def test_delete_is_honoured_whenever_the_secret_goes(
-    operator: Kube, redis_server: RedisServer, rds: redis.Redis, address: str, secret: str
+    operator: Kube, store_url: str, rds: redis.Redis, address: str, secret: str
 ) -> None:
     kube = operator
     billing = f'billing-{uuid.uuid4().hex[:8]}'
-    await kube.redis_secret(redis_server.url)
+    await kube.redis_secret(store_url)
     await kube.create('brokerclusters', cluster_body())
     spec = {'clusterRef': {'name': 'shoal'}, 'queueName': f'{address}-q',
             'deletionPolicy': 'Delete'}  # fmt: skip

@@ -10,7 +10,7 @@ import redis
 from amqpclient import Capabilities, connect, sender
 from jmswire import JmsSource, jms_connect, subscriber, take
 from kubeemulator import Kube, cluster_body, condition, subscription_body
-from processes import BrokerProcess, RedisServer, free_port
+from processes import BrokerProcess, free_port
 from proton import Message
 
 from shoal_broker.store import keys
@@ -260,9 +260,9 @@ async def test_the_finalizer_goes_when_the_cluster_was_never_reached(
 
 
 async def test_the_finalizer_goes_when_redis_stays_unreachable_past_the_timeout(
-    operator: Kube, redis_server: RedisServer, rds: redis.Redis, name: str, address: str
+    operator: Kube, store_url: str, rds: redis.Redis, name: str, address: str
 ) -> None:
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create('brokerclusters', cluster_body(finalizerTimeoutSeconds=1))
     await operator.create(
         'sharedsubscriptions', subscription_body(name, address, deletionPolicy='Delete')
@@ -312,7 +312,7 @@ async def test_a_queue_is_declared_sampled_and_deleted(
 
 
 async def test_an_invalid_selector_and_a_missing_cluster_are_reported(
-    operator: Kube, redis_server: RedisServer, rds: redis.Redis, name: str, address: str
+    operator: Kube, store_url: str, rds: redis.Redis, name: str, address: str
 ) -> None:
     await operator.create(
         'sharedsubscriptions', subscription_body(f'{name}-bad', address, selector='a = = 1')
@@ -334,7 +334,7 @@ async def test_an_invalid_selector_and_a_missing_cluster_are_reported(
         'waiting',
     )
     assert condition(waiting, 'ClusterAvailable')['reason'] == 'ClusterNotFound'
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create('brokerclusters', cluster_body())
     await body_when(operator, 'sharedsubscriptions', name, ready, 'Ready once the cluster exists')
     assert not rds.exists(definition_key(f'{name}-bad'))

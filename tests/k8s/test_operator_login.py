@@ -18,7 +18,7 @@ import pytest
 import yaml
 from certs import Authority, Pem
 from kubeemulator import Kube, cluster_body
-from processes import RedisServer, free_port
+from processes import free_port
 from tlsfront import tls_front
 
 TOKEN = 'operator-token-0123456789'
@@ -68,7 +68,7 @@ def kubeconfig(directory: pathlib.Path, server: str, form: Form, ca: Pem, client
 
 @pytest.mark.parametrize('form', FORMS, ids=lambda f: f'ca-{f.ca}-{f.user}')
 async def test_the_operator_logs_in_with_each_kubeconfig_form(
-    kube: Kube, redis_server: RedisServer, tmp_path: pathlib.Path, form: Form
+    kube: Kube, store_url: str, tmp_path: pathlib.Path, form: Form
 ) -> None:
     pki = tmp_path / 'pki'
     pki.mkdir()
@@ -96,7 +96,7 @@ async def test_the_operator_logs_in_with_each_kubeconfig_form(
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
-                await kube.redis_secret(redis_server.url)
+                await kube.redis_secret(store_url)
                 await kube.create('brokerclusters', cluster_body())
 
                 async def reconciled() -> bool:  # the children (its client), the status (kopf's)

@@ -6,7 +6,6 @@ import base64
 from typing import Any
 
 from kubeemulator import Kube, cluster_body
-from processes import RedisServer
 
 from shoal_broker import settings as broker
 
@@ -16,9 +15,9 @@ def decoded(secret: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_the_management_secret_carries_the_url_and_credentials_and_keeps_them(
-    operator: Kube, redis_server: RedisServer
+    operator: Kube, store_url: str
 ) -> None:
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create('brokerclusters', cluster_body())
 
     async def management() -> Any:

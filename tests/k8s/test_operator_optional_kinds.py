@@ -8,16 +8,15 @@ from typing import Any
 
 import pytest
 from kubeemulator import Kube, cluster_body, condition
-from processes import RedisServer
 
 MONITOR = {'metrics': {'serviceMonitor': {'enabled': True}}}
 
 
 async def test_a_service_monitor_without_its_crd_is_reported_not_dropped(
-    operator: Kube, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    operator: Kube, store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     operator.emulator.unserved = frozenset({'servicemonitors'})
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     with caplog.at_level(logging.WARNING, logger='shoal_operator'):
         await operator.create('brokerclusters', cluster_body(**MONITOR))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 from kubeemulator import Kube, cluster_body
-from processes import RedisServer, free_port
+from processes import free_port
 
 
 def kubeconfig(path: pathlib.Path, server: str) -> pathlib.Path:
@@ -34,7 +34,7 @@ async def get(url: str) -> tuple[int, str]:
 
 
 async def test_the_operator_process_reconciles_and_serves_health_and_metrics(
-    kube: Kube, redis_server: RedisServer, tmp_path: pathlib.Path
+    kube: Kube, store_url: str, tmp_path: pathlib.Path
 ) -> None:
     health, metrics = f'127.0.0.1:{free_port()}', f'127.0.0.1:{free_port()}'
     env = {
@@ -50,7 +50,7 @@ async def test_the_operator_process_reconciles_and_serves_health_and_metrics(
         sys.executable, '-m', 'shoal_operator', env=env, stdout=log, stderr=subprocess.STDOUT
     )
     try:
-        await kube.redis_secret(redis_server.url)
+        await kube.redis_secret(store_url)
         await kube.create('brokerclusters', cluster_body())
 
         async def deployment() -> Any:

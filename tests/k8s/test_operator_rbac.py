@@ -12,7 +12,6 @@ import pytest
 import rbac
 import redis
 from kubeemulator import WATCHED, Kube, cluster_body, condition, subscription_body
-from processes import RedisServer
 
 from shoal_broker.store import keys
 from shoal_broker.store.registry import Registry
@@ -51,17 +50,17 @@ def ready(body: dict[str, Any] | None) -> bool:
 
 
 async def test_the_operator_uses_every_grant_and_nothing_else(
-    operator: Kube, redis_server: RedisServer, rds: redis.Redis, rbac_values: dict[str, Any],
+    operator: Kube, store_url: str, rds: redis.Redis, rbac_values: dict[str, Any],
     address: str,
 ) -> None:  # fmt: skip
     kube = operator
     billing = f'billing-{address[-8:]}'  # subscription names are Redis-wide: one per test
-    registry = Registry.from_url(redis_server.url)
+    registry = Registry.from_url(store_url)
     try:  # a declaration whose Queue is gone: the operator checks the Queue is gone (get)
         await registry.declare_queue(f'{address}-ghost', 'default/ghost')
     finally:
         await registry.close()
-    await kube.redis_secret(redis_server.url)
+    await kube.redis_secret(store_url)
     optional = {
         'metrics': {'serviceMonitor': {'enabled': True}},
         'networkPolicy': {'enabled': True},

@@ -7,7 +7,6 @@ import warnings
 import kopf
 import pytest
 from kubeemulator import Kube, cluster_body
-from processes import RedisServer
 
 from shoal_operator import k8s
 from shoal_operator.models import ClusterRef
@@ -15,12 +14,12 @@ from shoal_operator.runtime import Runtime, Settings
 
 
 async def test_a_registry_used_after_the_first_close_is_closed_by_the_second(
-    kube: Kube, redis_server: RedisServer
+    kube: Kube, store_url: str
 ) -> None:
     """kopf's cleanup closes the runtime while the observer may still be in its last round;
     cli.run closes it again once everything has stopped. A connection that last round opened
     must not outlive the operator (it once did, as an unclosed-connection ResourceWarning)."""
-    await kube.redis_secret(redis_server.url)
+    await kube.redis_secret(store_url)
     await kube.create('brokerclusters', cluster_body())
     runtime = Runtime(Settings())
     runtime.kube = k8s.Kube(kopf.ConnectionInfo(server=str(kube.emulator.url)))

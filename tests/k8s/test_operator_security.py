@@ -5,7 +5,6 @@ import base64
 from typing import Any
 
 from kubeemulator import Kube, cluster_body, condition
-from processes import RedisServer
 
 from shoal_broker import settings as broker
 
@@ -23,9 +22,9 @@ def plain_env(container: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_auth_and_tls_mount_their_secrets_and_configure_the_brokers(
-    operator: Kube, redis_server: RedisServer
+    operator: Kube, store_url: str
 ) -> None:
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create('brokerclusters', cluster_body(auth=AUTH, tls=TLS))
 
     async def deployment() -> Any:
@@ -88,9 +87,9 @@ async def test_auth_and_tls_mount_their_secrets_and_configure_the_brokers(
 
 
 async def test_a_cluster_nobody_could_log_into_is_refused_until_it_names_its_users(
-    operator: Kube, redis_server: RedisServer, address: str
+    operator: Kube, store_url: str, address: str
 ) -> None:
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create('brokerclusters', cluster_body(auth={'allowAnonymous': False}))
 
     async def refused() -> bool:
@@ -124,9 +123,9 @@ def secret(name: str, **files: str) -> dict[str, Any]:
 
 
 async def test_missing_secrets_are_reported_until_they_appear(
-    operator: Kube, redis_server: RedisServer
+    operator: Kube, store_url: str
 ) -> None:
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create('brokerclusters', cluster_body(auth=AUTH, tls=TLS))
 
     async def secrets_found(status: str, reason: str) -> Any:

@@ -7,7 +7,6 @@ others put there stay."""
 from typing import Any
 
 from kubeemulator import Kube, cluster_body
-from processes import RedisServer
 
 from shoal_broker import settings as broker
 from shoal_operator.manifests import config
@@ -30,9 +29,9 @@ async def settled(kube: Kube) -> dict[str, Any] | None:
 
 
 async def test_a_settings_change_rolls_the_pods_and_nothing_else_does(
-    operator: Kube, redis_server: RedisServer
+    operator: Kube, store_url: str
 ) -> None:
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create(
         'brokerclusters', cluster_body(broker={'logLevel': 'DEBUG', 'maxDeliveryAttempts': 5})
     )
@@ -86,9 +85,9 @@ def template_metadata(found: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 
 async def test_pod_metadata_removed_from_the_spec_leaves_the_deployment_and_others_stays(
-    operator: Kube, redis_server: RedisServer
+    operator: Kube, store_url: str
 ) -> None:
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     extras = {
         'labels': {'team': 'billing', 'tier': 'gold'},
         'annotations': {'example.com/owner': 'ann'},

@@ -8,16 +8,16 @@ import redis
 from amqpclient import Capabilities, connect, sender
 from jmswire import JmsSource, jms_connect, subscriber, take
 from kubeemulator import Kube, cluster_body, condition, subscription_body
-from processes import BrokerProcess, RedisServer
+from processes import BrokerProcess
 from proton import Message
 
 from shoal_broker.store import keys
 
 
 async def test_a_broker_cluster_gets_its_children_with_owner_references(
-    operator: Kube, redis_server: RedisServer
+    operator: Kube, store_url: str
 ) -> None:
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create(
         'brokerclusters', cluster_body(metrics={'serviceMonitor': {'enabled': True}})
     )
@@ -72,10 +72,10 @@ async def test_a_broker_cluster_gets_its_children_with_owner_references(
 
 
 async def test_a_declared_shared_subscription_is_joined_by_a_jms_consumer_and_reports_it(
-    operator: Kube, redis_server: RedisServer, broker: BrokerProcess, address: str
+    operator: Kube, store_url: str, rds: redis.Redis, broker: BrokerProcess, address: str
 ) -> None:
     name = f'ssub-{address[-8:]}'
-    await operator.redis_secret(redis_server.url)
+    await operator.redis_secret(store_url)
     await operator.create('brokerclusters', cluster_body())
     await operator.create(
         'sharedsubscriptions',
@@ -83,7 +83,6 @@ async def test_a_declared_shared_subscription_is_joined_by_a_jms_consumer_and_re
             name, address, selector="color = 'red'", maxConsumers=1, deletionPolicy='Delete'
         ),
     )
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     sub_id = f'durable:global:*:{name}'
     definition_key = keys.SubscriptionKeys.of(sub_id).definition
 
@@ -94,7 +93,7 @@ async def test_a_declared_shared_subscription_is_joined_by_a_jms_consumer_and_re
     body = await operator.eventually(ready, 'the subscription Ready')
     assert body['status']['linkName'] == f'{name}|global'
     assert not body['metadata'].get('finalizers')  # namespaced RBAC: nothing holds a namespace
-    definition = client.hgetall(definition_key)
+    definition = rds.hgetall(definition_key)
     assert definition['owner'] == f'default/{name}'
     assert (definition['topic'], definition['selector'], definition['max_consumers']) == (
         address,
@@ -135,4 +134,3 @@ async def test_a_declared_shared_subscription_is_joined_by_a_jms_consumer_and_re
     await operator.eventually(lambda: backlog_of(0), 'the backlog drained on the status')
     app.close()
     await operator.eventually(lambda: at_limit('False'), 'below the limit once it left')
-    client.close()
