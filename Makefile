@@ -38,6 +38,11 @@ test-sentinel: venv node-deps
 # (tests/support/redisclusters.py, docs/redis-modes.md#redis-cluster), and a committer killed
 # mid-transaction, whose commits there span shards; part of `make test` (about 2 minutes).
 CLUSTER_CORE := $(SENTINEL_CORE) tests/jms/test_commit_crash.py
+# The operator on a Redis Cluster: provisioning, updates, policies and the deletion policies
+# (every tests/k8s module that touches Redis passes in any store mode; these are the quick ones,
+# about 40 s together).
+CLUSTER_CORE += tests/k8s/test_operator_lifecycle.py tests/k8s/test_operator_deletion_order.py \
+	tests/k8s/test_operator_policies.py
 test-cluster: venv node-deps
 	SHOAL_TEST_STORE=cluster $(PY) -m pytest -p no:cacheprovider $(CLUSTER_CORE)
 

@@ -17,16 +17,26 @@
 # A tree may carry broker environment of its own after a colon, comma-separated, to A/B a setting
 # on one tree: bench/instructions.sh broker broker:SHOAL_DUPLICATE_DETECTION=true
 #
+# Time-driven work (the loop-lag probe and the scheduled-message poll, each ~20 times a second;
+# lease, trim and metric records every few seconds) costs the broker ~5 M instructions a second
+# under callgrind whether messages flow or not, and a measured run lasts as long as the shared
+# machine lets it: alone, that moved one tree's runs by up to 7 %. So each run first counts an
+# idle window (IDLE seconds, after SETTLE seconds in which the warm-up's trim and span export
+# end), and the measured run, counted until TAIL seconds after its last message (so that work it
+# leaves behind, such as its spans' export, is its own), is corrected by that idle rate over its
+# duration: "net" below. With IDLE=0 no window, no tail and no correction.
+#
 # Environment: N (2000), WARMUP (1000), REPS (2), ROW (bench/load.py options; default
 # "--max-backlog 200": 1 -> 1 at-least-once), ENV (extra broker environment), MODES
-# ("standalone"; "cluster" too or instead), PY.
+# ("standalone"; "cluster" too or instead), IDLE (10), SETTLE (12), TAIL (8), PY.
 # Loopback only; every process started is stopped by PID on exit.
 set -euo pipefail
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
 N=${N:-2000}; WARMUP=${WARMUP:-1000}; REPS=${REPS:-2}; ROW=${ROW:---max-backlog 200}
-ENV=${ENV:-}; read -r -a MODES <<< "${MODES:-standalone}"
+ENV=${ENV:-}; read -r -a MODES <<< "${MODES:-standalone}"; IDLE=${IDLE:-10}; SETTLE=${SETTLE:-12}
+TAIL=${TAIL:-8}
 (($# >= 1)) || { echo "usage: $0 SRC_A [SRC_B ...]" >&2; exit 2; }
 command -v valgrind > /dev/null || { echo "valgrind is not installed" >&2; exit 2; }
 
@@ -102,30 +112,57 @@ for ((rep = 1; rep <= REPS; rep++)); do
     for ((t = 0; t < 1200; t++)); do
       curl -sf "http://127.0.0.1:$hport/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
     load "$aport" "warm-$rep-$i" "$WARMUP"
-    callgrind_control -z "$bpid" > /dev/null 2>&1
+    idle_ir=0; idle_py=0; part=1
+    if ((IDLE > 0)); then  # the idle window: dump part 1
+      sleep "$SETTLE"
+      callgrind_control -z "$bpid" > /dev/null 2>&1
+      sleep "$IDLE"
+      callgrind_control -d "$bpid" > /dev/null 2>&1
+      read -r idle_ir idle_py < <(split_ir "$(ls "$dir"/callgrind.*.1)")
+      part=2
+    else
+      callgrind_control -z "$bpid" > /dev/null 2>&1
+    fi
+    t0=$(date +%s.%N)
     load "$aport" "run-$rep-$i" "$N"
+    ((IDLE > 0)) && sleep "$TAIL"  # work the run left behind (a span export) is the run's
+    t1=$(date +%s.%N)
     callgrind_control -d "$bpid" > /dev/null 2>&1
     kill -TERM "$bpid"; wait "$bpid" || true
     kill -TERM "$REDIS_PID"; wait "$REDIS_PID" || true
     # the dump after zeroing holds the measured run; the one written at exit, only the stop
-    read -r ir py_ir < <(split_ir "$(ls "$dir"/callgrind.*.1)")
-    echo "$i $((ir / N)) $((py_ir / N)) $src${own:+:${own// /,}} $mode" | tee -a "$WORK/results"
+    read -r ir py_ir < <(split_ir "$(ls "$dir"/callgrind.*."$part")")
+    read -r net net_py secs < <(awk -v ir="$ir" -v py="$py_ir" -v i="$idle_ir" -v ip="$idle_py" \
+        -v w="$IDLE" -v a="$t0" -v b="$t1" -v n="$N" 'BEGIN { d = b - a; r = (w > 0) ? d / w : 0
+        printf "%d %d %.1f\n", (ir - i * r) / n, (py - ip * r) / n, d }')
+    echo "$i $((ir / N)) $((py_ir / N)) $src${own:+:${own// /,}} $mode $net $net_py $secs" \
+        | tee -a "$WORK/results"
     i=$((i + 1))
   done
   done
 done
 
 echo
-"$PY" - "$WORK/results" <<'PY'
+"$PY" - "$WORK/results" "$IDLE" <<'PY'
 import collections, statistics, sys
 runs = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    tree, ir, py, src, mode = line.split()
-    runs[(int(tree), src, mode)].append((int(ir), int(py)))
-print('| tree | instructions per message | of which the interpreter | source | Redis |')
-print('|---|---|---|---|---|')
+    tree, ir, py, src, mode, net, net_py, secs = line.split()
+    runs[(int(tree), src, mode)].append((int(ir), int(py), int(net), int(net_py), float(secs)))
+corrected = sys.argv[2] != '0'
+first = {}
+print('| tree | instructions per message | spread (min–max) | of which the interpreter | '
+      'against tree 0 | raw | run seconds | source | Redis |')
+print('|---|---|---|---|---|---|---|---|---|')
 for (tree, src, mode), values in sorted(runs.items()):
-    ir = statistics.median(v[0] for v in values)
-    py = statistics.median(v[1] for v in values)
-    print(f'| {tree} | {ir:,.0f} | {py:,.0f} ({100 * py / ir:.0f} %) | {src} | {mode} |')
+    col = 2 if corrected else 0
+    ir = statistics.median(v[col] for v in values)
+    py = statistics.median(v[col + 1] for v in values)
+    low, high = min(v[col] for v in values), max(v[col] for v in values)
+    raw = statistics.median(v[0] for v in values)
+    secs = statistics.median(v[4] for v in values)
+    base = first.setdefault(mode, ir)
+    print(f'| {tree} | {ir:,.0f} | {low:,}–{high:,} ({100 * (high - low) / ir:.1f} %) | '
+          f'{py:,.0f} ({100 * py / ir:.0f} %) | {100 * (ir - base) / base:+.1f} % | {raw:,.0f} | '
+          f'{secs:.0f} | {src} | {mode} |')
 PY
