@@ -39,8 +39,10 @@ fi
 BASE=$(git -C "$ROOT" rev-parse --verify "$BASE^{commit}")
 mkdir -p "$WORK/base" "$WORK/absent"
 git -C "$ROOT" archive "$BASE" broker | tar -x -C "$WORK/base"
-# the checkout's broker as it is (working tree included), its tracing hooks then cut out
-tar -C "$ROOT" --exclude='__pycache__' --exclude='*.so' -cf - broker | tar -x -C "$WORK/absent"
+# the checkout's broker as it is (working tree and its compiled C hot path included, so that
+# both trees run the same binary), its tracing hooks then cut out
+build_wire "$ROOT/broker"
+tar -C "$ROOT" --exclude='__pycache__' -cf - broker | tar -x -C "$WORK/absent"
 "$PY" "$HERE/strip_tracing.py" "$WORK/absent/broker"
 
 # one hook's own cost on the broker's interpreter (bench/hook_cost.py), free of batching and noise
