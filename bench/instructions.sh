@@ -24,7 +24,9 @@
 # idle window (IDLE seconds, after SETTLE seconds in which the warm-up's trim and span export
 # end), and the measured run, counted until TAIL seconds after its last message (so that work it
 # leaves behind, such as its spans' export, is its own), is corrected by that idle rate over its
-# duration: "net" below. With IDLE=0 no window, no tail and no correction.
+# duration: "net" below. With IDLE=0 no window, no tail and no correction. The correction has
+# its own error (the window holds one or two of the 5-10 s records): when the runs' lengths
+# hardly vary (a quiet machine), the raw counts, printed too, are the tighter.
 #
 # Environment: N (2000), WARMUP (1000), REPS (2), ROW (bench/load.py options; default
 # "--max-backlog 200": 1 -> 1 at-least-once), ENV (extra broker environment), MODES
