@@ -19,6 +19,7 @@ from failoverload import (
     receipts_of,
     rhea_outcomes,
     rhea_producer,
+    stop_load,
     tally,
 )
 from loadclient import ChaosRun
@@ -103,10 +104,7 @@ def test_a_primary_kill_delivers_nothing_twice_and_fails_no_send(cluster) -> Non
             finished = run.wait(lambda r: r.delivered_all() and sends.accepted <= r.received, 80)
             time.sleep(0.5)  # late duplicates
         finally:
-            run.stop()
-            if rhea is not None and rhea.poll() is None:
-                rhea.kill()
-                rhea.wait()
+            stop_load(run, rhea)
     finally:
         group.stop()
     counted = tally(run, killed_at)
@@ -185,10 +183,7 @@ def test_a_migrated_slot_whose_new_owner_dies_delivers_nothing_twice(cluster) ->
             finished = run.wait(lambda r: r.delivered_all() and sends.accepted <= r.received, 80)
             time.sleep(0.5)  # late duplicates
         finally:
-            run.stop()
-            if rhea is not None and rhea.poll() is None:
-                rhea.kill()
-                rhea.wait()
+            stop_load(run, rhea)
     finally:
         group.stop()
     counted = tally(run, started)

@@ -15,6 +15,7 @@ from failoverload import (
     receipts_of,
     rhea_outcomes,
     rhea_producer,
+    stop_load,
     tally,
 )
 from loadclient import ChaosRun
@@ -139,10 +140,7 @@ def test_two_failovers_in_a_row_deliver_nothing_twice_and_fail_no_send(
         finished = run.wait(lambda r: r.delivered_all() and sends.accepted <= r.received, 60)
         time.sleep(0.5)  # late duplicates
     finally:
-        run.stop()
-        if rhea is not None and rhea.poll() is None:
-            rhea.kill()
-            rhea.wait()
+        stop_load(run, rhea)
     counted = tally(run, killed_at)
     went = ledger(run, sends.accepted)
     summary = (

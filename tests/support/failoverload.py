@@ -182,6 +182,14 @@ def rhea_outcomes(process: 'subprocess.Popen[str]', bodies: list[str]) -> RheaSe
     return RheaSends(list(outcomes), list(waited), accepted)
 
 
+def stop_load(run: ChaosRun, rhea: 'subprocess.Popen[str] | None') -> None:
+    """Stop the proton load and a rhea producer still sending (a test that failed midway)."""
+    run.stop()
+    if rhea is not None and rhea.poll() is None:
+        rhea.kill()
+        rhea.wait()
+
+
 def receipts_of(run: ChaosRun, bodies: set[Any], since: float) -> str:
     """Each of ``bodies``' receipts: (consumer, broker, delivery-count, seconds after
     ``since``), to tell a failure's cause."""

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -104,18 +105,25 @@ class SentinelGroup:
         )
         self.sentinels.append((port, process))
 
-    def _settled(self) -> bool:
+    def _every_sentinel(self, holds: Callable[[redis.Redis], bool]) -> bool:
+        """Whether ``holds`` is true asked of every sentinel (false if one does not answer)."""
         for port, _ in self.sentinels:
             client = self._sentinel_client(port)
             try:
-                state = client.sentinel_master(SERVICE)
+                if not holds(client):
+                    return False
             except redis.exceptions.RedisError:
                 return False
             finally:
                 client.close()
-            if int(state['num-slaves']) < 1 or int(state['num-other-sentinels']) < 2:
-                return False
         return True
+
+    def _settled(self) -> bool:
+        def settled(client: redis.Redis) -> bool:
+            state = client.sentinel_master(SERVICE)
+            return int(state['num-slaves']) >= 1 and int(state['num-other-sentinels']) >= 2
+
+        return self._every_sentinel(settled)
 
     def _linked(self, port: int) -> bool:
         client = redis.Redis(
@@ -133,21 +141,15 @@ class SentinelGroup:
 
     def _replica_ready(self, port: int) -> bool:
         """Every sentinel knows the replica on ``port``, up and linked: one it may promote."""
-        for sentinel, _ in self.sentinels:
-            client = self._sentinel_client(sentinel)
-            try:
-                replicas = client.sentinel_slaves(SERVICE)
-            except redis.exceptions.RedisError:
-                return False
-            finally:
-                client.close()
-            if not any(
+
+        def knows(client: redis.Redis) -> bool:
+            return any(
                 int(r['port']) == port and not r.get('is_sdown') and not r.get('is_odown')
                 and r.get('master-link-status') == 'ok'
-                for r in replicas
-            ):  # fmt: skip
-                return False
-        return True
+                for r in client.sentinel_slaves(SERVICE)
+            )  # fmt: skip
+
+        return self._every_sentinel(knows)
 
     def wait_replica_ready(self, port: int, timeout: float) -> None:
         """Wait until the sentinels could promote the replica on ``port`` (they learn of a
