@@ -346,7 +346,7 @@ class Messages:
         share."""
         k = keys.AddressKeys.of(address)
         script_keys = (
-            *k.streams, k.returned(group), k.delivery_counts(group), k.shares(group)
+            *k.streams, k.returned(group), k.delivery_counts(group), k.shares(group), k.levels
         )  # fmt: skip
         subscription = (address, group)
         sharing = (consumers, credit, k.notify)
@@ -355,11 +355,11 @@ class Messages:
                 gated_fetch(self._script, script_keys, k, group, self._replica_id, count, active)
             ]
         elif subscription in self._bulk_fetches and subscription not in self._shared:
-            # fetch.lua takes returned and high-band entries; the normal band is read directly.
+            # fetch.lua takes returned entries and other bands; the default one is read directly.
             # The script goes as source: if Redis had forgotten it, a retry would send the
             # XREADGROUP again, stranding what the first one claimed.
             commands = [
-                ('EVAL', self._scripts.source['fetch'], 5, *script_keys,
+                ('EVAL', self._scripts.source['fetch'], len(script_keys), *script_keys,
                  group, self._replica_id, count, '0', *sharing),
                 ('XREADGROUP', 'GROUP', group, self._replica_id, 'COUNT', count,
                  'STREAMS', k.streams[NORMAL_BAND], '>'),
