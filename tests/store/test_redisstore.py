@@ -404,3 +404,27 @@ async def test_stranded_entries_come_back_counted_as_possibly_delivered(
     assert await store.messages.return_stranded(name, QUEUE_GROUP, held) == 2
     again = await store.messages.fetch(name, QUEUE_GROUP, 10)
     assert [(e.rest, e.delivery_count) for e in again] == [(b'1', 1), (b'2', 1)]
+
+
+async def test_a_band_besides_the_default_is_read_while_listed_until_trimming_empties_it(
+    store: RedisStore, redis_server: RedisServer, name: str
+) -> None:
+    """Only priority 4's band and those in the address's levels SET are read by a fetch; a
+    publish at another priority lists its band, the trim that leaves it empty unlists it."""
+    await store.registry.create_address(name, AddressKind.QUEUE)
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    levels = keys.AddressKeys.of(name).levels
+    try:
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'normal'))
+        assert await client.smembers(levels) == set()
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'low', band=9))
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'high', band=0))
+        assert await client.smembers(levels) == {b'0', b'9'}
+        fetched = await store.messages.fetch(name, QUEUE_GROUP, 10)
+        assert [(e.band, e.rest) for e in fetched] == [(0, b'high'), (5, b'normal'), (9, b'low')]
+        for entry in fetched:
+            await store.messages.ack(name, QUEUE_GROUP, entry)
+        await store.upkeep.trim()
+        assert await client.smembers(levels) == set()
+    finally:
+        await client.aclose()
