@@ -45,9 +45,9 @@ from shoal_broker.store.transactions import Transactions
 logger = logging.getLogger(__name__)
 
 BULK_FETCH_ENTRIES = 16
-"""A fetch this big, with nothing returned or high-band in it, makes the next fetches of its
-subscription read the normal band directly (``_fetch_op``), until one finds returned or
-high-band entries or comes back short and smaller. An empty fetch says nothing (under load it
+"""A fetch this big, with nothing but new priority-4 entries in it, makes the next fetches of
+its subscription read that band directly (``_fetch_op``), until one finds returned or other
+bands' entries or comes back short and smaller. An empty fetch says nothing (under load it
 finds the stream just drained), nor does a full small one (it was asked for little: credit)."""
 
 MAX_BULK_FETCHES = 10_000
@@ -111,7 +111,7 @@ class Messages:
         self._tails: dict[str, bytes] = {}
         """The encoded expiry and origin of messages without an expiry, by origin."""
         self._bulk_fetches: set[tuple[str, str]] = set()
-        """(address, group) whose last fetch was big and found nothing returned or high-band."""
+        """(address, group) whose last fetch was big and found only new priority-4 entries."""
         self._shared: set[tuple[str, str]] = set()
         """(address, group) whose last fetch found other replicas serving it too."""
 
@@ -339,7 +339,7 @@ class Messages:
         self, address: str, group: str, count: int, consumers: int, credit: int, active: str = ''
     ) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], Fetched]]:
         """The commands of one fetch and what makes entries of their replies. A subscription
-        fetching in bulk (BULK_FETCH_ENTRIES) has its normal band read by a plain XREADGROUP:
+        fetching in bulk (BULK_FETCH_ENTRIES) has its priority-4 band read by a plain XREADGROUP:
         handed back through Lua, an entry costs Redis ~3 µs more
         (docs/performance.md#bulk-fetch). At a trickle one EVALSHA stays cheaper. A subscription
         other replicas serve too is never read in bulk: only the script knows this replica's
@@ -430,7 +430,7 @@ class Messages:
         self, address: str, group: str, entries: list[Entry], releases: list[Awaitable[None]]
     ) -> None:
         """See that the releases ``_fetch_op`` queued for new entries a fetch in bulk read beside
-        returned or high-band ones are done. A refusal is tried again with a growing pause, as
+        returned or other bands' ones are done. A refusal is tried again with a growing pause, as
         ``Broker.release`` does: the entries are pending on this replica, and nothing else would
         return them while it lives."""
         pause = 0.0
