@@ -254,7 +254,7 @@ class Producer:
         )
         template.body += b'.' * (opts.size - len(template.body))
         template.inferred = True  # bytes as a data section
-        if opts.priorities:  # JMS priorities 0 .. P-1 in turn, the header's byte patched per message
+        if opts.priorities:  # priorities 0 .. P-1 in turn: the header's byte patched per message
             template.priority = 7
         if opts.message_ids:  # as Qpid JMS's: ID:<uuid>:1:1:1-<seq>, the sequence patched in place
             template.id = f'ID:{uuid.uuid4()}:1:1:1-{ID_PLACEHOLDER.decode()}'

@@ -78,7 +78,11 @@ async def test_a_fetch_leaves_a_waiting_entry_and_hands_out_the_rest(
                 member, field, '1', 60_000)  # fmt: skip
     await client.xadd(k.streams[5], {'h': b'', 'r': b'behind'})
     fetch_keys = (
-        *k.streams, k.returned(GROUP), k.delivery_counts(GROUP), k.shares(GROUP), k.levels
+        *k.streams,
+        k.returned(GROUP),
+        k.delivery_counts(GROUP),
+        k.shares(GROUP),
+        k.levels,
     )
     reply = await _eval(client, 'fetch', fetch_keys, GROUP, 'r1', 10, '1', 0, 10, 'ch')
     found, left, wait = reply[:3]  # type: ignore[index]

@@ -96,7 +96,9 @@ async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_
     for i in range(20):
         expiry, origin = (4_102_444_800_000 + i, f'conn-{i}') if i % 2 else (0, '')
         await store.messages.publish(
-            name, AddressKind.QUEUE, OutgoingMessage(NORMAL_BAND, b'h%d' % i, b'%d' % i, expiry, origin)
+            name,
+            AddressKind.QUEUE,
+            OutgoingMessage(NORMAL_BAND, b'h%d' % i, b'%d' % i, expiry, origin),
         )
 
     sent = store.cycles.commands
@@ -122,7 +124,10 @@ async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_
     # priority 9 first; then, within priority 4, the returned entries before the new ones
     assert [(e.rest, e.delivery_count) for e in returned] == [(b'high', 0), (b'0', 1)]
     assert [(e.rest, e.delivery_count) for e in rest] == [
-        (b'1', 1), (b'2', 1), (b'new-1', 0), (b'new-2', 0)
+        (b'1', 1),
+        (b'2', 1),
+        (b'new-1', 0),
+        (b'new-2', 0),
     ]
     assert await store.messages.fetch(name, QUEUE_GROUP, 20) == []
 
@@ -346,7 +351,10 @@ async def test_a_big_consumed_backlog_is_trimmed_in_bounded_steps(
     stream = f'shoal:{{a:{name}}}:p:5'
     client = redis.asyncio.Redis.from_url(redis_server.url)
     try:
-        one_step = int(await client.eval(scripts.source('trim'), 2, stream, f'shoal:{{a:{name}}}:levels', TRIM_STEP_ENTRIES))
+        levels = keys.AddressKeys.of(name).levels
+        one_step = int(
+            await client.eval(scripts.source('trim'), 2, stream, levels, TRIM_STEP_ENTRIES)
+        )
         assert 0 < one_step <= TRIM_STEP_ENTRIES
         assert await client.xlen(stream) == count - one_step
         assert await store.upkeep.trim() >= count - one_step  # other tests may leave some too
