@@ -94,3 +94,31 @@ async def test_the_older_layout_is_laid_out_and_its_set_goes_once_no_older_repli
         await client.srem(keys.REPLICAS, older_replica)
         await client.hdel(keys.SUBSCRIPTION_INDEX, subscription)
         await store.registry.delete_address(address)
+
+
+async def test_two_band_streams_are_left_as_they_are_when_a_priority_stream_was_written(
+    store: RedisStore, client: redis.asyncio.Redis
+) -> None:
+    """A replica of this version served the address while one of the older version still wrote
+    its two-band streams: their entries cannot keep their ids in the priority streams, so the
+    laying out writes nothing for the address (and says so), and loses nothing."""
+    address = f'bands-{uuid.uuid4().hex[:8]}'
+    k = keys.AddressKeys.of(address)
+    await store.registry.create_address(address, AddressKind.QUEUE)
+    older, _ = k.two_bands
+    try:
+        await client.xgroup_create(older, QUEUE_GROUP, '0', mkstream=True)
+        await client.xadd(older, {'h': b'', 'r': b'older'})
+        await client.xadd(k.streams[5], {'h': b'', 'r': b'newer'})
+        assert await store.lay_out()
+        assert await client.xlen(older) == 1
+        assert [fields[b'r'] for _, fields in await client.xrange(k.streams[5])] == [b'newer']
+        await client.delete(k.streams[5])  # never written: the next start moves it forward
+        await store.registry.create_address(address, AddressKind.QUEUE)  # its group again
+        assert await store.lay_out()
+        assert not await client.exists(older)
+        fetched = await store.messages.fetch(address, QUEUE_GROUP, 10)
+        assert [(e.band, e.rest) for e in fetched] == [(5, b'older')]
+    finally:
+        await client.delete(older)
+        await store.registry.delete_address(address)

@@ -203,7 +203,15 @@ async def _lay_out_bands(client: 'redis.asyncio.Redis', run: Run) -> None:
         ]
         for group in groups:
             script_keys += [k.returned(group), k.delivery_counts(group)]
-        moved += int(await run('relayout_bands', script_keys, groups))
+        reply = int(await run('relayout_bands', script_keys, groups))
+        if reply < 0:
+            logger.error(
+                'address %r: its two-band streams were not moved forward: its priority streams '
+                'were written already (a replica of the older version wrote on meanwhile); its '
+                'messages there stay undelivered until they are moved by hand',
+                text(raw),
+            )
+        moved += max(reply, 0)
     if moved:
         logger.info('laid out %d entries of the two-band layout, one stream per priority', moved)
 

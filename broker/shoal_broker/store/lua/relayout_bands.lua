@@ -13,8 +13,19 @@
 -- the 'reclaimed' consumer as a dead replica's entries are (reclaim.lua), ahead of new entries
 -- of its priority; returned entries keep their due time and delivery counts their value.
 -- Scheduled messages get the band of their priority. The older streams are deleted last.
--- Returns the number of entries moved; 0 when the address has nothing of the older layout.
+-- Returns the number of entries moved; 0 when the address has nothing of the older layout; -1,
+-- writing nothing, when a band stream has been written already (a replica of this version served
+-- the address while one of the older version still wrote the older streams): the entries cannot
+-- keep their ids there, and they stay where they are.
 if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then return 0 end
+for b = 0, 9 do
+  if redis.call('EXISTS', KEYS[3 + b]) == 1 then
+    local info = redis.call('XINFO', 'STREAM', KEYS[3 + b])
+    for j = 1, #info, 2 do
+      if info[j] == 'last-generated-id' and info[j + 1] ~= '0-0' then return -1 end
+    end
+  end
+end
 
 local function priority_of(h)
   -- an AMQP header section: descriptor 0x00 0x53 0x70 (or 0x00 0x80 and a ulong), a list whose
