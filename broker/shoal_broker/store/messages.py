@@ -34,6 +34,7 @@ from shoal_broker.store.calls import Scripts
 from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
+from shoal_broker.store.fetch_command import fetch_command, fetch_keys
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.last_values import LastValues, count_checked, last_op
 from shoal_broker.store.lines import STANDBY, gated_fetch, standby
@@ -345,12 +346,10 @@ class Messages:
         other replicas serve too is never read in bulk: only the script knows this replica's
         share."""
         k = keys.AddressKeys.of(address)
-        script_keys = (
-            *k.streams, k.returned(group), k.delivery_counts(group), k.shares(group), k.levels
-        )  # fmt: skip
         subscription = (address, group)
         sharing = (consumers, credit, k.notify)
         if active:  # exclusive: fetch.lua gates it on the line (routing/exclusive.py)
+            script_keys = fetch_keys(address, group)
             commands = [
                 gated_fetch(self._script, script_keys, k, group, self._replica_id, count, active)
             ]
@@ -359,15 +358,15 @@ class Messages:
             # The script goes as source: if Redis had forgotten it, a retry would send the
             # XREADGROUP again, stranding what the first one claimed.
             commands = [
-                ('EVAL', self._scripts.source['fetch'], len(script_keys), *script_keys,
-                 group, self._replica_id, count, '0', *sharing),
+                fetch_command(('EVAL', self._scripts.source['fetch']), address, group,
+                              (group, self._replica_id, count, '0', *sharing)),
                 ('XREADGROUP', 'GROUP', group, self._replica_id, 'COUNT', count,
                  'STREAMS', k.streams[NORMAL_BAND], '>'),
             ]  # fmt: skip
         else:
-            commands = [
-                self._script('fetch', script_keys, (group, self._replica_id, count, '1', *sharing))
-            ]
+            head = ('EVALSHA', self._scripts.sha['fetch'])
+            args = (group, self._replica_id, count, '1', *sharing)
+            commands = [fetch_command(head, address, group, args)]
 
         def finish(replies: list[Any]) -> Fetched:
             head = replies[0]
