@@ -135,7 +135,7 @@ CASES = [
     # the two-band layout moved forward at start (store/layout.py)
     Case('relayout_bands',
          (*A.two_bands, *A.streams, A.groups, A.levels, A.scheduled, A.scheduled_messages,
-          A.returned(GROUP), A.delivery_counts(GROUP)),
+          A.last_values, A.last_value_order, A.returned(GROUP), A.delivery_counts(GROUP)),
          (GROUP,)),
 ]  # fmt: skip
 

@@ -200,6 +200,8 @@ async def _lay_out_bands(client: 'redis.asyncio.Redis', run: Run) -> None:
             k.levels,
             k.scheduled,
             k.scheduled_messages,
+            k.last_values,
+            k.last_value_order,
         ]
         for group in groups:
             script_keys += [k.returned(group), k.delivery_counts(group)]

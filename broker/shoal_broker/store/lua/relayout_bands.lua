@@ -5,14 +5,17 @@
 -- KEYS[1] older stream of priorities 0-4, KEYS[2] older stream of priorities 5-9,
 -- KEYS[3..12] the streams of bands 0..9 (band = 9 - priority), KEYS[13] groups SET,
 -- KEYS[14] levels SET (mark_band.lua), KEYS[15] scheduled ZSET, KEYS[16] scheduled HASH,
--- KEYS[15 + 2i] and KEYS[16 + 2i] the returned ZSET and delivery-count HASH of group i
+-- KEYS[17] last-value HASH, KEYS[18] last-value order ZSET (publish_last.lua),
+-- KEYS[17 + 2i] and KEYS[18 + 2i] the returned ZSET and delivery-count HASH of group i
 -- ARGV[i] group i's name
 -- Every entry keeps its id and goes to its own priority's stream (read from its header). Each
 -- group keeps its position: what it had acknowledged stays consumed, what it had not read stays
 -- new, and what was out at a replica of the older version (pending) is returned to it, held by
 -- the 'reclaimed' consumer as a dead replica's entries are (reclaim.lua), ahead of new entries
 -- of its priority; returned entries keep their due time and delivery counts their value.
--- Scheduled messages get the band of their priority. The older streams are deleted last.
+-- Scheduled messages get the band of their priority, a last-value queue's references the band of
+-- their entry (a reference to an entry no longer stored is dropped: the queue read past it). The
+-- older streams are deleted last.
 -- Returns the number of entries moved; 0 when the address has nothing of the older layout; -1,
 -- writing nothing, when a band stream has been written already (a replica of this version served
 -- the address while one of the older version still wrote the older streams): the entries cannot
@@ -125,7 +128,7 @@ end
 
 -- each group reads again what it had read: acknowledged unless it was pending, then returned
 for i, g in ipairs(ARGV) do
-  local returned, counts = KEYS[15 + 2 * i], KEYS[16 + 2 * i]
+  local returned, counts = KEYS[17 + 2 * i], KEYS[18 + 2 * i]
   local older = redis.call('ZRANGE', returned, 0, -1, 'WITHSCORES')
   local due = {}
   for j = 1, #older, 2 do due[older[j]] = older[j + 1] end
@@ -156,6 +159,24 @@ end
 for _, m in ipairs(redis.call('ZRANGE', KEYS[15], 0, -1)) do
   local h = redis.call('HGET', KEYS[16], m .. '|h')
   if h then redis.call('HSET', KEYS[16], m .. '|b', 9 - priority_of(h)) end
+end
+
+-- a last-value queue's references ('<band>|<padded id>', 28 characters, first in a member)
+local function moved_band(ref)
+  local ob = tonumber(string.sub(ref, 1, 1))
+  local id = string.format('%d-%d', tonumber(string.sub(ref, 3, 17)), tonumber(string.sub(ref, 19, 28)))
+  return band_of_id[ob + 1] and band_of_id[ob + 1][id]
+end
+local values = redis.call('HGETALL', KEYS[17])
+for j = 1, #values, 2 do
+  local b = moved_band(values[j + 1])
+  if b then redis.call('HSET', KEYS[17], values[j], b .. string.sub(values[j + 1], 2))
+  else redis.call('HDEL', KEYS[17], values[j]) end
+end
+for _, m in ipairs(redis.call('ZRANGE', KEYS[18], 0, -1)) do
+  redis.call('ZREM', KEYS[18], m)
+  local b = moved_band(m)
+  if b then redis.call('ZADD', KEYS[18], 0, b .. string.sub(m, 2)) end
 end
 
 redis.call('DEL', KEYS[1], KEYS[2])
