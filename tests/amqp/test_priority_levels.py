@@ -1,7 +1,7 @@
 """
 Ten JMS priority levels (docs/architecture.md, "Priority"): higher first, FIFO within a level,
-on a queue and a shared durable subscription consumed from two replicas on one store, and
-through returns (a released or failed message goes back at its own level, first within it).
+on a queue and a shared subscription (durable and not) consumed from two replicas on one store,
+on a plain topic subscriber, and through returns (a released or failed message goes back at its own level, first within it).
 The producer is JMS-shaped: header.priority as Qpid JMS sets it (left out at 4), durable.
 
 The consumers take one message at a time, in turn on the two replicas, so the order they see
@@ -99,6 +99,40 @@ def test_ten_levels_of_a_shared_durable_subscription_come_strictly_nine_to_zero(
     check_order(take_in_turn(receivers, len(expected)), expected)
     first.close()
     second.close()
+
+
+def test_ten_levels_of_a_shared_volatile_subscription_come_strictly_nine_to_zero(
+    broker: BrokerProcess, second_broker: BrokerProcess, address: str
+) -> None:
+    """A non-durable shared subscription lives while a consumer is attached: the first one holds
+    it, with no credit, while the messages are published."""
+    link, source = f'{address}|global-volatile1', JmsSource('topic', 'shared', 'global')
+    first = connect(broker.url)
+    second = connect(second_broker.url)
+    receivers = [
+        c.create_receiver(address, credit=0, name=link, options=[source]) for c in (first, second)
+    ]
+    producer = connect(broker.url)
+    expected = send_levels(producer, address, TOPIC)
+    producer.close()
+    check_order(take_in_turn(receivers, len(expected)), expected)
+    first.close()
+    second.close()
+
+
+def test_ten_levels_reach_a_plain_topic_subscriber_strictly_nine_to_zero(
+    broker: BrokerProcess, address: str
+) -> None:
+    conn = connect(broker.url)
+    rcv = conn.create_receiver(
+        address, credit=0, name=f'plain-{address}', options=[JmsSource('topic')]
+    )
+    producer = connect(broker.url)
+    expected = send_levels(producer, address, TOPIC)
+    producer.close()
+    got = take_in_turn([rcv], len(expected))
+    assert [m.body for _, m in got] == expected
+    conn.close()
 
 
 def test_returned_messages_come_back_at_their_level_first_within_it(
