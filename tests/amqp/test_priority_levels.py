@@ -1,8 +1,9 @@
 """
 Ten JMS priority levels (docs/architecture.md, "Priority"): higher first, FIFO within a level,
 on a queue and a shared subscription (durable and not) consumed from two replicas on one store,
-on a plain topic subscriber, and through returns (a released or failed message goes back at its own level, first within it).
-The producer is JMS-shaped: header.priority as Qpid JMS sets it (left out at 4), durable.
+on a plain topic subscriber, and through returns (a released or failed message goes back at
+its own level, first within it). The producer is JMS-shaped: header.priority as Qpid JMS sets
+it (left out at 4), durable.
 
 The consumers take one message at a time, in turn on the two replicas, so the order they see
 together is the order the store hands messages out: it must be strictly 9 to 0.
