@@ -254,6 +254,8 @@ class Producer:
         )
         template.body += b'.' * (opts.size - len(template.body))
         template.inferred = True  # bytes as a data section
+        if opts.priorities:  # priorities 0 .. P-1 in turn: the header's byte patched per message
+            template.priority = 7
         if opts.message_ids:  # as Qpid JMS's: ID:<uuid>:1:1:1-<seq>, the sequence patched in place
             template.id = f'ID:{uuid.uuid4()}:1:1:1-{ID_PLACEHOLDER.decode()}'
         self.payload = bytearray(template.encode())
@@ -261,6 +263,11 @@ class Producer:
         self.id_at = self.payload.index(ID_PLACEHOLDER) if opts.message_ids else -1
         self.trace_at = self.payload.index(TRACE_MARK.encode()) if opts.traceparent else -1
         self.key_at = self.payload.index(KEY_MARK.encode()) + 4 if opts.last_value_key else -1
+        self.priority_at = (
+            self.payload.index(b'\x50\x07', self.payload.index(b'\x00\x53\x70')) + 1
+            if opts.priorities
+            else -1
+        )
         self.payload_ptr = ffi.from_buffer(self.payload)
         self.tag = bytearray(8)
         self.tag_arg = (8, ffi.from_buffer(self.tag))
@@ -319,6 +326,7 @@ class Producer:
         )
         stamp, pack_tag, clock = STAMP.pack_into, TAG.pack_into, time.monotonic_ns
         trace_at, key_at = self.trace_at, self.key_at
+        priority_at, levels = self.priority_at, self.opts.priorities
         self.first_ns = self.first_ns or clock()
         id_at, id_end = self.id_at, self.id_at + len(ID_PLACEHOLDER)
         for seq in range(self.sent, self.sent + room):
@@ -332,6 +340,8 @@ class Producer:
                 payload[trace_at : trace_at + 32] = os.urandom(16).hex().encode()
             if key_at >= 0:
                 payload[key_at : key_at + 16] = b'%016d' % seq
+            if priority_at >= 0:
+                payload[priority_at] = seq % levels
             write(link, payload_ptr, size)
             advance(link)
             if presettled:
@@ -698,6 +708,12 @@ def main(argv: list[str] | None = None) -> int:
         '--last-value-key',
         action='store_true',
         help='an _AMQ_LVQ_NAME per message (a distinct key each: a last-value queue replaces none)',
+    )
+    p.add_argument(
+        '--priorities',
+        type=int,
+        default=0,
+        help='send JMS priorities 0 .. N-1 in turn (header.priority; 0: no header priority)',
     )
     p.add_argument('--max-backlog', type=int, default=0, help='closed loop bound, 0: open loop')
     p.add_argument('--rate', type=float, default=0, help='msg/s, 0: as fast as allowed')

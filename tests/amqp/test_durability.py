@@ -102,7 +102,7 @@ def test_replicated_delivers_only_what_a_replica_knows_is_claimed(address: str) 
         frozen = False
         assert rcv.receive(timeout=20).body == 'claimed'
         on_replica = redis.Redis(host='127.0.0.1', port=replica.port)
-        stream = keys.AddressKeys.of(address).streams[0]
+        stream = keys.AddressKeys.of(address).streams[5]
         assert on_replica.xpending(stream, QUEUE_GROUP)['pending'] == 1
         on_replica.close()
         conn.close()

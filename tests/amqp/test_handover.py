@@ -38,8 +38,8 @@ def _stored(redis_server: RedisServer, address: str) -> int:
     client = redis.Redis.from_url(redis_server.url)
     try:
         return sum(
-            int(client.xinfo_stream(f'shoal:{{a:{address}}}:s:{band}')['entries-added'])
-            for band in (0, 1)
+            int(client.xinfo_stream(f'shoal:{{a:{address}}}:p:{band}')['entries-added'])
+            for band in range(10)
         )
     finally:
         client.close()

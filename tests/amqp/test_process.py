@@ -160,7 +160,7 @@ def test_consumed_entries_are_trimmed_and_unconsumed_ones_kept(
     sender(conn, topic, Capabilities('topic')).send(Message(body='t'))
     receive_all(sub, 1)
     client = redis.Redis.from_url(redis_server.url)
-    stream, topic_stream = f'shoal:{{a:{address}}}:s:0', f'shoal:{{a:{topic}}}:s:0'
+    stream, topic_stream = f'shoal:{{a:{address}}}:p:5', f'shoal:{{a:{topic}}}:p:5'
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (client.xlen(stream), client.xlen(topic_stream)) != (
         10,

@@ -59,7 +59,7 @@ def _client(server: RedisServer) -> Any:
 
 
 def _stream(address: str) -> str:
-    return f'shoal:{{a:{address}}}:s:0'
+    return f'shoal:{{a:{address}}}:p:5'
 
 
 def _pending(server: RedisServer, address: str) -> int:

@@ -96,7 +96,7 @@ def test_after_a_failover_both_replicas_follow_the_new_primary(
         assert [m.body for m in receive_all(rcv, 1, timeout=10)] == ['after']
         client = redis.Redis(host=LOOPBACK, port=new)
         try:
-            assert client.xlen(f'shoal:{{a:{address}}}:s:0') >= 1  # written to the new primary
+            assert client.xlen(f'shoal:{{a:{address}}}:p:5') >= 1  # written to the new primary
         finally:
             client.close()
         producer_conn.close()

@@ -51,7 +51,7 @@ def test_nothing_is_retained_once_the_last_subscriber_leaves(
     client = store_client
     tag = f'shoal:{{a:{address}}}'
     assert client.scard(f'{tag}:groups') == 0  # every subscription was removed
-    groups = [g for band in (0, 1) for g in _groups(client, f'{tag}:s:{band}')]
+    groups = [g for band in range(10) for g in _groups(client, f'{tag}:p:{band}')]
     assert groups == []
 
 

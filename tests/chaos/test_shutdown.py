@@ -33,7 +33,7 @@ def _stranded(redis_url: str, address: str, replica: str) -> set[int]:
     """Bodies of the entries still pending for ``replica`` in any group of ``address``."""
     client = redis.Redis.from_url(redis_url)
     try:
-        stream = keys.AddressKeys.of(address).streams[0]
+        stream = keys.AddressKeys.of(address).streams[5]
         bodies = set()
         for group in client.xinfo_groups(stream):
             for p in client.xpending_range(stream, group['name'], '-', '+', 10_000, replica):

@@ -283,7 +283,7 @@ def test_23_the_backlog_of_an_inactive_subscription_survives_trimming(
     publish(second_broker.url, control, range(5))
     assert take(plain, 5) == [0, 1, 2, 3, 4]
     assert take(control_sub, 5) == [0, 1, 2, 3, 4]
-    store.eventually(lambda: store.redis.xlen(f'shoal:{{a:{control}}}:s:0') == 0, msg='trim')
+    store.eventually(lambda: store.redis.xlen(f'shoal:{{a:{control}}}:p:5') == 0, msg='trim')
     time.sleep(0.3)  # a few more trims
     b = jms_connect(trimming.url)
     fresh = subscriber(b, address, f'{name}|global', SHARED_DURABLE_GLOBAL)

@@ -85,7 +85,7 @@ def test_a_move_killed_midway_loses_nothing_and_finishes_when_run_again(
     move = threading.Thread(target=run_move, daemon=True)
     move.start()
     redis = connect.sync_client_of_any_mode(store_url)
-    stream = keys.AddressKeys.of(target).streams[0]
+    stream = keys.AddressKeys.of(target).streams[5]
     wait_for(lambda: redis.xlen(stream) > 0, 60, 'the move under way')
     os.kill(mover.pid, signal.SIGKILL)
     move.join(30)

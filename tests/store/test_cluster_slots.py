@@ -31,6 +31,8 @@ A = keys.AddressKeys.of(ADDRESS)
 T = keys.AddressKeys.of(TOPIC)
 S = keys.SubscriptionKeys.of(SUBSCRIPTION)
 RECORD = keys.commit_record(REPLICA, 3, 'c0ffee')
+B = keys.BANDS - 5
+"""The default priority's band (4), which the single-priority fast paths serve."""
 MESSAGE = (b'\x00Sp\xc0\x01\x00', b'\x00Sw\xa1\x02hi', '0', '')
 """One message as the publishing scripts take it: header, rest, expiry, origin."""
 
@@ -52,37 +54,42 @@ CASES = [
     Case('create_group', (*A.streams, A.groups), (GROUP, '0')),
     Case('create_group', (*T.streams, T.groups), (SUBSCRIPTION, '$')),
     # the message path
-    Case('publish', (A.streams[0], A.groups, A.watchers),
+    Case('publish', (A.streams[B], A.groups, A.watchers, A.levels),
          ('queue', A.notify, REPLICA, *MESSAGE)),
-    Case('publish_limited', (A.streams[0], A.groups, *A.streams, A.watchers),
+    Case('publish_limited', (A.streams[B], A.groups, *A.streams, A.watchers, A.levels),
          ('queue', 100, 'reject-publish', A.notify, REPLICA, *MESSAGE)),
-    Case('publish_claim', (A.streams[0], A.groups), (GROUP, REPLICA, 0, *MESSAGE)),
-    Case('publish_unique', (A.streams[0], A.groups, A.watchers, A.duplicates, *A.streams),
+    Case('publish_claim', (A.streams[B], A.groups), (GROUP, REPLICA, 0, *MESSAGE)),
+    Case('publish_unique', (A.streams[B], A.groups, A.watchers, A.duplicates, *A.streams,
+                            A.levels),
          ('queue', A.notify, REPLICA, 100, 60_000, 100, 'reject-publish', *MESSAGE, 'sID:1')),
-    Case('publish_last', (A.streams[0], A.groups, A.watchers, A.duplicates, *A.streams,
-                          A.last_values, A.last_value_order),
-         ('queue', A.notify, REPLICA, 100, 60_000, 100, 'reject-publish', GROUP, 0, *MESSAGE,
+    Case('publish_last', (A.streams[B], A.groups, A.watchers, A.duplicates, *A.streams,
+                          A.last_values, A.last_value_order, A.levels),
+         ('queue', A.notify, REPLICA, 100, 60_000, 100, 'reject-publish', GROUP, B, *MESSAGE,
           'sID:3', 'sdevice-1')),
-    Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP)),
+    Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP),
+                   A.levels),
          (GROUP, REPLICA, 10, '1', 1, 10, A.notify)),
-    Case('browse', (A.streams[0],), (GROUP, '0-0', 10)),
+    Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP),
+                   A.levels),
+         (GROUP, REPLICA, 10, '0', 1, 10, A.notify)),
+    Case('browse', (A.streams[B],), (GROUP, '0-0', 10)),
     Case('backlog', (*A.streams, A.returned(GROUP)), (GROUP,)),
     Case('notify', (A.watchers,), (A.notify, REPLICA)),
     Case('schedule', (A.scheduled, A.scheduled_messages),
          (now_ms(), f'{now_ms()}-m1', 0, *MESSAGE[:2], '0', '')),
-    Case('release_due', (A.scheduled, A.scheduled_messages, *A.streams, A.groups),
+    Case('release_due', (A.scheduled, A.scheduled_messages, *A.streams, A.groups, A.levels),
          (now_ms() + 60_000, 100, 'queue')),
-    Case('reclaim', (A.streams[0], A.returned(GROUP), A.delivery_counts(GROUP)),
+    Case('reclaim', (A.streams[B], A.returned(GROUP), A.delivery_counts(GROUP)),
          (GROUP, 'replica-dead', 0, 100, '1')),
-    Case('reclaim', (A.streams[0], A.returned(GROUP), A.delivery_counts(GROUP)),
+    Case('reclaim', (A.streams[B], A.returned(GROUP), A.delivery_counts(GROUP)),
          (GROUP, 'replica-dead', 0, 100, '1', 200, 2.0, 86_400_000)),
     Case('release_later', (A.returned(GROUP), A.delivery_counts(GROUP)),
          ('0|000000000000001-0000000000', '0|1-0', '1', 200)),
-    Case('trim', (A.streams[0],), (1000,)),
+    Case('trim', (A.streams[B], A.levels), (1000,)),
     # exclusive (single active) consumers: the line, the fetch gated on it, leaving and reaping
     Case('exclusive_join', (A.line(GROUP),), (f'{REPLICA}|c1|rx|1',)),
     Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP),
-                   A.line(GROUP)),
+                   A.levels, A.line(GROUP)),
          (GROUP, REPLICA, 10, '1', 0, 10, A.notify, f'{REPLICA}|c1|rx|1')),
     Case('exclusive_leave', (A.line(GROUP), *A.streams, A.returned(GROUP)),
          (f'{REPLICA}|c1|rx|1', GROUP, REPLICA, A.notify)),
@@ -109,20 +116,27 @@ CASES = [
     Case('renew_lease', renewal_keys(REPLICA), ('token', 5000, REPLICA)),
     # cross-shard commits (store/commits.py) and the indexes kept outside the scripts
     Case('commit_record', (RECORD, keys.commit_index(REPLICA, 3)), ('replica', REPLICA, 'n', 0)),
-    Case('commit_apply', (A.commit_markers, *A.streams, A.groups, A.watchers),
+    Case('commit_apply', (A.commit_markers, *A.streams, A.groups, A.watchers, A.duplicates,
+                          A.levels),
          (RECORD, 'queue', A.notify, REPLICA, 0, 0)),
-    Case('commit_apply', (A.commit_markers, *A.streams, A.groups, A.watchers, A.duplicates),
+    Case('commit_apply', (A.commit_markers, *A.streams, A.groups, A.watchers, A.duplicates,
+                          A.levels),
          (f'{RECORD}:2', 'queue', A.notify, REPLICA, '1:100:60000', 0, 0, *MESSAGE, 'sID:2')),
     Case('commit_forget', (RECORD, keys.commit_index(REPLICA, 3)), ()),
     Case('index_forget', (keys.ADDRESSES,), ('gone', 'queue:e1')),
     Case('delete_address', (A.meta, *layout.address_keys(ADDRESS, [GROUP])), ()),
     # the management API's browse, move, retry, delete and purge (store/management.py)
-    Case('manage_page', (A.streams[0], A.returned(GROUP)), (GROUP, 0, '0-0', 10, 100)),
-    Case('manage_copy', (A.streams[0], A.groups, *A.streams, A.watchers, A.imports),
+    Case('manage_page', (A.streams[B], A.returned(GROUP)), (GROUP, 0, '0-0', 10, 100)),
+    Case('manage_copy', (A.streams[B], A.groups, *A.streams, A.watchers, A.imports, A.levels),
          ('queue', 0, A.notify, 'elsewhere|0|1-1', *MESSAGE)),
-    Case('manage_remove', (A.streams[0], A.returned(GROUP), A.delivery_counts(GROUP)),
+    Case('manage_remove', (A.streams[B], A.returned(GROUP), A.delivery_counts(GROUP)),
          (GROUP, 0, '1-1')),
     Case('manage_purge', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP)), (GROUP,)),
+    # the two-band layout moved forward at start (store/layout.py)
+    Case('relayout_bands',
+         (*A.two_bands, *A.streams, A.groups, A.levels, A.scheduled, A.scheduled_messages,
+          A.last_values, A.last_value_order, A.returned(GROUP), A.delivery_counts(GROUP)),
+         (GROUP,)),
 ]  # fmt: skip
 
 
@@ -166,11 +180,11 @@ def test_the_script_runs_on_one_slot(cluster: ClusterGroup, case: Case) -> None:
 def test_a_commit_over_two_addresses_is_not_one_transaction(cluster: ClusterGroup) -> None:
     """A MULTI/EXEC over addresses on two slots is refused: why a transaction over several
     slots goes through a commit record on a cluster (store/transactions.py, docs/redis-modes.md)."""
-    node = cluster.node(cluster.owner_of_slot(cluster.keyslot(A.streams[0])))
+    node = cluster.node(cluster.owner_of_slot(cluster.keyslot(A.streams[B])))
     client = node.client()
     try:
         pipe = client.pipeline(transaction=True)
-        pipe.xack(A.streams[0], GROUP, '0-1')
+        pipe.xack(A.streams[B], GROUP, '0-1')
         pipe.xack(T.streams[0], SUBSCRIPTION, '0-1')
         with pytest.raises(redis.exceptions.ResponseError) as refused:
             pipe.execute()

@@ -94,3 +94,62 @@ async def test_the_older_layout_is_laid_out_and_its_set_goes_once_no_older_repli
         await client.srem(keys.REPLICAS, older_replica)
         await client.hdel(keys.SUBSCRIPTION_INDEX, subscription)
         await store.registry.delete_address(address)
+
+
+async def test_two_band_streams_are_left_as_they_are_when_a_priority_stream_was_written(
+    store: RedisStore, client: redis.asyncio.Redis
+) -> None:
+    """A replica of this version served the address while one of the older version still wrote
+    its two-band streams: their entries cannot keep their ids in the priority streams, so the
+    laying out writes nothing for the address (and says so), and loses nothing."""
+    address = f'bands-{uuid.uuid4().hex[:8]}'
+    k = keys.AddressKeys.of(address)
+    await store.registry.create_address(address, AddressKind.QUEUE)
+    older, _ = k.two_bands
+    try:
+        await client.xgroup_create(older, QUEUE_GROUP, '0', mkstream=True)
+        await client.xadd(older, {'h': b'', 'r': b'older'})
+        await client.xadd(k.streams[5], {'h': b'', 'r': b'newer'})
+        assert await store.lay_out()
+        assert await client.xlen(older) == 1
+        assert [fields[b'r'] for _, fields in await client.xrange(k.streams[5])] == [b'newer']
+        await client.delete(k.streams[5])  # never written: the next start moves it forward
+        await store.registry.create_address(address, AddressKind.QUEUE)  # its group again
+        assert await store.lay_out()
+        assert not await client.exists(older)
+        fetched = await store.messages.fetch(address, QUEUE_GROUP, 10)
+        assert [(e.band, e.rest) for e in fetched] == [(5, b'older')]
+    finally:
+        await client.delete(older)
+        await store.registry.delete_address(address)
+
+
+async def test_a_last_value_queues_references_follow_their_entries_into_the_priority_streams(
+    store: RedisStore, client: redis.asyncio.Redis
+) -> None:
+    """A last-value queue's newest entry per key value is named with its band: moved forward,
+    the name follows the entry to its priority's stream; a name of an entry no longer stored
+    goes."""
+    address = f'lvq-{uuid.uuid4().hex[:8]}'
+    k = keys.AddressKeys.of(address)
+    await store.registry.create_address(address, AddressKind.QUEUE)
+    await client.delete(*k.streams)
+    _, high = k.two_bands
+    try:
+        await client.xgroup_create(high, QUEUE_GROUP, '0', mkstream=True)
+        header = b'\x00\x53\x70\xc0\x04\x02\x41\x50\x07'  # durable, priority 7
+        entry = (await client.xadd(high, {'h': header, 'r': b'kept'})).decode()
+        ms, seq = entry.split('-')
+        ref = f'1|{int(ms):015d}-{int(seq):010d}'
+        gone = f'0|{1:015d}-{0:010d}'
+        await client.hset(k.last_values, mapping={'device-1': ref, 'device-2': gone})
+        await client.zadd(k.last_value_order, {f'{ref}|device-1': 0, f'{gone}|device-2': 0})
+        assert await store.lay_out()
+        moved = f'2{ref[1:]}'  # priority 7's band
+        assert await client.hgetall(k.last_values) == {b'device-1': moved.encode()}
+        assert await client.zrange(k.last_value_order, 0, -1) == [f'{moved}|device-1'.encode()]
+        assert await client.sismember(k.levels, '2')
+        fetched = await store.messages.fetch(address, QUEUE_GROUP, 10)
+        assert [(e.band, e.rest) for e in fetched] == [(2, b'kept')]
+    finally:
+        await store.registry.delete_address(address)

@@ -123,7 +123,7 @@ def _lose_the_reply(
     conn.close()
     landed: dict[str, object] = {}
     direct = redis.Redis.from_url(server.url, socket_timeout=2)
-    stream = keys.AddressKeys.of(target).streams[0]
+    stream = keys.AddressKeys.of(target).streams[5]
 
     def cut_once_applied() -> None:
         """Once the EXEC reached Redis and its sends are there, lose its reply."""

@@ -24,10 +24,10 @@ async def _queue_with(
     client: redis.asyncio.Redis, count: int
 ) -> tuple[keys.AddressKeys, list[str]]:
     k = keys.AddressKeys.of(f'redelay-{uuid.uuid4().hex[:8]}')
-    await client.xgroup_create(k.streams[0], GROUP, '$', mkstream=True)
-    ids = [(await client.xadd(k.streams[0], {'h': b'', 'r': f'm{i}'})).decode()
+    await client.xgroup_create(k.streams[5], GROUP, '$', mkstream=True)
+    ids = [(await client.xadd(k.streams[5], {'h': b'', 'r': f'm{i}'})).decode()
            for i in range(count)]  # fmt: skip
-    await client.xreadgroup(GROUP, 'gone', {k.streams[0]: '>'}, count=count)
+    await client.xreadgroup(GROUP, 'gone', {k.streams[5]: '>'}, count=count)
     return k, ids
 
 
@@ -39,7 +39,7 @@ async def test_a_delayed_release_is_due_after_its_delay_and_counts_the_attempt(
     client: redis.asyncio.Redis,
 ) -> None:
     k, ids = await _queue_with(client, 1)
-    member, field = keys.entry_member(0, ids[0]), keys.entry_field(0, ids[0])
+    member, field = keys.entry_member(5, ids[0]), keys.entry_field(5, ids[0])
     before = await _now_ms(client)
     due = int(await _eval(client, 'release_later', (k.returned(GROUP), k.delivery_counts(GROUP)),
                           member, field, '1', 400))  # fmt: skip
@@ -51,33 +51,39 @@ async def test_a_delayed_release_is_due_after_its_delay_and_counts_the_attempt(
 async def test_a_crash_reclaim_waits_by_the_count_it_reaches(client: redis.asyncio.Redis) -> None:
     k, ids = await _queue_with(client, 2)
     counts = k.delivery_counts(GROUP)
-    await client.hset(counts, keys.entry_field(0, ids[1]), 2)  # failed twice before
+    await client.hset(counts, keys.entry_field(5, ids[1]), 2)  # failed twice before
     rule = Backoff(200, 2.0, 600)
     before = await _now_ms(client)
-    moved = await _eval(client, 'reclaim', (k.streams[0], k.returned(GROUP), counts),
-                        GROUP, 'gone', 0, 100, '1', *rule.script_args)  # fmt: skip
+    moved = await _eval(client, 'reclaim', (k.streams[5], k.returned(GROUP), counts),
+                        GROUP, 'gone', 5, 100, '1', *rule.script_args)  # fmt: skip
     after = await _now_ms(client)
     assert moved == 2
     for entry_id, count in ((ids[0], 1), (ids[1], 3)):
-        score = await client.zscore(k.returned(GROUP), keys.entry_member(0, entry_id))
+        score = await client.zscore(k.returned(GROUP), keys.entry_member(5, entry_id))
         wait = rule.wait_ms(count)  # 200, then 800 capped at 600
         assert before + wait <= score <= after + wait
     # a clean exit returns without counting and without a wait
     k2, ids2 = await _queue_with(client, 1)
-    await _eval(client, 'reclaim', (k2.streams[0], k2.returned(GROUP), k2.delivery_counts(GROUP)),
-                GROUP, 'gone', 0, 100, '0', *rule.script_args)  # fmt: skip
-    assert await client.zscore(k2.returned(GROUP), keys.entry_member(0, ids2[0])) == 0
+    await _eval(client, 'reclaim', (k2.streams[5], k2.returned(GROUP), k2.delivery_counts(GROUP)),
+                GROUP, 'gone', 5, 100, '0', *rule.script_args)  # fmt: skip
+    assert await client.zscore(k2.returned(GROUP), keys.entry_member(5, ids2[0])) == 0
 
 
 async def test_a_fetch_leaves_a_waiting_entry_and_hands_out_the_rest(
     client: redis.asyncio.Redis,
 ) -> None:
     k, ids = await _queue_with(client, 1)
-    member, field = keys.entry_member(0, ids[0]), keys.entry_field(0, ids[0])
+    member, field = keys.entry_member(5, ids[0]), keys.entry_field(5, ids[0])
     await _eval(client, 'release_later', (k.returned(GROUP), k.delivery_counts(GROUP)),
                 member, field, '1', 60_000)  # fmt: skip
-    await client.xadd(k.streams[0], {'h': b'', 'r': b'behind'})
-    fetch_keys = (*k.streams, k.returned(GROUP), k.delivery_counts(GROUP), k.shares(GROUP))
+    await client.xadd(k.streams[5], {'h': b'', 'r': b'behind'})
+    fetch_keys = (
+        *k.streams,
+        k.returned(GROUP),
+        k.delivery_counts(GROUP),
+        k.shares(GROUP),
+        k.levels,
+    )
     reply = await _eval(client, 'fetch', fetch_keys, GROUP, 'r1', 10, '1', 0, 10, 'ch')
     found, left, wait = reply[:3]  # type: ignore[index]
     entries = reply[3:]  # type: ignore[index]

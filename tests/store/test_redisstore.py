@@ -9,7 +9,13 @@ import redis.asyncio
 from processes import RedisServer
 
 from shoal_broker.errors import AddressNotFound, BrokerError, StoreUnavailable
-from shoal_broker.routing.storage import QUEUE_GROUP, BrowseCursor, Entry, OutgoingMessage
+from shoal_broker.routing.storage import (
+    NORMAL_BAND,
+    QUEUE_GROUP,
+    BrowseCursor,
+    Entry,
+    OutgoingMessage,
+)
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys, scripts
 from shoal_broker.store.redisstore import RedisStore
@@ -21,7 +27,7 @@ def name() -> str:
     return f'addr-{uuid.uuid4().hex[:10]}'
 
 
-def msg(body: bytes, band: int = 0, expiry_ms: int = 0) -> OutgoingMessage:
+def msg(body: bytes, band: int = NORMAL_BAND, expiry_ms: int = 0) -> OutgoingMessage:
     return OutgoingMessage(band=band, header=b'', rest=body, expiry_ms=expiry_ms)
 
 
@@ -52,10 +58,10 @@ async def test_a_queue_hands_out_each_entry_once_returned_ones_first(
     assert await store.messages.fetch(name, QUEUE_GROUP, 10) == []
 
 
-async def test_the_high_band_is_served_first(store: RedisStore, name: str) -> None:
+async def test_a_higher_priority_band_is_served_first(store: RedisStore, name: str) -> None:
     await store.registry.create_address(name, AddressKind.QUEUE)
-    await store.messages.publish(name, AddressKind.QUEUE, msg(b'normal', band=0))
-    await store.messages.publish(name, AddressKind.QUEUE, msg(b'high', band=1))
+    await store.messages.publish(name, AddressKind.QUEUE, msg(b'normal'))
+    await store.messages.publish(name, AddressKind.QUEUE, msg(b'high', band=0))
     assert [e.rest for e in await store.messages.fetch(name, QUEUE_GROUP, 10)] == [
         b'high',
         b'normal',
@@ -90,7 +96,9 @@ async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_
     for i in range(20):
         expiry, origin = (4_102_444_800_000 + i, f'conn-{i}') if i % 2 else (0, '')
         await store.messages.publish(
-            name, AddressKind.QUEUE, OutgoingMessage(0, b'h%d' % i, b'%d' % i, expiry, origin)
+            name,
+            AddressKind.QUEUE,
+            OutgoingMessage(NORMAL_BAND, b'h%d' % i, b'%d' % i, expiry, origin),
         )
 
     sent = store.cycles.commands
@@ -98,7 +106,7 @@ async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_
     assert store.cycles.commands - sent == 2  # the script, then the plain XREADGROUP
 
     assert [(e.band, e.header, e.rest, e.expiry_ms, e.origin, e.delivery_count) for e in bulk] == [
-        (0, b'h%d' % i, b'%d' % i, 4_102_444_800_000 + i if i % 2 else 0,
+        (NORMAL_BAND, b'h%d' % i, b'%d' % i, 4_102_444_800_000 + i if i % 2 else 0,
          f'conn-{i}' if i % 2 else '', 0)
         for i in range(20)
     ]  # fmt: skip
@@ -106,16 +114,21 @@ async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_
         await store.messages.ack(name, QUEUE_GROUP, entry)
     for entry in bulk[:3]:
         await store.messages.release(name, QUEUE_GROUP, entry, delivery_failed=True)
-    await store.messages.publish(name, AddressKind.QUEUE, msg(b'high', band=1))
+    await store.messages.publish(name, AddressKind.QUEUE, msg(b'high', band=0))
     for body in (b'new-1', b'new-2'):
         await store.messages.publish(name, AddressKind.QUEUE, msg(body))
 
     returned = await store.messages.fetch(name, QUEUE_GROUP, 2)
     rest = await store.messages.fetch(name, QUEUE_GROUP, 20)
 
-    assert [(e.rest, e.delivery_count) for e in returned] == [(b'0', 1), (b'1', 1)]
-    assert [e.rest for e in rest if e.band == 0] == [b'2', b'new-1', b'new-2']
-    assert [e.rest for e in rest if e.band == 1] == [b'high']
+    # priority 9 first; then, within priority 4, the returned entries before the new ones
+    assert [(e.rest, e.delivery_count) for e in returned] == [(b'high', 0), (b'0', 1)]
+    assert [(e.rest, e.delivery_count) for e in rest] == [
+        (b'1', 1),
+        (b'2', 1),
+        (b'new-1', 0),
+        (b'new-2', 0),
+    ]
     assert await store.messages.fetch(name, QUEUE_GROUP, 20) == []
 
 
@@ -278,7 +291,7 @@ async def test_acks_that_nobody_waits_for_go_out_as_one_xack_per_cycle(
     store.messages.ack_nowait(name, QUEUE_GROUP, entries[1:])  # a consumer's fetch, say
     await store.flush()
     assert store.cycles.commands - sent == 2  # one XACK of five ids, one HDEL of the counted one
-    assert (await client.xpending(k.streams[0], QUEUE_GROUP))['pending'] == 0
+    assert (await client.xpending(k.streams[NORMAL_BAND], QUEUE_GROUP))['pending'] == 0
     assert await client.hlen(k.delivery_counts(QUEUE_GROUP)) == 0
     await client.aclose()
     assert await store.messages.fetch(name, QUEUE_GROUP, 10) == []
@@ -288,7 +301,7 @@ async def test_acks_of_both_bands_in_one_call_reach_each_bands_stream(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
     await store.registry.create_address(name, AddressKind.QUEUE)
-    for body, band in ((b'n0', 0), (b'h0', 1), (b'n1', 0), (b'h1', 1)):
+    for body, band in ((b'n0', NORMAL_BAND), (b'h0', 0), (b'n1', NORMAL_BAND), (b'h1', 0)):
         await store.messages.publish(name, AddressKind.QUEUE, msg(body, band=band))
     entries = list(await store.messages.fetch(name, QUEUE_GROUP, 10))
     by_body = {e.rest: e for e in entries}
@@ -297,8 +310,8 @@ async def test_acks_of_both_bands_in_one_call_reach_each_bands_stream(
     await store.flush()
     assert store.cycles.commands - sent == 2  # one XACK per band's stream
     client = redis.asyncio.Redis.from_url(redis_server.url)
-    for band in (0, 1):
-        stream = f'shoal:{{a:{name}}}:s:{band}'
+    for band in (NORMAL_BAND, 0):
+        stream = f'shoal:{{a:{name}}}:p:{band}'
         assert (await client.xpending(stream, QUEUE_GROUP))['pending'] == 0
     await client.aclose()
     assert await store.messages.fetch(name, QUEUE_GROUP, 10) == []
@@ -312,7 +325,7 @@ async def test_trimming_removes_only_what_every_subscription_is_done_with(
     await store.messages.ack(name, QUEUE_GROUP, entries[2])  # entry 1 still pending
     await store.upkeep.trim()
     client = redis.asyncio.Redis.from_url(redis_server.url)
-    assert await client.xlen(f'shoal:{{a:{name}}}:s:0') == 4  # only the oldest went
+    assert await client.xlen(f'shoal:{{a:{name}}}:p:5') == 4  # only the oldest went
     await client.aclose()
     assert [e.rest for e in await store.messages.fetch(name, QUEUE_GROUP, 10)] == [b'3', b'4']
 
@@ -335,10 +348,13 @@ async def test_a_big_consumed_backlog_is_trimmed_in_bounded_steps(
     while len(fetched) < count:
         fetched += await store.messages.fetch(name, QUEUE_GROUP, 500)
     await asyncio.gather(*(store.messages.ack(name, QUEUE_GROUP, entry) for entry in fetched))
-    stream = f'shoal:{{a:{name}}}:s:0'
+    stream = f'shoal:{{a:{name}}}:p:5'
     client = redis.asyncio.Redis.from_url(redis_server.url)
     try:
-        one_step = int(await client.eval(scripts.source('trim'), 1, stream, TRIM_STEP_ENTRIES))
+        levels = keys.AddressKeys.of(name).levels
+        one_step = int(
+            await client.eval(scripts.source('trim'), 2, stream, levels, TRIM_STEP_ENTRIES)
+        )
         assert 0 < one_step <= TRIM_STEP_ENTRIES
         assert await client.xlen(stream) == count - one_step
         assert await store.upkeep.trim() >= count - one_step  # other tests may leave some too
@@ -396,3 +412,27 @@ async def test_stranded_entries_come_back_counted_as_possibly_delivered(
     assert await store.messages.return_stranded(name, QUEUE_GROUP, held) == 2
     again = await store.messages.fetch(name, QUEUE_GROUP, 10)
     assert [(e.rest, e.delivery_count) for e in again] == [(b'1', 1), (b'2', 1)]
+
+
+async def test_a_band_besides_the_default_is_read_while_listed_until_trimming_empties_it(
+    store: RedisStore, redis_server: RedisServer, name: str
+) -> None:
+    """Only priority 4's band and those in the address's levels SET are read by a fetch; a
+    publish at another priority lists its band, the trim that leaves it empty unlists it."""
+    await store.registry.create_address(name, AddressKind.QUEUE)
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    levels = keys.AddressKeys.of(name).levels
+    try:
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'normal'))
+        assert await client.smembers(levels) == set()
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'low', band=9))
+        await store.messages.publish(name, AddressKind.QUEUE, msg(b'high', band=0))
+        assert await client.smembers(levels) == {b'0', b'9'}
+        fetched = await store.messages.fetch(name, QUEUE_GROUP, 10)
+        assert [(e.band, e.rest) for e in fetched] == [(0, b'high'), (5, b'normal'), (9, b'low')]
+        for entry in fetched:
+            await store.messages.ack(name, QUEUE_GROUP, entry)
+        await store.upkeep.trim()
+        assert await client.smembers(levels) == set()
+    finally:
+        await client.aclose()

@@ -242,7 +242,7 @@ class StoredSubscriptions:
     """Reads the Redis layout of named subscriptions and topic consumer groups (store/keys.py):
     the definition HASH ``shoal:{s:<id>}:def``, the consumers HASH ``shoal:{s:<id>}:consumers``,
     the index HASH ``shoal:subscription-index`` (id -> epoch) and the consumer groups of
-    ``shoal:{a:<topic>}:s:0``."""
+    ``shoal:{a:<topic>}:p:5``."""
 
     INDEX = 'shoal:subscription-index'
 
@@ -273,7 +273,7 @@ class StoredSubscriptions:
 
     def groups(self, topic: str) -> dict[str, dict[str, Any]]:
         """Consumer groups on the topic's normal-priority stream, by name (empty if no stream)."""
-        stream = f'shoal:{{a:{topic}}}:s:0'
+        stream = f'shoal:{{a:{topic}}}:p:5'
         if not self.redis.exists(stream):
             return {}
         return {g['name']: g for g in self.redis.xinfo_groups(stream)}

@@ -101,9 +101,9 @@ def test_the_attempt_that_reaches_the_limit_is_the_one_dead_lettered() -> None:
 
 @pytest.mark.parametrize(
     ('priority', 'band'),
-    [(0, 0), (1, 0), (4, 0), (5, 1), (7, 1), (9, 1), (255, 1)],
+    [(0, 9), (1, 8), (4, 5), (5, 4), (7, 2), (9, 0), (10, 0), (255, 0)],
 )
-def test_priority_band_splits_jms_priorities_at_five(priority: int, band: int) -> None:
+def test_each_jms_priority_has_its_own_band_priority_nine_first(priority: int, band: int) -> None:
     assert outcomes.priority_band(priority) == band
 
 

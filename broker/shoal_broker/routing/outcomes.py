@@ -63,8 +63,9 @@ _ACK = Decision(Action.ACK)
 
 
 def priority_band(priority: int) -> int:
-    """JMS priorities 5-9 go to the high band, 0-4 (and AMQP's default 4) to the normal band."""
-    return 1 if priority >= 5 else 0
+    """Each JMS priority has its own band, ``9 - priority`` (band 0 served first); a priority
+    above 9 (AMQP allows up to 255) counts as 9."""
+    return 9 - priority if priority < 9 else 0
 
 
 def expiry_ms(arrival_ms: int, ttl: int | None, absolute_expiry_time: int | None) -> int:

@@ -20,10 +20,13 @@ from shoal_broker.settings import AddressKind
 QUEUE_GROUP = 'queue'
 """The subscription of a queue: all its consumers compete in it."""
 
-NORMAL_BAND = 0
-HIGH_BAND = 1
-BANDS = (HIGH_BAND, NORMAL_BAND)
-"""Priority bands in the order consumers are served."""
+LEVELS = 10
+"""JMS priority levels, 0 to 9; each has a band of its own (one stream per address)."""
+BANDS = tuple(range(LEVELS))
+"""Bands in the order consumers are served: band ``9 - priority``, so band 0 holds priority 9
+and sorts first wherever an entry's band leads a member (``store/keys.entry_member``)."""
+NORMAL_BAND = 5
+"""The band of priority 4, AMQP's and JMS's default: the one the fast paths serve."""
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: built once per message
@@ -105,7 +108,7 @@ class Fetched(list[Entry]):
 class BrowseCursor:
     """Where a queue browser stands in each band: the last entry id it was shown."""
 
-    positions: tuple[tuple[int, str], ...] = ((HIGH_BAND, '0-0'), (NORMAL_BAND, '0-0'))
+    positions: tuple[tuple[int, str], ...] = tuple((band, '0-0') for band in BANDS)
 
 
 Notify = Callable[[str], None]
@@ -171,11 +174,11 @@ class MessagePort(Protocol):
     def fetch(
         self, address: str, group: str, count: int, consumers: int = 0, credit: int = 0
     ) -> Awaitable[Fetched]:
-        """Hand up to ``count`` entries of a subscription to this replica: returned ones first,
-        then new ones, high band before normal. ``consumers`` is how many consumers of it this
-        replica has and ``credit`` their free credit (0: ``count``): with other replicas serving
-        it too, this replica gets its share (``routing/sharing.py``); no consumers leaves it out
-        of the sharing (a group no other replica reads)."""
+        """Hand up to ``count`` entries of a subscription to this replica, band by band (higher
+        priority first), in each returned ones first, then new ones. ``consumers`` is how many
+        consumers of it this replica has and ``credit`` their free credit (0: ``count``): with
+        other replicas serving it too, this replica gets its share (``routing/sharing.py``); no
+        consumers leaves it out of the sharing (a group no other replica reads)."""
         ...
 
     def fetch_then(

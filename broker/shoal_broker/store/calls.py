@@ -30,7 +30,7 @@ SCRIPTS = (
     'join', 'leave', 'unsubscribe', 'release_client', 'release_clients', 'reclaim',
     'reap_consumers', 'renew_lease', 'schedule', 'release_due', 'publish_limited', 'notify',
     'publish_claim', 'delete_address', 'index_forget', 'publish_unique', 'release_later',
-    'publish_last', 'exclusive_join', 'exclusive_leave', 'exclusive_reap',
+    'publish_last', 'exclusive_join', 'exclusive_leave', 'exclusive_reap', 'relayout_bands',
 )  # fmt: skip
 
 

@@ -358,7 +358,7 @@ class CommitLog:
         groups = [g.decode() for g in args[4 : 4 + int(args[3])]]
         script_keys = (
             k.commit_markers, *k.streams, k.groups, k.watchers,
-            *(k.delivery_counts(g) for g in groups), k.duplicates,
+            *(k.delivery_counts(g) for g in groups), k.duplicates, k.levels,
         )  # fmt: skip
         argv = (record, args[0], args[1], self._replica_id, *args[2:])
 

@@ -405,18 +405,26 @@ class Cycles:
             backlog = self._backlogs.of(key[1])
             announce = (k.notify, self._replica_id)  # other replicas' consumers, in the script
             if backlog is not None:  # a declared queue's maxMessages, SHOAL_MAX_BACKLOG_PER_ADDRESS
-                script_keys = (k.streams[band], k.groups, *k.streams, k.watchers)
+                script_keys = (k.streams[band], k.groups, *k.streams, k.watchers, k.levels)
                 return [
                     ('EVAL', source['publish_limited'], len(script_keys), *script_keys,
                      kind, *backlog, *announce, args)
                 ]  # fmt: skip
             return [
-                ('EVAL', source['publish'], 3, k.streams[band], k.groups, k.watchers, kind,
+                ('EVAL', source['publish'], 4, k.streams[band], k.groups, k.watchers, k.levels,
+                 kind,
                  *announce, args)
             ]  # fmt: skip
         if key[0] == 'unique':  # by source, as publish; with no limit, '0' and an unread overflow
             _, _, band, kind, count, seconds = key
-            unique_keys = (k.streams[band], k.groups, k.watchers, k.duplicates, *k.streams)
+            unique_keys = (
+                k.streams[band],
+                k.groups,
+                k.watchers,
+                k.duplicates,
+                *k.streams,
+                k.levels,
+            )
             return [
                 ('EVAL', source['publish_unique'], len(unique_keys), *unique_keys, kind,
                  k.notify, self._replica_id, count, seconds * 1000,

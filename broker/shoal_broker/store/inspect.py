@@ -341,9 +341,13 @@ class Inspector:
         found = []
         for address, group in groups:
             row = rows[(address, group)]
-            total = GroupBacklog(returned=int(row[6]), waiting=int(row[9]))
+            bands = keys.BANDS  # per band a triple (lag, pending, oldest), then returned,
+            # each band's length, waiting (backlog.lua)
+            total = GroupBacklog(returned=int(row[3 * bands]), waiting=int(row[4 * bands + 1]))
+            triples = [row[3 * b : 3 * b + 3] for b in range(bands)]
+            lengths = row[3 * bands + 1 : 4 * bands + 1]
             for stream, (lag, pending, oldest), length in zip(
-                keys.AddressKeys.of(address).streams, (row[0:3], row[3:6]), row[7:9], strict=True
+                keys.AddressKeys.of(address).streams, triples, lengths, strict=True
             ):
                 lag = int(lag)
                 if settled is not None and (int(length) == 0 or lag == int(length)):
@@ -362,7 +366,9 @@ class Inspector:
         calls: list[tuple[int, list[str]]] = []  # (number of keys, keys and arguments)
         for address, names in page:
             k = keys.AddressKeys.of(address)
-            calls.append((2 + len(names), [*k.streams, *(k.returned(n) for n in names), *names]))
+            calls.append(
+                (len(k.streams) + len(names), [*k.streams, *(k.returned(n) for n in names), *names])
+            )
         room = asyncio.Semaphore(_CLUSTER_CONCURRENCY)
 
         async def one(numkeys: int, args: list[str]) -> Any:

@@ -6,15 +6,24 @@ Cluster: all keys of one script live in one slot and are passed in KEYS, never b
 script. Global keys (``ADDRESSES``, ``SUBSCRIPTION_INDEX``, ``REPLICAS``, ...) are indexes, each
 touched alone (docs/redis-modes.md, "The key layout"; ``layout.py``).
 
-Layout (DESIGN.md §4): every address is a stream per priority band; every subscription is a
+Layout (DESIGN.md §4): every address is a stream per priority band (one per JMS priority, band
+``9 - priority``); every subscription is a
 consumer group on those streams (a queue has exactly one, named ``routing.storage.QUEUE_GROUP``);
 the broker replicas are the consumers of each group. This module imports nothing of the broker,
 so the analytics job reads the metric stream's key without the broker's semantics.
 """
 
 import dataclasses
+import functools
 
 PREFIX = 'shoal'
+
+BANDS = 10
+"""Streams per address, one per JMS priority (``routing.storage.BANDS``; this module imports
+nothing of the broker)."""
+
+ADDRESS_KEYS_CACHED = 4096
+"""Addresses whose ``AddressKeys`` are kept made (~2 KB each)."""
 
 ADDRESSES = f'{PREFIX}:addresses'
 """HASH address -> ``<kind>:<epoch>``: the index of addresses, written outside the scripts
@@ -81,6 +90,7 @@ def reaping(replica_id: str) -> str:
 __all__ = [
     'ADDRESSES',
     'ANALYTICS_SUMMARY',
+    'BANDS',
     'CLIENTS',
     'COMMIT_BUCKETS',
     'PAUSED',
@@ -107,8 +117,9 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AddressKeys:
-    streams: tuple[str, str]
-    """STREAM per band, indexed by band (0 normal, 1 high). Fields: h header, r rest, x expiry."""
+    streams: tuple[str, ...]
+    """STREAM per band, indexed by band: band ``9 - priority`` (0: JMS priority 9, served
+    first; 5: priority 4, the default). Fields: h header, r rest, x expiry, c origin."""
     groups: str
     """SET of subscription (consumer group) names on this address."""
     notify: str
@@ -116,14 +127,30 @@ class AddressKeys:
     tag: str
 
     @classmethod
+    @functools.lru_cache(maxsize=ADDRESS_KEYS_CACHED)
     def of(cls, address: str) -> 'AddressKeys':
+        """The keys of an address, made once for the most recent addresses: every store op
+        asks, and ten stream names cost ~7 µs to build."""
         tag = f'{PREFIX}:{{a:{address}}}'
         return cls(
-            streams=(f'{tag}:s:0', f'{tag}:s:1'),
+            streams=tuple(f'{tag}:p:{band}' for band in range(BANDS)),
             groups=f'{tag}:groups',
             notify=f'{tag}:notify',
             tag=tag,
         )
+
+    @property
+    def levels(self) -> str:
+        """SET of the bands other than the default one (priority 4) that were written and not
+        trimmed empty since: the bands a fetch reads besides the default one (``fetch.lua``),
+        so an address used at one priority costs no read per empty band."""
+        return f'{self.tag}:levels'
+
+    @property
+    def two_bands(self) -> tuple[str, str]:
+        """The older layout's two STREAMs (priorities 0-4, then 5-9), moved forward into
+        ``streams`` at start (``layout.py``, ``lua/relayout_bands.lua``)."""
+        return (f'{self.tag}:s:0', f'{self.tag}:s:1')
 
     @property
     def scheduled(self) -> str:

@@ -74,7 +74,7 @@ def publish_last_command(
     _, address, band, kind, count, seconds, group = key
     k = keys.AddressKeys.of(address)
     script_keys = (k.streams[band], k.groups, k.watchers, k.duplicates, *k.streams,
-                   k.last_values, k.last_value_order)  # fmt: skip
+                   k.last_values, k.last_value_order, k.levels)  # fmt: skip
     return ('EVAL', source, len(script_keys), *script_keys, kind, k.notify, replica_id, count,
             seconds * 1000, *(backlog or (0, '')), group, band, sextuples(members))  # fmt: skip
 

@@ -89,6 +89,7 @@ def address_keys(address: str, groups: Iterable[Any]) -> list[str]:
     """Every key of an address but its meta record, for ``delete_address.lua``."""
     k = keys.AddressKeys.of(address)
     doomed = [*k.streams, k.groups, k.scheduled, k.scheduled_messages, k.watchers]
+    doomed += [k.levels, *k.two_bands]
     doomed.append(k.commit_markers)
     doomed.append(k.duplicates)
     doomed += [k.last_values, k.last_value_order]
@@ -162,6 +163,7 @@ async def lay_out(
     try:
         await _lay_out_addresses(client, run, group)
         await _lay_out_subscriptions(client)
+        await _lay_out_bands(client, run)
     finally:
         if text(await client.get(LOCK) or b'') == token:
             await client.delete(LOCK)
@@ -178,6 +180,42 @@ async def _lay_out_addresses(client: 'redis.asyncio.Redis', run: Run, group: str
         await create_address(client, run, address, kind, group)
     if older:
         logger.info('laid out %d addresses of the older layout', len(older))
+
+
+async def _lay_out_bands(client: 'redis.asyncio.Redis', run: Run) -> None:
+    """Each address still in the older two streams (priorities 0-4 and 5-9) moves into one
+    stream per priority, with its groups' positions, pending and returned entries
+    (``lua/relayout_bands.lua``): one script per address, which holds Redis for as long as it
+    copies that address's backlog."""
+    moved = 0
+    async for raw, _ in client.hscan_iter(keys.ADDRESSES):
+        k = keys.AddressKeys.of(text(raw))
+        if not await client.exists(*k.two_bands):
+            continue
+        groups = sorted(text(g) for g in await client.smembers(k.groups))
+        script_keys = [
+            *k.two_bands,
+            *k.streams,
+            k.groups,
+            k.levels,
+            k.scheduled,
+            k.scheduled_messages,
+            k.last_values,
+            k.last_value_order,
+        ]
+        for group in groups:
+            script_keys += [k.returned(group), k.delivery_counts(group)]
+        reply = int(await run('relayout_bands', script_keys, groups))
+        if reply < 0:
+            logger.error(
+                'address %r: its two-band streams were not moved forward: its priority streams '
+                'were written already (a replica of the older version wrote on meanwhile); its '
+                'messages there stay undelivered until they are moved by hand',
+                text(raw),
+            )
+        moved += max(reply, 0)
+    if moved:
+        logger.info('laid out %d entries of the two-band layout, one stream per priority', moved)
 
 
 async def _lay_out_subscriptions(client: 'redis.asyncio.Redis') -> None:

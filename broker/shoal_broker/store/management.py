@@ -61,23 +61,26 @@ class Page:
     """Where the next page starts (``<band>:<entry id>``); None after the last one."""
 
 
+_BAND_NAMES = frozenset(str(band) for band in range(keys.BANDS))
+
+
 def parse_message_id(message_id: str) -> tuple[int, str]:
     """(band, entry id) of a ``<band>-<ms>-<seq>`` message id; ValueError when it is not one."""
     band, _, entry = message_id.partition('-')
     ms, _, seq = entry.partition('-')
-    if band not in ('0', '1') or not ms.isdigit() or not seq.isdigit():
+    if band not in _BAND_NAMES or not ms.isdigit() or not seq.isdigit():
         raise ValueError(f'not a message id: {message_id!r} (expected <band>-<ms>-<seq>)')
     return int(band), f'{int(ms)}-{int(seq)}'
 
 
 def parse_cursor(cursor: str | None) -> tuple[int, str]:
-    """(band, last entry id read) of a page cursor; the high band (1) is read first, as
+    """(band, last entry id read) of a page cursor; band 0 (priority 9) is read first, as
     consumers are served. ValueError when it is not a cursor."""
     if not cursor:
-        return 1, '0-0'
+        return 0, '0-0'
     band, _, entry = cursor.partition(':')
     ms, _, seq = entry.partition('-')
-    if band not in ('0', '1') or not ms.isdigit() or not seq.isdigit():
+    if band not in _BAND_NAMES or not ms.isdigit() or not seq.isdigit():
         raise ValueError(f'not a page cursor: {cursor!r}')
     return int(band), f'{int(ms)}-{int(seq)}'
 
@@ -109,8 +112,8 @@ class StoreAdmin:
     # -- messages ---------------------------------------------------------------------------------
 
     async def page(self, address: str, group: str, cursor: str | None, count: int) -> Page:
-        """Up to ``count`` messages of the group not consumed yet, after ``cursor``: high band
-        first, then normal, each oldest first."""
+        """Up to ``count`` messages of the group not consumed yet, after ``cursor``: band by
+        band, priority 9 first, each oldest first."""
         band, after = parse_cursor(cursor)
         k = keys.AddressKeys.of(address)
         found: list[StoredMessage] = []
@@ -131,11 +134,11 @@ class StoreAdmin:
                 return Page(found, f'{band}:{after}')
             if not done:
                 continue
-            if band == 0:
+            if band == keys.BANDS - 1:
                 return Page(found, None)
-            band, after = 0, '0-0'
+            band, after = band + 1, '0-0'
             if len(found) >= count:
-                return Page(found, '0:0-0')
+                return Page(found, f'{band}:0-0')
 
     async def remove(self, address: str, group: str, band: int, entry_ids: Sequence[str]) -> Any:
         """Remove entries no consumer holds: [removed, left in flight, missing]."""
@@ -150,7 +153,7 @@ class StoreAdmin:
         """Copy (marker, message) pairs onto ``target``; see ``lua/manage_copy.lua`` for the
         reply."""
         k = keys.AddressKeys.of(target)
-        script_keys = (k.streams[band], k.groups, *k.streams, k.watchers, k.imports)
+        script_keys = (k.streams[band], k.groups, *k.streams, k.watchers, k.imports, k.levels)
         args: list[Any] = [kind, limit, k.notify]
         for marker, m in marked:
             args += [marker, m.header, m.rest, m.expiry_ms, m.origin]

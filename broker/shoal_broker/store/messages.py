@@ -36,6 +36,7 @@ from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.confirming import Confirming
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
+from shoal_broker.store.fetch_command import fetch_command, fetch_keys
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.last_values import LastValues, count_checked, last_op
 from shoal_broker.store.lines import STANDBY, gated_fetch, standby
@@ -47,9 +48,9 @@ from shoal_broker.store.transactions import Transactions
 logger = logging.getLogger(__name__)
 
 BULK_FETCH_ENTRIES = 16
-"""A fetch this big, with nothing returned or high-band in it, makes the next fetches of its
-subscription read the normal band directly (``_fetch_op``), until one finds returned or
-high-band entries or comes back short and smaller. An empty fetch says nothing (under load it
+"""A fetch this big, with nothing but new priority-4 entries in it, makes the next fetches of
+its subscription read that band directly (``_fetch_op``), until one finds returned or other
+bands' entries or comes back short and smaller. An empty fetch says nothing (under load it
 finds the stream just drained), nor does a full small one (it was asked for little: credit)."""
 
 MAX_BULK_FETCHES = 10_000
@@ -111,7 +112,7 @@ class Messages:
         self._tails: dict[str, bytes] = {}
         """The encoded expiry and origin of messages without an expiry, by origin."""
         self._bulk_fetches: set[tuple[str, str]] = set()
-        """(address, group) whose last fetch was big and found nothing returned or high-band."""
+        """(address, group) whose last fetch was big and found only new priority-4 entries."""
         self._shared: set[tuple[str, str]] = set()
         """(address, group) whose last fetch found other replicas serving it too."""
         self.acks = Acks(cycles, durable=durability is Durability.REPLICATED)
@@ -345,35 +346,33 @@ class Messages:
         self, address: str, group: str, count: int, consumers: int, credit: int, active: str = ''
     ) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], Fetched]]:
         """The commands of one fetch and what makes entries of their replies. A subscription
-        fetching in bulk (BULK_FETCH_ENTRIES) has its normal band read by a plain XREADGROUP:
+        fetching in bulk (BULK_FETCH_ENTRIES) has its priority-4 band read by a plain XREADGROUP:
         handed back through Lua, an entry costs Redis ~3 µs more
         (docs/performance.md#bulk-fetch). At a trickle one EVALSHA stays cheaper. A subscription
         other replicas serve too is never read in bulk: only the script knows this replica's
         share."""
         k = keys.AddressKeys.of(address)
-        script_keys = (
-            *k.streams, k.returned(group), k.delivery_counts(group), k.shares(group)
-        )  # fmt: skip
         subscription = (address, group)
         sharing = (consumers, credit, k.notify)
         if active:  # exclusive: fetch.lua gates it on the line (routing/exclusive.py)
+            script_keys = fetch_keys(address, group)
             commands = [
                 gated_fetch(self._script, script_keys, k, group, self._replica_id, count, active)
             ]
         elif subscription in self._bulk_fetches and subscription not in self._shared:
-            # fetch.lua takes returned and high-band entries; the normal band is read directly.
+            # fetch.lua takes returned entries and other bands; the default one is read directly.
             # The script goes as source: if Redis had forgotten it, a retry would send the
             # XREADGROUP again, stranding what the first one claimed.
             commands = [
-                ('EVAL', self._scripts.source['fetch'], 5, *script_keys,
-                 group, self._replica_id, count, '0', *sharing),
+                fetch_command(('EVAL', self._scripts.source['fetch']), address, group,
+                              (group, self._replica_id, count, '0', *sharing)),
                 ('XREADGROUP', 'GROUP', group, self._replica_id, 'COUNT', count,
                  'STREAMS', k.streams[NORMAL_BAND], '>'),
             ]  # fmt: skip
         else:
-            commands = [
-                self._script('fetch', script_keys, (group, self._replica_id, count, '1', *sharing))
-            ]
+            head = ('EVALSHA', self._scripts.sha['fetch'])
+            args = (group, self._replica_id, count, '1', *sharing)
+            commands = [fetch_command(head, address, group, args)]
 
         def finish(replies: list[Any]) -> Fetched:
             head = replies[0]
@@ -417,7 +416,7 @@ class Messages:
         self, address: str, group: str, entries: list[Entry], releases: list[Awaitable[None]]
     ) -> None:
         """See that the releases ``_fetch_op`` queued for new entries a fetch in bulk read beside
-        returned or high-band ones are done. A refusal is tried again with a growing pause, as
+        returned or other bands' ones are done. A refusal is tried again with a growing pause, as
         ``Broker.release`` does: the entries are pending on this replica, and nothing else would
         return them while it lives."""
         pause = 0.0

@@ -1,6 +1,6 @@
 """
 Entries from Redis replies: fetch.lua's and publish_claim.lua's septuples, and a plain
-XREADGROUP of the normal band (``Messages._fetch_op``); and whether ``WAIT 0 0`` with ``ROLE``
+XREADGROUP of the priority-4 band (``Messages._fetch_op``); and whether ``WAIT 0 0`` with ``ROLE``
 says a replica is there (``Messages.replica_ready``); a page of browse.lua's replies, one per
 band (``Messages.browse``).
 """
@@ -30,7 +30,7 @@ def entries_of(flat: list[Any], start: int = 0) -> list[Entry]:
 
 
 def new_entries(reply: Any) -> list[Entry]:
-    """Entries from a plain XREADGROUP of the normal band: fields in append_entries.lua's order,
+    """Entries from a plain XREADGROUP of the priority-4 band: fields in append_entries.lua's order,
     header and rest first, then expiry and origin when present. The reply is a map under RESP3
     (the store's connections) and a list of (stream, entries) pairs under RESP2."""
     if not reply:

@@ -131,15 +131,16 @@ class Transactions:
             window = None if unique is None else self._duplicates.of(address)
             if unique is not None and window is not None:  # checked as the EXEC applies it
                 pipe.eval(
-                    self._scripts.source['publish_unique'], 6, k.streams[message.band], k.groups,
-                    k.watchers, k.duplicates, *k.streams, kind.value, '', self.replica_id,
+                    self._scripts.source['publish_unique'], 5 + len(k.streams),
+                    k.streams[message.band], k.groups, k.watchers, k.duplicates, *k.streams,
+                    k.levels, kind.value, '', self.replica_id,
                     window.count, window.seconds * 1000, 0, '', message.header, message.rest,
                     str(message.expiry_ms), message.origin, unique,
                 )  # fmt: skip
                 continue
             pipe.eval(
-                self._scripts.source['publish'], 3, k.streams[message.band], k.groups, k.watchers,
-                kind.value, '', self.replica_id,  # announced below, once committed (and WAITed)
+                self._scripts.source['publish'], 4, k.streams[message.band], k.groups, k.watchers,
+                k.levels, kind.value, '', self.replica_id,  # announced below, once committed
                 message.header, message.rest, str(message.expiry_ms), message.origin,
             )  # fmt: skip
         for address, group, entry in acks:

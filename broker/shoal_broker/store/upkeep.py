@@ -63,7 +63,10 @@ class Upkeep:
         while True:
             cursor, batch = await call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
             streams = [
-                s for a in batch for s in keys.AddressKeys.of(as_text(a)).streams if s not in skip
+                (s, k.levels)
+                for k in (keys.AddressKeys.of(as_text(a)) for a in batch)
+                for s in k.streams
+                if s not in skip
             ]
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
@@ -74,20 +77,20 @@ class Upkeep:
             if not cursor:
                 return removed
 
-    async def _trim_step(self, streams: list[str]) -> list[Any]:
+    async def _trim_step(self, streams: list[tuple[str, str]]) -> list[Any]:
         """One trim.lua call per stream: one pipeline, or on a cluster (whose pipelines take no
         scripts) concurrent calls, each on its stream's node."""
         if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
             room = asyncio.Semaphore(CLUSTER_CALLS_IN_FLIGHT)
 
-            async def trim_one(stream: str) -> Any:
+            async def trim_one(stream: tuple[str, str]) -> Any:
                 async with room:
-                    return await self._scripts.evalsha('trim', (stream,), (TRIM_STEP_ENTRIES,))
+                    return await self._scripts.evalsha('trim', stream, (TRIM_STEP_ENTRIES,))
 
             return list(await asyncio.gather(*(trim_one(stream) for stream in streams)))
         pipe = self._client.pipeline(transaction=False)
         for stream in streams:
-            pipe.evalsha(self._scripts.sha['trim'], 1, stream, TRIM_STEP_ENTRIES)
+            pipe.evalsha(self._scripts.sha['trim'], 2, *stream, TRIM_STEP_ENTRIES)
         return list(await call(pipe.execute()))
 
     async def release_due(self, now_ms: int, limit: int = 500) -> int:
@@ -97,7 +100,7 @@ class Upkeep:
             address = as_text(raw)
             kind = await self._address_kind(address) or AddressKind.QUEUE
             k = keys.AddressKeys.of(address)
-            script_keys = (k.scheduled, k.scheduled_messages, *k.streams, k.groups)
+            script_keys = (k.scheduled, k.scheduled_messages, *k.streams, k.groups, k.levels)
             args = (now_ms, limit, kind.value)
             moved = int(await self._scripts.evalsha('release_due', script_keys, args))
             if moved:

@@ -1,16 +1,15 @@
 -- What the consumer groups of one address have not consumed yet: read only (run as EVALSHA_RO).
 --
--- KEYS[1], KEYS[2] the address's streams (band 0, band 1); KEYS[2 + i] group i's returned-entries
---   ZSET
+-- KEYS[1..10] the address's streams (bands 0..9); KEYS[10 + i] group i's returned-entries ZSET
 -- ARGV[i] group i's name
 -- One call per address replaces a round trip per stream, group and question (inspect.py).
--- Returns per group {lag0, pending0, oldest0, lag1, pending1, oldest1, returned, length0,
--- length1, waiting}: lag -1 when Redis cannot tell it (deleted entries in range: the caller counts them),
+-- Returns per group {lag0, pending0, oldest0, ..., lag9, pending9, oldest9, returned,
+-- length0, ..., length9, waiting}: lag -1 when Redis cannot tell it (deleted entries in range: the caller counts them),
 -- oldest the id of the oldest unconsumed entry of that band ('' when none), length the band's
 -- XLEN (the same in every row), waiting the returned entries not yet due after a redelivery
 -- delay (score above now, on Redis's clock). A missing stream or group counts as 0.
 local bands, lengths = {}, {}
-for b = 1, 2 do
+for b = 1, 10 do
   local found = {}
   lengths[b] = redis.call('XLEN', KEYS[b])
   if lengths[b] > 0 then
@@ -27,7 +26,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 for i, group in ipairs(ARGV) do
   local row = {}
-  for b = 1, 2 do
+  for b = 1, 10 do
     local info = bands[b][group]
     local lag, pending, oldest = 0, 0, ''
     if info then
@@ -45,10 +44,9 @@ for i, group in ipairs(ARGV) do
     row[#row + 1] = pending
     row[#row + 1] = oldest
   end
-  row[#row + 1] = redis.call('ZCARD', KEYS[2 + i])
-  row[#row + 1] = lengths[1]
-  row[#row + 1] = lengths[2]
-  row[#row + 1] = redis.call('ZCOUNT', KEYS[2 + i], '(' .. now, '+inf')
+  row[#row + 1] = redis.call('ZCARD', KEYS[10 + i])
+  for b = 1, 10 do row[#row + 1] = lengths[b] end
+  row[#row + 1] = redis.call('ZCOUNT', KEYS[10 + i], '(' .. now, '+inf')
   out[i] = row
 end
 return out

@@ -1,34 +1,41 @@
 -- Hand up to ARGV[3] entries of a subscription to one replica (the consumer ARGV[2]), or its
 -- share of them when other replicas serve the subscription too (share.lua, routing/sharing.py).
 --
--- KEYS[1] stream band 0, KEYS[2] stream band 1,
--- KEYS[3] returned ZSET of the group, KEYS[4] delivery-count HASH of the group,
--- KEYS[5] shares HASH of the group (replica id -> its record, share.lua)
+-- KEYS[1..10] the streams of bands 0..9 (band = 9 - JMS priority; band 5: priority 4),
+-- KEYS[11] returned ZSET of the group, KEYS[12] delivery-count HASH of the group,
+-- KEYS[13] shares HASH of the group (replica id -> its record, share.lua),
+-- KEYS[14] levels SET of the address: the bands besides 5 written and not trimmed empty since
+--          (mark_band.lua); only those and band 5 are read, so an address used at one
+--          priority costs one SMEMBERS of an empty SET, not a read per band
 -- ARGV[1] group, ARGV[2] consumer (replica id), ARGV[3] count (at most),
--- ARGV[4] '1': read the normal band here too; '0': leave it to the plain XREADGROUP the caller
---         sends right after this script (an entry handed back through Lua costs Redis ~3 µs more
---         than one read directly, docs/performance.md#bulk-fetch; when this script finds
---         returned or high-band entries, the caller gives what that read took back behind them)
+-- ARGV[4] '1': read the default band (5) here too; '0': leave it to the plain XREADGROUP the
+--         caller sends right after this script (an entry handed back through Lua costs Redis
+--         ~3 µs more than one read directly, docs/performance.md#bulk-fetch; when this script
+--         hands out anything but new band-5 entries, the caller gives what that read took back
+--         behind them). A lower band in use (6..9) holding entries makes the script read band 5
+--         itself all the same, ahead of them.
 -- ARGV[5] consumers of the subscription on this replica; 0 for a group only this replica ever
 --         reads (a plain topic subscriber's): no record, no sharing
 -- ARGV[6] the free credit of those consumers (its weight in the sharing; may exceed the count)
 -- ARGV[7] the address's notification channel: a replica that joins the sharing wakes the others,
 --         so they see it before they next take everything (hand-over, sending ahead)
--- KEYS[6] and ARGV[8], only for an exclusive queue or subscription (routing/exclusive.py): its
+-- KEYS[15] and ARGV[8], only for an exclusive queue or subscription (routing/exclusive.py): its
 --         line ZSET and the member of the consumer this replica fetches for; unless that member
 --         is first in line, nothing is fetched and the reply is {0, -2, the first member or ''}
 --         (ARGV[5] is 0 then: no sharing); while a returned entry waits out a redelivery
 --         delay, nothing is fetched either (the reply says when it is due): order is kept
--- Returned (released or failed) entries come first, oldest first, claimed from whichever replica
--- held them; then new entries, high band (1) before normal band (0). A returned entry waiting out
--- a redelivery delay (its score: when it is due, ms on Redis's clock; 0 = at once) stays, and the
--- entries behind it flow past.
--- Returns how many returned or high-band entries it found; how many entries it left for other
--- replicas (-1: this replica serves the subscription alone); in how many ms the first delayed
--- entry is due (0: none waits); then a flat array of septuples:
+-- Bands are served in order, 0 (priority 9) first; within a band, returned (released or failed)
+-- entries come first, oldest first, claimed from whichever replica held them, then new ones.
+-- The returned entries looked at are the first ARGV[3] of the ZSET, whose members
+-- ('<band>|<padded id>') sort by band when due at once (score 0). A returned entry waiting out
+-- a redelivery delay (its score: when it is due, ms on Redis's clock) stays, and the entries
+-- behind it flow past.
+-- Returns how many entries it handed out other than new band-5 ones; how many entries it left
+-- for other replicas (-1: this replica serves the subscription alone); in how many ms the first
+-- delayed entry is due (0: none waits); then a flat array of septuples:
 -- band, id, header, rest, expiry, delivery count, origin.
 if ARGV[8] then
-  local first = redis.call('ZRANGE', KEYS[6], 0, 0)[1] or ''
+  local first = redis.call('ZRANGE', KEYS[15], 0, 0)[1] or ''
   if first ~= ARGV[8] then return {0, -2, first} end
 end
 local want = tonumber(ARGV[3])
@@ -67,20 +74,27 @@ local function unread(band)
   return 0
 end
 
+-- the bands to read: 5 and those in use, in order
+local bands, in_use = {}, {}
+for _, b in ipairs(redis.call('SMEMBERS', KEYS[14])) do in_use[tonumber(b)] = true end
+in_use[5] = true
+for b = 0, 9 do if in_use[b] then bands[#bands + 1] = b end end
+
 local consumers = tonumber(ARGV[5])
 local function share_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 if consumers > 0 then
-  local known = redis.call('HEXISTS', KEYS[5], ARGV[2])
-  if redis.call('HLEN', KEYS[5]) > known then
+  local known = redis.call('HEXISTS', KEYS[13], ARGV[2])
+  if redis.call('HLEN', KEYS[13]) > known then
     -- another replica keeps a record: the sharing rule decides what this one may take
-    local shares, ids = share_records(KEYS[5])
+    local shares, ids = share_records(KEYS[13])
     local others = share_others(shares, ARGV[2])
     local available = 0
     if others then
-      available = redis.call('ZCOUNT', KEYS[3], '-inf', share_now()) + unread(0) + unread(1)
+      available = redis.call('ZCOUNT', KEYS[11], '-inf', share_now())
+      for _, band in ipairs(bands) do available = available + unread(band) end
     end
     local granted = share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), available,
                                 share_now())
@@ -89,11 +103,11 @@ if consumers > 0 then
       flat[#flat + 1] = id
       flat[#flat + 1] = share_encode(shares[id])
     end
-    redis.call('HSET', KEYS[5], unpack(flat))
+    redis.call('HSET', KEYS[13], unpack(flat))
     if others then
       want = math.min(want, granted)
       if want <= 0 then  -- nothing popped here: still say when a waiting entry is due
-        local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+        local head = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
         if head[2] and head[2] ~= '0' then out[3] = math.max(tonumber(head[2]) - share_now(), 0) end
       end
       out[2] = available - want
@@ -102,7 +116,7 @@ if consumers > 0 then
   elseif known == 0 then  -- alone, and first: the record a replica that joins will see
     local shares, ids = {}, {}
     share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), 0, share_now())
-    redis.call('HSET', KEYS[5], ARGV[2], share_encode(shares[ARGV[2]]))
+    redis.call('HSET', KEYS[13], ARGV[2], share_encode(shares[ARGV[2]]))
   end
   -- alone and known: nothing to share, nothing to write (its record is refreshed once another
   -- replica joins, whose first fetch wakes it)
@@ -110,7 +124,7 @@ end
 
 if ARGV[8] then  -- exclusive: nothing overtakes a returned entry waiting out its delay
   local now = share_now()
-  local waiting = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES',
+  local waiting = redis.call('ZRANGEBYSCORE', KEYS[11], '(' .. now, '+inf', 'WITHSCORES',
                              'LIMIT', 0, 1)
   if waiting[2] then
     out[3] = tonumber(waiting[2]) - now
@@ -118,30 +132,52 @@ if ARGV[8] then  -- exclusive: nothing overtakes a returned entry waiting out it
   end
 end
 
-while want > 0 do
-  local popped = redis.call('ZPOPMIN', KEYS[3])
-  if #popped == 0 then break end
-  if popped[2] ~= '0' then  -- delayed: due yet?
-    local wait = tonumber(popped[2]) - share_now()
-    if wait > 0 then
-      redis.call('ZADD', KEYS[3], popped[2], popped[1])
-      out[3] = wait
-      break
+-- the returned entries due, by band (looked at: the first ``want`` of the ZSET)
+local returned = {}
+if want > 0 then
+  local head = redis.call('ZRANGE', KEYS[11], 0, want - 1, 'WITHSCORES')
+  local now = nil
+  for j = 1, #head, 2 do
+    if head[j + 1] ~= '0' then  -- delayed: due yet?
+      now = now or share_now()
+      local wait = tonumber(head[j + 1]) - now
+      if wait > 0 then
+        out[3] = wait
+        break
+      end
     end
+    local band = tonumber(string.sub(head[j], 1, 1))
+    if not returned[band] then
+      returned[band] = {}
+      if not in_use[band] then
+        in_use[band] = true
+        bands[#bands + 1] = band
+        table.sort(bands)
+      end
+    end
+    local list = returned[band]
+    list[#list + 1] = head[j]
   end
-  local band, ms, seq = string.match(popped[1], '^(%d)|(%d+)-(%d+)$')
-  local id = (string.match(ms, '^0*(%d-%d)$')) .. '-' .. (string.match(seq, '^0*(%d-%d)$'))
-  local claimed = redis.call('XCLAIM', KEYS[tonumber(band) + 1], ARGV[1], ARGV[2], 0, id)
-  -- an entry trimmed or deleted meanwhile is dropped from the pending list by XCLAIM
-  if #claimed > 0 and claimed[1] then
-    local count = redis.call('HGET', KEYS[4], band .. '|' .. claimed[1][1]) or '0'
-    emit(tonumber(band), claimed[1], count)
+end
+
+local function claim_returned(band)
+  for _, member in ipairs(returned[band] or {}) do
+    if want <= 0 then return end
+    redis.call('ZREM', KEYS[11], member)
+    local ms, seq = string.match(member, '^%d|(%d+)-(%d+)$')
+    local id = (string.match(ms, '^0*(%d-%d)$')) .. '-' .. (string.match(seq, '^0*(%d-%d)$'))
+    local claimed = redis.call('XCLAIM', KEYS[band + 1], ARGV[1], ARGV[2], 0, id)
+    -- an entry trimmed or deleted meanwhile is dropped from the pending list by XCLAIM
+    if #claimed > 0 and claimed[1] then
+      local count = redis.call('HGET', KEYS[12], band .. '|' .. claimed[1][1]) or '0'
+      emit(band, claimed[1], count)
+    end
   end
 end
 
 local function read_new(band)
   if want <= 0 then return end
-  -- an empty band (the high one, for most applications) costs an XLEN, not an XREADGROUP
+  -- an empty band costs an XLEN, not an XREADGROUP
   if redis.call('XLEN', KEYS[band + 1]) > 0 then
     local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want,
                            'STREAMS', KEYS[band + 1], '>')
@@ -152,7 +188,28 @@ local function read_new(band)
   end
 end
 
-read_new(1)
-out[1] = (#out - 3) / 7
-if ARGV[4] == '1' then read_new(0) end
+-- band 5 is left to the caller's XREADGROUP (ARGV[4] '0') only when nothing after it waits
+local read_default = ARGV[4] == '1'
+if not read_default then
+  for _, band in ipairs(bands) do
+    if band > 5 and (returned[band] or redis.call('XLEN', KEYS[band + 1]) > 0) then
+      read_default = true
+    end
+  end
+end
+local default_new = 0  -- new band-5 entries handed out
+for _, band in ipairs(bands) do
+  if want <= 0 then break end
+  claim_returned(band)
+  if band ~= 5 then
+    read_new(band)
+  elseif read_default then
+    local before = #out
+    read_new(band)
+    default_new = (#out - before) / 7
+  else
+    break
+  end
+end
+out[1] = (#out - 3) / 7 - default_new
 return out

@@ -3,8 +3,9 @@
 -- manage_remove.lua on the source is the second, and the caller then forgets the markers).
 --
 -- KEYS[1] stream of the band written, KEYS[2] groups SET of the address,
--- KEYS[3] band 0 STREAM, KEYS[4] band 1 STREAM (the backlog counts both),
--- KEYS[5] watchers HASH of the address, KEYS[6] markers HASH of the address (keys.py)
+-- KEYS[3..12] the STREAMs of bands 0..9 (the backlog counts them all),
+-- KEYS[13] watchers HASH of the address, KEYS[14] markers HASH of the address (keys.py),
+-- KEYS[15] levels SET of the address's bands in use (mark_band.lua)
 -- ARGV[1] kind 'queue' or 'topic', ARGV[2] backlog limit in entries ('0' = none),
 -- ARGV[3] the address's notification channel,
 -- ARGV[4..] quintuples: marker ('<source>|<band>|<id>'), header, rest, expiry ms or '0',
@@ -20,20 +21,21 @@ end
 local fresh = {}
 local already = 0
 for i = 4, #ARGV, 5 do
-  if redis.call('HEXISTS', KEYS[6], ARGV[i]) == 1 then
+  if redis.call('HEXISTS', KEYS[14], ARGV[i]) == 1 then
     already = already + 1
   else
     fresh[#fresh + 1] = i
   end
 end
 --! include trim_consumed
+--! include backlog_held
+--! include mark_band
 local limit = tonumber(ARGV[2])
 if limit > 0 and #fresh > 0 then
-  local held = redis.call('XLEN', KEYS[3]) + redis.call('XLEN', KEYS[4])
+  local held = backlog_held(3)
   if held + #fresh > limit then
-    trim_consumed(KEYS[3])
-    trim_consumed(KEYS[4])
-    held = redis.call('XLEN', KEYS[3]) + redis.call('XLEN', KEYS[4])
+    for b = 3, 12 do trim_consumed(KEYS[b]) end
+    held = backlog_held(3)
     if held + #fresh > limit then return {-2} end
   end
 end
@@ -42,7 +44,10 @@ end
 for _, i in ipairs(fresh) do
   local fields = new_entry_fields(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
   local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
-  redis.call('HSET', KEYS[6], ARGV[i], id)
+  redis.call('HSET', KEYS[14], ARGV[i], id)
 end
-if #fresh > 0 then notify_watchers(KEYS[5], ARGV[3], '') end
+if #fresh > 0 then
+  mark_band(KEYS[15], KEYS[1])
+  notify_watchers(KEYS[13], ARGV[3], '')
+end
 return {#fresh, already}

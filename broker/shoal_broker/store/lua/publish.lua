@@ -3,6 +3,7 @@
 -- KEYS[1] stream   STREAM of the band
 -- KEYS[2] groups   SET subscription names of the address
 -- KEYS[3] watchers HASH of the address (notify_watchers.lua)
+-- KEYS[4] levels   SET of the address's bands in use (mark_band.lua)
 -- ARGV[1] kind     'queue' or 'topic'
 -- ARGV[2] channel  the address's notification channel, '' when the caller announces (a commit)
 -- ARGV[3] replica  this replica's id
@@ -19,6 +20,8 @@ if redis.call('SCARD', KEYS[2]) == 0 then
 end
 --! include append_entries
 --! include notify_watchers
+--! include mark_band
 local added = append_entries(4)
+mark_band(KEYS[4], KEYS[1])
 if ARGV[2] ~= '' then notify_watchers(KEYS[3], ARGV[2], ARGV[3]) end
 return added

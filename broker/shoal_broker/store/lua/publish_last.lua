@@ -8,14 +8,15 @@
 -- KEYS[2] groups   SET subscription names of the address
 -- KEYS[3] watchers HASH of the address (notify_watchers.lua)
 -- KEYS[4] ids      ZSET the address's duplicate window (duplicate_window.lua)
--- KEYS[5] band 0 STREAM, KEYS[6] band 1 STREAM
--- KEYS[7] values   HASH key value -> '<band>|<padded entry id>' of its newest entry
--- KEYS[8] order    ZSET (scores 0) '<band>|<padded entry id>|<key value>', one per field of values
+-- KEYS[5..14] the STREAMs of bands 0..9
+-- KEYS[15] values  HASH key value -> '<band>|<padded entry id>' of its newest entry
+-- KEYS[16] order   ZSET (scores 0) '<band>|<padded entry id>|<key value>', one per field of values
+-- KEYS[17] levels  SET of the address's bands in use (mark_band.lua)
 -- ARGV[1] kind, ARGV[2] channel, ARGV[3] replica: as publish.lua
 -- ARGV[4] window    ids remembered at most, '0' = no duplicate detection; ARGV[5] window ms
 -- ARGV[6] limit, ARGV[7] overflow: as publish_unique.lua
 -- ARGV[8] group     the queue's consumer group
--- ARGV[9] band      the band written (0 or 1)
+-- ARGV[9] band      the band written (0..9)
 -- ARGV[10..] sextuples: header, rest, expiry, origin as in publish.lua, the duplicate id ('' =
 --            unchecked), the key value ('' = none: stored, never replaced)
 -- Messages of one call with the same key value: only the last is added, the others count as
@@ -34,6 +35,8 @@ end
 --! include drop_oldest
 --! include notify_watchers
 --! include trim_consumed
+--! include backlog_held
+--! include mark_band
 local function padded(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   return string.format('%015d-%010d', tonumber(ms), tonumber(seq))
@@ -43,8 +46,10 @@ local function raw(ref)  -- '<band>|<padded id>' -> the entry id
 end
 local group = ARGV[8]
 local read = {}  -- band -> padded last-delivered-id of the group, false: nothing read
-for band = 0, 1 do
-  read[band] = false
+local used = {5}  -- the default band and those in use: the others hold nothing
+for _, b in ipairs(redis.call('SMEMBERS', KEYS[17])) do used[#used + 1] = tonumber(b) end
+for band = 0, 9 do read[band] = false end
+for _, band in ipairs(used) do
   if redis.call('EXISTS', KEYS[5 + band]) == 1 then
     for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[5 + band])) do
       local info = {}
@@ -56,17 +61,17 @@ end
 local sextuples = (#ARGV - 9) / 6
 -- forget the entries the group has read past, at most 2 per message and 16 more
 local sweep = 2 * sextuples + 16
-for band = 0, 1 do
+for _, band in ipairs(used) do
   if read[band] and sweep > 0 then
-    local past = redis.call('ZRANGEBYLEX', KEYS[8], '[' .. band .. '|',
+    local past = redis.call('ZRANGEBYLEX', KEYS[16], '[' .. band .. '|',
                             '(' .. band .. '|' .. read[band] .. '|\255', 'LIMIT', 0, sweep)
     for _, member in ipairs(past) do
       local value = string.sub(member, 30)
-      if redis.call('HGET', KEYS[7], value) == string.sub(member, 1, 28) then
-        redis.call('HDEL', KEYS[7], value)
+      if redis.call('HGET', KEYS[15], value) == string.sub(member, 1, 28) then
+        redis.call('HDEL', KEYS[15], value)
       end
     end
-    if #past > 0 then redis.call('ZREM', KEYS[8], unpack(past)) end
+    if #past > 0 then redis.call('ZREM', KEYS[16], unpack(past)) end
     sweep = sweep - #past
   end
 end
@@ -88,7 +93,7 @@ end
 local limit = tonumber(ARGV[6])
 local doomed, replaced, kept, refs = {}, 0, {}, {}
 for value, _ in pairs(last) do
-  local ref = redis.call('HGET', KEYS[7], value)
+  local ref = redis.call('HGET', KEYS[15], value)
   if ref then
     refs[value] = ref
     local band = tonumber(string.sub(ref, 1, 1))
@@ -105,11 +110,10 @@ for _, i in ipairs(fresh) do
 end
 local excess = 0
 if limit > 0 and #kept > 0 then
-  local held = redis.call('XLEN', KEYS[5]) + redis.call('XLEN', KEYS[6]) - #doomed
+  local held = backlog_held(5) - #doomed
   if held + #kept > limit then
-    trim_consumed(KEYS[5])
-    trim_consumed(KEYS[6])
-    held = redis.call('XLEN', KEYS[5]) + redis.call('XLEN', KEYS[6]) - #doomed
+    for b = 5, 14 do trim_consumed(KEYS[b]) end
+    held = backlog_held(5) - #doomed
     if ARGV[7] == 'reject-publish' and held + #kept > limit then return -2 end
   end
   excess = held + #kept - limit
@@ -124,11 +128,12 @@ for _, i in ipairs(kept) do
   local value = ARGV[i + 5]
   if value ~= '' then
     local ref = ARGV[9] .. '|' .. padded(id)
-    if refs[value] then redis.call('ZREM', KEYS[8], refs[value] .. '|' .. value) end
-    redis.call('HSET', KEYS[7], value, ref)
-    redis.call('ZADD', KEYS[8], 0, ref .. '|' .. value)
+    if refs[value] then redis.call('ZREM', KEYS[16], refs[value] .. '|' .. value) end
+    redis.call('HSET', KEYS[15], value, ref)
+    redis.call('ZADD', KEYS[16], 0, ref .. '|' .. value)
   end
 end
 drop_oldest(5, excess)
+if #kept > 0 then mark_band(KEYS[17], KEYS[1]) end
 if #kept > 0 and ARGV[2] ~= '' then notify_watchers(KEYS[3], ARGV[2], ARGV[3]) end
 return {#kept, duplicates, replaced}

@@ -2,12 +2,12 @@
 --
 -- KEYS[1] stream   STREAM of the band written
 -- KEYS[2] groups   SET subscription names of the address
--- KEYS[3] band 0 STREAM, KEYS[4] band 1 STREAM (the backlog counts both)
--- KEYS[5] watchers HASH of the address (notify_watchers.lua)
+-- KEYS[3..12] the STREAMs of bands 0..9 (the backlog counts them all)
+-- KEYS[13] watchers HASH of the address (notify_watchers.lua), KEYS[14] levels SET (mark_band.lua)
 -- ARGV[1] kind     'queue' or 'topic'
 -- ARGV[2] limit    entries the address may hold
 -- ARGV[3] overflow 'reject-publish' (refuse the whole batch) or 'drop-oldest' (add, then trim
---                  the oldest entries, normal band first)
+--                  the oldest entries, lowest priority first)
 -- ARGV[4] channel, ARGV[5] replica: as ARGV[2] and ARGV[3] of publish.lua
 -- ARGV[6..] quadruples as in publish.lua
 -- The backlog is what the streams hold less what every subscription has consumed: over the
@@ -20,19 +20,21 @@ if redis.call('SCARD', KEYS[2]) == 0 then
 end
 local limit = tonumber(ARGV[2])
 local adding = (#ARGV - 5) / 4
-local held = redis.call('XLEN', KEYS[3]) + redis.call('XLEN', KEYS[4])
 --! include trim_consumed
+--! include backlog_held
+local held = backlog_held(3)
 if held + adding > limit then
-  trim_consumed(KEYS[3])
-  trim_consumed(KEYS[4])
-  held = redis.call('XLEN', KEYS[3]) + redis.call('XLEN', KEYS[4])
+  for i = 3, 12 do trim_consumed(KEYS[i]) end
+  held = backlog_held(3)
   if ARGV[3] == 'reject-publish' and held + adding > limit then return -2 end
 end
 --! include append_entries
 --! include drop_oldest
 --! include notify_watchers
+--! include mark_band
 local added = append_entries(6)
+mark_band(KEYS[14], KEYS[1])
 local excess = held + adding - limit
 drop_oldest(3, excess)
-if ARGV[4] ~= '' then notify_watchers(KEYS[5], ARGV[4], ARGV[5]) end
+if ARGV[4] ~= '' then notify_watchers(KEYS[13], ARGV[4], ARGV[5]) end
 return added

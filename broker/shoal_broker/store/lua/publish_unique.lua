@@ -7,7 +7,8 @@
 -- KEYS[2] groups   SET subscription names of the address
 -- KEYS[3] watchers HASH of the address (notify_watchers.lua)
 -- KEYS[4] ids      ZSET the address's duplicate window (duplicate_window.lua)
--- KEYS[5] band 0 STREAM, KEYS[6] band 1 STREAM (the backlog, when ARGV[6] limits it)
+-- KEYS[5..14] the STREAMs of bands 0..9 (the backlog, when ARGV[6] limits it)
+-- KEYS[15] levels SET of the address's bands in use (mark_band.lua)
 -- ARGV[1] kind, ARGV[2] channel, ARGV[3] replica: as publish.lua
 -- ARGV[4] window    ids remembered at most (the newest)
 -- ARGV[5] window ms how long an id is remembered
@@ -28,6 +29,8 @@ end
 --! include drop_oldest
 --! include notify_watchers
 --! include trim_consumed
+--! include backlog_held
+--! include mark_band
 local now = window_open(KEYS[4], tonumber(ARGV[5]))
 local fresh, seen, duplicates = {}, {}, 0
 for i = 8, #ARGV, 5 do
@@ -44,11 +47,10 @@ end
 local limit = tonumber(ARGV[6])
 local excess = 0
 if limit > 0 and #fresh > 0 then
-  local held = redis.call('XLEN', KEYS[5]) + redis.call('XLEN', KEYS[6])
+  local held = backlog_held(5)
   if held + #fresh > limit then
-    trim_consumed(KEYS[5])
-    trim_consumed(KEYS[6])
-    held = redis.call('XLEN', KEYS[5]) + redis.call('XLEN', KEYS[6])
+    for b = 5, 14 do trim_consumed(KEYS[b]) end
+    held = backlog_held(5)
     if ARGV[7] == 'reject-publish' and held + #fresh > limit then return -2 end
   end
   excess = held + #fresh - limit
@@ -59,5 +61,6 @@ for _, i in ipairs(fresh) do
                                                            ARGV[i + 3])))
 end
 drop_oldest(5, excess)
+if #fresh > 0 then mark_band(KEYS[15], KEYS[1]) end
 if #fresh > 0 and ARGV[2] ~= '' then notify_watchers(KEYS[3], ARGV[2], ARGV[3]) end
 return {#fresh, duplicates}

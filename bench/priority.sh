@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# bench/priority.sh - ten priority levels beside the two bands they replaced, in one run: the
+# broker's instructions per message (bench/instructions.sh, callgrind) of this tree and of BASE,
+# a commit with two bands, extracted with `git archive` into a temporary directory (nothing
+# outside the repository is needed), on the 1 -> 1 at-least-once and the presettled rows, each
+# at one priority (4, the default, which the fast paths serve) and with priorities 0-9 in turn
+# (bench/load.py --priorities 10). docs/performance.md#priority-levels has the figures.
+#
+# usage: bench/priority.sh
+# Environment: BASE (54a4f8c, the last commit with two bands), ROWS (the four above, separated
+# by ';'), and instructions.sh's N, WARMUP, REPS, PY.
+# Loopback only; instructions.sh stops every process it starts by PID.
+set -euo pipefail
+
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+BASE=${BASE:-54a4f8c}
+ROWS=${ROWS:---max-backlog 200;--max-backlog 200 --presettled;--max-backlog 200 --priorities 10;--max-backlog 200 --presettled --priorities 10}
+BASE_TREE=$(mktemp -d /tmp/shoal-priority-base.XXXXXX)
+trap 'rm -rf "$BASE_TREE"' EXIT
+git -C "$ROOT" archive "$BASE" broker | tar -x -C "$BASE_TREE"
+echo "base: $(git -C "$ROOT" log -1 --format='%h %s' "$BASE")"
+echo "this: $(git -C "$ROOT" log -1 --format='%h %s') $(git -C "$ROOT" status --porcelain | grep -q . && echo '(with changes)')"
+IFS=';' read -r -a rows <<< "$ROWS"
+for row in "${rows[@]}"; do
+  echo
+  echo "### ROW=\"$row\" (tree 0: base, two bands; tree 1: this, ten levels)"
+  ROW="$row" "$HERE/instructions.sh" "$BASE_TREE/broker" "$ROOT/broker"
+done
