@@ -10,6 +10,8 @@ together is the order the store hands messages out: it must be strictly 9 to 0.
 """
 
 import os
+import signal
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -27,6 +29,7 @@ PRIORITIES = (1, 3, 0, 9, 5, 7, 2, 8, 4, 6)
 ROUNDS = 3
 TOPIC = Capabilities('topic')
 SHARED_DURABLE = JmsSource('topic', 'shared', 'global', durable=True)
+FAST_LEASE = {'SHOAL_LEASE_SECONDS': '1.5'}
 
 
 def jms_message(body: str, priority: int) -> Message:
@@ -166,6 +169,38 @@ def test_returned_messages_come_back_at_their_level_first_within_it(
     assert (counts['9-0'], counts['9-2'], counts['8-0'], counts['9-new']) == (0, 1, 0, 0)
     conn.close()
     other.close()
+
+
+def test_a_killed_replicas_unsettled_messages_come_back_at_their_levels(
+    start_broker: Callable[..., BrokerProcess], address: str, store_client: redis.Redis
+) -> None:
+    """The reaper reads only the bands in use (the default one and the levels SET): what a
+    killed replica held at priorities 9, 4 and 0 comes back to a survivor, 9 -> 0, marked."""
+    survivor = start_broker(env=FAST_LEASE)
+    doomed = start_broker(env=FAST_LEASE)
+    producer = connect(survivor.url)
+    snd = sender(producer, address)
+    for priority in (0, 4, 9):
+        snd.send(jms_message(f'held-{priority}', priority))
+    held = connect(doomed.url)
+    rcv = receiver(held, address, credit=3)
+    taken = [rcv.receive(timeout=15).body for _ in range(3)]
+    assert taken == ['held-9', 'held-4', 'held-0']  # received, never settled
+    doomed.process.send_signal(signal.SIGKILL)
+    doomed.process.wait(timeout=5)
+    returned = keys.AddressKeys.of(address).returned(QUEUE_GROUP)
+    wait_for(lambda: store_client.zcard(returned) == 3, 30, 'the reaper returning all three')
+    snd.send(jms_message('new-4', 4))
+    conn = connect(survivor.url)
+    after = receiver(conn, address, credit=4)
+    got = [after.receive(timeout=30) for _ in range(4)]
+    for _ in got:
+        after.accept()
+    # returned first within a level, each marked as delivered before
+    assert [m.body for m in got] == ['held-9', 'held-4', 'new-4', 'held-0']
+    assert [m.delivery_count for m in got] == [1, 1, 0, 1]
+    conn.close()
+    producer.close()
 
 
 def test_traffic_at_one_priority_lists_no_other_level(

@@ -27,7 +27,12 @@ async def test_the_management_secret_carries_the_url_and_credentials_and_keeps_t
     assert first['uri'] == 'http://shoal.default.svc:8080/api'
     assert first['username'] == 'shoal-admin'
     assert len(first['password']) >= 24
-    connection = decoded(await operator.get('secrets', 'shoal-connection', api_version='v1') or {})
+
+    async def connection_secret() -> Any:
+        return await operator.get('secrets', 'shoal-connection', api_version='v1')
+
+    # the reconcile applies its manifests one at a time: this Secret may come after that one
+    connection = decoded(await operator.eventually(connection_secret, 'the connection Secret'))
     assert connection['management-uri'] == first['uri']
     service = await operator.get('services', 'shoal', api_version='v1')
     assert service is not None
