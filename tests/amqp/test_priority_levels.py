@@ -9,6 +9,7 @@ The consumers take one message at a time, in turn on the two replicas, so the or
 together is the order the store hands messages out: it must be strictly 9 to 0.
 """
 
+import asyncio
 import os
 import signal
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from proton.utils import BlockingConnection, BlockingReceiver
 
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.store import keys
+from shoal_broker.store.inspect import Inspector, QueueInfo
 
 PRIORITIES = (1, 3, 0, 9, 5, 7, 2, 8, 4, 6)
 """Each round sends every level, interleaved."""
@@ -169,6 +171,34 @@ def test_returned_messages_come_back_at_their_level_first_within_it(
     assert (counts['9-0'], counts['9-2'], counts['8-0'], counts['9-new']) == (0, 1, 0, 0)
     conn.close()
     other.close()
+
+
+def test_the_backlog_counts_every_level_ready_and_in_flight(
+    broker: BrokerProcess, address: str, store_url: str
+) -> None:
+    """The backlog walk reads the bands in use only (backlog.lua): messages at 9, 4 and 0 all
+    count, unread and then in flight."""
+    producer = connect(broker.url)
+    snd = sender(producer, address)
+    for priority in (9, 4, 0, 0):
+        snd.send(jms_message(f'{priority}', priority))
+
+    def queue() -> QueueInfo:
+        async def read() -> QueueInfo:
+            async with Inspector.from_url(store_url) as inspector:
+                return (await inspector.queues([address]))[0]
+
+        return asyncio.run(read())
+
+    unread = queue()
+    assert (unread.backlog, unread.ready, unread.in_flight) == (4, 4, 0)
+    conn = connect(broker.url)
+    rcv = receiver(conn, address, credit=3)
+    assert [rcv.receive(timeout=15).body for _ in range(3)] == ['9', '4', '0']
+    held = queue()  # the replica may have fetched the fourth ahead of the credit
+    assert held.backlog == 4 and held.in_flight >= 3 and held.ready + held.in_flight == 4
+    conn.close()
+    producer.close()
 
 
 def test_a_killed_replicas_unsettled_messages_come_back_at_their_levels(

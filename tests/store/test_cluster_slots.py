@@ -73,7 +73,7 @@ CASES = [
                    A.levels),
          (GROUP, REPLICA, 10, '0', 1, 10, A.notify)),
     Case('browse', (A.streams[B],), (GROUP, '0-0', 10)),
-    Case('backlog', (*A.streams, A.returned(GROUP)), (GROUP,)),
+    Case('backlog', (*A.streams, A.levels, A.returned(GROUP)), (GROUP,)),
     Case('notify', (A.watchers,), (A.notify, REPLICA)),
     Case('schedule', (A.scheduled, A.scheduled_messages),
          (now_ms(), f'{now_ms()}-m1', 0, *MESSAGE[:2], '0', '')),

@@ -341,22 +341,25 @@ class Inspector:
         found = []
         for address, group in groups:
             row = rows[(address, group)]
-            bands = keys.BANDS  # per band a triple (lag, pending, oldest), then returned,
-            # each band's length, waiting (backlog.lua)
-            total = GroupBacklog(returned=int(row[3 * bands]), waiting=int(row[4 * bands + 1]))
-            triples = [row[3 * b : 3 * b + 3] for b in range(bands)]
-            lengths = row[3 * bands + 1 : 4 * bands + 1]
-            for stream, (lag, pending, oldest), length in zip(
-                keys.AddressKeys.of(address).streams, triples, lengths, strict=True
-            ):
+            streams = keys.AddressKeys.of(address).streams
+            # returned, waiting, then per band holding entries: band, lag, pending, oldest,
+            # length (backlog.lua); a band left out is empty
+            total = GroupBacklog(returned=int(row[0]), waiting=int(row[1]))
+            held = set()
+            for at in range(2, len(row), 5):
+                band, lag, pending, oldest, length = row[at : at + 5]
+                stream = streams[int(band)]
+                held.add(stream)
                 lag = int(lag)
-                if settled is not None and (int(length) == 0 or lag == int(length)):
+                if settled is not None and lag == int(length):
                     settled.add(stream)
                 if lag < 0:  # Redis cannot tell (deleted entries in range): count them
                     lag = await self._lag_of(stream, group)
                 total += GroupBacklog(
                     lag=lag, pending=int(pending), oldest_ms=_entry_ms(oldest or None)
                 )
+            if settled is not None:
+                settled.update(s for s in streams if s not in held)
             found.append(total)
         return found
 
@@ -366,8 +369,9 @@ class Inspector:
         calls: list[tuple[int, list[str]]] = []  # (number of keys, keys and arguments)
         for address, names in page:
             k = keys.AddressKeys.of(address)
+            returned = [k.returned(n) for n in names]
             calls.append(
-                (len(k.streams) + len(names), [*k.streams, *(k.returned(n) for n in names), *names])
+                (len(k.streams) + 1 + len(names), [*k.streams, k.levels, *returned, *names])
             )
         room = asyncio.Semaphore(_CLUSTER_CONCURRENCY)
 
