@@ -43,6 +43,7 @@ def test_a_primary_kill_under_a_shared_durable_subscription_delivers_nothing_twi
         try:
             assert run.wait(lambda r: len(r.accepted) >= LOAD // 3, timeout=40), run.log
             killed_at = time.monotonic()
+            accepted_at_kill, received_at_kill = len(run.accepted), len(run.received)
             victim, _, promoted_at = group.kill_primary_of(keys.AddressKeys.of(topic).tag)
             group.restart(victim)  # the promoted primary's replica again: WAIT 1 confirms
             restarted_at = time.monotonic()
@@ -57,10 +58,13 @@ def test_a_primary_kill_under_a_shared_durable_subscription_delivers_nothing_twi
     summary = (
         f'cluster primary killed under a shared durable subscription (replicated, durable '
         f'acks, hold, duplicate detection): {went}; {run.released} releases seen by the '
-        f'producers; promoted {promoted_at - killed_at:.2f} s, its replica back '
+        f'producers; {accepted_at_kill} accepted and {received_at_kill} received at the kill; '
+        f'promoted {promoted_at - killed_at:.2f} s, its replica back '
         f'{restarted_at - killed_at:.2f} s after the kill'
     )
     cluster.report(summary)
+    assert accepted_at_kill < LOAD, summary  # killed under load
+    assert received_at_kill < LOAD, summary
     assert not counted.lost, summary
     assert not went.lost, summary
     assert finished, summary
