@@ -49,7 +49,8 @@
  *                time, the next only once the last was answered (MessageProducer.send of a
  *                persistent message), "pause_ms" apart; with "ids", each message has the
  *                message-id "ID:rhea:<body>". Result: {outcomes: ["accepted", ...], waited_ms:
- *                [how long each waited for its outcome]}.
+ *                [how long each waited for its outcome], sent_at_ms: [when each was sent, ms
+ *                since the epoch]}.
  *   receive      {links, count, linger_ms?}: waits (within the step timeout, not failing on it)
  *                until the links together got `count` new messages, then `linger_ms` (default
  *                300) more. Result: {received: {link: [bodies]}, properties: {link: [...]},
@@ -402,7 +403,7 @@ const ops = {
     await until(() => settled === bodies.length || senderError !== null, ms, 'outcomes');
     if (senderError) throw new Error(`sender refused: ${JSON.stringify(senderError)}`);
     sender.close();
-    return { outcomes: outcomes, waited_ms: waited };
+    return { outcomes: outcomes, waited_ms: waited, sent_at_ms: sentAt };
   },
 
   async receive(step, ms) {

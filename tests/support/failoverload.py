@@ -166,6 +166,8 @@ class RheaSends:
     """Each body's outcome, in order."""
     waited_ms: list[int]
     """How long each send waited for its outcome."""
+    sent_at_ms: list[int]
+    """When each was sent (ms since the epoch)."""
     accepted: frozenset[str]
 
 
@@ -177,9 +179,10 @@ def rhea_outcomes(process: 'subprocess.Popen[str]', bodies: list[str]) -> RheaSe
     assert len(lines) == 1, f'jms.js printed {len(lines)} lines\n{out}\n{err}'
     result = json.loads(lines[0])
     assert result['ok'] is True, f'{result}\n{err}'
-    outcomes, waited = result['steps'][1]['outcomes'], result['steps'][1]['waited_ms']
+    step = result['steps'][1]
+    outcomes, waited = step['outcomes'], step['waited_ms']
     accepted = frozenset(b for b, o in zip(bodies, outcomes, strict=True) if o == 'accepted')
-    return RheaSends(list(outcomes), list(waited), accepted)
+    return RheaSends(list(outcomes), list(waited), list(step['sent_at_ms']), accepted)
 
 
 def stop_load(run: ChaosRun, rhea: 'subprocess.Popen[str] | None') -> None:

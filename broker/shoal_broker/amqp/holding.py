@@ -26,11 +26,15 @@ lost reply, a ``WAIT`` timeout) may be in Redis already: writing it again is a s
 which the duplicate detection of the publish script drops when it is on.
 
 Attempts are spaced by ``PAUSES`` while they fail; one success writes whatever else is held at
-once. A write that Redis made but no replica confirmed (``StoreUnconfirmed``: a promoted primary
-without a replica yet) is not written again until a replica is back (``MessagePort.
-replica_ready``, ``WAIT 0 0`` and ``ROLE``): every attempt before would only add a copy in
-Redis. The
-hold costs the hot path one attribute test per message (``Holding.active``).
+once. The longest pause is what a held message may wait past the store's return, so it stays
+short (an attempt against a store still down costs a refused connect). A write that Redis made
+but no replica confirmed (``StoreUnconfirmed``: a promoted primary without a replica yet) is not
+written again until a replica is back (``MessagePort.replica_ready``, ``WAIT 0 0`` and
+``ROLE``): every attempt before would only add a copy in Redis. The moment a probe finds one,
+what is held is written, not after the pause already running (with a longest pause of 1 s,
+that pause alone kept a held send up to a second past the store's return; docs/redis-modes.md,
+"Sends held through a failover"). The hold costs the hot path one attribute test per message
+(``Holding.active``).
 """
 
 import asyncio
@@ -47,7 +51,7 @@ from shoal_broker.metrics.registry import HELD_SENDS_GIVEN_UP
 
 logger = logging.getLogger(__name__)
 
-PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)
+PAUSES = (0.05, 0.1, 0.2, 0.25)
 """Pauses between attempts while they fail (the last one repeated)."""
 
 PROBE_SECONDS = 2.0
@@ -221,6 +225,9 @@ class Holding:
         if ready:
             self._unconfirmed = None
             self._failures = 0
+            if self._timer is not None:  # write now, not after the pause running
+                self._timer.cancel()
+                self._timer = None
         else:
             self._failures += 1
         self._schedule()
