@@ -1,8 +1,9 @@
 """A transacted producer, as a Qpid JMS transacted session drives one (jms-amqp-facts §7: sends
 in a transaction, then a discharge waited for), through a Sentinel failover and a Redis Cluster
-primary kill in ``replicated`` mode: every commit completes, none fails, each is answered
-within ``SLACK_MS`` of the store confirming writes again (``writability.py``), and every message
-committed is consumed once."""
+primary kill in ``replicated`` mode with duplicate detection (a commit the broker writes again,
+its first write's outcome unknown, stores nothing twice): every commit completes, none fails,
+each is answered within ``SLACK_MS`` of the store confirming writes again (``writability.py``),
+and every message committed is consumed once."""
 
 import collections
 import threading
@@ -11,7 +12,7 @@ import uuid
 from typing import Any
 
 import pytest
-from failoverload import REPLICATED
+from failoverload import INVISIBLE
 from loadclient import ChaosConsumer, ChaosRun
 from proton import Described, Message, ulong
 from proton.utils import BlockingConnection
@@ -58,7 +59,9 @@ class TransactedProducer:
                 txn = controller.declare()
                 bodies = [f't{n}-{i}' for i in range(PER_TRANSACTION)]
                 for body in bodies:
-                    send_in(conn, sender, txn, body)
+                    # a message-id on each, as Qpid JMS sets: what duplicate detection keys on
+                    message = Message(id=f'ID:{self.queue}:{body}', body=body, durable=True)
+                    send_in(conn, sender, txn, message)
                 sent_at, sent_at_ms = time.monotonic(), int(time.time() * 1000)
                 try:
                     delivery = discharge(conn, controller, txn, self.wait)
@@ -105,7 +108,7 @@ def _failed(producer: TransactedProducer) -> list[tuple[int, Any, float]]:
 @pytest.mark.timeout(180)
 def test_a_transacted_producer_through_a_sentinel_failover_sees_no_commit_fail(cluster) -> None:  # type: ignore[no-untyped-def]
     group = cluster.sentinels()
-    b = cluster.broker(group.url, replica_id='hold-txn-sentinel', env=REPLICATED)
+    b = cluster.broker(group.url, replica_id='hold-txn-sentinel', env=INVISIBLE)
     queue = f'hold-txn-{uuid.uuid4().hex[:8]}'
     watch = sentinel_writability(group).start()
     producer = TransactedProducer(b.url, queue, transactions=150).start()
@@ -146,7 +149,7 @@ def test_a_transacted_producer_through_a_cluster_primary_kill_sees_no_commit_fai
     group = ClusterGroup()
     try:
         queue = f'hold-txn-{uuid.uuid4().hex[:8]}'
-        b = cluster.broker(group.url, replica_id=f'hold-txn-cl-{queue[-4:]}', env=REPLICATED)
+        b = cluster.broker(group.url, replica_id=f'hold-txn-cl-{queue[-4:]}', env=INVISIBLE)
         watch = cluster_writability(group, group.keyslot(keys.AddressKeys.of(queue).tag))
         watch.start()
         producer = TransactedProducer(b.url, queue, transactions=150).start()
