@@ -71,6 +71,7 @@ TABLES: dict[str, Columns] = {
         ('DELIVERED', lambda r: _shares(r.delivered)),
         ('ACTIVE', lambda r: r.line[0] if r.line else ''),
         ('STANDBY', lambda r: _standby(r.line)),
+        ('LAST-VALUES', lambda r: r.last_values or ''),
     ],
     'subscriptions': [
         ('NAME', lambda r: r.name),
@@ -111,7 +112,8 @@ def parser() -> argparse.ArgumentParser:
     helps = {
         'addresses': 'every address and its kind (queue or topic)',
         'queues': 'queues: backlog (ready + in flight), consumers and delivered share per replica, '
-        'and the active and standby consumers of an exclusive queue',
+        'the active and standby consumers of an exclusive queue, and the keys a last-value '
+        'queue holds a newest message for',
         'subscriptions': 'named JMS subscriptions: kind, namespace, selector, consumers and '
         'delivered share per replica, backlog',
         'clients': 'JMS ClientIDs held, and by which replica and connection',

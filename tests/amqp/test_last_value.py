@@ -5,6 +5,9 @@ new one is kept beside it). Declared by address pattern (SHOAL_LAST_VALUE_ADDRES
 Queue's ``lastValue{}`` (its policy, as the operator files it).
 """
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -233,3 +236,28 @@ def test_sends_in_a_transaction_are_stored_unreplaced(start_broker: Any, address
         assert [m['seq'] for m in bodies(conn, address, 3)] == [1, 2, 3]
     finally:
         conn.close()
+
+
+def test_shoal_queues_shows_how_many_keys_a_last_value_queue_holds(
+    start_broker: Any, address: str, store_url: str
+) -> None:
+    b = start_broker(env=lvq_env(address))
+    conn = connect(b.url)
+    snd = sender(conn, address)
+    for seq in range(6):
+        snd.send(update(seq % 3, 'p', seq))
+    snd.send(update(None, 'p', 6))  # no key: kept, not counted
+    conn.close()
+    done = subprocess.run(
+        [sys.executable, '-m', 'shoal_broker.admin', '--redis-url', store_url, 'queues', '--json'],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    [row] = [r for r in json.loads(done.stdout) if r['name'] == address]
+    assert (row['backlog'], row['last_values']) == (4, 3)
+    table = subprocess.run(
+        [sys.executable, '-m', 'shoal_broker.admin', '--redis-url', store_url, 'queues'],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert table[0].split()[-1] == 'LAST-VALUES'
+    [line] = [t for t in table if t.split()[0] == address]
+    assert line.split()[-1] == '3'

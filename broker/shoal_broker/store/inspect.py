@@ -106,6 +106,9 @@ class QueueInfo:
     line: list[str] = dataclasses.field(default_factory=list)
     """An exclusive entity's consumers in line (``routing/exclusive.py``), the active one
     first, each ``<replica>/<connection>|<link>``; empty for any other."""
+    last_values: int = 0
+    """Keys a last-value queue holds a newest message for (``AddressKeys.last_values``); 0 for
+    any other queue, and for a last-value queue holding none."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,6 +210,7 @@ class Inspector:
         found = await self._backlogs(groups)
         per_replica = await self._per_replica(groups)
         lines = await self.lines(groups)
+        last_values = await self._last_values(names)
         return [
             QueueInfo(
                 name,
@@ -217,11 +221,19 @@ class Inspector:
                 consumers=_in_line(line) if line else consumers,
                 delivered=delivered,
                 line=line,
+                last_values=held,
             )
-            for name, b, (consumers, delivered), line in zip(
-                names, found, per_replica, lines, strict=True
+            for name, b, (consumers, delivered), line, held in zip(
+                names, found, per_replica, lines, last_values, strict=True
             )
         ]
+
+    async def _last_values(self, names: list[str]) -> list[int]:
+        """How many keys each queue holds a last value for (0 for a queue of any other kind)."""
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.hlen(keys.AddressKeys.of(name).last_values)
+        return [int(n) for n in await self._call(pipe.execute())] if names else []
 
     async def lines(self, groups: list[tuple[str, str]]) -> list[list[str]]:
         """For each (address, group): its line of consumers, the active one first, each
