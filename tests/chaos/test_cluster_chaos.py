@@ -23,6 +23,7 @@ from failoverload import (
     tally,
 )
 from loadclient import ChaosRun
+from processes import BrokerProcess
 from redisclusters import ClusterGroup
 from writability import SLACK_MS, cluster_writability
 
@@ -34,10 +35,17 @@ RHEA_PAUSE_MS = 30
 """The rhea producer's sends, one at a time this far apart: ~10 s, across the kill."""
 
 
-def _start(cluster, group: ClusterGroup, queue: str, env: dict[str, str],  # type: ignore[no-untyped-def]
-           *, message_ids: bool = False) -> ChaosRun:  # fmt: skip
+def _pair(cluster, group: ClusterGroup, queue: str,  # type: ignore[no-untyped-def]
+          env: dict[str, str]) -> tuple[BrokerProcess, BrokerProcess]:  # fmt: skip
+    """Two brokers on the cluster, named after the queue."""
     a = cluster.broker(group.url, replica_id=f'cl-a-{queue[-4:]}', env=env)
     b = cluster.broker(group.url, replica_id=f'cl-b-{queue[-4:]}', env=env)
+    return a, b
+
+
+def _start(cluster, group: ClusterGroup, queue: str, env: dict[str, str],  # type: ignore[no-untyped-def]
+           *, message_ids: bool = False) -> ChaosRun:  # fmt: skip
+    a, b = _pair(cluster, group, queue, env)
     return crossed_load(a.url, b.url, queue, LOAD, message_ids=message_ids)
 
 
@@ -91,8 +99,7 @@ def test_a_primary_kill_delivers_nothing_twice_and_fails_no_send(cluster) -> Non
     watch = None
     try:
         queue = f'chaos-{uuid.uuid4().hex[:8]}'
-        a = cluster.broker(group.url, replica_id=f'cl-a-{queue[-4:]}', env=INVISIBLE)
-        b = cluster.broker(group.url, replica_id=f'cl-b-{queue[-4:]}', env=INVISIBLE)
+        a, b = _pair(cluster, group, queue, INVISIBLE)
         run = crossed_load(a.url, b.url, queue, LOAD, message_ids=True)
         rhea_bodies = [f'rhea-{i}' for i in range(RHEA_SENDS)]
         try:
@@ -178,8 +185,7 @@ def test_a_migrated_slot_whose_new_owner_dies_delivers_nothing_twice(cluster) ->
     rhea = None
     try:
         queue = f'chaos-{uuid.uuid4().hex[:8]}'
-        a = cluster.broker(group.url, replica_id=f'cl-a-{queue[-4:]}', env=INVISIBLE)
-        b = cluster.broker(group.url, replica_id=f'cl-b-{queue[-4:]}', env=INVISIBLE)
+        a, b = _pair(cluster, group, queue, INVISIBLE)
         run = crossed_load(a.url, b.url, queue, LOAD, message_ids=True)
         rhea_bodies = [f'rhea-{i}' for i in range(RHEA_SENDS)]
         try:
