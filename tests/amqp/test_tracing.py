@@ -93,7 +93,22 @@ def test_a_message_released_on_one_replica_and_accepted_on_another_has_one_trace
     flush(on_a)
     on_a.close()
 
+    def delivered_on_a() -> bool:
+        spans = otlp.in_trace(trace_id)
+        return any(
+            s.attributes.get('shoal.replica') == 'trace-a'
+            for s in spans
+            if s.name.startswith('deliver')
+        )
+
+    # b's link may take the released message again before its detach arrives (proton's receiver
+    # tops its credit up after each delivery); that copy is returned by the detach, so b
+    # delivers it once or twice, then a once
     spans = otlp.wait_for(trace_id, 4)
+    deadline = time.monotonic() + 20
+    while not delivered_on_a() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    spans = otlp.in_trace(trace_id)
     producer = _one(spans, lambda s: s.resource.get('service.name') == 'test-producer')
     assert producer.span_id == producer_span_id
     publish = _one(spans, lambda s: s.name == f'publish {address}')
@@ -112,8 +127,9 @@ def test_a_message_released_on_one_replica_and_accepted_on_another_has_one_trace
     deliveries = sorted(
         (s for s in spans if s.name == f'deliver {address}'), key=lambda s: s.start_ns
     )
-    assert len(deliveries) == 2, spans
-    released, accepted = deliveries
+    assert len(deliveries) in (2, 3), spans
+    released, *again_on_b, accepted = deliveries
+    assert [d.attributes['shoal.replica'] for d in again_on_b] in ([], ['trace-b']), spans
     for delivery in deliveries:
         assert delivery.parent_span_id == publish.span_id
         assert delivery.kind == SPAN_KIND_PRODUCER

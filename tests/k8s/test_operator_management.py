@@ -31,16 +31,21 @@ async def test_the_management_secret_carries_the_url_and_credentials_and_keeps_t
     async def connection_secret() -> Any:
         return await operator.get('secrets', 'shoal-connection', api_version='v1')
 
-    # the reconcile applies its manifests one at a time: this Secret may come after that one
+    async def service_made() -> Any:
+        return await operator.get('services', 'shoal', api_version='v1')
+
+    async def deployment_made() -> Any:
+        return await operator.get('deployments', 'shoal', api_version='apps/v1')
+
+    # the reconcile applies its manifests one at a time, the Service after the Deployment after
+    # this Secret: each may come a moment after the one before
     connection = decoded(await operator.eventually(connection_secret, 'the connection Secret'))
     assert connection['management-uri'] == first['uri']
-    service = await operator.get('services', 'shoal', api_version='v1')
-    assert service is not None
+    service = await operator.eventually(service_made, 'the Service')
     assert {'name': 'http', 'port': 8080, 'targetPort': 'http', 'protocol': 'TCP'} in service[
         'spec'
     ]['ports']
-    deployment = await operator.get('deployments', 'shoal', api_version='apps/v1')
-    assert deployment is not None
+    deployment = await operator.eventually(deployment_made, 'the Deployment')
     [container] = deployment['spec']['template']['spec']['containers']
     env = {e['name']: e.get('value') for e in container['env']}
     assert env[broker.ENV_MANAGEMENT_CREDENTIALS_DIR] == '/etc/shoal/management'
