@@ -414,6 +414,22 @@ async def test_stranded_entries_come_back_counted_as_possibly_delivered(
     assert [(e.rest, e.delivery_count) for e in again] == [(b'1', 1), (b'2', 1)]
 
 
+async def test_an_accepted_entry_whose_ack_is_queued_is_held_from_a_recovery(
+    store: RedisStore, name: str
+) -> None:
+    """An ack waits for the next pipeline (or ACK_COALESCE_SECONDS): a recovery reading the
+    pending list meanwhile leaves its entry alone, or an accepted message would be delivered
+    again."""
+    fetched = await queue_then_fetch(store, name, published=2, fetched=2)
+    held = {e.key for e in fetched}
+    assert await store.messages.return_stranded(name, QUEUE_GROUP, held) == 0  # its connection made
+    store.messages.ack_nowait(name, QUEUE_GROUP, fetched[:1])
+    assert await store.messages.return_stranded(name, QUEUE_GROUP, set()) == 1
+    await store.flush()
+    again = await store.messages.fetch(name, QUEUE_GROUP, 10)
+    assert [(e.rest, e.delivery_count) for e in again] == [(b'1', 1)]
+
+
 async def test_a_band_besides_the_default_is_read_while_listed_until_trimming_empties_it(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:

@@ -13,7 +13,8 @@ an ack is therefore *settling* until a replica confirms it:
   its own): one ``WAIT`` covers every ack of the pipeline, so the batch grows with the load and
   the cost per message stays that of a few list appends (docs/performance.md#durable-acks);
 - while it settles its entries count as held: a recovery leaves them pending, so an ack in
-  flight across a failover is not turned into a redelivery;
+  flight across a failover is not turned into a redelivery (an ack in any durability is held
+  until its pipeline answers: queued, it waits for the next one);
 - a pipeline that failed (Redis unreachable, failing over) or whose ``WAIT`` timed out sends the
   ack again with a growing pause, for up to ``confirm_seconds`` (``SHOAL_STORE_HOLD_SECONDS``).
   ``XACK`` and ``HDEL`` are idempotent: on a promoted replica that lost the first one they apply
@@ -58,7 +59,8 @@ class Acks:
         """How long an ack is sent again while no replica confirms it (set from
         ``SHOAL_STORE_HOLD_SECONDS``)."""
         self._settling: dict[tuple[str, str], dict[int, Op]] = {}
-        """Durable ack ops not confirmed yet, by (address, group), by ``id(op)``."""
+        """Ack ops not answered yet (durable ones: not confirmed yet), by (address, group), by
+        ``id(op)``."""
         self.given_up = 0
         """Acks given up unconfirmed past ``confirm_seconds`` (a measure for tests)."""
 
@@ -92,13 +94,17 @@ class Acks:
 
     def _op(self, key: tuple[Any, ...], args: list[Any], started: float | None = None) -> Op:
         op = Op([], no_result, None, None, False, key, args)
+        # held until its pipeline answers, durable or not: a queued ack rides with the next
+        # pipeline, and a recovery reading the pending list meanwhile would otherwise return
+        # an entry its consumer has accepted, to be delivered again
+        self._settling.setdefault((key[1], key[3]), {})[id(op)] = op
         if not self.durable:
+            op.callback = lambda _, error: self._forget((key[1], key[3]), op)
             return op
         loop = self._cycles.loop or asyncio.get_running_loop()
         first = loop.time() if started is None else started
         op.durable = True
         op.callback = lambda _, error: self._answered(op, error, first)
-        self._settling.setdefault((key[1], key[3]), {})[id(op)] = op
         return op
 
     def _answered(self, op: Op, error: BrokerError | None, started: float) -> None:
