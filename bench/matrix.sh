@@ -44,6 +44,9 @@ BACKLOG_N=${BACKLOG_N:-1000000}
 CONNS=${CONNS:-2000}; CONN_RATE=${CONN_RATE:-5}; CONN_SECONDS=${CONN_SECONDS:-30}
 REPLICAS=${REPLICAS:-1 2 3}; NF=${NF:-30000}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+# the rows create thousands of addresses and links as one anonymous user: past the defaults
+export SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER=${SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER:-1000000}
+export SHOAL_MAX_LINKS_PER_SESSION=${SHOAL_MAX_LINKS_PER_SESSION:-100000}
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -139,7 +142,7 @@ EOF
 row_a() {
   shoal_up 1
   load "a shoal ${QUEUES} queues saturation" "${APORTS[0]}" "${BPIDS[0]}" -a 'mxa-{run}' \
-      --addresses "$QUEUES" -n "$NA" --max-backlog 1000
+      --addresses "$QUEUES" -n "$NA" --max-backlog "$((10 * QUEUES))"
   load "a shoal ${QUEUES} queues @${RATE_A}/s" "${APORTS[0]}" "${BPIDS[0]}" -a 'mxa-{run}' \
       --addresses "$QUEUES" -n "$NLAT_A" --rate "$RATE_A" --max-backlog 1000
   redis_stats "a shoal redis"
@@ -147,7 +150,7 @@ row_a() {
   peer || return 0
   rabbit_up
   load "a rabbitmq ${QUEUES} queues saturation" "$AMQP_PORT" "$BEAM_PID" -a '/queue/mxa-{run}' \
-      --addresses "$QUEUES" -n "$NA" --max-backlog 1000
+      --addresses "$QUEUES" -n "$NA" --max-backlog "$((10 * QUEUES))"
   load "a rabbitmq ${QUEUES} queues @${RATE_A}/s" "$AMQP_PORT" "$BEAM_PID" \
       -a '/queue/mxa-{run}' --addresses "$QUEUES" -n "$NLAT_A" --rate "$RATE_A" --max-backlog 1000
   rabbit_down
