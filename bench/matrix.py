@@ -356,10 +356,18 @@ def fanout_worker(opts: argparse.Namespace, first: int, last: int, counter: Any,
 
 def fanout(opts: argparse.Namespace) -> dict[str, Any]:
     ctx = multiprocessing.get_context('fork')
+    stop = ctx.Event()
+    try:
+        return _fanout(opts, ctx, stop)
+    finally:
+        stop.set()  # the subscribers leave whatever happened here
+
+
+def _fanout(opts: argparse.Namespace, ctx: Any, stop: Any) -> dict[str, Any]:
     workers = max(1, min(opts.workers, opts.subs))
     opts.workers = workers
     counter = ctx.RawArray('q', 2 * workers)  # deliveries per worker, then attached flags
-    go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    go, out = ctx.Event(), ctx.Queue()
     per = opts.subs // workers
     bounds = [(w * per, opts.subs if w == workers - 1 else (w + 1) * per) for w in range(workers)]
     procs = [
