@@ -250,12 +250,16 @@ def redis_memory(port: int) -> int:
     with socket.create_connection(('127.0.0.1', port), timeout=10) as sock:
         sock.sendall(b'INFO memory\r\n')
         data = b''
-        while b'used_memory:' not in data or not data.endswith(b'\r\n'):
+        while b'\r\n' not in data:  # the bulk reply's header: $<length>
+            data += sock.recv(65536) or b'\r\n'
+        head, _, body = data.partition(b'\r\n')
+        length = int(head[1:]) if head.startswith(b'$') else 0
+        while len(body) < length:
             chunk = sock.recv(65536)
             if not chunk:
                 break
-            data += chunk
-    for line in data.decode().splitlines():
+            body += chunk
+    for line in body.decode().splitlines():
         if line.startswith('used_memory:'):
             return int(line.split(':')[1])
     return 0

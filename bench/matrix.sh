@@ -110,33 +110,20 @@ matrix() {  # matrix ROW bench/matrix.py options...
       --json "$J" || echo "(matrix.py $1: incomplete or failed)"
 }
 redis_stats() {  # redis_stats LABEL: Redis's CPU and command counts so far, as one JSON line
-  "$PY" - "$RPORT" "$1" "$REDIS_PID" "$J" <<'EOF'
-import json, socket, sys
-port, label, pid, out = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-with socket.create_connection(('127.0.0.1', port), timeout=10) as s:
-    s.sendall(b'INFO commandstats\r\n')
-    data = b''
-    while not data.endswith(b'\r\n\r\n') and len(data) < 1 << 20:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-        if data.count(b'\r\n') > 2 and data.endswith(b'\r\n') and b'cmdstat' in data:
-            break
+  redis-cli -p "$RPORT" info commandstats | "$PY" -c '
+import json, sys
+label, cpu, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 stats = {}
-for line in data.decode(errors='replace').splitlines():
-    if line.startswith('cmdstat_'):
-        name, fields = line[8:].split(':', 1)
-        kv = dict(f.split('=') for f in fields.split(','))
-        stats[name] = {'calls': int(kv['calls']), 'usec': int(kv['usec'])}
-with open(f'/proc/{pid}/stat') as f:
-    fields = f.read().rsplit(')', 1)[1].split()
-import os
-cpu = (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
-line = json.dumps({'label': label, 'redis_cpu_s': cpu, 'commandstats': stats})
+for line in sys.stdin.read().splitlines():
+    if line.startswith("cmdstat_"):
+        name, fields = line[8:].split(":", 1)
+        kv = dict(f.split("=") for f in fields.split(","))
+        stats[name] = {"calls": int(kv["calls"]), "usec": int(kv["usec"])}
+line = json.dumps({"label": label, "redis_cpu_s": cpu, "commandstats": stats})
 print(line[:400])
-open(out, 'a').write(line + '\n')
-EOF
+with open(out, "a") as f:
+    f.write(line + "\n")
+' "$1" "$(proc_cpu_s "$REDIS_PID")" "$J"
 }
 
 row_a() {
