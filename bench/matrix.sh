@@ -8,12 +8,15 @@
 #
 #   a  QUEUES queues (1000), one producer link and one consumer link on each (bench/load.py
 #      --addresses: one producer and one consumer connection carry them): the aggregate rate of
-#      a closed loop (NA messages), then p99 at RATE_A msg/s in all (NLAT_A messages)
+#      a closed loop with ten messages in flight per queue (NA messages), then p99 at RATE_A
+#      msg/s in all (NLAT_A messages)
 #   b  one topic with SUBS subscriptions ("100 1000"), plain and shared durable (Shoal only:
 #      RabbitMQ 3.10 has no JMS shared subscriptions): bench/matrix.py fanout, HELD messages
-#      published with no credit (Redis memory and broker RSS per published message), drained,
-#      then NB messages through a closed loop: deliveries/s
-#   c  SIZES ("65536 1048576") byte messages 1->1 at-least-once: MB/s (NC_<size> messages)
+#      published with no credit (Redis memory and broker RSS per published message; HELD=10000
+#      for a memory figure above used_memory's noise), drained, then NB messages through a
+#      closed loop: deliveries/s (RabbitMQ: a queue per subscriber on amq.topic, plain only)
+#   c  SIZES ("65536 1048576") byte messages 1->1 at-least-once: MB/s (200 MiB in all, at most
+#      5 000 messages; 16 MiB in flight)
 #   d  a backlog of BACKLOG_N x 1 KiB (default 1 000 000; set what the machine allows) built
 #      with no consumer, then drained: publish rate, drain rate, memory per message
 #   e  CONNS connections (2000), each sending CONN_RATE (5) msg/s to its own queue for
