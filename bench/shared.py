@@ -11,13 +11,16 @@ sequence number and send time; the consumers accept every message.
 
 Prints one line: messages/s, p50/p99 end-to-end latency, per-consumer counts, duplicates and
 missing (over all consumers together: each message to exactly one of them), and the CPU of the
-broker PIDs given. Exits 1 on a missing message, an error or the timeout. Loopback only.
+broker PIDs given (``--json FILE`` appends it as one JSON line too). Exits 1 on a missing
+message, an error or the timeout. Loopback only. With ``--queue`` the consumers compete for one
+queue instead, attached plainly (the scale matrix's row f sets the two side by side).
 
 usage: python bench/shared.py --replica HOST:PORT [--replica HOST:PORT ...] --consumers 4
          [--count 30000] [--broker-pid PID ...]
 """
 
 import argparse
+import json
 import multiprocessing
 import multiprocessing.sharedctypes
 import os
@@ -102,13 +105,19 @@ class Endpoint:
 def consume(opts: Any, index: int, counts: Any, ready: Any, out: Any) -> None:
     host, port = opts.replica[index % len(opts.replica)].rsplit(':', 1)
     end = Endpoint(host, int(port))
-    link = lib.pn_receiver(end.session, f'{opts.name}|global'.encode())
-    source = lib.pn_link_source(link)
-    lib.pn_terminus_set_address(source, opts.topic.encode())
-    lib.pn_terminus_set_durability(source, PN_DELIVERIES)
-    lib.pn_terminus_set_expiry_policy(source, lib.PN_EXPIRE_NEVER)
-    caps = Data(lib.pn_terminus_capabilities(source))
-    caps.put_object(Array(UNDESCRIBED, Data.SYMBOL, *map(symbol, ('topic', 'shared', 'global'))))
+    if opts.queue:  # --queue: competing consumers of one queue, a plain attach each
+        link = lib.pn_receiver(end.session, f'{opts.name}-{index}'.encode())
+        lib.pn_terminus_set_address(lib.pn_link_source(link), opts.topic.encode())
+    else:
+        link = lib.pn_receiver(end.session, f'{opts.name}|global'.encode())
+        source = lib.pn_link_source(link)
+        lib.pn_terminus_set_address(source, opts.topic.encode())
+        lib.pn_terminus_set_durability(source, PN_DELIVERIES)
+        lib.pn_terminus_set_expiry_policy(source, lib.PN_EXPIRE_NEVER)
+        caps = Data(lib.pn_terminus_capabilities(source))
+        caps.put_object(
+            Array(UNDESCRIBED, Data.SYMBOL, *map(symbol, ('topic', 'shared', 'global')))
+        )
     lib.pn_terminus_set_address(lib.pn_link_target(link), b'bench-consumer')
     lib.pn_link_open(link)
     lib.pn_link_flow(link, opts.credit)
@@ -197,6 +206,8 @@ def main() -> None:
     parser.add_argument('--timeout', type=float, default=180.0)
     parser.add_argument('--broker-pid', type=int, action='append', default=[])
     parser.add_argument('--label', default='shared durable subscription')
+    parser.add_argument('--queue', action='store_true', help='a queue instead of the subscription')
+    parser.add_argument('--json', help='append the result here as one JSON line')
     opts = parser.parse_args()
     if not all(r.startswith('127.') for r in opts.replica):
         raise SystemExit('loopback only')
@@ -233,6 +244,14 @@ def main() -> None:
         f'per consumer {per_consumer} over {len(opts.replica)} replicas, duplicates {duplicates}, '
         f'missing {missing}, brokers {1e6 * cpu / opts.count:.0f} µs/msg (all replicas)'
     )
+    if opts.json:
+        with open(opts.json, 'a') as out_file:
+            out_file.write(json.dumps({
+                'label': opts.label, 'msg_per_s': round(opts.count / elapsed), 'p50_ms': p50,
+                'p99_ms': p99, 'per_consumer': per_consumer, 'replicas': len(opts.replica),
+                'duplicates': duplicates, 'missing': missing,
+                'broker_us_per_msg': round(1e6 * cpu / opts.count, 1),
+            }) + '\n')  # fmt: skip
     sys.exit(1 if missing or duplicates else 0)
 
 

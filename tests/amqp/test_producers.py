@@ -1,5 +1,7 @@
 """Producer links: credit, named targets, the anonymous relay, temporary nodes, large messages."""
 
+from collections.abc import Callable
+
 import pytest
 from amqpclient import (
     Capabilities,
@@ -13,6 +15,8 @@ from amqpclient import (
 from processes import BrokerProcess
 from proton import Delivery, Message, byte
 from proton.utils import LinkDetached, SendException
+
+Start = Callable[..., BrokerProcess]
 
 
 def test_a_producer_is_granted_credit_promptly_and_topped_up(
@@ -28,6 +32,27 @@ def test_a_producer_is_granted_credit_promptly_and_topped_up(
     rcv = receiver(conn, address, credit=initial + 50)
     assert len(receive_all(rcv, initial + 50)) == initial + 50
     conn.close()
+
+
+def test_a_producer_sending_one_message_at_a_time_is_topped_up_once_per_half_window(
+    start_broker: Start, address: str
+) -> None:
+    """A synchronous sender (one message, then its outcome) gets no flow frame with each accept:
+    its credit is topped up once half the window is used, back to the whole window."""
+    b = start_broker(env={'SHOAL_PRODUCER_CREDIT': '10'})
+    conn = connect(b.url)
+    try:
+        snd = sender(conn, address)
+        conn.wait(lambda: snd.link.credit == 10, timeout=5)
+        for i in range(4):
+            snd.send(Message(body=i))  # waits for its accept
+        assert snd.link.credit == 6  # more than half left: nothing granted
+        snd.send(Message(body=4))
+        conn.wait(lambda: snd.link.credit == 10, timeout=5)  # half used: the whole window again
+        rcv = receiver(conn, address)
+        assert [m.body for m in receive_all(rcv, 5)] == [0, 1, 2, 3, 4]
+    finally:
+        conn.close()
 
 
 def test_the_anonymous_relay_routes_by_to_and_jms_dest(broker: BrokerProcess, address: str) -> None:

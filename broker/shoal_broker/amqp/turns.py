@@ -78,14 +78,20 @@ class Turns:
                 conn.process()
 
     def top_up(self, producer: ProducerLink) -> None:
-        """Give a producer credit back as its messages are stored (the back-pressure valve)."""
+        """Give a producer credit back as its messages are stored (the back-pressure valve),
+        once it has used half its window: one flow frame per half window, not one per answer.
+        A producer that sends one message and waits for its outcome (a synchronous JMS send)
+        had been given a flow frame with every accept, which a peer's sender answers frame by
+        frame (docs/performance.md#producer-credit)."""
         if self.guard.memory_high or self.holding or not self.accepting:  # credit again once
             return  # memory falls, or the store answers (Holding._stop tops every producer up);
             # none while stopping
         window = self.window
         credit = lib.pn_link_credit(producer.ptr)
+        if credit > window // 2:  # half its window left: it is not waiting for credit
+            return
         grant = window - producer.in_store - len(producer.waiting) - credit
-        if grant > 0 and (credit <= window // 2 or credit + grant >= window):
+        if grant > 0:
             lib.pn_link_flow(producer.ptr, grant)
             self.mark_dirty(producer.conn)
 
