@@ -30,7 +30,9 @@
 #
 # Environment: N (2000), WARMUP (1000), REPS (2), ROW (bench/load.py options; default
 # "--max-backlog 200": 1 -> 1 at-least-once), ENV (extra broker environment), MODES
-# ("standalone"; "cluster" too or instead), IDLE (10), SETTLE (12), TAIL (8), PY.
+# ("standalone"; "cluster" too or instead), IDLE (10), SETTLE (12), TAIL (8), PY, REPLICA (0;
+# 1: the standalone Redis gets a replica, so that a tree run with SHOAL_DURABILITY=replicated
+# has its WAITs confirmed).
 # Loopback only; every process started is stopped by PID on exit.
 set -euo pipefail
 
@@ -38,7 +40,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 N=${N:-2000}; WARMUP=${WARMUP:-1000}; REPS=${REPS:-2}; ROW=${ROW:---max-backlog 200}
 ENV=${ENV:-}; read -r -a MODES <<< "${MODES:-standalone}"; IDLE=${IDLE:-10}; SETTLE=${SETTLE:-12}
-TAIL=${TAIL:-8}
+TAIL=${TAIL:-8}; REPLICA=${REPLICA:-0}
 (($# >= 1)) || { echo "usage: $0 SRC_A [SRC_B ...]" >&2; exit 2; }
 command -v valgrind > /dev/null || { echo "valgrind is not installed" >&2; exit 2; }
 
@@ -89,10 +91,20 @@ start_store() {  # start_store MODE PORT DIR BUS_PORT: sets REDIS_PID and URL
   else
     start_redis "$2" "$3" --appendonly no
     URL="redis://127.0.0.1:$2/0"
+    if ((REPLICA)); then  # a replica, for trees in `replicated` durability (WAIT 1 confirms)
+      local primary=$REDIS_PID
+      mkdir -p "$3/replica"
+      start_redis "$5" "$3/replica" --appendonly no --replicaof 127.0.0.1 "$2"
+      REPLICA_PID=$REDIS_PID; REDIS_PID=$primary
+      for ((t = 0; t < 100; t++)); do
+        redis-cli -p "$5" INFO replication | grep -q 'master_link_status:up' && break
+        sleep 0.1
+      done
+    fi
   fi
 }
 
-echo "machine: nproc=$(nproc) N=$N WARMUP=$WARMUP REPS=$REPS ROW=$ROW ENV=$ENV MODES=${MODES[*]}"
+echo "machine: nproc=$(nproc) N=$N WARMUP=$WARMUP REPS=$REPS ROW=$ROW ENV=$ENV MODES=${MODES[*]} REPLICA=$REPLICA"
 for ((rep = 1; rep <= REPS; rep++)); do
   i=0
   for arg in "$@"; do
@@ -103,8 +115,9 @@ for ((rep = 1; rep <= REPS; rep++)); do
     build_wire "$src"
     dir=$WORK/$rep-$i
     mkdir -p "$dir"
-    read -r rport aport hport bport < <(free_ports 4)
-    start_store "$mode" "$rport" "$dir" "$bport"
+    read -r rport aport hport bport sport < <(free_ports 5)
+    REPLICA_PID=""
+    start_store "$mode" "$rport" "$dir" "$bport" "$sport"
     # shellcheck disable=SC2086
     env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING $ENV $own valgrind --tool=callgrind \
         --callgrind-out-file="$dir/callgrind.%p" "$BROKER_PY" -m shoal_broker \
@@ -132,6 +145,7 @@ for ((rep = 1; rep <= REPS; rep++)); do
     callgrind_control -d "$bpid" > /dev/null 2>&1
     kill -TERM "$bpid"; wait "$bpid" || true
     kill -TERM "$REDIS_PID"; wait "$REDIS_PID" || true
+    if [[ -n $REPLICA_PID ]]; then kill -TERM "$REPLICA_PID"; wait "$REPLICA_PID" || true; fi
     # the dump after zeroing holds the measured run; the one written at exit, only the stop
     read -r ir py_ir < <(split_ir "$(ls "$dir"/callgrind.*."$part")")
     read -r net net_py secs < <(awk -v ir="$ir" -v py="$py_ir" -v i="$idle_ir" -v ip="$idle_py" \

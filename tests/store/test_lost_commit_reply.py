@@ -249,3 +249,34 @@ def test_a_replicated_commit_confirmed_by_its_replica_is_answered_committed(
     finally:
         conn.close()
     assert (taken, sorted(moved, key=str), back) == ('first', sorted(MOVED), [])
+
+
+@pytest.mark.timeout(60)
+def test_an_exec_redis_reads_only_after_the_broker_asked_for_it_is_not_applied_twice(
+    cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
+) -> None:
+    """The broker closes a commit's connection while the EXEC sits unread in a live Redis (as a
+    +switch-master or a socket_timeout does), learns from the missing marker that nothing ran,
+    commits again within the hold, and only then does Redis read the first EXEC: it must not
+    apply (the marker read fenced it), or the transaction's sends are there twice."""
+    _, cutter, broker = cut_broker
+    source, target = f'{address}-in', f'{address}-out'
+    before = [f'{address}-{n}' for n in range(EARLIER)]
+    conn = connect(broker.url)
+    send_all(conn, source, before)
+    conn.close()
+    cutter.arm_late()
+    taken, answer = _commit_caught(broker, cutter, source, target, run=None)
+    assert cutter.late_kept.is_set(), 'the EXEC was not kept'
+    assert answer is not None, 'the discharge was not answered'
+    assert answer.remote_state == Delivery.ACCEPTED, answer.remote.condition
+    assert 'commit not applied' in broker.log()  # tried again
+    cutter.release_late()  # Redis reads the first EXEC only now
+    conn = connect(broker.url)
+    try:
+        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
+    finally:
+        conn.close()
+    assert sorted(moved, key=str) == sorted(MOVED), f'not each once: {moved}'
+    assert taken == before[0]
+    assert sorted(back, key=str) == sorted(before[1:], key=str), f'lost or back: {back}'

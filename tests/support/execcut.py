@@ -6,7 +6,11 @@ Armed with ``arm(run=True)``, the next ``EXEC`` reaches Redis but its reply neve
 test checks in Redis itself that it ran, then ``cut()`` resets that connection (the reply lost,
 as when Redis or the network dies right after applying it). Armed with ``arm(run=False)``, the
 connection is reset just before the ``EXEC`` reaches Redis, which then drops the queued
-``MULTI``: nothing of it ran. Every other connection, and every one opened after the cut, goes
+``MULTI``: nothing of it ran. Armed with ``arm_late()``, the broker's side of the connection is
+reset while the ``EXEC`` is kept, its connection to Redis open, until ``release_late()`` hands
+it to Redis: the bytes a live Redis had not read yet when the broker closed the connection (a
+``+switch-master`` closing connections in use, a ``socket_timeout``), run after the broker
+already asked whether they had. Every other connection, and every one opened after the cut, goes
 through unchanged, unless ``cut`` also puts Redis out of reach for a while.
 """
 
@@ -29,6 +33,8 @@ class _Link:
         self.client = client
         self.upstream = upstream
         self.replies_lost = False
+        self.answered = threading.Event()
+        """Set whenever Redis answers on this connection."""
 
     def reset(self) -> None:
         for s in (self.client, self.upstream):
@@ -50,6 +56,10 @@ class ExecCutter:
         """Set once the armed ``EXEC`` was kept from Redis and its connection reset."""
         self._lock = threading.Lock()
         self._armed: bool | None = None
+        self._late_armed = False
+        self._late: tuple[_Link, bytes] | None = None
+        self.late_kept = threading.Event()
+        """Set once the ``EXEC`` armed by ``arm_late`` is kept and the broker's side reset."""
         self._caught: _Link | None = None
         self._links: list[_Link] = []
         self._refusing_until = 0.0
@@ -63,6 +73,22 @@ class ExecCutter:
         """Catch the next ``EXEC``: let it run and lose its reply, or keep it from Redis."""
         with self._lock:
             self._armed = run
+
+    def arm_late(self) -> None:
+        """Keep the next ``EXEC`` from Redis and reset the broker's side of its connection."""
+        with self._lock:
+            self._late_armed = True
+
+    def release_late(self) -> None:
+        """Hand the kept ``EXEC`` to Redis at last, wait for Redis to answer it, then close."""
+        with self._lock:
+            late, self._late = self._late, None
+        assert late is not None, 'no EXEC was kept'
+        link, data = late
+        link.answered.clear()
+        link.upstream.sendall(data)
+        assert link.answered.wait(10), 'Redis did not answer the EXEC'  # it ran, or was aborted
+        link.reset()
 
     def cut(self, out_of_reach: float = 0.0) -> None:
         """Reset the connection whose ``EXEC`` ran (its reply never got back); with
@@ -110,12 +136,26 @@ class ExecCutter:
                 tail = seen[-(len(EXEC) - 1) :]
                 at = seen.find(EXEC)
                 with self._lock:
-                    run = self._armed if at >= 0 else None
+                    late = at >= 0 and self._late_armed
+                    if late:
+                        self._late_armed = False
+                        self._late = (link, data)
+                        link.replies_lost = True
+                    run = self._armed if at >= 0 and not late else None
                     if run is not None:
                         self._armed = None
                         if run:
                             link.replies_lost = True
                             self._caught = link
+                if late:  # the broker's side goes; Redis keeps the connection, EXEC unread
+                    with contextlib.suppress(OSError):
+                        link.client.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0)
+                        )
+                        link.client.shutdown(socket.SHUT_RDWR)
+                    link.client.close()
+                    self.late_kept.set()
+                    return
                 if run is False:
                     link.upstream.sendall(data[: max(0, at - (len(seen) - len(data)))])
                     link.reset()
@@ -129,6 +169,7 @@ class ExecCutter:
     def _replies(self, link: _Link) -> None:
         with contextlib.suppress(OSError):
             while data := link.upstream.recv(65536):
+                link.answered.set()
                 if link.replies_lost:
                     continue  # lost on the way
                 link.client.sendall(data)

@@ -1,12 +1,14 @@
 """
 Connections and sessions come and go: the Open answered (with this replica's capabilities, or a
-refusal the client can read), sole-connection-for-container held cluster-wide, pipelined Begins
-answered after our Open, and every link of an ended session or connection forgotten.
+refusal the client can read), sole-connection-for-container held cluster-wide (its check waits
+through a store outage within the hold's bound), pipelined Begins answered after our Open,
+and every link of an ended session or connection forgotten.
 
 proton sends no per-link events when a session or connection ends (``sweep``), and stops reading
 some malformed input without a word (``on_transport_tail_closed``): both are answered here.
 """
 
+import asyncio
 import logging
 from typing import Any
 
@@ -18,7 +20,7 @@ from shoal_broker.amqp.guard import Guard
 from shoal_broker.amqp.linking import Linking
 from shoal_broker.amqp.links import ConsumerLink, ProducerLink
 from shoal_broker.amqp.turns import Turns
-from shoal_broker.errors import BrokerError
+from shoal_broker.errors import BrokerError, StoreUnavailable
 from shoal_broker.metrics import registry as metrics
 from shoal_broker.routing.storage import MessageStore
 from shoal_broker.settings import BrokerSettings
@@ -32,6 +34,10 @@ OFFERED_CAPABILITIES = [
     'sole-connection-for-container',
 ]
 PRODUCT = 'shoal'
+CLAIM_PAUSES = (0.05, 0.1, 0.2, 0.25)
+"""Pauses between ClientID checks while the store does not answer (the last one repeated): the
+longest is what an Open may wait past the store's return, as for a held send
+(``holding.PAUSES``)."""
 
 
 class Connecting:
@@ -120,17 +126,19 @@ class Connecting:
         """Enforce sole-connection-for-container: one connection per ClientID, cluster-wide."""
         holder = f'{self.settings.replica_id}|{conn.id}'
         try:
-            claimed = await self.store.registry.claim_client(client_id, holder)
+            claimed = await self._claim_within_hold(conn, client_id, holder)
         except BrokerError as exc:
             conn.opened.set()
-            if conn.alive:
+            if conn.alive:  # refused as Qpid JMS reads it: Open, then a Close that says why
                 metrics.CONNECTIONS_REFUSED.labels(exc.condition).inc()
-                conn.fail(exc.condition, f'cannot check the ClientID: {exc}')
+                self._open_connection(conn, refused=True)
+                conn.fail(exc.condition, self._unchecked(client_id, exc))
                 self.mark_dirty(conn)
+            else:  # an attempt whose reply was lost may have claimed it
+                self.spawn(self._release_client(client_id, holder))
             return
         if not conn.alive:
-            if claimed:
-                await self.store.registry.release_client(client_id, holder)
+            self.spawn(self._release_client(client_id, holder))  # claimed, or perhaps claimed
             return
         conn.opened.set()  # from here on attaches may be answered (or refused with the Close)
         if claimed:
@@ -146,6 +154,39 @@ class Connecting:
             engine.set_condition_info(condition, {'invalid-field': 'container-id'})
             lib.pn_connection_close(conn.connection)
         self.mark_dirty(conn)
+
+    async def _claim_within_hold(self, conn: AmqpConnection, client_id: str, holder: str) -> bool:
+        """Claim the ClientID, trying again through a store outage for up to the hold's bound
+        (``SHOAL_STORE_HOLD_SECONDS``), as a held send waits: a client that connects while the
+        store fails over gets its Open answered once the store is back, not refused. Stops
+        early when the client hangs up (False: whatever it claimed is released)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.store.hold_seconds
+        pause = CLAIM_PAUSES[0]
+        attempt = 0
+        while True:
+            try:
+                return await self.store.registry.claim_client(client_id, holder)
+            except StoreUnavailable:
+                left = deadline - loop.time()
+                if left <= 0 or not conn.alive:
+                    raise
+                if attempt == 0:
+                    logger.warning('ClientID %r waits for the store to answer', client_id)
+            await asyncio.sleep(min(pause, left))  # a last attempt at the bound itself
+            if not conn.alive:
+                return False
+            attempt += 1
+            pause = CLAIM_PAUSES[min(attempt, len(CLAIM_PAUSES) - 1)]
+
+    def _unchecked(self, client_id: str, exc: BrokerError) -> str:
+        if not isinstance(exc, StoreUnavailable) or self.settings.store.hold_seconds <= 0:
+            return f'cannot check the ClientID {client_id!r}: {exc}'
+        return (
+            f'the message store did not answer for {self.settings.store.hold_seconds:g} s: the '
+            f'ClientID {client_id!r} could not be checked (connect again once the store is '
+            f'back; {exc})'
+        )
 
     def on_connection_remote_close(self, conn: AmqpConnection, event: Ptr) -> None:
         self.sweep(conn, session=None)

@@ -11,13 +11,20 @@ from typing import Any
 
 import redis.asyncio
 
-from shoal_broker.errors import AddressNotFound, NotAllowed, ResourceLimitExceeded, ResourceLocked
+from shoal_broker.errors import (
+    AddressNotFound,
+    NotAllowed,
+    ResourceLimitExceeded,
+    ResourceLocked,
+    StoreUnavailable,
+)
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.routing.storage import QUEUE_GROUP, JoinOutcome
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys, layout
 from shoal_broker.store.calls import Scripts, as_text, call
+from shoal_broker.store.commit_nodes import NOTHING_RAN
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +164,15 @@ class AddressRegistry:
         return found
 
     async def claim_client(self, client_id: str, holder: str) -> bool:
-        return bool(await call(self._client.hsetnx(keys.CLIENTS, client_id, holder)))
+        """Claimed, or held by ``holder`` already: a claim tried again after its reply was lost
+        (a store outage, a failover) finds its own first write, not another connection."""
+        try:
+            if await call(self._client.hsetnx(keys.CLIENTS, client_id, holder)):
+                return True
+            held = await call(self._client.hget(keys.CLIENTS, client_id))
+        except NOTHING_RAN as exc:  # a failover under way: the caller may try again
+            raise StoreUnavailable(f'Redis refused the ClientID check: {exc}') from exc
+        return held is not None and as_text(held) == holder
 
     async def release_client(self, client_id: str, holder: str) -> None:
         await self._scripts.evalsha('release_client', (keys.CLIENTS,), (client_id, holder))

@@ -53,6 +53,12 @@ MARKER_SECONDS = 120.0
 """How long a one-slot commit's marker stays in Redis: the time the broker has to learn whether
 an ``EXEC`` whose reply was lost ran. One small key per commit for that long."""
 
+APPLIED = b'1'
+"""A marker's value written by its commit's ``EXEC``."""
+
+FENCED = b'0'
+"""A marker's value written by a read that found it missing: that commit never runs."""
+
 MARKER_MARGIN_SECONDS = 10.0
 """Asking stops this long before the marker goes: a marker not found later may have expired."""
 
@@ -123,8 +129,8 @@ class Transactions:
         first = sends[0][0] if sends else acks[0][0]
         marker = keys.AddressKeys.of(first).transaction_marker(uuid.uuid4().hex)
         started = time.monotonic()
-        pipe = client.pipeline(transaction=True)
-        pipe.set(marker, b'1', px=int(MARKER_SECONDS * 1000))  # read back if the reply is lost
+        pipe = await self._watching(client, marker)
+        pipe.set(marker, APPLIED, px=int(MARKER_SECONDS * 1000))  # read back if the reply is lost
         for address, kind, message in sends:
             k = keys.AddressKeys.of(address)
             unique = message.duplicate_id
@@ -150,7 +156,7 @@ class Transactions:
                 pipe.hdel(k.delivery_counts(group), keys.entry_field(entry.band, entry.id))
         try:
             replies = await pipe.execute(raise_on_error=False)
-        except REDIS_DOWN as exc:
+        except (*REDIS_DOWN, redis.exceptions.WatchError) as exc:  # lost while watching
             await self._after_lost_reply(client, marker, started, sends, exc)
             return
         except (*NOTHING_RAN, redis.exceptions.ExecAbortError) as exc:  # a failover: discarded
@@ -165,6 +171,25 @@ class Transactions:
         if self._durability is Durability.REPLICATED:
             await self._replicated(client, marker, sends)
         await self._announce_all(sends)
+
+    async def _watching(self, client: 'redis.asyncio.Redis', marker: str) -> Any:
+        """A transaction pipeline that has ``WATCH``ed the commit's marker, answered before the
+        ``EXEC`` goes: a later read that finds the marker missing fences it (``_marker_found``).
+        One round trip more per commit (docs/redis-modes.md, "A lost EXEC reply")."""
+        pipe = client.pipeline(transaction=True)
+        try:
+            await pipe.watch(marker)
+        except REDIS_DOWN as exc:
+            await pipe.reset()  # type: ignore[no-untyped-call]
+            raise StoreUnavailable(
+                f'the commit was not applied: Redis unreachable ({exc})'
+            ) from exc
+        except NOTHING_RAN as exc:
+            await pipe.reset()  # type: ignore[no-untyped-call]
+            await self._refresh_nodes()
+            raise StoreUnavailable(f'the commit was not applied: Redis refused it ({exc})') from exc
+        pipe.multi()  # type: ignore[no-untyped-call]
+        return pipe
 
     async def _replicated(self, client: 'redis.asyncio.Redis', marker: str, sends: Sends) -> None:
         """In ``replicated`` mode, a commit EXEC applied counts once a replica has its marker."""
@@ -275,11 +300,17 @@ class Transactions:
 
     async def _marker_found(self, client: 'redis.asyncio.Redis', marker: str) -> tuple[bool, bool]:
         """Whether the marker is there (its ``EXEC`` ran), and whether a replica confirmed it.
-        ``PEXPIRE`` writes only when the marker is there; a ``WAIT`` after it on the same
-        connection then confirms everything the primary applied before, the ``EXEC`` too."""
+        Not there, it is written as ``FENCED``: the commit's ``WATCH`` of it then aborts an
+        ``EXEC`` that Redis has not read yet (its connection closed by the broker, which a
+        ``+switch-master`` or a ``socket_timeout`` does, with the bytes still unread on a live
+        server), so "never ran" stays true; without it that ``EXEC`` ran after the answer and
+        the commit tried again was applied twice. ``PEXPIRE`` then writes in either case, and a
+        ``WAIT`` after it on the same connection confirms everything the primary applied
+        before, the ``EXEC`` too."""
         if self.commits is not None:  # the slot's primary now: a failover may have moved it
             client = self.commits.node_for(marker)
         pipe = client.pipeline(transaction=False)
+        pipe.set(marker, FENCED, px=int(MARKER_SECONDS * 1000), nx=True, get=True)
         pipe.pexpire(marker, int(MARKER_SECONDS * 1000))
         if self._durability is Durability.REPLICATED:
             pipe.execute_command('WAIT', 1, self._replication_timeout_ms)
@@ -291,9 +322,9 @@ class Transactions:
         except REDIS_DOWN:  # a node gone: the slot map may name its successor by the next time
             await self._refresh_nodes()
             raise
-        applied = bool(replies[0])
+        applied = replies[0] == APPLIED
         confirmed = self._durability is not Durability.REPLICATED or (
-            isinstance(replies[1], int) and replies[1] >= 1
+            isinstance(replies[2], int) and replies[2] >= 1
         )
         return applied, confirmed
 
