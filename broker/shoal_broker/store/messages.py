@@ -26,6 +26,7 @@ from shoal_broker.routing.storage import (
     OutgoingMessage,
     PublishCallback,
     T,
+    stored_origin,
 )
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
@@ -141,7 +142,9 @@ class Messages:
         header, rest, expiry_ms, origin = (
             message.header, message.rest, message.expiry_ms, message.origin
         )  # fmt: skip
-        if expiry_ms:
+        if message.group:
+            tail = encode(b'%d' % expiry_ms, stored_origin(message).encode())
+        elif expiry_ms:
             tail = encode(b'%d' % expiry_ms, origin.encode())
         else:
             known = self._tails.get(origin)
@@ -258,6 +261,15 @@ class Messages:
         shares = keys.AddressKeys.of(address).shares(group)
         return self._queue([('HDEL', shares, self._replica_id)], no_result)
 
+    def drop_groups(self, address: str, group: str) -> Awaitable[None]:
+        """Give up the message groups this replica owns in the subscription (its last consumer
+        here left and its unsettled entries are back): ``lua/groups_drop.lua``."""
+        k = keys.AddressKeys.of(address)
+        script_keys = (k.group_owners(group), k.group_parked(group), k.group_held(group),
+                       k.returned(group))  # fmt: skip
+        command = self._script('groups_drop', script_keys, (self._replica_id, k.notify))
+        return self._queue([command], no_result)
+
     def replica_ready(self, address: str) -> Awaitable[bool]:
         """``WAIT 0 0`` and ``ROLE`` in the message path's pipeline, on the node of
         ``address`` (the ``EXISTS`` only routes it there), answered at once. Asked before held
@@ -308,7 +320,7 @@ class Messages:
         k = keys.AddressKeys.of(address)
         member = f'{due_ms}-{uuid.uuid4().hex}'
         args = (due_ms, member, message.band, message.header, message.rest,
-                str(message.expiry_ms), message.origin)  # fmt: skip
+                str(message.expiry_ms), stored_origin(message))  # fmt: skip
         script = self._script('schedule', (k.scheduled, k.scheduled_messages), args)
         listing = ('SADD', keys.SCHEDULED, address)
         if self._cycles.lanes is None:
@@ -386,9 +398,10 @@ class Messages:
                 self._shared.discard(subscription)
             if len(replies) > 1:
                 new = new_entries(replies[1])
-                if not head[0]:
+                if not head[0] and not any(entry.group for entry in new):
                     entries += new
-                elif new:  # more returned entries may wait: the new ones must not overtake them
+                elif new:  # more returned entries may wait, or a message group's owner has a say:
+                    # the new ones must not overtake them
                     # their releases are queued now, before any fetch the caller's callback
                     # starts: queued from the background task, they went after it, and that
                     # fetch handed out newer entries first

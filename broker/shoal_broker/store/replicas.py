@@ -331,6 +331,11 @@ class Liveness:
                 if moved < RECLAIM_BATCH:
                     break
             await self.store.call(client.xgroup_delconsumer(stream, name, dead))
+        for name in sorted({as_text(g['name']) for _, g in groups} - deleted):
+            # after its entries are back: their groups' next owner starts with them
+            await self.store.evalsha('groups_drop', (
+                k.group_owners(name), k.group_parked(name), k.group_held(name), k.returned(name)
+            ), (dead, k.notify))  # fmt: skip
         for name in sorted({as_text(g['name']) for _, g in groups if g.get('lined')}):
             # after its entries are back: the next in line starts with them
             if await self.store.evalsha('exclusive_reap', (k.line(name),), (dead, k.notify)):

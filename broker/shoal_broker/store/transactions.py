@@ -39,7 +39,7 @@ import redis.exceptions
 
 from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.metrics.registry import duplicates_dropped
-from shoal_broker.routing.storage import Entry, OutgoingMessage
+from shoal_broker.routing.storage import Entry, OutgoingMessage, stored_origin
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
@@ -135,7 +135,7 @@ class Transactions:
                     k.streams[message.band], k.groups, k.watchers, k.duplicates, *k.streams,
                     k.levels, kind.value, '', self.replica_id,
                     window.count, window.seconds * 1000, 0, '', message.header, message.rest,
-                    str(message.expiry_ms), message.origin, unique,
+                    str(message.expiry_ms), stored_origin(message), unique,
                 )  # fmt: skip
                 continue
             pipe.eval(
