@@ -30,7 +30,7 @@ from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outlets import Fed
 from shoal_broker.amqp.returns import Returns
 from shoal_broker.amqp.spans import Spans
-from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS, LocalSubscription
+from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import BrokerError, StoreUnavailable
 from shoal_broker.metrics.registry import EXCLUSIVE_HANDOVERS, Counters
@@ -309,14 +309,15 @@ class Consuming:
                 await asyncio.sleep(pause)
 
     async def drop_groups(
-        self, sub: LocalSubscription, after: Sequence[Awaitable[None] | None]
+        self, address: str, group: str, after: Sequence[Awaitable[None] | None]
     ) -> None:
-        """Give up the message groups this replica owns in ``sub``, its last consumer here gone,
+        """Give up the message groups this replica owns in the subscription, its last consumer
+        here gone,
         once ``after`` (the returns of that consumer's unsettled entries) are done: their next
         owner finds them first. Not if a consumer came back meanwhile."""
         await asyncio.gather(*(r for r in after if r is not None), return_exceptions=True)
-        if not sub.consumers and (sub.address, sub.group) not in self.nodes.subscriptions:
-            await _quietly(self.store.messages.drop_groups(sub.address, sub.group))
+        if (address, group) not in self.nodes.subscriptions:
+            await _quietly(self.store.messages.drop_groups(address, group))
 
     def leave_sharing(self, address: str, group: str) -> None:
         """The subscription's last consumer here left: out of its sharing between replicas
