@@ -113,6 +113,14 @@ for _, b in ipairs(redis.call('SMEMBERS', KEYS[14])) do in_use[tonumber(b)] = tr
 in_use[5] = true
 for b = 0, 9 do if in_use[b] then bands[#bands + 1] = b end end
 
+-- entries parked for this replica are its own: the sharing below does not count them
+local mine_parked = {}
+if grouped then
+  local prefix = ARGV[2] .. '|'
+  mine_parked = redis.call('ZRANGEBYLEX', KEYS[16], '[' .. prefix, '[' .. prefix .. '\255',
+                           'LIMIT', 0, want)
+end
+
 local consumers = tonumber(ARGV[5])
 local function share_now()
   local t = redis.call('TIME')
@@ -138,12 +146,12 @@ if consumers > 0 then
     end
     redis.call('HSET', KEYS[13], unpack(flat))
     if others then
-      want = math.min(want, granted)
+      want = math.min(want, granted + #mine_parked)
       if want <= 0 then  -- nothing popped here: still say when a waiting entry is due
         local head = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
         if head[2] and head[2] ~= '0' then out[3] = math.max(tonumber(head[2]) - share_now(), 0) end
       end
-      out[2] = available - want
+      out[2] = math.max(available + #mine_parked - want, 0)
       if known == 0 then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
     end
   elseif known == 0 then  -- alone, and first: the record a replica that joins will see
@@ -194,10 +202,8 @@ if want > 0 then
 end
 -- entries parked for this replica join its returned ones, band by band, in member order
 local from_parked = {}
-if want > 0 and grouped then
+if want > 0 and #mine_parked > 0 then
   local prefix = ARGV[2] .. '|'
-  local mine_parked = redis.call('ZRANGEBYLEX', KEYS[16], '[' .. prefix, '[' .. prefix .. '\255',
-                                 'LIMIT', 0, want)
   for _, full in ipairs(mine_parked) do
     local member = string.sub(full, #prefix + 1)
     local band = tonumber(string.sub(member, 1, 1))

@@ -1,0 +1,115 @@
+"""Message groups (properties.group-id, JMSXGroupID) over two replicas on one Redis: each group's
+messages go to one consumer at a time, in order, and move with their unsettled messages first
+when that consumer leaves (docs/architecture.md, "Message groups")."""
+
+import collections
+import time
+
+import pytest
+from amqpclient import connect, receiver, sender
+from processes import BrokerProcess
+from proton import Message
+from proton import Timeout
+from proton.utils import BlockingReceiver
+
+FIRST = 'JMSXGroupFirstForConsumer'
+
+
+def grouped(group: str, seq: int) -> Message:
+    return Message(body=f'{group}:{seq}', group_id=group, group_sequence=seq)
+
+
+def poll(rcv: BlockingReceiver) -> Message | None:
+    try:
+        return rcv.receive(timeout=0.05)
+    except Timeout:
+        return None
+
+
+@pytest.mark.timeout(120)
+def test_each_group_goes_in_order_to_one_consumer_over_two_replicas(
+    broker: BrokerProcess, second_broker: BrokerProcess, address: str
+) -> None:
+    groups, per_group = 40, 10
+    urls = [broker.url, second_broker.url]
+    conns = [connect(url) for url in urls]
+    receivers = [receiver(conns[i % 2], address, credit=5) for i in range(4)]
+    senders = [sender(conn, address) for conn in conns]
+    for seq in range(per_group):  # producers on both replicas, each with half the groups
+        for g in range(groups):
+            senders[g % 2].send(grouped(f'g{g}', seq))
+    seen: dict[str, list[int]] = collections.defaultdict(list)
+    holders: dict[str, set[int]] = collections.defaultdict(set)
+    total = 0
+    deadline = time.monotonic() + 90
+    while total < groups * per_group and time.monotonic() < deadline:
+        for index, rcv in enumerate(receivers):
+            message = poll(rcv)
+            if message is None:
+                continue
+            rcv.accept()
+            group, seq = message.body.split(':')
+            seen[group].append(int(seq))
+            holders[group].add(index)
+            total += 1
+    assert total == groups * per_group
+    for group, seqs in seen.items():
+        assert seqs == list(range(per_group)), group
+    assert all(len(h) == 1 for h in holders.values()), 'one consumer per group'
+    assert len({i for h in holders.values() for i in h}) >= 2, 'groups spread over consumers'
+    for conn in conns:
+        conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_group_moves_with_its_unsettled_messages_first_and_marked_first_for_consumer(
+    broker: BrokerProcess, second_broker: BrokerProcess, address: str
+) -> None:
+    here, there = connect(broker.url), connect(second_broker.url)
+    snd = sender(here, address)
+    first = receiver(here, address, credit=3)
+    for seq in range(3):
+        snd.send(grouped('acct-1', seq))
+    got = [first.receive(timeout=10) for _ in range(3)]  # held unsettled
+    assert [m.body for m in got] == ['acct-1:0', 'acct-1:1', 'acct-1:2']
+    assert got[0].annotations and got[0].annotations.get(FIRST) is True
+    assert not (got[1].annotations or {}).get(FIRST)
+    other = receiver(there, address, credit=10)  # a new consumer steals nothing
+    for seq in range(3, 6):
+        snd.send(grouped('acct-1', seq))
+    assert poll(other) is None
+    first.close()  # unsettled at detach: the group moves, those go first, delivery-count + 1
+    moved = [other.receive(timeout=10) for _ in range(6)]
+    for _ in moved:
+        other.accept()
+    assert [m.body for m in moved] == [f'acct-1:{seq}' for seq in range(6)]
+    assert [m.delivery_count for m in moved] == [1, 1, 1, 0, 0, 0]
+    assert moved[0].annotations and moved[0].annotations.get(FIRST) is True
+    assert not any((m.annotations or {}).get(FIRST) for m in moved[1:])
+    here.close()
+    there.close()
+
+
+def test_ungrouped_messages_beside_groups_flow_to_every_consumer(
+    broker: BrokerProcess, address: str
+) -> None:
+    conn = connect(broker.url)
+    a, b = receiver(conn, address, credit=20), receiver(conn, address, credit=20)
+    snd = sender(conn, address)
+    for i in range(10):
+        snd.send(Message(body=f'plain:{i}'))
+        snd.send(grouped('one', i))
+    bodies: dict[int, list[str]] = {0: [], 1: []}
+    deadline = time.monotonic() + 20
+    while len(bodies[0]) + len(bodies[1]) < 20 and time.monotonic() < deadline:
+        for index, rcv in enumerate((a, b)):
+            if (message := poll(rcv)) is not None:
+                rcv.accept()
+                bodies[index].append(message.body)
+    everything = bodies[0] + bodies[1]
+    assert sorted(everything) == sorted([f'plain:{i}' for i in range(10)] +
+                                        [f'one:{i}' for i in range(10)])  # fmt: skip
+    holder = [i for i in (0, 1) if any(b.startswith('one:') for b in bodies[i])]
+    assert len(holder) == 1
+    assert [b for b in bodies[holder[0]] if b.startswith('one:')] == [f'one:{i}' for i in range(10)]
+    conn.close()
