@@ -8,8 +8,7 @@ import time
 import pytest
 from amqpclient import connect, receiver, sender
 from processes import BrokerProcess
-from proton import Message
-from proton import Timeout
+from proton import Message, Timeout
 from proton.utils import BlockingReceiver
 
 FIRST = 'JMSXGroupFirstForConsumer'
@@ -72,7 +71,7 @@ def test_a_group_moves_with_its_unsettled_messages_first_and_marked_first_for_co
         snd.send(grouped('acct-1', seq))
     got = [first.receive(timeout=10) for _ in range(3)]  # held unsettled
     assert [m.body for m in got] == ['acct-1:0', 'acct-1:1', 'acct-1:2']
-    assert got[0].annotations and got[0].annotations.get(FIRST) is True
+    assert (got[0].annotations or {}).get(FIRST) is True
     assert not (got[1].annotations or {}).get(FIRST)
     other = receiver(there, address, credit=10)  # a new consumer steals nothing
     for seq in range(3, 6):
@@ -87,7 +86,7 @@ def test_a_group_moves_with_its_unsettled_messages_first_and_marked_first_for_co
     # too (it tops up credit as the application receives)
     assert [m.delivery_count for m in moved[:3]] == [1, 1, 1]
     assert all(m.delivery_count <= 1 for m in moved[3:])
-    assert moved[0].annotations and moved[0].annotations.get(FIRST) is True
+    assert (moved[0].annotations or {}).get(FIRST) is True
     assert not any((m.annotations or {}).get(FIRST) for m in moved[1:])
     here.close()
     there.close()

@@ -89,13 +89,15 @@ CASES = [
     # exclusive (single active) consumers: the line, the fetch gated on it, leaving and reaping
     Case('exclusive_join', (A.line(GROUP),), (f'{REPLICA}|c1|rx|1',)),
     Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP),
-                   A.levels, A.group_owners(GROUP), A.group_parked(GROUP), A.group_held(GROUP), A.line(GROUP)),
+                   A.levels, A.group_owners(GROUP), A.group_parked(GROUP), A.group_held(GROUP),
+                   A.line(GROUP)),
          (GROUP, REPLICA, 10, '1', 0, 10, A.notify, f'{REPLICA}|c1|rx|1')),
     Case('exclusive_leave', (A.line(GROUP), *A.streams, A.returned(GROUP)),
          (f'{REPLICA}|c1|rx|1', GROUP, REPLICA, A.notify)),
     Case('exclusive_reap', (A.line(GROUP),), ('replica-dead', A.notify)),
     # message groups: a replica's groups dropped (its last consumer left, or it was reaped)
-    Case('groups_drop', (A.group_owners(GROUP), A.group_parked(GROUP), A.group_held(GROUP), A.returned(GROUP)), (REPLICA, A.notify)),
+    Case('groups_drop', (A.group_owners(GROUP), A.group_parked(GROUP), A.group_held(GROUP),
+                         A.returned(GROUP)), (REPLICA, A.notify)),
     # named subscriptions (JMS) and their declarations (the operator)
     Case('join', (S.definition, S.consumers),
          ('c1', REPLICA, SUBSCRIPTION, '1', '1', 'client', 'app-1', 'watch', TOPIC, '', '0', 0,
