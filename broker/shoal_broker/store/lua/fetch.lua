@@ -120,6 +120,7 @@ if grouped then
   mine_parked = redis.call('ZRANGEBYLEX', KEYS[16], '[' .. prefix, '[' .. prefix .. '\255',
                            'LIMIT', 0, want)
 end
+local parked_limit = want
 
 local consumers = tonumber(ARGV[5])
 local function share_now()
@@ -175,8 +176,13 @@ end
 
 -- the returned entries due, by band (looked at: the first ``want`` of the ZSET)
 local returned = {}
+-- with message groups, what lies past a cut-off look (the ZSET's head, or the parked entries')
+-- waits for the next fetch, and so does everything newer: an entry parked for another replica
+-- costs no credit, so the look may end before the credit does (``bound``: members from it on)
+local bound = nil
 if want > 0 then
   local head = redis.call('ZRANGE', KEYS[11], 0, want - 1, 'WITHSCORES')
+  if grouped and #head == 2 * want then bound = head[#head - 1] .. '~' end
   local now = nil
   for j = 1, #head, 2 do
     if head[j + 1] ~= '0' then  -- delayed: due yet?
@@ -184,6 +190,7 @@ if want > 0 then
       local wait = tonumber(head[j + 1]) - now
       if wait > 0 then
         out[3] = wait
+        if grouped then bound = head[j] end
         break
       end
     end
@@ -204,6 +211,10 @@ end
 local from_parked = {}
 if want > 0 and #mine_parked > 0 then
   local prefix = ARGV[2] .. '|'
+  if #mine_parked >= parked_limit then
+    local last = string.sub(mine_parked[#mine_parked], #prefix + 1) .. '~'
+    if not bound or last < bound then bound = last end
+  end
   for _, full in ipairs(mine_parked) do
     local member = string.sub(full, #prefix + 1)
     local band = tonumber(string.sub(member, 1, 1))
@@ -224,9 +235,14 @@ if want > 0 and #mine_parked > 0 then
   end
 end
 
+local cut = false  -- a look ended at ``bound`` with credit left: nothing newer goes out
 local function claim_returned(band)
   for _, member in ipairs(returned[band] or {}) do
     if want <= 0 then return end
+    if bound and member >= bound then
+      cut = true
+      return
+    end
     local full = from_parked[member]
     if full then redis.call('ZREM', KEYS[16], full) else redis.call('ZREM', KEYS[11], member) end
     local ms, seq = string.match(member, '^%d|(%d+)-(%d+)$')
@@ -243,6 +259,10 @@ end
 local GROUP_ROUNDS = 8  -- reads of a band while what is read is parked for other replicas
 local function read_new(band)
   if want <= 0 then return end
+  if cut then  -- look again soon
+    if out[3] == 0 then out[3] = 1 end
+    return
+  end
   -- an empty band costs an XLEN, not an XREADGROUP
   if redis.call('XLEN', KEYS[band + 1]) > 0 then
     for round = 1, GROUP_ROUNDS do
