@@ -6,7 +6,8 @@ import collections
 import time
 
 import pytest
-from amqpclient import connect, receiver, sender
+from amqpclient import Capabilities, connect, receiver, sender
+from jmswire import JmsSource, jms_connect, subscriber
 from processes import BrokerProcess
 from proton import Message, Timeout
 from proton.utils import BlockingReceiver
@@ -115,3 +116,51 @@ def test_ungrouped_messages_beside_groups_flow_to_every_consumer(
     assert len(holder) == 1
     assert [b for b in bodies[holder[0]] if b.startswith('one:')] == [f'one:{i}' for i in range(10)]
     conn.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('durable', [True, False], ids=['durable', 'non-durable'])
+def test_a_shared_subscription_pins_groups_and_moves_one_when_its_consumer_leaves(
+    broker: BrokerProcess, second_broker: BrokerProcess, address: str, durable: bool
+) -> None:
+    """Two JMS consumers of one shared subscription, one on each replica: each group stays with
+    one of them, in order; closing one moves its groups, unsettled first, marked for the other."""
+    shared = JmsSource('topic', 'shared', 'global', durable=durable)
+    name = 'ledger|global' if durable else 'ledger|global-volatile1'
+    conns = [jms_connect(broker.url), jms_connect(second_broker.url)]
+    subs = [subscriber(conn, address, name, shared, credit=50) for conn in conns]
+    time.sleep(0.3)  # both attached before the first message
+    producer = connect(broker.url)
+    snd = sender(producer, address, Capabilities('topic'))
+    for seq in range(10):
+        for g in range(6):
+            snd.send(grouped(f'k{g}', seq))
+    got: dict[int, list[Message]] = {0: [], 1: []}
+    deadline = time.monotonic() + 20
+    while len(got[0]) + len(got[1]) < 60 and time.monotonic() < deadline:
+        for index, rcv in enumerate(subs):
+            if (message := poll(rcv)) is not None:
+                got[index].append(message)  # left unsettled
+    assert len(got[0]) + len(got[1]) == 60
+    holder = {m.group_id: i for i in (0, 1) for m in got[i]}
+    for index in (0, 1):
+        for g in {m.group_id for m in got[index]}:
+            assert [m.group_sequence for m in got[index] if m.group_id == g] == list(range(10))
+            assert holder[g] == index
+    leaving = 0 if got[0] else 1
+    staying = 1 - leaving
+    moved_groups = {m.group_id for m in got[leaving]}
+    conns[leaving].close()  # its connection drops with everything unsettled
+    again: list[Message] = []
+    deadline = time.monotonic() + 20
+    while len(again) < len(got[leaving]) and time.monotonic() < deadline:
+        if (message := poll(subs[staying])) is not None:
+            again.append(message)
+    assert len(again) == len(got[leaving])
+    for g in moved_groups:
+        mine = [m for m in again if m.group_id == g]
+        assert [m.group_sequence for m in mine] == list(range(10))
+        assert all(m.delivery_count == 1 for m in mine)
+        assert (mine[0].annotations or {}).get(FIRST) is True
+    conns[staying].close()
+    producer.close()
