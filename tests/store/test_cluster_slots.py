@@ -101,6 +101,7 @@ CASES = [
     # message groups: a replica's groups dropped (its last consumer left, or it was reaped)
     Case('groups_drop', (A.group_owners(GROUP), A.group_parked(GROUP), A.group_held(GROUP),
                          A.returned(GROUP)), (REPLICA, A.notify)),
+    Case('groups_forget', (A.group_owners(GROUP), A.group_held(GROUP)), (REPLICA, 'g1', 'g2')),
     # named subscriptions (JMS) and their declarations (the operator)
     Case('join', (S.definition, S.consumers),
          ('c1', REPLICA, SUBSCRIPTION, '1', '1', 'client', 'app-1', 'watch', TOPIC, '', '0', 0,

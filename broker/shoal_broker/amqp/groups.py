@@ -15,13 +15,20 @@ later ones, so an entry of a moved group that an earlier fetch brought, or that 
 goes back too rather than overtaking them (docs/architecture.md, "Message groups").
 """
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from shoal_broker.amqp import recode
 from shoal_broker.amqp.links import ConsumerLink, Identifiers
 from shoal_broker.amqp.outlets import Outlet
+from shoal_broker.metrics.registry import ACTIVE_GROUPS, GROUP_MOVES
 from shoal_broker.routing.storage import Entry
+
+IDLE_SECONDS = 60.0
+"""A group with nothing unsettled at its consumer, nothing waiting here and no message for
+between one and two such periods is let go, here and in Redis: state of finished groups does not
+pile up (docs/architecture.md, "Message groups")."""
 
 FIRST_FOR_CONSUMER = 'JMSXGroupFirstForConsumer'
 """The message annotation on a consumer's first entry of a group it was just given (Artemis and
@@ -34,7 +41,10 @@ RETURN = 'return'
 class Groups:
     """The group -> consumer table of one local subscription."""
 
-    __slots__ = ('_first', '_held', '_moved', '_owner', '_parked', 'fetches')
+    __slots__ = (
+        '_first', '_held', '_moved', '_owner', '_parked', '_seen', '_swept', 'fetches',
+        'rebalance', 'sweeping',
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._owner: dict[str, ConsumerLink] = {}
@@ -48,6 +58,13 @@ class Groups:
         """Group -> the last fetch started before it moved: entries such fetches brought go back."""
         self.fetches = 0
         """Fetches started so far (the subscription counts them)."""
+        self._seen: dict[str, int] = {}
+        """Group -> ``fetches`` when an entry of it last went out."""
+        self._swept = 0
+        """``fetches`` at the last look for idle groups."""
+        self.sweeping = False
+        self.rebalance = False
+        """``delivery.groupRebalance``: a consumer joining here takes groups not in flight."""
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -72,19 +89,21 @@ class Groups:
             if fetch > moved:
                 del self._moved[group]
         owner = self._owner.get(group)
-        if owner is None or not owner.alive:
+        if owner is None:
             if not candidates:
                 return PARK
             owner = min(candidates, key=lambda c: (self._held.get(c, 0), -_left(c, credit)))
             self._owner[group] = owner
             self._held[owner] = self._held.get(owner, 0) + 1
             self._first.add(group)
-        elif owner not in candidates:
+            ACTIVE_GROUPS.inc()
+        elif not owner.alive or owner not in candidates:
             return PARK
         if fetch and self._parked.get(group):
             return PARK  # behind its parked entries
         if _left(owner, credit) <= 0:
             return PARK
+        self._seen[group] = self.fetches
         if group in self._first:
             self._first.discard(group)
             entry.rest = recode.with_flag(entry.rest, FIRST_FOR_CONSUMER)
@@ -103,11 +122,32 @@ class Groups:
     def moved_off(self, consumer: ConsumerLink) -> set[str]:
         """``consumer`` left: its groups go to other consumers, once what it held is back."""
         groups = {g for g, owner in self._owner.items() if owner is consumer}
-        for group in groups:
-            del self._owner[group]
-            self._first.discard(group)
-            self._moved[group] = self.fetches + 1  # and one its leaving may start at once
+        self._let_go(groups, self.fetches + 1)  # and a fetch its leaving may start at once
         self._held.pop(consumer, None)
+        GROUP_MOVES.inc(len(groups))
+        return groups
+
+    def _let_go(self, groups: set[str], barrier: int) -> None:
+        """Forget ``groups`` here; entries of them that fetches up to ``barrier`` bring go
+        back to Redis."""
+        for group in groups:
+            owner = self._owner.pop(group)
+            self._held[owner] = self._held.get(owner, 1) - 1
+            self._first.discard(group)
+            self._seen.pop(group, None)
+            self._moved[group] = barrier
+        ACTIVE_GROUPS.dec(len(groups))
+
+    def idle(self, busy: set[str], *, everything: bool = False) -> set[str]:
+        """Let go of the groups with nothing in ``busy`` (unsettled or parked) and, unless
+        ``everything``, no entry out since the last look; returns them."""
+        swept, self._swept = self._swept, self.fetches
+        groups = {
+            g for g in self._owner
+            if g not in busy and g not in self._parked
+            and (everything or self._seen.get(g, 0) <= swept)
+        }  # fmt: skip
+        self._let_go(groups, self.fetches)
         return groups
 
     def moving(self, entry: Entry) -> bool:
@@ -129,6 +169,7 @@ class Dealer(Protocol):
     address: str
     group: str
     outlet: Outlet
+    consumers: list[ConsumerLink]
     _parked: list[tuple[float, Entry]]
 
     def _park(self, entry: Entry) -> None: ...
@@ -156,6 +197,9 @@ def grouped(
     if verdict is RETURN:
         sub.outlet.release(sub.address, sub.group, entry, delivery_failed=False)
         return None
+    if not sub.groups.sweeping:  # idle groups are let go from now on
+        sub.groups.sweeping = True
+        sub.outlet.call_later(IDLE_SECONDS, lambda: let_go(sub))
     return verdict  # type: ignore[return-value]
 
 
@@ -198,3 +242,26 @@ def move_off(sub: Dealer, consumer: ConsumerLink) -> None:
 
 def any_grouped(entries: Sequence[Entry]) -> bool:
     return any(entry.group for entry in entries)
+
+
+def let_go(sub: Dealer, *, everything: bool = False) -> None:
+    """Let go of the idle groups (``IDLE_SECONDS``), or with ``everything`` of all those not in
+    flight (a consumer joined and ``rebalance`` is on), here and in Redis; and look again later
+    while groups are held."""
+    groups = sub.groups
+    busy = {e.group for c in sub.consumers for e in c.unacked.values() if e.group}
+    idle = groups.idle(busy, everything=everything) if sub.consumers else set()
+    if idle:
+        done = sub.outlet.store.messages.forget_groups(sub.address, sub.group, sorted(idle))
+        _quiet(done)
+    if not everything:
+        groups.sweeping = False
+    if len(groups) and not groups.sweeping:
+        groups.sweeping = True
+        sub.outlet.call_later(IDLE_SECONDS, lambda: let_go(sub))
+
+
+def _quiet(done: Awaitable[None]) -> None:
+    """A failed let-go leaves the groups owned here until this replica leaves or is reaped."""
+    if isinstance(done, asyncio.Future):
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())

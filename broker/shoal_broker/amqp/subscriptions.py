@@ -37,7 +37,7 @@ import time
 from collections.abc import Sequence
 
 from shoal_broker.amqp.engine import lib
-from shoal_broker.amqp.groups import Groups, any_grouped, deliver_parked, grouped, move_off
+from shoal_broker.amqp.groups import Groups, any_grouped, deliver_parked, grouped, let_go, move_off
 from shoal_broker.amqp.lines import Line
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
 from shoal_broker.amqp.outlets import Held, Intake, Outlet
@@ -118,6 +118,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         self.handover_allowed = defaults.handover
         self.ahead_allowed = defaults.deliver_ahead
         self.hold_seconds = max(0.0, defaults.handover_hold_seconds)
+        self.groups.rebalance = bool(policy.group_rebalance)
         flipped = self._set_exclusive(
             not self.private
             and is_exclusive(policy.exclusive, self.address, defaults.exclusive_addresses)
@@ -138,6 +139,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         self.joined(index)
         consumer.subscription = self
         self._take_place(consumer)  # queued ahead of the fetch below
+        if self.groups.rebalance and len(self.groups):
+            let_go(self, everything=True)  # amqp/groups.py
         self._consumers_changed()
         self.kick()
 

@@ -224,6 +224,10 @@ class MessagePort(Protocol):
         """Give up the message groups this replica owns in the subscription."""
         ...
 
+    def forget_groups(self, address: str, group: str, groups: Sequence[str]) -> Awaitable[None]:
+        """Let go of some message groups this replica owns in the subscription."""
+        ...
+
     def replica_ready(self, address: str) -> Awaitable[bool]:
         """Whether a Redis replica of the primary serving ``address`` has everything the
         message path wrote there (``replicated``: a write would be confirmed now)."""

@@ -38,6 +38,7 @@ from shoal_broker.store.confirming import Confirming
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.fetch_command import fetch_command, fetch_keys
+from shoal_broker.store.groups import drop_command, forget_command
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.last_values import LastValues, count_checked, last_op
 from shoal_broker.store.lines import STANDBY, gated_fetch, standby
@@ -262,12 +263,12 @@ class Messages:
         return self._queue([('HDEL', shares, self._replica_id)], no_result)
 
     def drop_groups(self, address: str, group: str) -> Awaitable[None]:
-        """Give up the message groups this replica owns in the subscription (its last consumer
-        here left and its unsettled entries are back): ``lua/groups_drop.lua``."""
-        k = keys.AddressKeys.of(address)
-        script_keys = (k.group_owners(group), k.group_parked(group), k.group_held(group),
-                       k.returned(group))  # fmt: skip
-        command = self._script('groups_drop', script_keys, (self._replica_id, k.notify))
+        """See ``store/groups.py``: this replica's last consumer of the subscription left."""
+        command = drop_command(self._script, self._replica_id, address, group)
+        return self._queue([command], no_result)
+
+    def forget_groups(self, address: str, group: str, groups: Sequence[str]) -> Awaitable[None]:
+        command = forget_command(self._script, self._replica_id, address, group, groups)
         return self._queue([command], no_result)
 
     def replica_ready(self, address: str) -> Awaitable[bool]:

@@ -25,6 +25,7 @@ from shoal_broker.routing.policies import entity_field
 from shoal_broker.routing.storage import NORMAL_BAND
 from shoal_broker.store import connect, keys, layout, scripts
 from shoal_broker.store.calls import as_text
+from shoal_broker.store.groups import drop_keys
 from shoal_broker.store.redisstore import RedisStore
 
 logger = logging.getLogger(__name__)
@@ -326,9 +327,8 @@ class Liveness:
             emptied.append((band, name))
         for name in sorted({as_text(g['name']) for _, g in groups} - deleted):
             # after its entries are back: their groups' next owner starts with them
-            dropped = await self.store.evalsha('groups_drop', (
-                k.group_owners(name), k.group_parked(name), k.group_held(name), k.returned(name)
-            ), (dead, k.notify))  # fmt: skip
+            dropped = await self.store.evalsha('groups_drop', drop_keys(address, name),
+                                               (dead, k.notify))  # fmt: skip
             if int(dropped):  # what other replicas parked for it meanwhile, claimed for it
                 for band in {b for b, g in groups if as_text(g['name']) == name}:
                     moved = await self._reclaim(address, band, name, dead, failed)
