@@ -265,3 +265,17 @@ def _quiet(done: Awaitable[None]) -> None:
     """A failed let-go leaves the groups owned here until this replica leaves or is reaped."""
     if isinstance(done, asyncio.Future):
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+def with_groups(
+    due: list[Entry], keep: list[tuple[float, Entry]]
+) -> tuple[list[Entry], list[tuple[float, Entry]]]:
+    """Parked entries going back to Redis take the later parked ones of their groups with them:
+    those must not go out here before them."""
+    groups = {entry.group for entry in due if entry.group}
+    if not groups:
+        return due, keep
+    return (
+        [*due, *(entry for _, entry in keep if entry.group in groups)],
+        [(deadline, entry) for deadline, entry in keep if entry.group not in groups],
+    )

@@ -36,8 +36,8 @@ import logging
 import time
 from collections.abc import Sequence
 
+from shoal_broker.amqp import groups as grouping
 from shoal_broker.amqp.engine import lib
-from shoal_broker.amqp.groups import Groups, any_grouped, deliver_parked, grouped, let_go, move_off
 from shoal_broker.amqp.lines import Line
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
 from shoal_broker.amqp.outlets import Held, Intake, Outlet
@@ -101,7 +101,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         self._share_check = False
         self._due_at = 0.0
         """When the next look for a delayed redelivery is set (monotonic s; 0: none)."""
-        self.groups = Groups()
+        self.groups = grouping.Groups()
         self.paused = False
         """Delivery paused by an operator (``Nodes.apply_pauses``): nothing is fetched, and a
         message published here goes to the store."""
@@ -140,7 +140,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         consumer.subscription = self
         self._take_place(consumer)  # queued ahead of the fetch below
         if self.groups.rebalance and len(self.groups):
-            let_go(self, everything=True)  # amqp/groups.py
+            grouping.let_go(self, everything=True)  # amqp/groups.py
         self._consumers_changed()
         self.kick()
 
@@ -150,7 +150,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
             del self.consumers[index]
             self.left(index)
         consumer.subscription = None
-        move_off(self, consumer)
+        grouping.move_off(self, consumer)
         if consumer.line == self._active_line:  # its place goes once its deliveries are back
             self._active_line = ''
         self._consumers_changed()
@@ -371,7 +371,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
             for entry in entries:
                 self.outlet.release(self.address, self.group, entry, delivery_failed=False)
             return
-        if len(self.consumers) == 1 and not filtering and not any_grouped(entries):
+        if len(self.consumers) == 1 and not filtering and not grouping.any_grouped(entries):
             self._deal_to_one(self.consumers[0], entries, now_ms, enqueued_before)
             return
         identifiers = Identifiers()
@@ -386,7 +386,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
                 self._refused(entry)
                 continue
             if entry.group:  # amqp/groups.py
-                if (consumer := grouped(self, entry, wanting, credit, fetch)) is None:
+                if (consumer := grouping.grouped(self, entry, wanting, credit, fetch)) is None:
                     continue
             else:
                 consumer = self._pick(entry, wanting, credit)
@@ -465,7 +465,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         return consumers[index]
 
     def _deliver_parked(self) -> None:
-        deliver_parked(self)
+        grouping.deliver_parked(self)
 
     @property
     def fetching(self) -> bool:
@@ -482,7 +482,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
 
     def return_parked(self, *, everything: bool = False) -> None:
         """Give parked entries back to the subscription for other replicas' consumers."""
-        due, keep = dispatch.due_parked(self._parked, time.monotonic(), everything)
+        parked = dispatch.due_parked(self._parked, time.monotonic(), everything)
+        due, keep = grouping.with_groups(*parked)  # a group's later ones go with it
         for entry in due:
             if entry.group:
                 self.groups.unparked(entry)
