@@ -3,9 +3,14 @@ messages go to one consumer at a time, in order, and move with their unsettled m
 when that consumer leaves (docs/architecture.md, "Message groups")."""
 
 import collections
+import json
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 
 import pytest
+import redis
 from amqpclient import Capabilities, connect, receiver, sender
 from jmswire import JmsSource, jms_connect, subscriber
 from processes import BrokerProcess
@@ -164,3 +169,70 @@ def test_a_shared_subscription_pins_groups_and_moves_one_when_its_consumer_leave
         assert (mine[0].annotations or {}).get(FIRST) is True
     conns[staying].close()
     producer.close()
+
+
+def _held_by(receivers: list[BlockingReceiver], count: int) -> dict[str, set[int]]:
+    """Receive ``count`` messages over ``receivers`` (accepting each): group -> receivers."""
+    holders: dict[str, set[int]] = collections.defaultdict(set)
+    deadline, got = time.monotonic() + 20, 0
+    while got < count and time.monotonic() < deadline:
+        for index, rcv in enumerate(receivers):
+            if (message := poll(rcv)) is not None:
+                rcv.accept()
+                holders[message.group_id].add(index)
+                got += 1
+    assert got == count
+    return holders
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('rebalance', [False, True], ids=['sticky', 'rebalance'])
+def test_a_new_consumer_takes_groups_only_when_the_queue_rebalances(
+    start_broker: Callable[..., BrokerProcess], store_client: redis.Redis, address: str,
+    rebalance: bool,
+) -> None:  # fmt: skip
+    store_client.hset('shoal:policies', f'queue:{address}',
+                      json.dumps({'group_rebalance': rebalance}))  # fmt: skip
+    b = start_broker()
+    conn = connect(b.url)
+    snd = sender(conn, address)
+    first = receiver(conn, address, credit=20)
+    for g in range(8):
+        snd.send(grouped(f'r{g}', 0))
+    assert _held_by([first], 8).keys() == {f'r{g}' for g in range(8)}
+    second = receiver(conn, address, credit=20)  # everything settled: nothing in flight
+    time.sleep(0.3)
+    for g in range(8):
+        snd.send(grouped(f'r{g}', 1))
+    holders = _held_by([first, second], 8)
+    taken = {g for g, held in holders.items() if 1 in held}
+    if rebalance:
+        assert taken, 'the new consumer took its share'
+    else:
+        assert taken == set(), 'the new consumer stole nothing'
+    conn.close()
+
+
+def test_shoal_queues_shows_the_active_groups_of_a_queue(
+    broker: BrokerProcess, address: str, store_url: str
+) -> None:
+    conn = connect(broker.url)
+    snd = sender(conn, address)
+    rcv = receiver(conn, address, credit=20)
+    for g in range(3):
+        snd.send(grouped(f'a{g}', 0))
+    _held_by([rcv], 3)
+    done = subprocess.run(
+        [sys.executable, '-m', 'shoal_broker.admin', '--redis-url', store_url, 'queues', '--json'],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    [row] = [r for r in json.loads(done.stdout) if r['name'] == address]
+    assert row['active_groups'] == 3
+    table = subprocess.run(
+        [sys.executable, '-m', 'shoal_broker.admin', '--redis-url', store_url, 'queues'],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert table[0].split()[-1] == 'ACTIVE-GROUPS'
+    [line] = [t for t in table if t.split()[0] == address]
+    assert line.split()[-1] == '3'
+    conn.close()
