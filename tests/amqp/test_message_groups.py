@@ -14,7 +14,7 @@ import redis
 from amqpclient import Capabilities, connect, receiver, sender
 from jmswire import JmsSource, jms_connect, subscriber
 from processes import BrokerProcess
-from proton import Message, Timeout
+from proton import Message, Timeout, symbol, timestamp
 from proton.utils import BlockingReceiver
 
 FIRST = 'JMSXGroupFirstForConsumer'
@@ -235,4 +235,18 @@ def test_shoal_queues_shows_the_active_groups_of_a_queue(
     assert table[0].split()[-1] == 'ACTIVE-GROUPS'
     [line] = [t for t in table if t.split()[0] == address]
     assert line.split()[-1] == '3'
+    conn.close()
+
+
+def test_scheduled_messages_keep_their_group(broker: BrokerProcess, address: str) -> None:
+    conn = connect(broker.url)
+    a, b = receiver(conn, address, credit=20), receiver(conn, address, credit=20)
+    snd = sender(conn, address)
+    due = int(time.time() * 1000) + 300
+    for seq in range(6):
+        message = grouped('later', seq)
+        message.annotations = {symbol('x-opt-delivery-time'): timestamp(due)}
+        snd.send(message)
+    holders = _held_by([a, b], 6)
+    assert len(holders['later']) == 1
     conn.close()

@@ -1,4 +1,4 @@
--- Included by append_entries.lua and commit_apply.lua (store/scripts.py): the fields of a new
+-- Included by append_entries.lua, commit_apply.lua and release_due.lua (store/scripts.py): the fields of a new
 -- stream entry for XADD, as entry_fields.lua reads them back: h header, r rest, x expiry ms (left
 -- out when '0' = never), c origin (left out when '') and g message group (left out when none).
 -- ``origin`` carries the group after a unit separator (routing/storage.stored_origin).
