@@ -35,7 +35,8 @@ def test_groups_hold_order_and_move_when_a_replica_is_killed(
 
     run.run(kill_mid_run, timeout=200, prefill=True)
     assert run.distinct() == 200 * 50, f'sent {run.sent}'
-    assert run.violations(dead={1, 3}) == []
+    wrong = run.violations(dead={1, 3})
+    assert wrong == [], '\n'.join(wrong)
     moved = [g for g, got in run.by_group().items() if len({r.consumer for r in got}) > 1]
     assert moved, 'the killed replica held groups'
 

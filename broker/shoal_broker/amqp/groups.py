@@ -135,8 +135,14 @@ class Groups:
             self._held[owner] = self._held.get(owner, 1) - 1
             self._first.discard(group)
             self._seen.pop(group, None)
-            self._moved[group] = barrier
+            self._moved[group] = max(self._moved.get(group, 0), barrier)
         ACTIVE_GROUPS.dec(len(groups))
+
+    def hold_back(self, groups: set[str]) -> None:
+        """Entries of ``groups`` that fetches started so far bring go back to Redis (where
+        earlier ones of theirs are going)."""
+        for group in groups:
+            self._moved[group] = max(self._moved.get(group, 0), self.fetches)
 
     def idle(self, busy: set[str], *, everything: bool = False) -> set[str]:
         """Let go of the groups with nothing in ``busy`` (unsettled or parked) and, unless
@@ -268,13 +274,14 @@ def _quiet(done: Awaitable[None]) -> None:
 
 
 def with_groups(
-    due: list[Entry], keep: list[tuple[float, Entry]]
+    sub: Dealer, due: list[Entry], keep: list[tuple[float, Entry]]
 ) -> tuple[list[Entry], list[tuple[float, Entry]]]:
-    """Parked entries going back to Redis take the later parked ones of their groups with them:
-    those must not go out here before them."""
+    """Parked entries going back to Redis take the later parked ones of their groups with them,
+    and so does a fetch under way: none may go out here before them."""
     groups = {entry.group for entry in due if entry.group}
     if not groups:
         return due, keep
+    sub.groups.hold_back(groups)
     return (
         [*due, *(entry for _, entry in keep if entry.group in groups)],
         [(deadline, entry) for deadline, entry in keep if entry.group not in groups],

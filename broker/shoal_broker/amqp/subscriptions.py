@@ -483,7 +483,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
     def return_parked(self, *, everything: bool = False) -> None:
         """Give parked entries back to the subscription for other replicas' consumers."""
         parked = dispatch.due_parked(self._parked, time.monotonic(), everything)
-        due, keep = grouping.with_groups(*parked)  # a group's later ones go with it
+        due, keep = grouping.with_groups(self, *parked)  # a group's later ones go with it
         for entry in due:
             if entry.group:
                 self.groups.unparked(entry)

@@ -141,7 +141,7 @@ ACTIVE_GROUPS = Gauge(
 GROUP_MOVES = Counter(
     'shoal_group_moves',
     'Message groups moved off a consumer that left (detached, its connection dropped) on this '
-    'replica, or off a dead replica this one reaped.',
+    "replica; a dead replica's groups are let go by its reaper and counted nowhere.",
 )
 
 EXCLUSIVE_HANDOVERS = Counter(

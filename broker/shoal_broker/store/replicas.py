@@ -329,7 +329,7 @@ class Liveness:
             # after its entries are back: their groups' next owner starts with them
             dropped = await self.store.evalsha('groups_drop', drop_keys(address, name),
                                                (dead, k.notify))  # fmt: skip
-            if int(dropped):  # what other replicas parked for it meanwhile, claimed for it
+            if int(dropped) >= 0:  # what other replicas parked for it meanwhile, claimed for it
                 for band in {b for b, g in groups if as_text(g['name']) == name}:
                     moved = await self._reclaim(address, band, name, dead, failed)
                     report.entries_returned += moved

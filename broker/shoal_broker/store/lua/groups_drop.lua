@@ -7,8 +7,8 @@
 -- ARGV[1] the replica, ARGV[2] the address's notification channel
 -- Entries parked for the replica join the returned ones (their order is the members'); a group
 -- whose owner is now nobody goes to whichever replica's fetch meets it first. Returns the number
--- of groups dropped.
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+-- of groups dropped and entries moved, or -1 when the subscription has never seen a group.
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 local prefix = ARGV[1] .. '|'
 local dropped = 0
 local held = redis.call('ZRANGEBYLEX', KEYS[3], '[' .. prefix, '[' .. prefix .. '\255')
@@ -26,4 +26,4 @@ for _, full in ipairs(parked) do
   redis.call('ZREM', KEYS[2], full)
 end
 if dropped > 0 or #parked > 0 then redis.call('SPUBLISH', ARGV[2], ARGV[1]) end
-return dropped
+return dropped + #parked
