@@ -4,7 +4,6 @@ another replica's fetch parks the group's entries for the owner, the owner takes
 with its returned ones, and a replica's leaving or reaping hands everything on in order."""
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,17 +11,18 @@ import redis.asyncio
 
 from shoal_broker.store import keys, scripts
 from shoal_broker.store.fetch_command import fetch_keys
+from shoal_broker.store.groups import drop_keys
 
 GROUP = 'queue'
 
 
 @pytest.fixture(params=['standalone', 'cluster'])
-async def any_client(
+def any_client(
     request: pytest.FixtureRequest,
     client: redis.asyncio.Redis,
     cluster_client: redis.asyncio.RedisCluster,
-) -> AsyncIterator[Any]:
-    yield client if request.param == 'standalone' else cluster_client
+) -> Any:
+    return client if request.param == 'standalone' else cluster_client
 
 
 class Queue:
@@ -106,8 +106,7 @@ async def test_leaving_hands_the_groups_and_what_was_parked_on_in_order(any_clie
     for i in range(1, 3):
         await q.add(f'c{i}', 'c')
     assert await q.fetch('r2', 10) == []
-    dropped = await q.run('groups_drop', (q.k.group_owners(GROUP), q.k.group_parked(GROUP),
-                          q.k.group_held(GROUP), q.k.returned(GROUP)), 'r1', q.k.notify)  # fmt: skip
+    dropped = await q.run('groups_drop', drop_keys(q.address, GROUP), 'r1', q.k.notify)
     assert dropped == 1 + 2  # one group, two parked entries
     assert await q.owner('c') is None
     await q.add('c3', 'c')
@@ -124,8 +123,7 @@ async def test_a_reaped_owner_s_parked_entries_come_back_uncounted(any_client: A
     reclaim_keys = (q.k.streams[5], q.k.returned(GROUP), q.k.delivery_counts(GROUP),
                     q.k.group_parked(GROUP))  # fmt: skip
     assert await q.run('reclaim', reclaim_keys, GROUP, 'dead', 5, 100, '1') == 2
-    await q.run('groups_drop', (q.k.group_owners(GROUP), q.k.group_parked(GROUP),
-                q.k.group_held(GROUP), q.k.returned(GROUP)), 'dead', q.k.notify)  # fmt: skip
+    await q.run('groups_drop', drop_keys(q.address, GROUP), 'dead', q.k.notify)
     # the one in flight counts an attempt, the parked one does not
     assert await q.fetch('r2', 10) == [('d0', 'd', 1), ('d1', 'd', 0)]
 
