@@ -312,7 +312,7 @@ def parse(buf: bytes | bytearray) -> RoutingView:
         annotations,
         to if isinstance(to, str) else None,  # to
         expiry if isinstance(expiry, int) else None,  # absolute_expiry_time
-        group if isinstance(group, str) and group else None,  # group
+        _group_id(group),
     )
 
 
@@ -334,7 +334,7 @@ def view(buf: Any, at: Sequence[int]) -> RoutingView:
             header = _HEADERS.get(header_bytes) or _new_header(header_bytes, hv - hs)
         to = decode(buf[ts:te], 0)[0] if ts >= 0 else None
         expiry = decode(buf[xs:xe], 0)[0] if xs >= 0 else None
-        group = decode(buf[gs:ge], 0)[0] if gs >= 0 else None
+        group = _group_id(decode(buf[gs:ge], 0)[0]) if gs >= 0 else None
         annotations = _annotations(buf[av:ae]) if av >= 0 else _NO_ANNOTATIONS
     except DecodeError:  # said again by the reference, with positions in the whole message
         return parse(buf[:])
@@ -345,8 +345,13 @@ def view(buf: Any, at: Sequence[int]) -> RoutingView:
         annotations,
         to if isinstance(to, str) else None,  # to
         expiry if isinstance(expiry, int) else None,  # absolute_expiry_time
-        group if isinstance(group, str) and group else None,  # group
+        group,
     )
+
+
+def _group_id(value: Any) -> str | None:
+    """A group-id that names a group: a non-empty string."""
+    return value if isinstance(value, str) and value else None
 
 
 def _new_header(section: bytes, value_at: int) -> Header:
