@@ -71,8 +71,8 @@ TABLES: dict[str, Columns] = {
         ('DELIVERED', lambda r: _shares(r.delivered)),
         ('ACTIVE', lambda r: r.line[0] if r.line else ''),
         ('STANDBY', lambda r: _standby(r.line)),
-        ('LAST-VALUES', lambda r: r.last_values or ''),
         ('ACTIVE-GROUPS', lambda r: r.active_groups or ''),
+        ('LAST-VALUES', lambda r: r.last_values or ''),
     ],
     'subscriptions': [
         ('NAME', lambda r: r.name),
