@@ -8,7 +8,7 @@
 #
 # usage: bench/groups.sh
 # Environment: BASE (1a6ea2d, the last commit without message groups), ROWS (the A/B rows,
-# separated by ';'), GROUPED_ROWS (this tree's rows), and instructions.sh's N, WARMUP, REPS, PY.
+# separated by ';'), GROUPED_ROWS (this tree's rows; set empty, none), and instructions.sh's N, WARMUP, REPS, PY.
 # Loopback only; instructions.sh stops every process it starts by PID.
 set -euo pipefail
 
@@ -16,7 +16,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BASE=${BASE:-1a6ea2d}
 ROWS=${ROWS:---max-backlog 200;--max-backlog 200 --presettled}
-GROUPED_ROWS=${GROUPED_ROWS:---max-backlog 200;--max-backlog 200 --groups 1000;--max-backlog 200 --presettled;--max-backlog 200 --presettled --groups 1000}
+GROUPED_ROWS=${GROUPED_ROWS---max-backlog 200;--max-backlog 200 --groups 1000;--max-backlog 200 --presettled;--max-backlog 200 --presettled --groups 1000}
 BASE_TREE=$(mktemp -d /tmp/shoal-groups-base.XXXXXX)
 trap 'rm -rf "$BASE_TREE"' EXIT
 git -C "$ROOT" archive "$BASE" broker | tar -x -C "$BASE_TREE"
