@@ -16,6 +16,7 @@ from jmswire import JmsSource, jms_connect, subscriber
 from processes import BrokerProcess
 from proton import Message, Timeout, symbol, timestamp
 from proton.utils import BlockingReceiver
+from txnclient import Controller, send_in
 
 FIRST = 'JMSXGroupFirstForConsumer'
 
@@ -249,4 +250,20 @@ def test_scheduled_messages_keep_their_group(broker: BrokerProcess, address: str
         snd.send(message)
     holders = _held_by([a, b], 6)
     assert len(holders['later']) == 1
+    conn.close()
+
+
+def test_messages_sent_in_a_transaction_keep_their_group(
+    broker: BrokerProcess, address: str
+) -> None:
+    conn = connect(broker.url)
+    a, b = receiver(conn, address, credit=20), receiver(conn, address, credit=20)
+    snd = sender(conn, address)
+    controller = Controller(conn)
+    txn = controller.declare()
+    for seq in range(6):
+        send_in(conn, snd, txn, grouped('in-txn', seq))
+    controller.discharge(txn, fail=False)
+    holders = _held_by([a, b], 6)
+    assert len(holders['in-txn']) == 1
     conn.close()

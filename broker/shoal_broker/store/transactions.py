@@ -141,7 +141,7 @@ class Transactions:
             pipe.eval(
                 self._scripts.source['publish'], 4, k.streams[message.band], k.groups, k.watchers,
                 k.levels, kind.value, '', self.replica_id,  # announced below, once committed
-                message.header, message.rest, str(message.expiry_ms), message.origin,
+                message.header, message.rest, str(message.expiry_ms), stored_origin(message),
             )  # fmt: skip
         for address, group, entry in acks:
             k = keys.AddressKeys.of(address)
