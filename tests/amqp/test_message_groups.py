@@ -13,10 +13,13 @@ import pytest
 import redis
 from amqpclient import Capabilities, connect, receiver, sender
 from jmswire import JmsSource, jms_connect, subscriber
+from mgmtapi import Api, quoted
 from processes import BrokerProcess
 from proton import Message, Timeout, symbol, timestamp
 from proton.utils import BlockingReceiver
 from txnclient import Controller, send_in
+
+from shoal_broker.store import keys
 
 FIRST = 'JMSXGroupFirstForConsumer'
 
@@ -266,4 +269,21 @@ def test_messages_sent_in_a_transaction_keep_their_group(
     controller.discharge(txn, fail=False)
     holders = _held_by([a, b], 6)
     assert len(holders['in-txn']) == 1
+    conn.close()
+
+
+def test_messages_moved_by_the_management_api_keep_their_group(
+    broker: BrokerProcess, store_client: redis.Redis, address: str
+) -> None:
+    source, target = f'{address}-src', f'{address}-dst'
+    conn = connect(broker.url)
+    snd = sender(conn, source)
+    receiver(conn, target, credit=0).close()  # the target queue exists
+    for seq in range(6):
+        snd.send(grouped('moved', seq))
+    moved = Api(broker).post(f'/queues/{quoted(source)}/move', {'target': target})
+    assert moved['moved'] == 6
+    entries = store_client.xrange(keys.AddressKeys.of(target).streams[5])
+    assert [fields.get(b'g') for _, fields in entries] == [b'moved'] * 6
+    assert all(b'\x1f' not in fields.get(b'c', b'') for _, fields in entries)
     conn.close()
