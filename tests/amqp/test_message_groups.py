@@ -239,6 +239,7 @@ def test_shoal_queues_shows_the_active_groups_of_a_queue(
     assert table[0].split()[-2:] == ['ACTIVE-GROUPS', 'LAST-VALUES']
     [line] = [t for t in table if t.split()[0] == address]
     assert line.split()[-2:] == ['3', '-']  # not a last-value queue
+    assert Api(broker).get(f'/queues/{quoted(address)}')['active_groups'] == 3  # the API's row
     conn.close()
 
 
