@@ -59,6 +59,8 @@ from proton import Message
 MARK = b'\x8eSHOALBENCH\x01'
 STAMP = struct.Struct('<QQ')  # sequence, send time in ns
 ID_PLACEHOLDER = b'0' * 16
+GROUP_PLACEHOLDER = b'g-------'
+"""Patched per message with ``g<seq % groups>``, eight bytes (``--groups``)."""
 TAG = struct.Struct('<Q')
 TRACE_MARK = 'f' * 32
 KEY_MARK = 'lvq-' + 'e' * 16
@@ -256,6 +258,8 @@ class Producer:
         template.inferred = True  # bytes as a data section
         if opts.priorities:  # priorities 0 .. P-1 in turn: the header's byte patched per message
             template.priority = 7
+        if opts.groups:  # a message group per message, g<seq % N>, patched in place
+            template.group_id = GROUP_PLACEHOLDER.decode()
         if opts.message_ids:  # as Qpid JMS's: ID:<uuid>:1:1:1-<seq>, the sequence patched in place
             template.id = f'ID:{uuid.uuid4()}:1:1:1-{ID_PLACEHOLDER.decode()}'
         self.payload = bytearray(template.encode())
@@ -263,6 +267,7 @@ class Producer:
         self.id_at = self.payload.index(ID_PLACEHOLDER) if opts.message_ids else -1
         self.trace_at = self.payload.index(TRACE_MARK.encode()) if opts.traceparent else -1
         self.key_at = self.payload.index(KEY_MARK.encode()) + 4 if opts.last_value_key else -1
+        self.group_at = self.payload.index(GROUP_PLACEHOLDER) if opts.groups else -1
         self.priority_at = (
             self.payload.index(b'\x50\x07', self.payload.index(b'\x00\x53\x70')) + 1
             if opts.priorities
@@ -327,6 +332,7 @@ class Producer:
         stamp, pack_tag, clock = STAMP.pack_into, TAG.pack_into, time.monotonic_ns
         trace_at, key_at = self.trace_at, self.key_at
         priority_at, levels = self.priority_at, self.opts.priorities
+        group_at, groups = self.group_at, self.opts.groups
         self.first_ns = self.first_ns or clock()
         id_at, id_end = self.id_at, self.id_at + len(ID_PLACEHOLDER)
         for seq in range(self.sent, self.sent + room):
@@ -342,6 +348,8 @@ class Producer:
                 payload[key_at : key_at + 16] = b'%016d' % seq
             if priority_at >= 0:
                 payload[priority_at] = seq % levels
+            if group_at >= 0:
+                payload[group_at : group_at + 8] = b'g%07d' % (seq % groups)
             write(link, payload_ptr, size)
             advance(link)
             if presettled:
@@ -714,6 +722,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help='send JMS priorities 0 .. N-1 in turn (header.priority; 0: no header priority)',
+    )
+    p.add_argument(
+        '--groups',
+        type=int,
+        default=0,
+        help='a message group (group-id, JMSXGroupID) per message, N groups in turn; 0: none',
     )
     p.add_argument('--max-backlog', type=int, default=0, help='closed loop bound, 0: open loop')
     p.add_argument('--rate', type=float, default=0, help='msg/s, 0: as fast as allowed')

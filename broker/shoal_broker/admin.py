@@ -71,6 +71,7 @@ TABLES: dict[str, Columns] = {
         ('DELIVERED', lambda r: _shares(r.delivered)),
         ('ACTIVE', lambda r: r.line[0] if r.line else ''),
         ('STANDBY', lambda r: _standby(r.line)),
+        ('ACTIVE-GROUPS', lambda r: r.active_groups or ''),
         ('LAST-VALUES', lambda r: r.last_values or ''),
     ],
     'subscriptions': [
@@ -113,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
         'addresses': 'every address and its kind (queue or topic)',
         'queues': 'queues: backlog (ready + in flight), consumers and delivered share per replica, '
         'the active and standby consumers of an exclusive queue, and the keys a last-value '
-        'queue holds a newest message for',
+        'queue holds a newest message for, and the message groups a replica owns',
         'subscriptions': 'named JMS subscriptions: kind, namespace, selector, consumers and '
         'delivered share per replica, backlog',
         'clients': 'JMS ClientIDs held, and by which replica and connection',

@@ -378,6 +378,9 @@ def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -
         raise InvalidSpec(str(exc)) from None
     if (exclusive := delivery.get('exclusive')) is not None and not isinstance(exclusive, bool):
         raise InvalidSpec(f'exclusive must be true or false, not {exclusive!r}')
+    rebalance = delivery.get('groupRebalance')
+    if rebalance is not None and not isinstance(rebalance, bool):
+        raise InvalidSpec(f'groupRebalance must be true or false, not {rebalance!r}')
     return EntityPolicy(
         max_delivery_attempts=bounded(delivery, 'maxDeliveryAttempts', 1, 1000),
         dead_letter_address=str(dla) if dla is not None else None,
@@ -388,6 +391,7 @@ def _policy(spec: Mapping[str, Any], *, queue: bool, topic: str | None = None) -
         **redelivery,
         **(last_value_fields(spec.get('lastValue')) if queue else {}),
         exclusive=exclusive,
+        group_rebalance=rebalance,
     )
 
 

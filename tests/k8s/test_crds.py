@@ -71,13 +71,14 @@ def queue(**spec: Any) -> dict[str, Any]:
     cluster(auth={'allowAnonymous': True},
             broker={'lastValueAddresses': 'prices.*,devices', 'lastValueProperty': 'device'}),
     queue(delivery={'exclusive': True}),
+    queue(delivery={'groupRebalance': True}),
     sub(delivery={'exclusive': True}, maxConsumers=3),
     sub(delivery={'exclusive': False}, maxConsumers=1),
     cluster(auth={'allowAnonymous': True}, broker={'exclusiveAddresses': ['orders.*', 'fx']}),
 ], ids=['subscription', 'attempts-only', 'queue', 'max-messages-only', 'duplicates',
         'duplicates-off', 'subscription-duplicates', 'redelivery', 'subscription-redelivery',
         'redelivery-off', 'last-value', 'last-value-off', 'last-value-settings',
-        'exclusive-queue', 'exclusive-subscription', 'not-exclusive-single',
+        'exclusive-queue', 'group-rebalance', 'exclusive-subscription', 'not-exclusive-single',
         'exclusive-addresses'])  # fmt: skip
 def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> None:
     assert validate(doc) == []
@@ -137,6 +138,7 @@ def test_delivery_and_retention_policies_are_accepted(doc: dict[str, Any]) -> No
      '101 is greater than the maximum of 100'),
     (queue(duplicateDetection={'window': 10}), "'enabled' is a required property"),
     (queue(delivery={'exclusive': 'yes'}), "'yes' is not of type 'boolean'"),
+    (sub(delivery={'groupRebalance': 'yes'}), "'yes' is not of type 'boolean'"),
     (sub(delivery={'exclusive': True}, maxConsumers=1),
      'an exclusive subscription needs maxConsumers of at least 2'),
     (cluster(auth={'allowAnonymous': True}, broker={'exclusiveAddresses': ['a,b']}),

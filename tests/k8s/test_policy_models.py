@@ -90,6 +90,18 @@ def test_exclusive_is_carried_and_unset_leaves_it_to_the_broker_patterns() -> No
         SharedSubscription.from_body(sub(delivery={'exclusive': True}, maxConsumers=1))
 
 
+def test_group_rebalance_is_carried_to_the_policy_and_checked() -> None:
+    assert Queue.from_body(queue(delivery={'groupRebalance': True})).policy == EntityPolicy(
+        group_rebalance=True
+    )
+    declared = provisioning.declaration(SharedSubscription.from_body(sub(
+        delivery={'groupRebalance': False})))  # fmt: skip
+    assert declared.policy == EntityPolicy(group_rebalance=False)
+    assert Queue.from_body(queue()).policy.group_rebalance is None
+    with pytest.raises(InvalidSpec, match='groupRebalance must be true or false'):
+        Queue.from_body(queue(delivery={'groupRebalance': 1}))
+
+
 @pytest.mark.parametrize(('spec', 'message'), [
     ({'delivery': {'maxDeliveryAttempts': 0}}, 'maxDeliveryAttempts must be an integer from 1'),
     ({'delivery': {'maxDeliveryAttempts': '3'}}, 'maxDeliveryAttempts must be an integer'),

@@ -131,7 +131,16 @@ def test_parse_reads_to_and_the_expiry_time_in_milliseconds() -> None:
 
 def test_parse_leaves_absent_properties_as_none() -> None:
     view = codec.parse(encode_message())
-    assert (view.to, view.absolute_expiry_time) == (None, None)
+    assert (view.to, view.absolute_expiry_time, view.group) == (None, None, None)
+
+
+@pytest.mark.parametrize(('group_id', 'group'), [('acct-1', 'acct-1'), ('', None), (None, None)])
+def test_parse_and_the_c_walk_read_the_group_id(group_id: str | None, group: str | None) -> None:
+    buf = encode_message(address='q', group_id=group_id, group_sequence=3)
+    assert codec.parse(buf).group == group
+    offsets = engine.scan(buf)
+    assert offsets is not None
+    assert codec.view(buf, offsets).group == group
 
 
 def test_parse_keeps_message_annotation_types_and_symbol_keys() -> None:

@@ -296,14 +296,14 @@ int64_t shoal_skip(const char *data, size_t size, size_t pos)
 
 enum {
     OUT_HEADER_START, OUT_HEADER_END, OUT_HEADER_VALUE, OUT_REST_START, OUT_ANNOTATIONS_VALUE,
-    OUT_ANNOTATIONS_END, OUT_TO, OUT_TO_END, OUT_EXPIRY, OUT_EXPIRY_END, OUT_SIZE
+    OUT_ANNOTATIONS_END, OUT_TO, OUT_TO_END, OUT_EXPIRY, OUT_EXPIRY_END, OUT_GROUP, OUT_GROUP_END, OUT_SIZE
 };
 
 #define SCAN_OK 0
 #define SCAN_IN_PYTHON 1 /* well-formed or not, codec.parse decides (and says why) */
 
-/* The properties list's ``to`` (index 2) and absolute-expiry-time (8): where each starts and
- * ends, or -1 when absent or null. codec._list_items is the reference. */
+/* The properties list's ``to`` (index 2), absolute-expiry-time (8) and group-id (10): where each
+ * starts and ends, or -1 when absent or null. codec._list_items is the reference. */
 static int scan_properties(const unsigned char *b, int64_t pos, int64_t end, int64_t *out)
 {
     unsigned char code = b[pos];
@@ -323,7 +323,7 @@ static int scan_properties(const unsigned char *b, int64_t pos, int64_t end, int
         p = pos + 3;
         count = b[pos + 2];
     }
-    for (int64_t index = 0; index < count && index <= 8; index++) {
+    for (int64_t index = 0; index < count && index <= 10; index++) {
         if (p >= end)
             return SCAN_IN_PYTHON;
         if (b[p] == 0x40) {
@@ -340,6 +340,9 @@ static int scan_properties(const unsigned char *b, int64_t pos, int64_t end, int
         } else if (index == 8) {
             out[OUT_EXPIRY] = start;
             out[OUT_EXPIRY_END] = p;
+        } else if (index == 10) {
+            out[OUT_GROUP] = start;
+            out[OUT_GROUP_END] = p;
         }
     }
     return SCAN_OK;

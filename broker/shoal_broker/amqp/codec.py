@@ -266,6 +266,9 @@ class RoutingView:
     """Shared between messages with the same annotations section: never changed."""
     to: str | None = None
     absolute_expiry_time: int | None = None
+    group: str | None = None
+    """properties.group-id (JMSXGroupID): the message group it belongs to (docs/architecture.md,
+    "Message groups")."""
 
 
 def parse(buf: bytes | bytearray) -> RoutingView:
@@ -280,6 +283,7 @@ def parse(buf: bytes | bytearray) -> RoutingView:
     annotations: Mapping[Any, Any] = _NO_ANNOTATIONS
     to: Any = None
     expiry: Any = None
+    group: Any = None
     rest_start: int | None = None
     try:
         while pos < n:
@@ -297,7 +301,7 @@ def parse(buf: bytes | bytearray) -> RoutingView:
                 if code == MESSAGE_ANNOTATIONS:
                     annotations = _annotations(bytes(buf[vpos:end]))
                 elif code == PROPERTIES:
-                    to, expiry = _list_items(buf, vpos, end, (2, 8))  # to, absolute-expiry-time
+                    to, expiry, group = _list_items(buf, vpos, end, (2, 8, 10))
             pos = end
     except IndexError as exc:
         raise DecodeError('truncated section') from exc
@@ -308,6 +312,7 @@ def parse(buf: bytes | bytearray) -> RoutingView:
         annotations,
         to if isinstance(to, str) else None,  # to
         expiry if isinstance(expiry, int) else None,  # absolute_expiry_time
+        _group_id(group),
     )
 
 
@@ -317,10 +322,11 @@ def view(buf: Any, at: Sequence[int]) -> RoutingView:
 
     ``at`` holds that walk's offsets (header start, end and value; where the rest starts; the
     annotations' value and end; ``to``'s start and end; absolute-expiry-time's start and end;
-    -1 for what is absent). ``buf`` is anything whose slices are ``bytes``: the engine's receive
-    buffer. Only what routing reads is copied out. tests/unit/test_codec.py holds the two equal.
+    group-id's start and end; -1 for what is absent). ``buf`` is anything whose slices are
+    ``bytes``: the engine's receive buffer. Only what routing reads is copied out.
+    tests/unit/test_codec.py holds the two equal.
     """
-    hs, he, hv, rs, av, ae, ts, te, xs, xe = at
+    hs, he, hv, rs, av, ae, ts, te, xs, xe, gs, ge = at
     try:
         header, header_bytes = DEFAULT_HEADER, b''
         if hs >= 0:
@@ -328,6 +334,7 @@ def view(buf: Any, at: Sequence[int]) -> RoutingView:
             header = _HEADERS.get(header_bytes) or _new_header(header_bytes, hv - hs)
         to = decode(buf[ts:te], 0)[0] if ts >= 0 else None
         expiry = decode(buf[xs:xe], 0)[0] if xs >= 0 else None
+        group = _group_id(decode(buf[gs:ge], 0)[0]) if gs >= 0 else None
         annotations = _annotations(buf[av:ae]) if av >= 0 else _NO_ANNOTATIONS
     except DecodeError:  # said again by the reference, with positions in the whole message
         return parse(buf[:])
@@ -338,7 +345,13 @@ def view(buf: Any, at: Sequence[int]) -> RoutingView:
         annotations,
         to if isinstance(to, str) else None,  # to
         expiry if isinstance(expiry, int) else None,  # absolute_expiry_time
+        group,
     )
+
+
+def _group_id(value: Any) -> str | None:
+    """A group-id that names a group: a non-empty string."""
+    return value if isinstance(value, str) and value else None
 
 
 def _new_header(section: bytes, value_at: int) -> Header:

@@ -308,6 +308,17 @@ class Consuming:
                 logger.warning('leaving the line of %s/%s failed (%s)', address, group, exc)
                 await asyncio.sleep(pause)
 
+    async def drop_groups(
+        self, address: str, group: str, after: Sequence[Awaitable[None] | None]
+    ) -> None:
+        """Give up the message groups this replica owns in the subscription, its last consumer
+        here gone,
+        once ``after`` (the returns of that consumer's unsettled entries) are done: their next
+        owner finds them first. Not if a consumer came back meanwhile."""
+        await asyncio.gather(*(r for r in after if r is not None), return_exceptions=True)
+        if (address, group) not in self.nodes.subscriptions:
+            await _quietly(self.store.messages.drop_groups(address, group))
+
     def leave_sharing(self, address: str, group: str) -> None:
         """The subscription's last consumer here left: out of its sharing between replicas
         (queued now, so a consumer attaching right after registers again behind it)."""

@@ -69,7 +69,7 @@ _RECEIVED_SHORT: Final = 4
 _TRANSACTIONAL: Final = 8
 _receive_buffer = _wire.ffi.new('char[]', RECEIVE_BUFFER_BYTES)
 _uncleared = _wire.ffi.new_allocator(should_clear_after_alloc=False)
-OFFSETS: Final = 10
+OFFSETS: Final = 12
 """The section offsets shoal_scan writes (``OUT_SIZE`` in amqp/_wire.c; ``codec.view``'s ``at``)."""
 _offsets = _wire.ffi.new('int64_t[]', OFFSETS)
 _unpack = _wire.ffi.unpack

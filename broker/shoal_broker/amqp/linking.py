@@ -235,6 +235,9 @@ class Linking:
         returned = [] if consumer.owned_group else [
             self.consuming.apply(consumer, entry, UNSETTLED_ON_DETACH) for entry in unacked.values()
         ]  # fmt: skip
+        if sub is not None and not sub.consumers:
+            # the message groups it owns here go once the returns are done (amqp/groups.py)
+            self.spawn(self.consuming.drop_groups(sub.address, sub.group, returned))
         if sub is not None and sub.exclusive:  # its place goes once they are back
             self.spawn(self.consuming.leave_line(sub.address, sub.group, consumer.line, returned))
         left = None

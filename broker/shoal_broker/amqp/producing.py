@@ -245,6 +245,7 @@ class Producing:
             ),
             producer.conn.container_id or '',  # origin
         )
+        stored.group = view.group or ''  # a message group: only fetch.lua may hand it out
         if self.spans is not None:
             stored = self.spans.published(producer, message, stored, address, kind)
         if not self._stamp_duplicate_id(producer, message, stored, address, kind):
@@ -264,6 +265,7 @@ class Producing:
             # would reach it unchecked
             and sub is not None
             and not sub.paused
+            and not stored.group
         ):
             if (
                 message.settled

@@ -98,6 +98,24 @@ def with_annotations(rest: bytes, extra: dict[str, str]) -> bytes:
     return b'\x00\x53\x72' + encoded + rest[pos:]
 
 
+def with_flag(rest: bytes, key: str) -> bytes:
+    """``with_annotations`` for one symbol-keyed annotation set to boolean true (what Qpid JMS
+    reads as a boolean property, ``JMSXGroupFirstForConsumer``)."""
+    pairs: list[bytes] = []
+    pos = 0
+    if rest:
+        code, vpos = section_code(rest, 0)
+        if code == MESSAGE_ANNOTATIONS:
+            end = skip(rest, vpos)
+            pairs = [raw for raw in _map_pairs(rest, vpos, end) if _key_of(raw) != key]
+            pos = end
+    pairs.append(encode_symbol(key) + b'\x41')
+    body = b''.join(pairs)
+    count = 2 * len(pairs)
+    encoded = b'\xd1' + (len(body) + 4).to_bytes(4, 'big') + count.to_bytes(4, 'big') + body
+    return b'\x00\x53\x72' + encoded + rest[pos:]
+
+
 def _map_pairs(buf: bytes, pos: int, end: int) -> list[bytes]:
     """The encoded key+value byte strings of the map at ``pos``."""
     code = buf[pos]

@@ -96,7 +96,9 @@ class Spans:
             self.tracing.stored(span, None)
         else:
             _remember(self._publishing, id(message), (message, span))
-        return OutgoingMessage(stored.band, stored.header, rest, stored.expiry_ms, stored.origin)
+        traced = OutgoingMessage(stored.band, stored.header, rest, stored.expiry_ms, stored.origin)
+        traced.group = stored.group
+        return traced
 
     def stored(self, batch: list[tuple[Any, PendingMessage, str]], error: str | None) -> None:
         """The store answered for ``batch`` (``Producing._stored``): their publish spans end."""

@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from shoal_broker.amqp import groups as grouping
 from shoal_broker.amqp.engine import lib
 from shoal_broker.amqp.lines import Line
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
@@ -100,6 +101,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         self._share_check = False
         self._due_at = 0.0
         """When the next look for a delayed redelivery is set (monotonic s; 0: none)."""
+        self.groups = grouping.Groups()
         self.paused = False
         """Delivery paused by an operator (``Nodes.apply_pauses``): nothing is fetched, and a
         message published here goes to the store."""
@@ -116,6 +118,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         self.handover_allowed = defaults.handover
         self.ahead_allowed = defaults.deliver_ahead
         self.hold_seconds = max(0.0, defaults.handover_hold_seconds)
+        self.groups.rebalance = bool(policy.group_rebalance)
         flipped = self._set_exclusive(
             not self.private
             and is_exclusive(policy.exclusive, self.address, defaults.exclusive_addresses)
@@ -136,6 +139,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         self.joined(index)
         consumer.subscription = self
         self._take_place(consumer)  # queued ahead of the fetch below
+        if self.groups.rebalance and len(self.groups):
+            grouping.let_go(self, everything=True)  # amqp/groups.py
         self._consumers_changed()
         self.kick()
 
@@ -145,6 +150,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
             del self.consumers[index]
             self.left(index)
         consumer.subscription = None
+        grouping.move_off(self, consumer)
         if consumer.line == self._active_line:  # its place goes once its deliveries are back
             self._active_line = ''
         self._consumers_changed()
@@ -170,7 +176,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         if not entries:
             return
         if self.consumers:
-            self._deal(entries)
+            self._deal(entries, -1)
         else:  # everyone left meanwhile
             for entry in entries:
                 self.outlet.release(self.address, self.group, entry, delivery_failed=False)
@@ -292,17 +298,21 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
             return
         self._fetching = True
         self._again = False
+        self.groups.fetches += 1
+        fetch = self.groups.fetches
         self.outlet.store.messages.fetch_then(
             self.address,
             self.group,
             want,
-            lambda entries, error: self._fetched(entries, error, want),
+            lambda entries, error: self._fetched(entries, error, want, fetch),
             0 if self.private else len(self.consumers),
             credit,
             active.line if active else '',
         )
 
-    def _fetched(self, entries: Fetched | None, error: BrokerError | None, asked: int) -> None:
+    def _fetched(
+        self, entries: Fetched | None, error: BrokerError | None, asked: int, fetch: int
+    ) -> None:
         self._fetching = False
         if entries is None:
             # Redis unavailable, or its reply lost: what it may have handed to us is recovered
@@ -318,7 +328,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         if entries.wait_ms:
             self._due_later(entries.wait_ms)
         if entries:
-            self._deal(entries)
+            self._deal(entries, fetch)
         if len(entries) >= asked or self._again:
             self.kick()  # held messages wait behind this next fetch, or go to the store
             if self._held and not self._fetching:
@@ -353,7 +363,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         if self.consumers:
             self.kick()
 
-    def _deal(self, entries: Sequence[Entry]) -> None:
+    def _deal(self, entries: Sequence[Entry], fetch: int) -> None:
         now_ms = int(time.time() * 1000)
         enqueued_before = dispatch.enqueued_before(now_ms, self.max_age_ms)  # retention.maxAge
         filtering = self.exclusive or any(c.filtered for c in self.consumers)
@@ -361,7 +371,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
             for entry in entries:
                 self.outlet.release(self.address, self.group, entry, delivery_failed=False)
             return
-        if len(self.consumers) == 1 and not filtering:  # every non-durable topic subscriber
+        if len(self.consumers) == 1 and not filtering and not grouping.any_grouped(entries):
             self._deal_to_one(self.consumers[0], entries, now_ms, enqueued_before)
             return
         identifiers = Identifiers()
@@ -375,7 +385,11 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
             if not wanting:
                 self._refused(entry)
                 continue
-            consumer = self._pick(entry, wanting, credit)
+            if entry.group:  # amqp/groups.py
+                if (consumer := grouping.grouped(self, entry, wanting, credit, fetch)) is None:
+                    continue
+            else:
+                consumer = self._pick(entry, wanting, credit)
             if consumer is not None:
                 credit[consumer] -= 1
                 sent = dealt.get(consumer)
@@ -383,10 +397,8 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
                     dealt[consumer] = [entry]
                 else:
                     sent.append(entry)
-            elif any(entry.key in c.excluded for c in wanting):
-                self._park(entry)  # undeliverable-here: keep it from the consumer that said so
-            else:  # the consumers took credit back meanwhile: first in line for new credit
-                self._park(entry)
+            else:  # undeliverable-here (kept from the consumer that said so), or the consumers
+                self._park(entry)  # took credit back meanwhile: first in line for new credit
         for consumer, sent in dealt.items():  # each consumer's in the order they were fetched
             consumer.send(sent)
             self.outlet.sent(consumer, sent)
@@ -453,17 +465,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         return consumers[index]
 
     def _deliver_parked(self) -> None:
-        parked, self._parked = self._parked, []
-        identifiers = Identifiers()
-        credit: dict[ConsumerLink, int] = {}
-        for deadline, entry in parked:
-            consumer = self._pick(entry, self._wanting(entry, identifiers), credit)
-            if consumer is not None:
-                credit[consumer] -= 1
-                consumer.send((entry,))
-                self.outlet.sent(consumer, [entry])
-            else:
-                self._parked.append((deadline, entry))
+        grouping.deliver_parked(self)
 
     @property
     def fetching(self) -> bool:
@@ -480,8 +482,11 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
 
     def return_parked(self, *, everything: bool = False) -> None:
         """Give parked entries back to the subscription for other replicas' consumers."""
-        due, keep = dispatch.due_parked(self._parked, time.monotonic(), everything)
+        parked = dispatch.due_parked(self._parked, time.monotonic(), everything)
+        due, keep = grouping.with_groups(self, *parked)  # a group's later ones go with it
         for entry in due:
+            if entry.group:
+                self.groups.unparked(entry)
             self.outlet.release(self.address, self.group, entry, delivery_failed=False)
         self._parked = keep
         if keep:

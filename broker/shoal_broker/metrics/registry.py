@@ -132,6 +132,18 @@ MANAGEMENT_WRITES = Counter(
     ['operation', 'outcome'],
 )
 
+# message groups (amqp/groups.py)
+ACTIVE_GROUPS = Gauge(
+    'shoal_active_groups',
+    'Message groups pinned to a consumer on this replica (owned in Redis by it): each goes to '
+    'that consumer alone until it leaves or the group is idle.',
+)
+GROUP_MOVES = Counter(
+    'shoal_group_moves',
+    'Message groups moved off a consumer that left (detached, its connection dropped) on this '
+    "replica; a dead replica's groups are let go by its reaper and counted nowhere.",
+)
+
 EXCLUSIVE_HANDOVERS = Counter(
     'shoal_exclusive_handovers',
     'Times the next consumer in line of an exclusive queue or subscription took over from the '

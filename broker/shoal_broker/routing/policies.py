@@ -47,6 +47,9 @@ class EntityPolicy:
     """Application property holding the key; None: SHOAL_LAST_VALUE_PROPERTY."""
     exclusive: bool | None = None
     """A single active consumer (``routing/exclusive.py``); None: SHOAL_EXCLUSIVE_ADDRESSES."""
+    group_rebalance: bool | None = None
+    """Message groups (``amqp/groups.py``): a consumer joining takes its share of the groups not
+    in flight; None or False: a new consumer takes new groups only."""
 
     def duplicates(self, defaults: DuplicateSettings) -> DuplicateWindow | None:
         """The window this policy sets (unset fields from ``defaults``); None when off."""

@@ -46,6 +46,23 @@ class OutgoingMessage:
     """The key of a last-value queue's message (its typed value, as ``duplicate_id``; b'': none,
     never replaced); None: not a last-value queue. Set with ``duplicate_id`` b'' at least, so that
     the message takes the checked publish path."""
+    group: str = ''
+    """properties.group-id (JMSXGroupID); '': ungrouped (docs/architecture.md, "Message
+    groups")."""
+
+
+GROUP_SEPARATOR = '\x1f'
+"""Joins the origin and the group in the one script argument that carries both
+(``stored_origin``); ``new_entry_fields.lua`` splits them into the fields ``c`` and ``g``."""
+
+
+def stored_origin(message: OutgoingMessage) -> str:
+    """The origin argument of the scripts that append entries: the origin, and the group after
+    ``GROUP_SEPARATOR`` when the message has one (an argument more per message would change
+    every appending script's stride)."""
+    if message.group:
+        return f'{message.origin}{GROUP_SEPARATOR}{message.group}'
+    return message.origin
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,6 +89,8 @@ class Entry:
     delivery_count: int
     """Earlier delivery attempts that ended in a failure (AMQP header delivery-count)."""
     origin: str = ''
+    group: str = ''
+    """The message group (properties.group-id); '': ungrouped."""
 
     @property
     def key(self) -> tuple[int, str]:
@@ -199,6 +218,14 @@ class MessagePort(Protocol):
     def leave_sharing(self, address: str, group: str) -> Awaitable[None]:
         """This replica has no consumers of the subscription any more: it leaves the sharing
         (what was reserved for it goes back to the others)."""
+        ...
+
+    def drop_groups(self, address: str, group: str) -> Awaitable[None]:
+        """Give up the message groups this replica owns in the subscription."""
+        ...
+
+    def forget_groups(self, address: str, group: str, groups: Sequence[str]) -> Awaitable[None]:
+        """Let go of some message groups this replica owns in the subscription."""
         ...
 
     def replica_ready(self, address: str) -> Awaitable[bool]:

@@ -79,7 +79,7 @@ class AddressRegistry:
         k = keys.AddressKeys.of(address)
         script_keys = (
             *k.streams, k.groups, k.returned(group), k.delivery_counts(group), k.shares(group),
-            k.delivered(group),
+            k.delivered(group), k.group_owners(group), k.group_parked(group), k.group_held(group),
         )  # fmt: skip
         await self._scripts.evalsha('delete_group', script_keys, (group,))
 

@@ -52,7 +52,7 @@ from redis.crc import key_slot
 
 from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.metrics.registry import duplicates_dropped
-from shoal_broker.routing.storage import DuplicateWindow, Entry, OutgoingMessage
+from shoal_broker.routing.storage import DuplicateWindow, Entry, OutgoingMessage, stored_origin
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys, scripts
 from shoal_broker.store.commit_nodes import NOTHING_RAN, Batch, ClusterNodes, NodeClients
@@ -141,7 +141,7 @@ def apply_arguments(part: Part) -> list[bytes]:
     ]
     for m in part.sends:
         args += [str(m.band).encode(), m.header, m.rest, str(m.expiry_ms).encode(),
-                 m.origin.encode()]  # fmt: skip
+                 stored_origin(m).encode()]  # fmt: skip
         if window is not None:
             args.append(m.duplicate_id or b'')
     for group, entry in part.acks:

@@ -2,7 +2,8 @@
 The command of a fetch (``lua/fetch.lua``), its keys encoded once per subscription.
 
 A fetch names the stream of every band, since only the script sees which bands hold entries
-when it runs (``keys.AddressKeys.levels``): fourteen keys, where two bands took five. Packed
+when it runs (``keys.AddressKeys.levels``), and its message groups' keys: seventeen keys, where
+two bands took five. Packed
 afresh on each fetch, the nine more cost ~5 µs (hiredis, ~0.6 µs an argument); kept encoded for
 the most recent subscriptions, they cost a lookup, and only the per-fetch arguments are encoded.
 """
@@ -19,9 +20,12 @@ ENCODED_SUBSCRIPTIONS = 4096
 
 
 def fetch_keys(address: str, group: str) -> tuple[str, ...]:
-    """``fetch.lua``'s KEYS[1..14], in order."""
+    """``fetch.lua``'s KEYS[1..17], in order."""
     k = keys.AddressKeys.of(address)
-    return (*k.streams, k.returned(group), k.delivery_counts(group), k.shares(group), k.levels)
+    return (
+        *k.streams, k.returned(group), k.delivery_counts(group), k.shares(group), k.levels,
+        k.group_owners(group), k.group_parked(group), k.group_held(group),
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=ENCODED_SUBSCRIPTIONS)

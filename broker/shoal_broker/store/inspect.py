@@ -109,6 +109,8 @@ class QueueInfo:
     last_values: int = 0
     """Keys a last-value queue holds a newest message for (``AddressKeys.last_values``); 0 for
     any other queue, and for a last-value queue holding none."""
+    active_groups: int = 0
+    """Message groups owned by a replica (``AddressKeys.group_owners``); 0 without groups."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -210,7 +212,8 @@ class Inspector:
         found = await self._backlogs(groups)
         per_replica = await self._per_replica(groups)
         lines = await self.lines(groups)
-        last_values = await self._last_values(names)
+        last_values = await self._sizes(names, lambda k: k.last_values)
+        active_groups = await self._sizes(names, lambda k: k.group_owners(QUEUE_GROUP))
         return [
             QueueInfo(
                 name,
@@ -222,17 +225,18 @@ class Inspector:
                 delivered=delivered,
                 line=line,
                 last_values=held,
+                active_groups=owned,
             )
-            for name, b, (consumers, delivered), line, held in zip(
-                names, found, per_replica, lines, last_values, strict=True
+            for name, b, (consumers, delivered), line, held, owned in zip(
+                names, found, per_replica, lines, last_values, active_groups, strict=True
             )
         ]
 
-    async def _last_values(self, names: list[str]) -> list[int]:
-        """How many keys each queue holds a last value for (0 for a queue of any other kind)."""
+    async def _sizes(self, names: list[str], key: Callable[[keys.AddressKeys], str]) -> list[int]:
+        """One HASH's size per queue (one HLEN each): last-value keys, message groups owned."""
         pipe = self._client.pipeline(transaction=False)
         for name in names:
-            pipe.hlen(keys.AddressKeys.of(name).last_values)
+            pipe.hlen(key(keys.AddressKeys.of(name)))
         return [int(n) for n in await self._call(pipe.execute())] if names else []
 
     async def lines(self, groups: list[tuple[str, str]]) -> list[list[str]]:

@@ -194,6 +194,23 @@ class AddressKeys:
         """HASH ``<band>|<id>`` -> failed delivery attempts, for entries with at least one."""
         return f'{self.tag}:dc:{group}'
 
+    def group_owners(self, group: str) -> str:
+        """HASH message group (properties.group-id) -> the replica owning it in the subscription
+        ``group`` (docs/architecture.md, "Message groups"; ``lua/fetch.lua``). Exists only once
+        the subscription has seen a grouped message: the mark a fetch checks first."""
+        return f'{self.tag}:gown:{group}'
+
+    def group_parked(self, group: str) -> str:
+        """ZSET (all scores 0) ``<replica>|<band>|<padded id>``: entries another replica read
+        whose group the replica named owns, claimed for it (XCLAIM) and waiting for its fetch,
+        which takes them in member order with its returned entries."""
+        return f'{self.tag}:gpark:{group}'
+
+    def group_held(self, group: str) -> str:
+        """ZSET (all scores 0) ``<replica>|<message group>``: the groups each replica owns, so its
+        leaving or reaping drops them in one call (``lua/groups_drop.lua``)."""
+        return f'{self.tag}:gheld:{group}'
+
     @property
     def meta(self) -> str:
         """HASH ``kind`` (``queue``/``topic``) and ``epoch`` (a token new with each creation):

@@ -96,7 +96,8 @@ def address_keys(address: str, groups: Iterable[Any]) -> list[str]:
     for raw in groups:
         group = text(raw)
         doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),
-                   k.delivered(group), k.line(group)]  # fmt: skip
+                   k.delivered(group), k.line(group), k.group_owners(group),
+                   k.group_parked(group), k.group_held(group)]  # fmt: skip
     return doomed
 
 

@@ -29,8 +29,8 @@ def gated_fetch(
     active: str,
 ) -> tuple[Any, ...]:
     """The fetch of an exclusive entity for the local consumer ``active`` (``fetch.lua``'s
-    KEYS[15] and ARGV[8]): granted only while it is first in line, with no sharing between
-    replicas (ARGV[5] 0). ``script_keys``: the plain fetch's fourteen."""
+    KEYS[18] and ARGV[8]): granted only while it is first in line, with no sharing between
+    replicas (ARGV[5] 0). ``script_keys``: the plain fetch's seventeen."""
     args = (group, replica, count, '1', 0, count, k.notify, f'{replica}|{active}')
     return script('fetch', (*script_keys, k.line(group)), args)
 

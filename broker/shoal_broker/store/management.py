@@ -47,6 +47,8 @@ class StoredMessage:
     rest: bytes
     expiry_ms: int
     origin: str
+    """As the appending scripts take it: with the message group, if any, after a unit
+    separator (``routing.storage.stored_origin``), so a copy keeps its group."""
 
     @property
     def id(self) -> str:

@@ -26,6 +26,7 @@ from shoal_broker.routing.storage import (
     OutgoingMessage,
     PublishCallback,
     T,
+    stored_origin,
 )
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
@@ -37,6 +38,7 @@ from shoal_broker.store.confirming import Confirming
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.fetch_command import fetch_command, fetch_keys
+from shoal_broker.store.groups import drop_command, forget_command
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.last_values import LastValues, count_checked, last_op
 from shoal_broker.store.lines import STANDBY, gated_fetch, standby
@@ -141,7 +143,9 @@ class Messages:
         header, rest, expiry_ms, origin = (
             message.header, message.rest, message.expiry_ms, message.origin
         )  # fmt: skip
-        if expiry_ms:
+        if message.group:
+            tail = encode(b'%d' % expiry_ms, stored_origin(message).encode())
+        elif expiry_ms:
             tail = encode(b'%d' % expiry_ms, origin.encode())
         else:
             known = self._tails.get(origin)
@@ -258,6 +262,15 @@ class Messages:
         shares = keys.AddressKeys.of(address).shares(group)
         return self._queue([('HDEL', shares, self._replica_id)], no_result)
 
+    def drop_groups(self, address: str, group: str) -> Awaitable[None]:
+        """See ``store/groups.py``: this replica's last consumer of the subscription left."""
+        command = drop_command(self._script, self._replica_id, address, group)
+        return self._queue([command], no_result)
+
+    def forget_groups(self, address: str, group: str, groups: Sequence[str]) -> Awaitable[None]:
+        command = forget_command(self._script, self._replica_id, address, group, groups)
+        return self._queue([command], no_result)
+
     def replica_ready(self, address: str) -> Awaitable[bool]:
         """``WAIT 0 0`` and ``ROLE`` in the message path's pipeline, on the node of
         ``address`` (the ``EXISTS`` only routes it there), answered at once. Asked before held
@@ -308,7 +321,7 @@ class Messages:
         k = keys.AddressKeys.of(address)
         member = f'{due_ms}-{uuid.uuid4().hex}'
         args = (due_ms, member, message.band, message.header, message.rest,
-                str(message.expiry_ms), message.origin)  # fmt: skip
+                str(message.expiry_ms), stored_origin(message))  # fmt: skip
         script = self._script('schedule', (k.scheduled, k.scheduled_messages), args)
         listing = ('SADD', keys.SCHEDULED, address)
         if self._cycles.lanes is None:
@@ -386,9 +399,10 @@ class Messages:
                 self._shared.discard(subscription)
             if len(replies) > 1:
                 new = new_entries(replies[1])
-                if not head[0]:
+                if not head[0] and not any(entry.group for entry in new):
                     entries += new
-                elif new:  # more returned entries may wait: the new ones must not overtake them
+                elif new:  # more returned entries may wait, or a message group's owner has a say:
+                    # the new ones must not overtake them
                     # their releases are queued now, before any fetch the caller's callback
                     # starts: queued from the background task, they went after it, and that
                     # fetch handed out newer entries first

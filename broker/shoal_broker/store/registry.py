@@ -376,7 +376,7 @@ class Registry(Inspector):
         k = keys.AddressKeys.of(address)
         script_keys = (
             *k.streams, k.groups, k.returned(group), k.delivery_counts(group), k.shares(group),
-            k.delivered(group),
+            k.delivered(group), k.group_owners(group), k.group_parked(group), k.group_held(group),
         )  # fmt: skip
         await self._run_raw('delete_group', script_keys, (group,))
 

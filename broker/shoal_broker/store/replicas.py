@@ -25,6 +25,7 @@ from shoal_broker.routing.policies import entity_field
 from shoal_broker.routing.storage import NORMAL_BAND
 from shoal_broker.store import connect, keys, layout, scripts
 from shoal_broker.store.calls import as_text
+from shoal_broker.store.groups import drop_keys
 from shoal_broker.store.redisstore import RedisStore
 
 logger = logging.getLogger(__name__)
@@ -309,8 +310,8 @@ class Liveness:
         moved_any = False
         private_prefix = f'nd:{dead}:'
         deleted: set[str] = set()
+        emptied: list[tuple[int, str]] = []
         for band, group in groups:
-            stream = k.streams[band]
             name = as_text(group['name'])
             if name.startswith(private_prefix):
                 if name not in deleted:  # from every band at once
@@ -320,22 +321,41 @@ class Liveness:
                 continue
             if not int(group['pending']):
                 continue
-            script_keys = (stream, k.returned(name), k.delivery_counts(name))
-            backoff = self.store.redelivery.get(entity_field(address, name)).script_args
-            while True:
-                moved = int(await self.store.evalsha(
-                    'reclaim', script_keys, (name, dead, band, RECLAIM_BATCH, int(failed), *backoff)
-                ))  # fmt: skip
-                report.entries_returned += moved
-                moved_any = moved_any or moved > 0
-                if moved < RECLAIM_BATCH:
-                    break
-            await self.store.call(client.xgroup_delconsumer(stream, name, dead))
+            moved = await self._reclaim(address, band, name, dead, failed)
+            report.entries_returned += moved
+            moved_any = moved_any or moved > 0
+            emptied.append((band, name))
+        for name in sorted({as_text(g['name']) for _, g in groups} - deleted):
+            # after its entries are back: their groups' next owner starts with them
+            dropped = await self.store.evalsha('groups_drop', drop_keys(address, name),
+                                               (dead, k.notify))  # fmt: skip
+            if int(dropped) >= 0:  # what other replicas parked for it meanwhile, claimed for it
+                for band in {b for b, g in groups if as_text(g['name']) == name}:
+                    moved = await self._reclaim(address, band, name, dead, failed)
+                    report.entries_returned += moved
+        for band, name in emptied:  # nothing is parked for it any more
+            await self.store.call(client.xgroup_delconsumer(k.streams[band], name, dead))
         for name in sorted({as_text(g['name']) for _, g in groups if g.get('lined')}):
             # after its entries are back: the next in line starts with them
             if await self.store.evalsha('exclusive_reap', (k.line(name),), (dead, k.notify)):
                 EXCLUSIVE_HANDOVERS.inc()
         return moved_any
+
+    async def _reclaim(self, address: str, band: int, name: str, dead: str, failed: bool) -> int:
+        """Return what ``dead`` holds of the subscription ``name`` on one band (``reclaim.lua``);
+        an entry parked for its message groups counts no attempt: it never went out."""
+        k = keys.AddressKeys.of(address)
+        script_keys = (k.streams[band], k.returned(name), k.delivery_counts(name),
+                       k.group_parked(name))  # fmt: skip
+        backoff = self.store.redelivery.get(entity_field(address, name)).script_args
+        total = 0
+        while True:
+            moved = int(await self.store.evalsha(
+                'reclaim', script_keys, (name, dead, band, RECLAIM_BATCH, int(failed), *backoff)
+            ))  # fmt: skip
+            total += moved
+            if moved < RECLAIM_BATCH:
+                return total
 
     async def _remove_consumers(self, dead: str, report: ReapReport) -> None:
         client = self.store.client

@@ -12,8 +12,8 @@ from shoal_broker.store.calls import as_text
 
 
 def entries_of(flat: list[Any], start: int = 0) -> list[Entry]:
-    """Entries from fetch.lua's septuples (from ``start`` in its reply)."""
-    # positional (id, band, header, rest, expiry_ms, delivery_count, origin): keyword
+    """Entries from fetch.lua's octuples (from ``start`` in its reply)."""
+    # positional (id, band, header, rest, expiry_ms, delivery_count, origin, group): keyword
     # construction costs ~2 µs per entry
     return [
         Entry(
@@ -24,22 +24,24 @@ def entries_of(flat: list[Any], start: int = 0) -> list[Entry]:
             int(flat[i + 4]),
             int(flat[i + 5]),
             flat[i + 6].decode(),
+            flat[i + 7].decode(),
         )
-        for i in range(start, len(flat), 7)
+        for i in range(start, len(flat), 8)
     ]
 
 
 def new_entries(reply: Any) -> list[Entry]:
     """Entries from a plain XREADGROUP of the priority-4 band: fields in append_entries.lua's order,
-    header and rest first, then expiry and origin when present. The reply is a map under RESP3
-    (the store's connections) and a list of (stream, entries) pairs under RESP2."""
+    header and rest first, then expiry, origin and message group when present. The reply is a
+    map under RESP3 (the store's connections) and a list of (stream, entries) pairs under
+    RESP2."""
     if not reply:
         return []
     found: list[Entry] = []
     read = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
     append = found.append
     for raw_id, fields in read:
-        expiry_ms, origin = 0, ''
+        expiry_ms, origin, group = 0, '', ''
         if len(fields) == 6 and fields[4] == b'c':  # the common shape: an origin, no expiry
             origin = fields[5].decode()
         else:
@@ -48,7 +50,10 @@ def new_entries(reply: Any) -> list[Entry]:
                     expiry_ms = int(fields[i + 1])
                 elif fields[i] == b'c':
                     origin = fields[i + 1].decode()
-        append(Entry(raw_id.decode(), NORMAL_BAND, fields[1], fields[3], expiry_ms, 0, origin))
+                elif fields[i] == b'g':
+                    group = fields[i + 1].decode()
+        append(Entry(raw_id.decode(), NORMAL_BAND, fields[1], fields[3], expiry_ms, 0, origin,
+                     group))  # fmt: skip
     return found
 
 

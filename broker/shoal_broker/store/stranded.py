@@ -32,9 +32,19 @@ async def return_stranded(
     with one more failed attempt; returns how many."""
     k = keys.AddressKeys.of(address)
     returned = 0
+    # entries parked for this replica's message groups are claimed for it, and not stranded:
+    # its next fetch takes them (fetch.lua)
+    prefix = f'{replica_id}|'
+    low, high = f'[{prefix}', f'[{prefix}\xff'.encode('latin-1')
+    found = await call(client.zrangebylex(k.group_parked(group), low, high))
+    parked = {as_text(member)[len(prefix) :] for member in found}
     for band, stream in enumerate(k.streams):
         pending = await call(client.xpending_range(stream, group, '-', '+', 10_000, replica_id))
-        ids = [i for p in pending if (band, i := as_text(p['message_id'])) not in held]
+        ids = [
+            i for p in pending
+            if (band, i := as_text(p['message_id'])) not in held
+            and keys.entry_member(band, i) not in parked
+        ]  # fmt: skip
         if not ids:
             continue
         # counted first: a replica fetching between the two steps must see the new count; a

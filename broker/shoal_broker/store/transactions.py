@@ -39,7 +39,7 @@ import redis.exceptions
 
 from shoal_broker.errors import CommitInDoubt, StoreUnavailable
 from shoal_broker.metrics.registry import duplicates_dropped
-from shoal_broker.routing.storage import Entry, OutgoingMessage
+from shoal_broker.routing.storage import Entry, OutgoingMessage, stored_origin
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
@@ -141,13 +141,13 @@ class Transactions:
                     k.streams[message.band], k.groups, k.watchers, k.duplicates, *k.streams,
                     k.levels, kind.value, '', self.replica_id,
                     window.count, window.seconds * 1000, 0, '', message.header, message.rest,
-                    str(message.expiry_ms), message.origin, unique,
+                    str(message.expiry_ms), stored_origin(message), unique,
                 )  # fmt: skip
                 continue
             pipe.eval(
                 self._scripts.source['publish'], 4, k.streams[message.band], k.groups, k.watchers,
                 k.levels, kind.value, '', self.replica_id,  # announced below, once committed
-                message.header, message.rest, str(message.expiry_ms), message.origin,
+                message.header, message.rest, str(message.expiry_ms), stored_origin(message),
             )  # fmt: skip
         for address, group, entry in acks:
             k = keys.AddressKeys.of(address)

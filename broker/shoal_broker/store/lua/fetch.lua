@@ -19,7 +19,13 @@
 -- ARGV[6] the free credit of those consumers (its weight in the sharing; may exceed the count)
 -- ARGV[7] the address's notification channel: a replica that joins the sharing wakes the others,
 --         so they see it before they next take everything (hand-over, sending ahead)
--- KEYS[15] and ARGV[8], only for an exclusive queue or subscription (routing/exclusive.py): its
+-- KEYS[15] message groups' owners HASH of the group, KEYS[16] their parked ZSET, KEYS[17] their
+--         held ZSET (keys.py; docs/architecture.md, "Message groups"): an entry with a message
+--         group (field g) goes out here only if this replica owns the group, or nobody does (it
+--         takes it); one owned by another replica is claimed for that replica and parked for it,
+--         and that replica's fetch takes what is parked for it with its returned entries, in
+--         member order, so a group's entries go out in the order of the subscription
+-- KEYS[18] and ARGV[8], only for an exclusive queue or subscription (routing/exclusive.py): its
 --         line ZSET and the member of the consumer this replica fetches for; unless that member
 --         is first in line, nothing is fetched and the reply is {0, -2, the first member or ''}
 --         (ARGV[5] is 0 then: no sharing); while a returned entry waits out a redelivery
@@ -32,10 +38,11 @@
 -- behind it flow past.
 -- Returns how many entries it handed out other than new band-5 ones; how many entries it left
 -- for other replicas (-1: this replica serves the subscription alone); in how many ms the first
--- delayed entry is due (0: none waits); then a flat array of septuples:
--- band, id, header, rest, expiry, delivery count, origin.
+-- delayed entry is due (0: none waits; 1 also when the entries read were all parked for other
+-- replicas up to the bound: look again); then a flat array of octuples:
+-- band, id, header, rest, expiry, delivery count, origin, message group.
 if ARGV[8] then
-  local first = redis.call('ZRANGE', KEYS[15], 0, 0)[1] or ''
+  local first = redis.call('ZRANGE', KEYS[18], 0, 0)[1] or ''
   if first ~= ARGV[8] then return {0, -2, first} end
 end
 local want = tonumber(ARGV[3])
@@ -43,8 +50,33 @@ local out = {0, -1, 0}
 
 --! include entry_fields
 --! include share
+local grouped = redis.call('EXISTS', KEYS[15]) == 1  -- the subscription has seen a group
+local parked_any = false
+local function padded(band, id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return string.format('%s|%015d-%010d', band, tonumber(ms), tonumber(seq))
+end
+
+-- whether an entry of message group ``g`` goes out here: yes if this replica owns the group or
+-- nobody does (it takes it); if another replica owns it, it is claimed for that one and parked
+local function mine(band, id, g)
+  local owner = redis.call('HGET', KEYS[15], g)
+  if not owner then
+    redis.call('HSET', KEYS[15], g, ARGV[2])
+    redis.call('ZADD', KEYS[17], 0, ARGV[2] .. '|' .. g)
+    grouped = true
+    return true
+  end
+  if owner == ARGV[2] then return true end
+  redis.call('XCLAIM', KEYS[band + 1], ARGV[1], owner, 0, id, 'JUSTID')
+  redis.call('ZADD', KEYS[16], 0, owner .. '|' .. padded(band, id))
+  parked_any = true
+  return false
+end
+
 local function emit(band, entry, count)
-  local h, r, x, c = entry_fields(entry[2])
+  local h, r, x, c, g = entry_fields(entry[2])
+  if g ~= '' and not mine(band, entry[1], g) then return end
   out[#out + 1] = band
   out[#out + 1] = entry[1]
   out[#out + 1] = h
@@ -52,6 +84,7 @@ local function emit(band, entry, count)
   out[#out + 1] = x
   out[#out + 1] = count
   out[#out + 1] = c
+  out[#out + 1] = g
   want = want - 1
 end
 
@@ -80,6 +113,15 @@ for _, b in ipairs(redis.call('SMEMBERS', KEYS[14])) do in_use[tonumber(b)] = tr
 in_use[5] = true
 for b = 0, 9 do if in_use[b] then bands[#bands + 1] = b end end
 
+-- entries parked for this replica are its own: the sharing below does not count them
+local mine_parked = {}
+if grouped then
+  local prefix = ARGV[2] .. '|'
+  mine_parked = redis.call('ZRANGEBYLEX', KEYS[16], '[' .. prefix, '[' .. prefix .. '\255',
+                           'LIMIT', 0, want)
+end
+local parked_limit = want
+
 local consumers = tonumber(ARGV[5])
 local function share_now()
   local t = redis.call('TIME')
@@ -105,12 +147,12 @@ if consumers > 0 then
     end
     redis.call('HSET', KEYS[13], unpack(flat))
     if others then
-      want = math.min(want, granted)
+      want = math.min(want, granted + #mine_parked)
       if want <= 0 then  -- nothing popped here: still say when a waiting entry is due
         local head = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
         if head[2] and head[2] ~= '0' then out[3] = math.max(tonumber(head[2]) - share_now(), 0) end
       end
-      out[2] = available - want
+      out[2] = math.max(available + #mine_parked - want, 0)
       if known == 0 then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
     end
   elseif known == 0 then  -- alone, and first: the record a replica that joins will see
@@ -134,8 +176,13 @@ end
 
 -- the returned entries due, by band (looked at: the first ``want`` of the ZSET)
 local returned = {}
+-- with message groups, what lies past a cut-off look (the ZSET's head, or the parked entries')
+-- waits for the next fetch, and so does everything newer: an entry parked for another replica
+-- costs no credit, so the look may end before the credit does (``bound``: members from it on)
+local bound = nil
 if want > 0 then
   local head = redis.call('ZRANGE', KEYS[11], 0, want - 1, 'WITHSCORES')
+  if grouped and #head == 2 * want then bound = head[#head - 1] .. '~' end
   local now = nil
   for j = 1, #head, 2 do
     if head[j + 1] ~= '0' then  -- delayed: due yet?
@@ -143,6 +190,7 @@ if want > 0 then
       local wait = tonumber(head[j + 1]) - now
       if wait > 0 then
         out[3] = wait
+        if grouped then bound = head[j] end
         break
       end
     end
@@ -159,11 +207,44 @@ if want > 0 then
     list[#list + 1] = head[j]
   end
 end
+-- entries parked for this replica join its returned ones, band by band, in member order
+local from_parked = {}
+if want > 0 and #mine_parked > 0 then
+  local prefix = ARGV[2] .. '|'
+  if #mine_parked >= parked_limit then
+    local last = string.sub(mine_parked[#mine_parked], #prefix + 1) .. '~'
+    if not bound or last < bound then bound = last end
+  end
+  for _, full in ipairs(mine_parked) do
+    local member = string.sub(full, #prefix + 1)
+    local band = tonumber(string.sub(member, 1, 1))
+    from_parked[member] = full
+    if not returned[band] then
+      returned[band] = {}
+      if not in_use[band] then
+        in_use[band] = true
+        bands[#bands + 1] = band
+        table.sort(bands)
+      end
+    end
+    local list = returned[band]
+    list[#list + 1] = member
+  end
+  if #mine_parked > 0 then
+    for _, list in pairs(returned) do table.sort(list) end
+  end
+end
 
+local cut = false  -- a look ended at ``bound`` with credit left: nothing newer goes out
 local function claim_returned(band)
   for _, member in ipairs(returned[band] or {}) do
     if want <= 0 then return end
-    redis.call('ZREM', KEYS[11], member)
+    if bound and member >= bound then
+      cut = true
+      return
+    end
+    local full = from_parked[member]
+    if full then redis.call('ZREM', KEYS[16], full) else redis.call('ZREM', KEYS[11], member) end
     local ms, seq = string.match(member, '^%d|(%d+)-(%d+)$')
     local id = (string.match(ms, '^0*(%d-%d)$')) .. '-' .. (string.match(seq, '^0*(%d-%d)$'))
     local claimed = redis.call('XCLAIM', KEYS[band + 1], ARGV[1], ARGV[2], 0, id)
@@ -175,15 +256,25 @@ local function claim_returned(band)
   end
 end
 
+local GROUP_ROUNDS = 8  -- reads of a band while what is read is parked for other replicas
 local function read_new(band)
   if want <= 0 then return end
+  if cut then  -- look again soon
+    if out[3] == 0 then out[3] = 1 end
+    return
+  end
   -- an empty band costs an XLEN, not an XREADGROUP
   if redis.call('XLEN', KEYS[band + 1]) > 0 then
-    local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want,
-                           'STREAMS', KEYS[band + 1], '>')
-    if res then
+    for round = 1, GROUP_ROUNDS do
+      local asked = want
+      local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', asked,
+                             'STREAMS', KEYS[band + 1], '>')
+      if not res then return end
       -- never delivered to this group before: no failed attempts to count (no HGET)
       for _, entry in ipairs(res[1][2]) do emit(band, entry, '0') end
+      -- short, or all taken here: done; read on only past entries parked for others
+      if #res[1][2] < asked or want <= 0 or not grouped then return end
+      if round == GROUP_ROUNDS and out[3] == 0 then out[3] = 1 end
     end
   end
 end
@@ -206,10 +297,15 @@ for _, band in ipairs(bands) do
   elseif read_default then
     local before = #out
     read_new(band)
-    default_new = (#out - before) / 7
+    default_new = (#out - before) / 8
   else
     break
   end
 end
-out[1] = (#out - 3) / 7 - default_new
+out[1] = (#out - 3) / 8 - default_new
+-- a subscription with message groups is never read in bulk beside this script (a plain read
+-- would hand out entries without their owner's say): it reports one entry more than new
+-- band-5 ones, which makes the caller give back what such a read took
+if grouped and out[1] == 0 then out[1] = 1 end
+if parked_any then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
 return out

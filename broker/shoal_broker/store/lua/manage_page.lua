@@ -51,7 +51,8 @@ while want > 0 and scanned < bound do
       if redis.call('ZSCORE', KEYS[2], member) then state = 'returned' else state = 'in-flight' end
     end
     if state then
-      local h, r, x, c = entry_fields(entry[2])
+      local h, r, x, c, g = entry_fields(entry[2])
+      if g ~= '' then c = c .. '\31' .. g end  -- as stored (routing/storage.stored_origin)
       out[#out + 1] = id
       out[#out + 1] = state
       out[#out + 1] = h

@@ -13,8 +13,9 @@
 -- order, so claiming them reads that too: it is returned and delivered after them. No
 -- notification to other replicas: nothing appended here is left unread.
 -- Returns -1 when the queue no longer exists; otherwise the number n of messages appended, their
--- n ids, then the entries read ahead of them as fetch.lua's septuples (band, id, header, rest,
--- expiry, delivery count, origin).
+-- n ids, then the entries read ahead of them as fetch.lua's octuples (band, id, header, rest,
+-- expiry, delivery count, origin, message group); the caller gives those with a message group
+-- back, for a fetch to hand them to their group's owner.
 if redis.call('SCARD', KEYS[2]) == 0 then return -1 end
 --! include append_entries
 --! include entry_fields
@@ -37,7 +38,7 @@ while not reached do
     local id = entry[1]
     if id == last then reached = true end
     if not ours[id] then
-      local h, r, x, c = entry_fields(entry[2])
+      local h, r, x, c, g = entry_fields(entry[2])
       out[#out + 1] = band
       out[#out + 1] = id
       out[#out + 1] = h
@@ -45,6 +46,7 @@ while not reached do
       out[#out + 1] = x
       out[#out + 1] = '0'
       out[#out + 1] = c
+      out[#out + 1] = g
     end
   end
 end

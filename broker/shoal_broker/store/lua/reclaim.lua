@@ -1,6 +1,8 @@
 -- Return a dead replica's in-flight entries of one subscription on one band to the subscription.
 --
--- KEYS[1] stream of the band, KEYS[2] returned ZSET of the group, KEYS[3] delivery-count HASH
+-- KEYS[1] stream of the band, KEYS[2] returned ZSET of the group, KEYS[3] delivery-count HASH,
+-- KEYS[4] (optional) the group's message-group parked ZSET: an entry parked for the dead replica
+-- (claimed for it, never sent) joins the returned set without counting an attempt
 -- ARGV[1] group, ARGV[2] dead consumer (replica id), ARGV[3] band, ARGV[4] at most this many,
 -- ARGV[5] '1' to count the attempt as failed (a crash), '0' not to (a clean exit),
 -- ARGV[6] redelivery delay (ms, 0 = none), ARGV[7] its multiplier, ARGV[8] its maximum (ms):
@@ -24,7 +26,10 @@ for _, p in ipairs(pending) do
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   local member = string.format('%s|%015d-%010d', ARGV[3], tonumber(ms), tonumber(seq))
   redis.call('XCLAIM', KEYS[1], ARGV[1], 'reclaimed', 0, id, 'JUSTID')
-  if not redis.call('ZSCORE', KEYS[2], member) then
+  local parked = KEYS[4] and redis.call('ZREM', KEYS[4], ARGV[2] .. '|' .. member) == 1
+  if parked then
+    redis.call('ZADD', KEYS[2], 'NX', 0, member)
+  elseif not redis.call('ZSCORE', KEYS[2], member) then
     local due = 0
     if ARGV[5] == '1' then
       local count = redis.call('HINCRBY', KEYS[3], ARGV[3] .. '|' .. id, 1)

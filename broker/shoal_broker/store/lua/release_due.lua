@@ -7,15 +7,14 @@
 -- Each member is removed by the same script that appends it, so replicas moving the same
 -- address concurrently never duplicate a message. Returns the number moved.
 --! include mark_band
+--! include new_entry_fields
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 local keep = not (ARGV[3] == 'topic' and redis.call('SCARD', KEYS[13]) == 0)
 for _, m in ipairs(due) do
   local f = {m .. '|b', m .. '|h', m .. '|r', m .. '|x', m .. '|c'}
   local v = redis.call('HMGET', KEYS[2], unpack(f))
   if v[1] and keep then
-    local fields = {'h', v[2], 'r', v[3]}
-    if v[4] ~= '0' then fields[#fields + 1] = 'x'; fields[#fields + 1] = v[4] end
-    if v[5] ~= '' then fields[#fields + 1] = 'c'; fields[#fields + 1] = v[5] end
+    local fields = new_entry_fields(v[2], v[3], v[4], v[5])  -- the origin carries any group
     redis.call('XADD', KEYS[3 + tonumber(v[1])], '*', unpack(fields))
     mark_band(KEYS[14], KEYS[3 + tonumber(v[1])])
   end
