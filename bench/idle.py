@@ -90,7 +90,8 @@ class IdleClient(asyncio.Protocol):
 
 
 def rss_mib(pid: int) -> float:
-    with open(f'/proc/{pid}/status') as status:
+    """VmRSS of process PID (0: this process) in MiB."""
+    with open(f"/proc/{pid or 'self'}/status") as status:
         for line in status:
             if line.startswith('VmRSS:'):
                 return int(line.split()[1]) / 1024
