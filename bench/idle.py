@@ -91,7 +91,7 @@ class IdleClient(asyncio.Protocol):
 
 def rss_mib(pid: int) -> float:
     """VmRSS of process PID (0: this process) in MiB."""
-    with open(f"/proc/{pid or 'self'}/status") as status:
+    with open(f'/proc/{pid or "self"}/status') as status:
         for line in status:
             if line.startswith('VmRSS:'):
                 return int(line.split()[1]) / 1024

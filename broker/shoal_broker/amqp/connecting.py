@@ -321,7 +321,7 @@ def _owed(conn: AmqpConnection) -> tuple[int, int]:
     sends = deliveries = 0
     for state in conn.links.values():
         if isinstance(state, ProducerLink):
-            sends += state.in_store + len(state.waiting)
+            sends += state.in_store + len(state.waiting or ())
             if state.alive:
                 sends += lib.pn_link_credit(state.ptr)
         elif isinstance(state, ConsumerLink):

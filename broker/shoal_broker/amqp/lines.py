@@ -15,6 +15,18 @@ from shoal_broker.amqp.outlets import Outlet
 
 _LINE_SERIALS = itertools.count(1)
 
+SUBSCRIPTION_SLOTS = (
+    '_again', '_due_at', '_held_since', '_share_check', 'address', 'ahead_allowed',
+    'consumers', 'dead_letter_address', 'filters_consume', 'groups', 'handover_allowed',
+    'hold_seconds', 'intake', 'max_age_ms', 'max_delivery_attempts', 'outlet', 'paused',
+    'private', 'retry_delay',
+)  # fmt: skip
+"""The attributes ``LocalSubscription.__init__`` sets, as its ``__slots__``: its bases (``Line``,
+``dispatch.Lane``) keep their instance dict, which then holds Lane's attributes alone. Past 30
+attributes CPython 3.11 gives up the compact shared-key instance dict, ~1.7 KiB more per
+subscription (docs/performance.md, "Memory per connection"). Not ``Line``'s class defaults
+(``exclusive``, ``_active_line``): a slot would hide them."""
+
 
 class Line:
     """Mixed into ``subscriptions.LocalSubscription``, whose ``consumers`` it reads."""

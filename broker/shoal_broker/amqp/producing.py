@@ -14,6 +14,7 @@ peer may send it again). Credit comes back as messages are answered (``Turns.top
 """
 
 import asyncio
+import collections
 import logging
 import time
 
@@ -142,15 +143,18 @@ class Producing:
         if not producer.waiting and view.to and known and wanted in (None, known):
             self._publish(producer, message, view.to, known)
             return
+        if producer.waiting is None:
+            producer.waiting = collections.deque()
         producer.waiting.append(message)
         if not producer.resolving:
             producer.resolving = True
             self.spawn(self._resolve_waiting(producer))
 
     async def _resolve_waiting(self, producer: ProducerLink) -> None:
+        waiting = producer.waiting
         try:
-            while producer.waiting and producer.alive:
-                message = producer.waiting[0]
+            while waiting and producer.alive:
+                message = waiting[0]
                 view = message.view
                 try:
                     if not view.to:
@@ -158,11 +162,11 @@ class Producing:
                     wanted = addresses.kind_from_jms_dest(view.annotations.get('x-opt-jms-dest'))
                     kind = await self.resolve(view.to, wanted, user_name(producer.conn))
                 except BrokerError as exc:
-                    producer.waiting.popleft()
+                    waiting.popleft()
                     if producer.alive:
                         self.refuse(producer, message.delivery, message.settled, exc)
                     continue
-                producer.waiting.popleft()
+                waiting.popleft()
                 if producer.alive:
                     self._publish(producer, message, view.to, kind)
         finally:

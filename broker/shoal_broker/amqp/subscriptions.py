@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 from shoal_broker.amqp import groups as grouping
 from shoal_broker.amqp.engine import lib
-from shoal_broker.amqp.lines import Line
+from shoal_broker.amqp.lines import SUBSCRIPTION_SLOTS, Line
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
 from shoal_broker.amqp.outlets import Held, Intake, Outlet
 from shoal_broker.errors import BrokerError
@@ -79,6 +79,8 @@ def _arrived(consumer: ConsumerLink) -> int:
 
 class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
     """This replica's consumers of one subscription: fetches for their credit, deals to them."""
+
+    __slots__ = SUBSCRIPTION_SLOTS  # the instance dict stays compact: see amqp/lines.py
 
     def __init__(self, outlet: Outlet, intake: Intake, address: str, group: str) -> None:
         super().__init__(group)
@@ -261,8 +263,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
             self.outlet.call_later(self.hold_seconds, self.spill_stale)
 
     def check_share(self) -> None:
-        """Look again after leaving entries to other replicas: what they did not come for has
-        lapsed by now."""
+        """Look again after leaving entries to other replicas: what they skipped has lapsed."""
         self._share_check = False
         if self.consumers and not self._exhausted:
             self.kick()

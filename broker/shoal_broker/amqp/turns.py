@@ -90,7 +90,7 @@ class Turns:
         credit = lib.pn_link_credit(producer.ptr)
         if credit > window // 2:  # half its window left: it is not waiting for credit
             return
-        grant = window - producer.in_store - len(producer.waiting) - credit
+        grant = window - producer.in_store - len(producer.waiting or ()) - credit
         if grant > 0:
             lib.pn_link_flow(producer.ptr, grant)
             self.mark_dirty(producer.conn)
