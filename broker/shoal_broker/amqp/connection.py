@@ -51,6 +51,34 @@ class LinkState:
     answered first."""
 
 
+class Gate:
+    """``asyncio.Event``'s ``set``, ``is_set`` and ``wait``, set once and never cleared, with the
+    Event (and its 760-byte waiter deque) made only if something waits before it is set: most
+    connections' attaches come after the Open is answered, and memory per connection counts
+    (docs/performance.md, "Memory per connection")."""
+
+    __slots__ = ('_event', '_set')
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: asyncio.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        if self._event is not None:
+            self._event.set()
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        if self._event is None:
+            self._event = asyncio.Event()
+        await self._event.wait()
+
+
 class Door(Protocol):
     """What a connection asks of the broker's door (``guard.Guard``) as bytes come and go."""
 
@@ -91,7 +119,7 @@ class AmqpConnection(asyncio.Protocol):
         self.alive = True
         self.links: dict[engine.Ptr, LinkState] = {}
         self.container_id: str | None = None
-        self.opened = asyncio.Event()
+        self.opened = Gate()
         """Set once our Open is written (or refused): attaches wait for it. proton writes a
         Begin only after the Open, and never revisits a session opened before that."""
         self.pending_sessions: list[engine.Ptr] = []
