@@ -7,7 +7,9 @@ from processes import BrokerProcess
 from proton import Delivery, Message, byte, char, decimal64, int32, short, symbol, timestamp, ulong
 
 
-def _jms_like_message() -> Message:
+def _jms_like_message(group_id: str | None = None) -> Message:
+    """A message as Qpid JMS sends one, every property section filled; ungrouped unless
+    ``group_id`` (a grouped message's first delivery to a consumer gains an annotation)."""
     return Message(
         id=uuid.UUID('12345678-1234-5678-1234-567812345678'),
         correlation_id=b'\x00\x01binary-correlation',
@@ -16,7 +18,7 @@ def _jms_like_message() -> Message:
         reply_to='replies',
         content_type='text/plain',
         creation_time=1_700_000_000.123,
-        group_id='g',
+        group_id=group_id,
         durable=True,
         priority=7,
         ttl=3600,
@@ -57,6 +59,25 @@ def test_a_delivered_message_is_byte_for_byte_what_was_sent(
     assert isinstance(decoded.id, uuid.UUID)
     # binary stays binary (proton's decoder hands binary over as a memoryview)
     assert bytes(decoded.correlation_id) == b'\x00\x01binary-correlation'
+    conn.close()
+
+
+def test_a_grouped_message_keeps_its_bare_message_and_gains_only_the_first_for_consumer_flag(
+    broker: BrokerProcess, address: str
+) -> None:
+    sent = _jms_like_message(group_id='g')
+    payload = sent.encode()
+    bare = payload[payload.index(b'\x00\x53\x73') :]  # from the properties section on
+    conn = connect(broker.url)
+    assert send_raw(conn, sender(conn, address), payload) == Delivery.ACCEPTED
+    collector = _raw_receiver(conn, address)
+    conn.wait(lambda: len(collector.transfers) == 1, timeout=10)
+    delivered = bytes(collector.transfers[0])
+    assert delivered.endswith(bare)
+    decoded = Message()
+    decoded.decode(delivered)
+    assert decoded.group_id == 'g'
+    assert decoded.annotations == {**sent.annotations, symbol('JMSXGroupFirstForConsumer'): True}
     conn.close()
 
 

@@ -42,6 +42,8 @@ class GroupsRun:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     sent: int = 0
+    attached: int = 0
+    """Consumers whose link the broker has attached."""
 
     def _produce(self, index: int) -> None:
         conn = connect(self.producer_urls[index])
@@ -58,6 +60,8 @@ class GroupsRun:
         try:
             conn = connect(self.consumer_urls[index])
             rcv = receiver(conn, self.address, credit=self.credit)
+            with self.lock:
+                self.attached += 1
             while not self.stop.is_set():
                 try:
                     message = rcv.receive(timeout=0.5)
@@ -95,6 +99,10 @@ class GroupsRun:
         ]
         order = [*producers, *consumers] if prefill else [*consumers, *producers]
         for t in order:
+            if not prefill and t is producers[0]:  # every consumer in place: each gets groups
+                deadline = time.monotonic() + 30
+                while self.attached < len(consumers) and time.monotonic() < deadline:
+                    time.sleep(0.02)
             t.start()
             if prefill and t is producers[-1]:
                 for p in producers:
