@@ -18,12 +18,11 @@ usage: python bench/connection_memory.py --port 5672 --broker-pid PID [--count 2
 
 import argparse
 import asyncio
-import resource
 import time
 
 from cproton_ffi import ffi, lib
 
-from idle import IdleClient, rss_mib
+from idle import IdleClient, close_clients, open_clients, rss_mib
 
 
 def open_links(client: IdleClient, links: str, queue: str) -> None:
@@ -105,31 +104,11 @@ def proton_only(opts: argparse.Namespace) -> None:
 
 
 async def main(opts: argparse.Namespace) -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    if hard < opts.count + 100:
-        raise SystemExit(f'need {opts.count + 100} file descriptors, the hard limit is {hard}')
-    loop = asyncio.get_running_loop()
     before = rss_mib(opts.broker_pid)
-    clients: list[IdleClient] = []
-    failures: list[str] = []
-    gate = asyncio.Semaphore(opts.parallel)
     deadline = time.monotonic() + opts.timeout
-
-    async def one(i: int) -> None:
-        async with gate:
-            opened: asyncio.Future[None] = loop.create_future()
-            client = IdleClient(f'mem-{i}', opened)
-            try:
-                await loop.create_connection(lambda: client, opts.host, opts.port)
-                await asyncio.wait_for(opened, max(0.1, deadline - time.monotonic()))
-            except (OSError, TimeoutError, ConnectionError) as exc:
-                failures.append(f'{type(exc).__name__}: {exc}')
-                return
-            open_links(client, opts.links, f'mem-{opts.links}-{i}')
-            clients.append(client)
-
-    await asyncio.gather(*(one(i) for i in range(opts.count)))
+    clients, failures = await open_clients(
+        opts, 'mem', lambda client, i: open_links(client, opts.links, f'mem-{opts.links}-{i}')
+    )
     waiting = list(clients)
     while waiting and time.monotonic() < deadline:  # bounded: by --timeout
         await asyncio.sleep(0.2)
@@ -138,14 +117,7 @@ async def main(opts: argparse.Namespace) -> None:
     for client in clients:
         client.pump()
     held = rss_mib(opts.broker_pid)
-    for client in clients:
-        client.close()
-    await asyncio.sleep(2.0)
-    for client in clients:
-        if client.socket is not None:
-            client.socket.close()
-        client.free()
-    await asyncio.sleep(1.0)
+    await close_clients(clients)
     after = rss_mib(opts.broker_pid)
     opened = len(clients)
     per = (held - before) / opened if opened else float('nan')

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import resource
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cproton_ffi import ffi, lib
@@ -98,13 +99,17 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f'no VmRSS for {pid}')
 
 
-async def main(opts: argparse.Namespace) -> None:
+async def open_clients(
+    opts: argparse.Namespace, prefix: str, on_open: Callable[[IdleClient, int], None] | None = None
+) -> tuple[list[IdleClient], list[str]]:
+    """Open ``opts.count`` connections, ``opts.parallel`` at a time, within ``opts.timeout``
+    (the descriptor limit raised first); ``on_open`` is called with each one opened. Returns
+    the clients opened and why the others failed."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if hard < opts.count + 100:
         raise SystemExit(f'need {opts.count + 100} file descriptors, the hard limit is {hard}')
     loop = asyncio.get_running_loop()
-    before = rss_mib(opts.broker_pid)
     clients: list[IdleClient] = []
     failures: list[str] = []
     gate = asyncio.Semaphore(opts.parallel)
@@ -113,17 +118,37 @@ async def main(opts: argparse.Namespace) -> None:
     async def one(i: int) -> None:
         async with gate:
             opened: asyncio.Future[None] = loop.create_future()
-            client = IdleClient(f'idle-{i}', opened)
+            client = IdleClient(f'{prefix}-{i}', opened)
             try:
                 await loop.create_connection(lambda: client, opts.host, opts.port)
                 await asyncio.wait_for(opened, max(0.1, deadline - time.monotonic()))
             except (OSError, TimeoutError, ConnectionError) as exc:
                 failures.append(f'{type(exc).__name__}: {exc}')
                 return
+            if on_open is not None:
+                on_open(client, i)
             clients.append(client)
 
-    started = time.monotonic()
     await asyncio.gather(*(one(i) for i in range(opts.count)))
+    return clients, failures
+
+
+async def close_clients(clients: list[IdleClient]) -> None:
+    """Close every client, then free its engine once the broker had time to answer."""
+    for client in clients:
+        client.close()
+    await asyncio.sleep(2.0)
+    for client in clients:
+        if client.socket is not None:
+            client.socket.close()
+        client.free()
+    await asyncio.sleep(1.0)
+
+
+async def main(opts: argparse.Namespace) -> None:
+    before = rss_mib(opts.broker_pid)
+    started = time.monotonic()
+    clients, failures = await open_clients(opts, 'idle')
     open_seconds = time.monotonic() - started
     all_open = rss_mib(opts.broker_pid)
 
@@ -138,14 +163,7 @@ async def main(opts: argparse.Namespace) -> None:
     held = rss_mib(opts.broker_pid)
     dropped = sum(1 for c in clients if c.closed_by_peer)
     ticking.cancel()
-    for client in clients:
-        client.close()
-    await asyncio.sleep(2.0)
-    for client in clients:
-        if client.socket is not None:
-            client.socket.close()
-        client.free()
-    await asyncio.sleep(1.0)
+    await close_clients(clients)
     after = rss_mib(opts.broker_pid)
     opened = len(clients)
     per = (held - before) / opened if opened else float('nan')
