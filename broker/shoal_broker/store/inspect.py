@@ -284,6 +284,7 @@ class Inspector:
             consumers = {
                 _text(replica): int(_text(record).split(' ', 1)[0])
                 for replica, record in shares.items()
+                if not _text(replica).startswith('>')  # where the group stands (fetch.lua)
             }
             found.append((
                 {r: n for r, n in sorted(consumers.items()) if n > 0},

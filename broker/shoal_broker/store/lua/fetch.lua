@@ -88,10 +88,21 @@ local function emit(band, entry, count)
   want = want - 1
 end
 
-local function unread(band)
-  -- entries of the band no replica has been handed yet: the group's lag, or (when Redis cannot
-  -- tell it, after a deletion inside the stream) counted, up to a bound
-  if redis.call('XLEN', KEYS[band + 1]) == 0 then return 0 end
+-- Where the group stands in each band, while the subscription is shared: the shares HASH keeps
+-- field '>' .. band = the id of the last entry a fetch read there (the group's last-delivered-id
+-- as fetches leave it), so what is unread is counted from it, in time constant in the number of
+-- groups on the stream (XINFO GROUPS lists them all: docs/performance.md, "Sharing between
+-- replicas"). A plain read beside the script, or a purge, may have moved the group on since:
+-- then more is counted than is there, the sharing hands out a little more than it should for one
+-- fetch, and the next read to the end sets the field right. The fields go once the subscription
+-- has one replica again, so a lone replica's fast path (HEXISTS, HLEN) stays as it was.
+local CURSOR = '>'
+local COUNTED = 64  -- unread entries counted one by one; past that, Redis's lag (XINFO GROUPS)
+local cursors = {}  -- band -> the id from the shares HASH (share_records), or a fetch's read
+local cursor_moved = {}
+local function unread_from_groups(band)
+  -- the group's lag, or (when Redis cannot tell it, after a deletion inside the stream) counted,
+  -- up to a bound; and where it stands
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[band + 1])) do
     local name, last, lag = nil, nil, nil
     for j = 1, #g, 2 do
@@ -100,11 +111,27 @@ local function unread(band)
       elseif g[j] == 'lag' then lag = g[j + 1] end
     end
     if name == ARGV[1] then
-      if lag then return lag end
-      return #redis.call('XRANGE', KEYS[band + 1], '(' .. last, '+', 'COUNT', 1000)
+      if lag then return lag, last end
+      return #redis.call('XRANGE', KEYS[band + 1], '(' .. last, '+', 'COUNT', 1000), last
     end
   end
-  return 0
+  return 0, nil
+end
+
+local function unread(band)
+  -- entries of the band no replica has been handed yet
+  if redis.call('XLEN', KEYS[band + 1]) == 0 then return 0 end
+  local at = cursors[band]
+  if at then
+    local n = #redis.call('XRANGE', KEYS[band + 1], '(' .. at, '+', 'COUNT', COUNTED)
+    if n < COUNTED then return n end
+  end
+  local n, last = unread_from_groups(band)
+  if last and last ~= at then
+    cursors[band] = last
+    cursor_moved[band] = true
+  end
+  return n
 end
 
 -- the bands to read: 5 and those in use, in order
@@ -123,6 +150,7 @@ end
 local parked_limit = want
 
 local consumers = tonumber(ARGV[5])
+local sharing = false  -- another replica serves the subscription: keep where the group stands
 local function share_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -131,7 +159,7 @@ if consumers > 0 then
   local known = redis.call('HEXISTS', KEYS[13], ARGV[2])
   if redis.call('HLEN', KEYS[13]) > known then
     -- another replica keeps a record: the sharing rule decides what this one may take
-    local shares, ids = share_records(KEYS[13])
+    local shares, ids = share_records(KEYS[13], CURSOR, cursors)
     local others = share_others(shares, ARGV[2])
     local available = 0
     if others then
@@ -144,6 +172,14 @@ if consumers > 0 then
     for _, id in ipairs(ids) do
       flat[#flat + 1] = id
       flat[#flat + 1] = share_encode(shares[id])
+    end
+    if others then
+      sharing = true
+    else  -- the others have left: where the group stands is of no use until they come back
+      local gone = {}
+      for band in pairs(cursors) do gone[#gone + 1] = CURSOR .. band end
+      if #gone > 0 then redis.call('HDEL', KEYS[13], unpack(gone)) end
+      cursors = {}
     end
     redis.call('HSET', KEYS[13], unpack(flat))
     if others then
@@ -272,6 +308,11 @@ local function read_new(band)
       if not res then return end
       -- never delivered to this group before: no failed attempts to count (no HGET)
       for _, entry in ipairs(res[1][2]) do emit(band, entry, '0') end
+      local read = res[1][2]
+      if sharing and #read > 0 then
+        cursors[band] = read[#read][1]
+        cursor_moved[band] = true
+      end
       -- short, or all taken here: done; read on only past entries parked for others
       if #res[1][2] < asked or want <= 0 or not grouped then return end
       if round == GROUP_ROUNDS and out[3] == 0 then out[3] = 1 end
@@ -307,5 +348,13 @@ out[1] = (#out - 3) / 8 - default_new
 -- would hand out entries without their owner's say): it reports one entry more than new
 -- band-5 ones, which makes the caller give back what such a read took
 if grouped and out[1] == 0 then out[1] = 1 end
+if sharing then
+  local moved = {}
+  for band in pairs(cursor_moved) do
+    moved[#moved + 1] = CURSOR .. band
+    moved[#moved + 1] = cursors[band]
+  end
+  if #moved > 0 then redis.call('HSET', KEYS[13], unpack(moved)) end
+end
 if parked_any then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
 return out
