@@ -1,0 +1,76 @@
+"""A fetch of a subscription other replicas serve too counts what is unread from where the group
+stands (kept in its shares HASH by ``lua/fetch.lua``), not from ``XINFO GROUPS``, whose cost grows
+with every group on the stream: the shares come out as before, and a stream with many other
+groups costs no ``XINFO GROUPS`` per fetch once the group's place is known."""
+
+import uuid
+
+import redis.asyncio
+
+from shoal_broker.store import keys, scripts
+from shoal_broker.store.fetch_command import fetch_keys
+
+OTHER_GROUPS = 50
+GROUP = 'shared-sub'
+
+
+async def _xinfo_groups_calls(client: redis.asyncio.Redis) -> int:
+    stats = await client.info('commandstats')
+    return int(stats.get('cmdstat_xinfo|groups', {}).get('calls', 0))
+
+
+async def _fetch(
+    client: redis.asyncio.Redis, address: str, replica: str, count: int
+) -> tuple[int, list[str]]:
+    """One fetch by ``replica`` (one consumer, credit ``count``): what it left for others, and
+    the ids it took."""
+    k = keys.AddressKeys.of(address)
+    reply = await client.eval(
+        scripts.source('fetch'), 17, *fetch_keys(address, GROUP),
+        GROUP, replica, count, '1', 1, count, k.notify,
+    )  # fmt: skip
+    ids = [reply[i + 1].decode() for i in range(3, len(reply), 8)]
+    return int(reply[1]), ids
+
+
+async def _publish(client: redis.asyncio.Redis, address: str, n: int) -> None:
+    stream = keys.AddressKeys.of(address).streams[5]
+    for i in range(n):
+        await client.xadd(stream, {'h': b'h', 'r': f'r{i}'.encode()})
+
+
+async def test_two_replicas_share_a_burst_without_xinfo_groups_per_fetch(
+    client: redis.asyncio.Redis,
+) -> None:
+    address = f'topic-{uuid.uuid4().hex[:8]}'
+    k = keys.AddressKeys.of(address)
+    stream = k.streams[5]
+    await client.xgroup_create(stream, GROUP, '0', mkstream=True)
+    for i in range(OTHER_GROUPS):
+        await client.xgroup_create(stream, f'other-{i}', '0')
+    # both replicas keep a record: the sharing rule decides
+    assert await _fetch(client, address, 'a', 1000) == (-1, [])
+    assert (await _fetch(client, address, 'b', 1000))[1] == []
+    assert (await _fetch(client, address, 'a', 1000))[1] == []
+
+    before = await _xinfo_groups_calls(client)
+    await _publish(client, address, 20)
+    left, taken_a = await _fetch(client, address, 'a', 1000)
+    assert (left, len(taken_a)) == (10, 10)
+    left, taken_b = await _fetch(client, address, 'b', 1000)
+    assert (left, len(taken_b)) == (0, 10)
+    assert not set(taken_a) & set(taken_b)
+    await _publish(client, address, 4)  # b's free credit (1 000) outweighs a's (990): 3 and 1
+    assert len((await _fetch(client, address, 'b', 1000))[1]) == 3
+    assert len((await _fetch(client, address, 'a', 1000))[1]) == 1
+    for _ in range(10):
+        await _publish(client, address, 2)
+        taken = [len((await _fetch(client, address, r, 1000))[1]) for r in 'ab']
+        assert sum(taken) == 2 and max(taken) <= 2
+    # once, to learn where the group stands; then never again
+    assert await _xinfo_groups_calls(client) - before == 1
+
+    # alone again: where the group stands goes with the other's record
+    await client.hdel(k.shares(GROUP), 'b')
+    assert await _fetch(client, address, 'a', 1000) == (-1, [])
+    assert sorted((await client.hgetall(k.shares(GROUP))).keys()) == [b'a']
