@@ -66,7 +66,7 @@ async def test_two_replicas_share_a_burst_without_xinfo_groups_per_fetch(
     for _ in range(10):
         await _publish(client, address, 2)
         taken = [len((await _fetch(client, address, r, 1000))[1]) for r in 'ab']
-        assert sum(taken) == 2 and max(taken) <= 2
+        assert sum(taken) == 2
     # once, to learn where the group stands; then never again
     assert await _xinfo_groups_calls(client) - before == 1
 
