@@ -5,8 +5,8 @@ A fetch of a subscription whose consumers are on more than one replica runs the 
 in ``fetch.lua``, which counts what is unread. This starts a private redis-server on a free
 loopback port, creates a band-5 stream with the shared group and ``G - 1`` other groups, has two
 replicas keep a sharing record, then ROUNDS times appends 2 entries and lets each replica fetch;
-it prints Redis's own time per fetch (``INFO commandstats``: EVALSHA's, which holds what the script calls) for
-each G. ``--lua DIR`` takes the scripts from another checkout's ``store/lua`` directory, so two
+it prints Redis's own time per fetch (``INFO commandstats``: EVALSHA's, which holds what the
+script calls) for each G. ``--lua DIR`` takes the scripts from another checkout's ``store/lua`` directory, so two
 trees compare in one run (docs/performance.md, "Sharing between replicas").
 
 usage: python bench/shared_fetch.py [--groups 1 100 1000] [--rounds 2000] [--lua DIR]
@@ -95,7 +95,7 @@ def main() -> int:
             sha = client.script_load(source(args.lua, 'fetch'))
             for groups in args.groups:
                 usec = fetch_usec(client, sha, groups, args.rounds)
-                print(f'{args.lua}: {groups} groups on the stream: {usec:.1f} µs of Redis per fetch')
+                print(f'{args.lua}: {groups} groups on the stream: {usec:.1f} µs per fetch')
             client.close()
         finally:
             server.terminate()
