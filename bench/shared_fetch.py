@@ -6,8 +6,8 @@ in ``fetch.lua``, which counts what is unread. This starts a private redis-serve
 loopback port, creates a band-5 stream with the shared group and ``G - 1`` other groups, has two
 replicas keep a sharing record, then ROUNDS times appends 2 entries and lets each replica fetch;
 it prints Redis's own time per fetch (``INFO commandstats``: EVALSHA's, which holds what the
-script calls) for each G. ``--lua DIR`` takes the scripts from another checkout's ``store/lua`` directory, so two
-trees compare in one run (docs/performance.md, "Sharing between replicas").
+script calls) for each G. ``--lua DIR`` takes the scripts from another checkout's ``store/lua``
+directory, so two trees compare in one run (docs/performance.md, "Sharing between replicas").
 
 usage: python bench/shared_fetch.py [--groups 1 100 1000] [--rounds 2000] [--lua DIR]
 """
