@@ -70,6 +70,17 @@ async def test_two_replicas_share_a_burst_without_xinfo_groups_per_fetch(
     # once, to learn where the group stands; then never again
     assert await _xinfo_groups_calls(client) - before == 1
 
+    # bursts past what is counted one by one: the first learns the group's entries-read (Redis
+    # knew none before the group read anything), the stream's entries-added tells the rest
+    for burst in range(3):
+        before = await _xinfo_groups_calls(client)
+        await _publish(client, address, 300)
+        left, taken_a = await _fetch(client, address, 'a', 1000)
+        assert left + len(taken_a) == 300  # all of it counted
+        assert 100 <= left <= 200  # and shared out
+        assert len((await _fetch(client, address, 'b', 1000))[1]) == left
+        assert await _xinfo_groups_calls(client) - before == (1 if burst == 0 else 0)
+
     # alone again: where the group stands goes with the other's record
     await client.hdel(k.shares(GROUP), 'b')
     assert await _fetch(client, address, 'a', 1000) == (-1, [])
