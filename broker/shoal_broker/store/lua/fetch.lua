@@ -92,9 +92,9 @@ end
 -- field '>' .. band = '<id> <read>': the id of the last entry a fetch read there (the group's
 -- last-delivered-id as fetches leave it) and the group's entries-read then ('-': not known), so
 -- what is unread is counted from it in time constant in the number of groups on the stream
--- (XINFO GROUPS lists them all: docs/performance.md, "Sharing between replicas"): up to COUNTED
--- entries one by one; past that, the stream's entries-added (XINFO STREAM) less entries-read,
--- unless an entry past the id was deleted; Redis's lag (XINFO GROUPS) only when neither tells.
+-- (XINFO GROUPS lists them all: docs/performance.md, "Sharing between replicas"): the stream's
+-- entries-added (XINFO STREAM) less entries-read, unless an entry past the id was deleted; else
+-- up to COUNTED entries one by one; Redis's lag (XINFO GROUPS) only when neither tells.
 -- A plain read beside the script, or a purge, may have moved the group on since: then more is
 -- counted than is there, the sharing hands out a little more than it should for one fetch, and
 -- the next read sets the field right. The fields go once the subscription has one replica again,
@@ -149,19 +149,19 @@ local function unread(band)
   -- entries of the band no replica has been handed yet
   if redis.call('XLEN', KEYS[band + 1]) == 0 then return 0 end
   local at, read = cursor_of(band)
+  if at and read then
+    local info = redis.call('XINFO', 'STREAM', KEYS[band + 1])
+    local total, deleted = nil, '0-0'
+    for j = 1, #info, 2 do
+      if info[j] == 'entries-added' then total = info[j + 1]
+      elseif info[j] == 'max-deleted-entry-id' then deleted = info[j + 1] end
+    end
+    if total then added[band] = total end
+    if total and not id_after(deleted, at) and total >= read then return total - read end
+  end
   if at then
     local n = #redis.call('XRANGE', KEYS[band + 1], '(' .. at, '+', 'COUNT', COUNTED)
     if n < COUNTED then return n end
-    if read then
-      local info = redis.call('XINFO', 'STREAM', KEYS[band + 1])
-      local total, deleted = nil, '0-0'
-      for j = 1, #info, 2 do
-        if info[j] == 'entries-added' then total = info[j + 1]
-        elseif info[j] == 'max-deleted-entry-id' then deleted = info[j + 1] end
-      end
-      if total then added[band] = total end
-      if total and not id_after(deleted, at) and total - read >= n then return total - read end
-    end
   end
   return unread_from_groups(band)
 end
