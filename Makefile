@@ -33,6 +33,7 @@ SENTINEL_CORE := tests/amqp/test_queues.py tests/amqp/test_topics.py tests/amqp/
 SENTINEL_CORE += tests/amqp/test_exclusive.py::test_a_killed_replicas_active_consumer_is_followed_in_order_with_nothing_lost
 SENTINEL_CORE += tests/amqp/test_priority_levels.py
 SENTINEL_CORE += tests/amqp/test_message_groups.py
+SENTINEL_CORE += tests/store/test_shared_fetch_lua.py
 test-sentinel: venv node-deps
 	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
 

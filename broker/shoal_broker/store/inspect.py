@@ -279,11 +279,11 @@ class Inspector:
             pipe.hgetall(k.delivered(group))
         replies = await self._call(pipe.execute())
         found = []
-        for i in range(len(groups)):
-            shares, delivered = replies[2 * i], replies[2 * i + 1]
+        for shares, delivered in zip(replies[::2], replies[1::2], strict=True):
             consumers = {
                 _text(replica): int(_text(record).split(' ', 1)[0])
                 for replica, record in shares.items()
+                if not _text(replica).startswith('>')  # fields of where the group stands
             }
             found.append((
                 {r: n for r, n in sorted(consumers.items()) if n > 0},

@@ -88,23 +88,82 @@ local function emit(band, entry, count)
   want = want - 1
 end
 
-local function unread(band)
-  -- entries of the band no replica has been handed yet: the group's lag, or (when Redis cannot
-  -- tell it, after a deletion inside the stream) counted, up to a bound
-  if redis.call('XLEN', KEYS[band + 1]) == 0 then return 0 end
+-- Where the group stands in each band, while the subscription is shared: the shares HASH keeps
+-- field '>' .. band = '<id> <read>': the id of the last entry a fetch read there (the group's
+-- last-delivered-id as fetches leave it) and the group's entries-read then ('-': not known), so
+-- what is unread is counted from it in time constant in the number of groups on the stream
+-- (XINFO GROUPS lists them all: docs/performance.md, "Sharing between replicas"): the stream's
+-- entries-added (XINFO STREAM) less entries-read, unless an entry past the id was deleted; else
+-- up to COUNTED entries one by one; Redis's lag (XINFO GROUPS) only when neither tells.
+-- A plain read beside the script, or a purge, may have moved the group on since: then more is
+-- counted than is there, the sharing hands out a little more than it should for one fetch, and
+-- the next read sets the field right. The fields go once the subscription has one replica again,
+-- so a lone replica's fast path (HEXISTS, HLEN) stays as it was.
+local CURSOR = '>'
+local COUNTED = 64
+local cursors = {}  -- band -> '<id> <read>', from the shares HASH (share_records) or this fetch
+local cursor_moved = {}
+local added = {}  -- band -> the stream's entries-added, when this fetch asked
+
+local function parse_id(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function id_after(a, b)  -- whether stream id a comes after b
+  local am, as = parse_id(a)
+  local bm, bs = parse_id(b)
+  return am > bm or (am == bm and as > bs)
+end
+local function cursor_of(band)
+  local c = cursors[band]
+  if not c then return nil, nil end
+  local id, read = string.match(c, '^(%S+) (%S+)$')
+  return id, tonumber(read)
+end
+local function set_cursor(band, id, read)
+  cursors[band] = id .. ' ' .. (read and string.format('%d', read) or '-')
+  cursor_moved[band] = true
+end
+
+local function unread_from_groups(band)
+  -- the group's lag, or (when Redis cannot tell it, after a deletion inside the stream) counted,
+  -- up to a bound; and where it stands
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[band + 1])) do
-    local name, last, lag = nil, nil, nil
+    local name, last, lag, read = nil, nil, nil, nil
     for j = 1, #g, 2 do
       if g[j] == 'name' then name = g[j + 1]
       elseif g[j] == 'last-delivered-id' then last = g[j + 1]
+      elseif g[j] == 'entries-read' then read = g[j + 1]
       elseif g[j] == 'lag' then lag = g[j + 1] end
     end
     if name == ARGV[1] then
+      set_cursor(band, last, read or nil)
       if lag then return lag end
       return #redis.call('XRANGE', KEYS[band + 1], '(' .. last, '+', 'COUNT', 1000)
     end
   end
   return 0
+end
+
+local function unread(band)
+  -- entries of the band no replica has been handed yet
+  if redis.call('XLEN', KEYS[band + 1]) == 0 then return 0 end
+  local at, read = cursor_of(band)
+  if at and read then
+    local info = redis.call('XINFO', 'STREAM', KEYS[band + 1])
+    local total, deleted = nil, '0-0'
+    for j = 1, #info, 2 do
+      if info[j] == 'entries-added' then total = info[j + 1]
+      elseif info[j] == 'max-deleted-entry-id' then deleted = info[j + 1] end
+    end
+    if total then added[band] = total end
+    if total and not id_after(deleted, at) and total >= read then return total - read end
+  end
+  if at then
+    local n = #redis.call('XRANGE', KEYS[band + 1], '(' .. at, '+', 'COUNT', COUNTED)
+    if n < COUNTED then return n end
+  end
+  return unread_from_groups(band)
 end
 
 -- the bands to read: 5 and those in use, in order
@@ -123,6 +182,7 @@ end
 local parked_limit = want
 
 local consumers = tonumber(ARGV[5])
+local sharing = false  -- another replica serves the subscription: keep where the group stands
 local function share_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -131,7 +191,7 @@ if consumers > 0 then
   local known = redis.call('HEXISTS', KEYS[13], ARGV[2])
   if redis.call('HLEN', KEYS[13]) > known then
     -- another replica keeps a record: the sharing rule decides what this one may take
-    local shares, ids = share_records(KEYS[13])
+    local shares, ids = share_records(KEYS[13], CURSOR, cursors)
     local others = share_others(shares, ARGV[2])
     local available = 0
     if others then
@@ -144,6 +204,14 @@ if consumers > 0 then
     for _, id in ipairs(ids) do
       flat[#flat + 1] = id
       flat[#flat + 1] = share_encode(shares[id])
+    end
+    if others then
+      sharing = true
+    else  -- the others have left: where the group stands is of no use until they come back
+      local gone = {}
+      for band in pairs(cursors) do gone[#gone + 1] = CURSOR .. band end
+      if #gone > 0 then redis.call('HDEL', KEYS[13], unpack(gone)) end
+      cursors = {}
     end
     redis.call('HSET', KEYS[13], unpack(flat))
     if others then
@@ -272,6 +340,13 @@ local function read_new(band)
       if not res then return end
       -- never delivered to this group before: no failed attempts to count (no HGET)
       for _, entry in ipairs(res[1][2]) do emit(band, entry, '0') end
+      local got = res[1][2]
+      if sharing and #got > 0 then  -- the group now stands at the last entry read
+        local _, read = cursor_of(band)
+        if #got < asked and added[band] then read = added[band]  -- at the end
+        elseif read then read = read + #got end
+        set_cursor(band, got[#got][1], read)
+      end
       -- short, or all taken here: done; read on only past entries parked for others
       if #res[1][2] < asked or want <= 0 or not grouped then return end
       if round == GROUP_ROUNDS and out[3] == 0 then out[3] = 1 end
@@ -307,5 +382,13 @@ out[1] = (#out - 3) / 8 - default_new
 -- would hand out entries without their owner's say): it reports one entry more than new
 -- band-5 ones, which makes the caller give back what such a read took
 if grouped and out[1] == 0 then out[1] = 1 end
+if sharing then
+  local moved = {}
+  for band in pairs(cursor_moved) do
+    moved[#moved + 1] = CURSOR .. band
+    moved[#moved + 1] = cursors[band]
+  end
+  if #moved > 0 then redis.call('HSET', KEYS[13], unpack(moved)) end
+end
 if parked_any then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
 return out

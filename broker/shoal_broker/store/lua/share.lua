@@ -1,12 +1,16 @@
 -- Included by fetch.lua (store/scripts.py): routing/sharing.py's rule, on the record Redis keeps
 -- of the replicas serving one subscription (HASH replica id -> 'consumers credit reserved
--- current fetched_ms reserved_ms'). tests/unit/test_sharing.py holds the two equal.
+-- current fetched_ms reserved_ms'). tests/unit/test_sharing.py holds the two equal. Fields
+-- that start with ``cursor`` are no replica's: their values go to ``cursors`` (band -> value).
 local LAPSE_MS = 1000
 
-local function share_records(key)
+local function share_records(key, cursor, cursors)
   local flat = redis.call('HGETALL', key)
   local shares, ids = {}, {}
   for i = 1, #flat, 2 do
+    if cursor and string.sub(flat[i], 1, #cursor) == cursor then
+      cursors[tonumber(string.sub(flat[i], #cursor + 1))] = flat[i + 1]
+    end
     local k, w, t, cur, at, since = string.match(flat[i + 1],
       '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+)$')
     if k then
