@@ -83,33 +83,27 @@ def with_annotations(rest: bytes, extra: dict[str, str]) -> bytes:
     one of the keys being set is replaced (a map may not repeat a key). The bare message after the
     section is untouched. Used when dead-lettering or expiring a message.
     """
-    pairs: list[bytes] = []
-    pos = 0
-    if rest:
-        code, vpos = section_code(rest, 0)
-        if code == MESSAGE_ANNOTATIONS:
-            end = skip(rest, vpos)
-            pairs = [raw for raw in _map_pairs(rest, vpos, end) if _key_of(raw) not in extra]
-            pos = end
-    pairs += [encode_symbol(key) + encode_string(value) for key, value in extra.items()]
-    body = b''.join(pairs)
-    count = 2 * len(pairs)
-    encoded = b'\xd1' + (len(body) + 4).to_bytes(4, 'big') + count.to_bytes(4, 'big') + body
-    return b'\x00\x53\x72' + encoded + rest[pos:]
+    return _with_pairs(rest, {k: encode_string(v) for k, v in extra.items()})
 
 
 def with_flag(rest: bytes, key: str) -> bytes:
-    """``with_annotations`` for one symbol-keyed annotation set to boolean true (what Qpid JMS
-    reads as a boolean property, ``JMSXGroupFirstForConsumer``)."""
+    """``with_annotations`` for one symbol-keyed annotation set to boolean true
+    (``JMSXGroupFirstForConsumer``: an AMQP client reads it among the message annotations)."""
+    return _with_pairs(rest, {key: b'\x41'})
+
+
+def _with_pairs(rest: bytes, values: dict[str, bytes]) -> bytes:
+    """The message-annotations section of ``rest`` with ``values`` (key -> encoded value) set,
+    the other entries copied as encoded bytes; the bare message after it untouched."""
     pairs: list[bytes] = []
     pos = 0
     if rest:
         code, vpos = section_code(rest, 0)
         if code == MESSAGE_ANNOTATIONS:
             end = skip(rest, vpos)
-            pairs = [raw for raw in _map_pairs(rest, vpos, end) if _key_of(raw) != key]
+            pairs = [raw for raw in _map_pairs(rest, vpos, end) if _key_of(raw) not in values]
             pos = end
-    pairs.append(encode_symbol(key) + b'\x41')
+    pairs += [encode_symbol(key) + value for key, value in values.items()]
     body = b''.join(pairs)
     count = 2 * len(pairs)
     encoded = b'\xd1' + (len(body) + 4).to_bytes(4, 'big') + count.to_bytes(4, 'big') + body
