@@ -17,11 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
 from amqpclient import Capabilities, connect, receive_all, receiver, send_all
 from jmswire import JmsSource
 from loadclient import ConsumerSpec, ProducerSpec
-from processes import BrokerProcess, RedisServer, wait_for
+from processes import BrokerProcess, wait_for
 from proton.reactor import LinkOption
 from shareclient import ShareRun
 
@@ -146,7 +145,7 @@ def _listed(redis_url: str, command: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(('kind', 'command'), [('queue', 'queues'), ('topic', 'subscriptions')])
 def test_shoal_shows_each_replicas_consumers_and_share_of_the_deliveries(
     start_broker: Callable[..., BrokerProcess],
-    redis_server: RedisServer,
+    store_url: str,
     address: str,
     kind: str,
     command: str,
@@ -159,7 +158,7 @@ def test_shoal_shows_each_replicas_consumers_and_share_of_the_deliveries(
     for conn, spec in zip(connections, consumers, strict=True):
         conn.create_receiver(address, credit=10, name=spec.link_name, options=spec.options or None)
     try:
-        row = _row_when(redis_server, command, address, lambda r: len(r['consumers']) == 2
+        row = _row_when(store_url, command, address, lambda r: len(r['consumers']) == 2
                         and sum(r['delivered'].values()) >= 50)  # fmt: skip
     finally:
         for conn in connections:
@@ -169,17 +168,17 @@ def test_shoal_shows_each_replicas_consumers_and_share_of_the_deliveries(
     assert sum(delivered.values()) == 50
     assert set(delivered) == {one.replica_id, two.replica_id}
     assert all(0.35 <= n / 50 <= 0.65 for n in delivered.values()), delivered
-    gone = _row_when(redis_server, command, address, lambda r: not r['consumers'])
+    gone = _row_when(store_url, command, address, lambda r: not r['consumers'])
     assert gone['consumers'] == {}  # each replica left the sharing with its last consumer
 
 
 def _row_when(
-    redis_server: RedisServer, command: str, address: str, done: Callable[[dict[str, Any]], bool]
+    store_url: str, command: str, address: str, done: Callable[[dict[str, Any]], bool]
 ) -> dict[str, Any]:
     """The CLI's row for ``address`` once ``done`` holds for it (or after 20 s, as it is)."""
     deadline = time.monotonic() + 20
     while True:
-        rows = _listed(redis_server.url, command)
+        rows = _listed(store_url, command)
         [row] = [r for r in rows if address in (r['name'], r.get('topic'))]
         if done(row) or time.monotonic() > deadline:
             return row
@@ -188,7 +187,7 @@ def _row_when(
 
 @pytest.mark.timeout(120)
 def test_a_replica_that_stops_answering_holds_back_nothing(
-    start_broker: Callable[..., BrokerProcess], redis_server: RedisServer, address: str
+    start_broker: Callable[..., BrokerProcess], store_client: Any, address: str
 ) -> None:
     long_lease = {'SHOAL_LEASE_SECONDS': '60'}  # not reaped: only the lapse lets go of it
     producing, hung = start_broker(env=long_lease), start_broker(env=long_lease)
@@ -196,9 +195,8 @@ def test_a_replica_that_stops_answering_holds_back_nothing(
     receiver(there, address, credit=100)  # a consumer on the replica about to hang
     here = connect(producing.url)
     rcv = receiver(here, address, credit=100)
-    client = redis.Redis.from_url(redis_server.url)
     shares = f'shoal:{{a:{address}}}:share:queue'
-    wait_for(lambda: client.hexists(shares, hung.replica_id), 10, 'its sharing record')
+    wait_for(lambda: store_client.hexists(shares, hung.replica_id), 10, 'its sharing record')
     os.kill(hung.pid, signal.SIGSTOP)
     try:
         send_all(here, address, range(20))
@@ -206,7 +204,6 @@ def test_a_replica_that_stops_answering_holds_back_nothing(
         got = receive_all(rcv, 20, timeout=15)
     finally:
         os.kill(hung.pid, signal.SIGCONT)
-        client.close()
     assert sorted(m.body for m in got) == list(range(20))
     here.close()
     there.close()
