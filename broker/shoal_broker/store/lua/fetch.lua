@@ -244,6 +244,17 @@ end
 
 -- the returned entries due, by band (looked at: the first ``want`` of the ZSET)
 local returned = {}
+local function returned_list(band)  -- the band's returned members, the band read from now on
+  if not returned[band] then
+    returned[band] = {}
+    if not in_use[band] then
+      in_use[band] = true
+      bands[#bands + 1] = band
+      table.sort(bands)
+    end
+  end
+  return returned[band]
+end
 -- with message groups, what lies past a cut-off look (the ZSET's head, or the parked entries')
 -- waits for the next fetch, and so does everything newer: an entry parked for another replica
 -- costs no credit, so the look may end before the credit does (``bound``: members from it on)
@@ -262,16 +273,7 @@ if want > 0 then
         break
       end
     end
-    local band = tonumber(string.sub(head[j], 1, 1))
-    if not returned[band] then
-      returned[band] = {}
-      if not in_use[band] then
-        in_use[band] = true
-        bands[#bands + 1] = band
-        table.sort(bands)
-      end
-    end
-    local list = returned[band]
+    local list = returned_list(tonumber(string.sub(head[j], 1, 1)))
     list[#list + 1] = head[j]
   end
 end
@@ -285,17 +287,8 @@ if want > 0 and #mine_parked > 0 then
   end
   for _, full in ipairs(mine_parked) do
     local member = string.sub(full, #prefix + 1)
-    local band = tonumber(string.sub(member, 1, 1))
     from_parked[member] = full
-    if not returned[band] then
-      returned[band] = {}
-      if not in_use[band] then
-        in_use[band] = true
-        bands[#bands + 1] = band
-        table.sort(bands)
-      end
-    end
-    local list = returned[band]
+    local list = returned_list(tonumber(string.sub(member, 1, 1)))
     list[#list + 1] = member
   end
   if #mine_parked > 0 then
