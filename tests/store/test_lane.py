@@ -13,7 +13,7 @@ from lanes import send
 from processes import RedisServer
 
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import keys
+from shoal_broker.store import connect, keys
 from shoal_broker.store.lane import BULK_HEADS, CACHED_BULK_HEADS, CRLF, Encoded, Lane, encode, pack
 from shoal_broker.store.redisstore import RedisStore
 
@@ -125,6 +125,22 @@ async def test_a_pooled_connection_redis_closed_while_idle_is_not_written_to(
     assert await (await send(lane, [('SET', key, 'v'), ('GET', key)])) == [b'OK', b'v']
     await lane.close()
     await pool.disconnect()
+
+
+async def test_the_stores_clients_connect_again_for_a_pooled_connection_redis_closed(
+    redis_server: RedisServer, client: redis.asyncio.Redis
+) -> None:
+    """The store's pools keep redis-py's check of an idle connection (``store/stale.py``): the
+    first command after Redis closed it (a restart, CLIENT KILL) is answered, not failed with
+    "Connection closed by server"."""
+    store_client = connect.client(redis_server.url)
+    name = f'idle-{uuid.uuid4().hex[:8]}'
+    await store_client.client_setname(name)
+    [victim] = [c for c in await client.client_list() if c['name'] == name]
+    await client.client_kill_filter(_id=victim['id'])
+    await asyncio.sleep(0.2)  # the end of the killed connection arrives meanwhile
+    assert await store_client.ping() is True
+    await store_client.aclose()
 
 
 async def test_replies_split_over_many_reads_are_put_together_for_their_pipeline(

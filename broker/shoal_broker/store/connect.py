@@ -61,6 +61,8 @@ from redis.asyncio.connection import (
 )
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
+from shoal_broker.store.stale import CHECKED_POOL
+
 logger = logging.getLogger(__name__)
 
 SENTINEL_SCHEMES = {'redis+sentinel': False, 'rediss+sentinel': True}
@@ -296,7 +298,7 @@ def node_pool(url: str, host: str, port: int, **kwargs: Any) -> ConnectionPool:
     URL's credentials, TLS and options: for connections that stay on one node (a sharded
     notification channel's, a node's pipeline lane)."""
     parsed = parse_cluster_url(url)
-    arguments = _cluster_kwargs(parsed, kwargs)
+    arguments = {**CHECKED_POOL, **_cluster_kwargs(parsed, kwargs)}
     tls = arguments.pop('ssl', False)
     connection_class = redis.asyncio.SSLConnection if tls else redis.asyncio.Connection
     return ConnectionPool(connection_class=connection_class, host=host, port=port, **arguments)
@@ -359,14 +361,12 @@ def connection_pool(url: str, *, blocking: bool = False, **kwargs: Any) -> Conne
     _not_cluster(url)
     if not is_sentinel_url(url):
         cls = BlockingConnectionPool if blocking else ConnectionPool
-        return cls.from_url(url, **kwargs)
+        return cls.from_url(url, **{**CHECKED_POOL, **kwargs})
     parsed = parse_sentinel_url(url)
     sentinel_kwargs = _sentinel_kwargs(parsed, kwargs)
     manager = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-    pool_kwargs = {**kwargs, **parsed.connection}
     pool_class = BlockingSentinelPool if blocking else SentinelPool
-    pool: ConnectionPool = pool_class(parsed.service, manager, **pool_kwargs)
-    return pool
+    return pool_class(parsed.service, manager, **{**CHECKED_POOL, **kwargs, **parsed.connection})
 
 
 def sync_client(url: str, **kwargs: Any) -> redis.Redis:
