@@ -70,6 +70,17 @@ async def remove(
     """Act on the deletion policy; returns the result and since when the deletion has been
     held up by something only time resolves (Redis unreachable, or consumers still attached to
     a cluster that is being deleted)."""
+    meta = body.get('metadata') or {}
+    async with runtime.entity_lock((kind, str(meta.get('namespace')), str(meta.get('name')))):
+        return await _remove(runtime, kind, body, unreachable_since)
+
+
+async def _remove(
+    runtime: Runtime,
+    kind: str,
+    body: Mapping[str, Any],
+    unreachable_since: datetime.datetime | None,
+) -> tuple[DeletionResult, datetime.datetime | None]:
     entity = parse(kind, body)
     cluster, registry = await _cluster(runtime, entity)
     context = provisioning.DeletionContext(

@@ -13,6 +13,7 @@ from shoal_broker.store.declarations import EntityState, ProvisionConflict, Prov
 from shoal_broker.store.registry import Registry
 from shoal_operator import conditions, k8s, metrics, provisioning, status
 from shoal_operator.models import (
+    API_VERSION,
     InvalidSpec,
     ManagementPolicy,
     Queue,
@@ -200,9 +201,12 @@ async def _live(
                                          'Provisioned')  # fmt: skip
         drifted = state.policy != entity.policy  # e.g. a policy removed from Redis by hand
         if managed and provisioned and (not state.exists or not state.owner or drifted):
-            await provision(runtime, kind, body)  # removed, released or changed behind our back
+            # removed, released or changed behind our back: declared again, unless the resource
+            # is being deleted (its deletion policy decides) or gone since this pass began
+            if not await _repair(runtime, kind, body):
+                return None
             state = await _state(entity, registry)
-    except (StoreUnavailable, ProvisionConflict) as exc:
+    except (StoreUnavailable, ProvisionConflict, k8s.ApiError) as exc:
         logger.debug('no sample of %s %s: %s', kind, describe(body), exc)
         return None
     if isinstance(entity, SharedSubscription):
@@ -212,6 +216,19 @@ async def _live(
             live[AT_LIMIT] = limit
         return live
     return status.queue_live(entity, state, now())
+
+
+async def _repair(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> bool:
+    """Declare the entity again from a fresh read of its resource, under the lock its deletion
+    takes (``Runtime.entity_lock``); False when the resource is gone or being deleted."""
+    meta = body.get('metadata') or {}
+    namespace, name = str(meta.get('namespace')), str(meta.get('name'))
+    async with runtime.entity_lock((kind, namespace, name)):
+        fresh = await runtime.api().get(API_VERSION, kind, namespace, name)
+        if fresh is None or (fresh.get('metadata') or {}).get('deletionTimestamp'):
+            return False
+        await provision(runtime, kind, fresh)
+    return True
 
 
 def limit_conditions(body: Mapping[str, Any], at_limit: bool) -> list[Any] | None:

@@ -3,6 +3,7 @@ What one operator run holds: its settings, the Kubernetes session, one Redis reg
 and the inventory of resources seen on the watch streams (so periodic work needs no list calls).
 """
 
+import asyncio
 import dataclasses
 import datetime
 import hashlib
@@ -104,6 +105,7 @@ class Runtime:
         self.absent: set[tuple[str, str, str, str]] = set()
         """(namespace, kind, name, BrokerCluster uid) of optional children switched off and
         deleted by this run (or found absent): not deleted again every pass."""
+        self._entity_locks: dict[Key, asyncio.Lock] = {}
         self._url_cache: dict[tuple[str, str], tuple[Any, float, tuple[str, str]]] = {}
         self._registries: dict[str, Registry] = {}
         self._ca_dir: Path | None = None
@@ -118,10 +120,20 @@ class Runtime:
         key = (kind, str(meta.get('namespace')), str(meta.get('name')))
         if deleted:
             self.inventory.pop(key, None)
+            lock = self._entity_locks.get(key)
+            if lock is not None and not lock.locked():
+                del self._entity_locks[key]
             self.secret_warnings.pop(str(meta.get('uid')), None)
             self.kinds_not_served.pop(str(meta.get('uid')), None)
         else:
             self.inventory[key] = dict(body)
+
+    def entity_lock(self, key: Key) -> asyncio.Lock:
+        """Held while Redis is written for one Queue or SharedSubscription outside kopf's
+        handlers (which kopf already runs one at a time per resource): carrying out its
+        deletion policy, and the observer's drift repair, which would otherwise declare again
+        what the deletion had just removed."""
+        return self._entity_locks.setdefault(key, asyncio.Lock())
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [body for (k, _, _), body in sorted(self.inventory.items()) if k == kind]

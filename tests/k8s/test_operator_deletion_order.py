@@ -7,13 +7,15 @@ import asyncio
 import uuid
 from typing import Any
 
+import kopf
 import pytest
 import redis
 from kubeemulator import Kube, cluster_body, subscription_body
 
 from shoal_broker.store import keys
 from shoal_broker.store.layout import kind_of
-from shoal_operator.runtime import Settings
+from shoal_operator import deletion, entities, k8s
+from shoal_operator.runtime import Runtime, Settings
 
 FINALIZER = 'shoal.dev/finalizer'
 
@@ -93,3 +95,42 @@ async def _gone(kube: Kube, plural: str, name: str, api_version: str | None = No
     found = await (kube.get(plural, name, api_version=api_version) if api_version
                    else kube.get(plural, name))  # fmt: skip
     return found is None
+
+
+async def test_drift_repair_leaves_a_resource_deleted_after_the_pass_began(
+    kube: Kube, store_url: str, rds: redis.Redis, address: str
+) -> None:
+    """An observer pass samples the resources it listed when it began. One deleted meanwhile,
+    its deletion policy carried out, reads as drifted (missing from Redis): the repair reads the
+    resource afresh and declares nothing for one that is gone or being deleted."""
+    await kube.redis_secret(store_url)
+    await kube.create('brokerclusters', cluster_body())
+    runtime = Runtime(Settings())
+    runtime.kube = k8s.Kube(kopf.ConnectionInfo(server=str(kube.emulator.url)))
+    try:
+        listed = []
+        for name, finalizers in (('gone', []), ('going', ['example.com/held']), ('kept', [])):
+            spec = {'clusterRef': {'name': 'shoal'}, 'queueName': f'{address}-{name}',
+                    'deletionPolicy': 'Delete'}  # fmt: skip
+            meta = {'name': name, 'finalizers': finalizers}
+            await kube.create('queues', {'kind': 'Queue', 'metadata': meta, 'spec': spec})
+            body = await kube.get('queues', name)
+            assert body is not None
+            outcome = await entities.provision(runtime, 'Queue', body)
+            listed.append({**body, 'status': outcome.status})  # as the pass listed it
+            assert kind_of(rds.hget(keys.ADDRESSES, f'{address}-{name}')) == 'queue'
+        for name in ('gone', 'going'):
+            await kube.delete('queues', name)
+        going = await kube.get('queues', 'going')
+        assert going is not None
+        assert going['metadata'].get('deletionTimestamp')
+        for body in listed:  # each deletion policy carried out; 'kept' lost behind our back
+            result, _ = await deletion.remove(runtime, 'Queue', body, None)
+            assert result.done, result
+        samples = await entities.sample_all(runtime, 'Queue', listed)
+        assert [live is not None for _, live in samples] == [False, False, True]
+        assert rds.hget(keys.ADDRESSES, f'{address}-gone') is None
+        assert rds.hget(keys.ADDRESSES, f'{address}-going') is None
+        assert kind_of(rds.hget(keys.ADDRESSES, f'{address}-kept')) == 'queue'  # repaired
+    finally:
+        await runtime.close()
