@@ -37,7 +37,9 @@
 -- a redelivery delay (its score: when it is due, ms on Redis's clock) stays, and the entries
 -- behind it flow past.
 -- Returns how many entries it handed out other than new band-5 ones; how many entries it left
--- for other replicas (-1: this replica serves the subscription alone); in how many ms the first
+-- for other replicas (-1: this replica serves the subscription alone; on the sharing's fast path,
+-- 0 when the read took the whole count up to the credit: the caller fetches again after a full
+-- fetch, so what lies past it is not counted); in how many ms the first
 -- delayed entry is due (0: none waits; 1 also when the entries read were all parked for other
 -- replicas up to the bound: look again); then a flat array of octuples:
 -- band, id, header, rest, expiry, delivery count, origin, message group.
