@@ -2,10 +2,11 @@
 subscription's unread entries and the replicas fetching from it."""
 
 import dataclasses
+import random
 
 import pytest
 
-from shoal_broker.routing.sharing import LAPSE_MS, Share, grant, others_present
+from shoal_broker.routing.sharing import LAPSE_MS, Share, grant, others_idle, others_present
 
 NOW = 1_000_000
 
@@ -159,3 +160,30 @@ def test_reservations_never_exceed_what_is_available() -> None:
     model.available = 4  # the others' 20 shrank meanwhile (expired, taken by a lapse elsewhere)
     model.fetch('a')
     assert sum(s.reserved for s in model.shares.values()) <= 4
+
+
+def test_when_the_others_are_idle_the_rule_grants_all_it_can_and_leaves_them_as_they_were() -> None:
+    """What lets ``fetch.lua`` skip the count and the others' records (``others_idle``)."""
+    rng = random.Random(37)
+    idle_seen = 0
+    for _ in range(2000):
+        shares = {
+            replica: Share(
+                consumers=rng.choice([0, 1, 3]),
+                credit=rng.choice([0, 0, 5, 200]),
+                reserved=rng.choice([0, 0, 0, 7]),
+                current=rng.randrange(-400, 400),
+                fetched_ms=rng.randrange(0, 3000),
+                reserved_ms=rng.randrange(0, 3000),
+            )
+            for replica in 'abc'
+        }
+        if not others_present(shares, 'a') or not others_idle(shares, 'a'):
+            continue
+        idle_seen += 1
+        before = {r: dataclasses.replace(s) for r, s in shares.items() if r != 'a'}
+        credit, available = rng.choice([1, 5, 200, 600]), rng.choice([0, 1, 4, 150, 5000])
+        assert grant(shares, 'a', 2, credit, available, 3000) == min(credit, available)
+        assert {r: s for r, s in shares.items() if r != 'a'} == before
+        assert (shares['a'].reserved, shares['a'].credit) == (0, credit - min(credit, available))
+    assert idle_seen > 50

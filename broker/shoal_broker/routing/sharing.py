@@ -58,6 +58,18 @@ def others_present(shares: dict[str, Share], me: str) -> bool:
     return any(share.consumers > 0 for replica, share in shares.items() if replica != me)
 
 
+def others_idle(shares: dict[str, Share], me: str) -> bool:
+    """Whether every other replica has nothing reserved and no free credit (or no consumers).
+    ``grant`` then gives ``me`` ``min(credit, available)`` and changes no other record, so a
+    fetch may skip counting what is available and rewrite only its own record
+    (``store/lua/fetch.lua``'s fast path, ``share_others_idle`` in ``share.lua``)."""
+    return all(
+        share.reserved == 0 and (share.consumers == 0 or share.credit == 0)
+        for replica, share in shares.items()
+        if replica != me
+    )
+
+
 def grant(
     shares: dict[str, Share], me: str, consumers: int, credit: int, available: int, now_ms: int
 ) -> int:

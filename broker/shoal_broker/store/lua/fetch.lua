@@ -37,7 +37,9 @@
 -- a redelivery delay (its score: when it is due, ms on Redis's clock) stays, and the entries
 -- behind it flow past.
 -- Returns how many entries it handed out other than new band-5 ones; how many entries it left
--- for other replicas (-1: this replica serves the subscription alone); in how many ms the first
+-- for other replicas (-1: this replica serves the subscription alone; on the sharing's fast path,
+-- 0 when the read took the whole count up to the credit: the caller fetches again after a full
+-- fetch, so what lies past it is not counted); in how many ms the first
 -- delayed entry is due (0: none waits; 1 also when the entries read were all parked for other
 -- replicas up to the bound: look again); then a flat array of octuples:
 -- band, id, header, rest, expiry, delivery count, origin, message group.
@@ -187,41 +189,56 @@ local function share_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+local fast = nil  -- this replica's record, when the rule grants it all it can take (below)
+local function share_by_rule(shares, ids, others, known)
+  local available = 0
+  if others then
+    available = redis.call('ZCOUNT', KEYS[11], '-inf', share_now())
+    for _, band in ipairs(bands) do available = available + unread(band) end
+  end
+  local granted = share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), available,
+                              share_now())
+  local flat = {}
+  for _, id in ipairs(ids) do
+    flat[#flat + 1] = id
+    flat[#flat + 1] = share_encode(shares[id])
+  end
+  if others then
+    sharing = true
+  else  -- the others have left: where the group stands is of no use until they come back
+    local gone = {}
+    for band in pairs(cursors) do gone[#gone + 1] = CURSOR .. band end
+    if #gone > 0 then redis.call('HDEL', KEYS[13], unpack(gone)) end
+    cursors = {}
+  end
+  redis.call('HSET', KEYS[13], unpack(flat))
+  if others then
+    want = math.min(want, granted + #mine_parked)
+    if want <= 0 then  -- nothing popped here: still say when a waiting entry is due
+      local head = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
+      if head[2] and head[2] ~= '0' then out[3] = math.max(tonumber(head[2]) - share_now(), 0) end
+    end
+    out[2] = math.max(available + #mine_parked - want, 0)
+    if known == 0 then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
+  end
+end
 if consumers > 0 then
   local known = redis.call('HEXISTS', KEYS[13], ARGV[2])
   if redis.call('HLEN', KEYS[13]) > known then
     -- another replica keeps a record: the sharing rule decides what this one may take
     local shares, ids = share_records(KEYS[13], CURSOR, cursors)
     local others = share_others(shares, ARGV[2])
-    local available = 0
-    if others then
-      available = redis.call('ZCOUNT', KEYS[11], '-inf', share_now())
-      for _, band in ipairs(bands) do available = available + unread(band) end
-    end
-    local granted = share_grant(shares, ids, ARGV[2], consumers, tonumber(ARGV[6]), available,
-                                share_now())
-    local flat = {}
-    for _, id in ipairs(ids) do
-      flat[#flat + 1] = id
-      flat[#flat + 1] = share_encode(shares[id])
-    end
-    if others then
+    if others and known == 1 and ARGV[4] == '1' and not grouped
+        and share_others_idle(shares, ARGV[2]) then
+      -- the fast path: the others have nothing reserved and no free credit, so the rule grants
+      -- this replica min(its credit, what is available) and leaves their records as they are;
+      -- the read finds what is available, and only this replica's record is written, after it
+      fast = shares[ARGV[2]]
       sharing = true
-    else  -- the others have left: where the group stands is of no use until they come back
-      local gone = {}
-      for band in pairs(cursors) do gone[#gone + 1] = CURSOR .. band end
-      if #gone > 0 then redis.call('HDEL', KEYS[13], unpack(gone)) end
-      cursors = {}
-    end
-    redis.call('HSET', KEYS[13], unpack(flat))
-    if others then
-      want = math.min(want, granted + #mine_parked)
-      if want <= 0 then  -- nothing popped here: still say when a waiting entry is due
-        local head = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
-        if head[2] and head[2] ~= '0' then out[3] = math.max(tonumber(head[2]) - share_now(), 0) end
-      end
-      out[2] = math.max(available + #mine_parked - want, 0)
-      if known == 0 then redis.call('SPUBLISH', ARGV[7], ARGV[2]) end
+      want = math.min(want, tonumber(ARGV[6]))
+      out[2] = 0
+    else
+      share_by_rule(shares, ids, others, known)
     end
   elseif known == 0 then  -- alone, and first: the record a replica that joins will see
     local shares, ids = {}, {}
@@ -377,6 +394,20 @@ out[1] = (#out - 3) / 8 - default_new
 if grouped and out[1] == 0 then out[1] = 1 end
 if sharing then
   local moved = {}
+  if fast then  -- this replica's record as the rule leaves it, granted min(credit, available)
+    local credit, taken = tonumber(ARGV[6]), (#out - 3) / 8
+    local granted = taken  -- short of the count: the read took all there was
+    if taken >= credit then
+      granted = credit
+    elseif want <= 0 then  -- the count ran out before the credit: what more is there?
+      local more = redis.call('ZCOUNT', KEYS[11], '-inf', share_now())
+      for _, band in ipairs(bands) do more = more + unread(band) end
+      granted = math.min(credit, taken + more)
+      out[2] = more
+    end
+    fast.k, fast.w, fast.t, fast.at = consumers, credit - granted, 0, share_now()
+    moved[1], moved[2] = ARGV[2], share_encode(fast)
+  end
   for band in pairs(cursor_moved) do
     moved[#moved + 1] = CURSOR .. band
     moved[#moved + 1] = cursors[band]

@@ -34,6 +34,17 @@ local function share_others(shares, me)
   return false
 end
 
+-- Whether every other replica's record shows nothing reserved and no free credit (or no
+-- consumers): the rule then grants ``me`` min(its credit, what is available) and changes no
+-- other record, so a fetch need not count what is available nor rewrite the others' records
+-- (fetch.lua's fast path; routing/sharing.py, ``others_idle``).
+local function share_others_idle(shares, me)
+  for id, s in pairs(shares) do
+    if id ~= me and (s.t ~= 0 or (s.k > 0 and s.w > 0)) then return false end
+  end
+  return true
+end
+
 local function share_reserve(s, count, now)
   if count <= 0 then return end
   if s.t == 0 then s.since = now end
