@@ -45,12 +45,15 @@ def run_result(path: str, skip: int) -> Record:
         lines = []
     first: Record = json.loads(lines[0]) if lines and lines[0].strip() else {'errors': ['none']}
     flat: Record = first.get('median', first)
+    rate = flat.get('msgs_per_s', flat.get('msg_per_s'))
+    reps = first.get('reps', [flat])
     return {
-        'msg_per_s': flat.get('msgs_per_s', flat.get('msg_per_s')),
+        'msg_per_s': rate,
         'broker_us_per_msg': flat.get('broker_us_per_msg'),
         'p50_ms': flat.get('p50_ms'),
         'p99_ms': flat.get('p99_ms'),
-        'complete': not flat.get('errors') and not flat.get('missing'),
+        'complete': rate is not None
+        and all(not r.get('errors') and not r.get('missing') for r in reps),
     }
 
 
@@ -103,6 +106,9 @@ def imbalance(share: list[float]) -> float | None:
 
 
 def table(path: str) -> str:
+    """Medians over the complete rounds of each run and shard count (a run cut short counts in
+    none of them; how many were is said). Per shard, busiest first: which shard serves an
+    address depends on its name, and each round names its addresses afresh."""
     with open(path) as f:
         records = [r for line in f if line.strip() and (r := json.loads(line)).get('row') == 'g']
     groups: dict[tuple[str, int], list[Record]] = {}
@@ -110,28 +116,32 @@ def table(path: str) -> str:
         groups.setdefault((r['part'], r['shards']), []).append(r)
     rows = [
         '| run | shards | rounds | msg/s | p99 ms | broker µs/msg | Redis µs/msg, all shards '
-        '| Redis µs/msg per shard | Redis CPU share per shard % | busiest / even '
+        '| Redis µs/msg per shard, busiest first | Redis CPU share per shard % | busiest / even '
         '| commands/msg | MOVED, ASK, CROSSSLOT |',
         '|---|---|---|---|---|---|---|---|---|---|---|---|',
     ]
-    for (part, shards), rs in groups.items():
+    for (part, shards), every in groups.items():
+        rs = [r for r in every if r['complete'] and r['msg_per_s'] is not None]
+        cut = len(every) - len(rs)
+        if not rs:
+            rows.append(f'| {part} | {shards} | 0 ({cut} cut short) |' + ' |' * 9)
+            continue
+        spread = [sorted(r['redis_us_per_msg_per_shard'], reverse=True) for r in rs]
         per_shard = '/'.join(
-            shown(med([r['redis_us_per_msg_per_shard'][i] for r in rs]), '.1f')
-            for i in range(len(rs[0]['redis_us_per_msg_per_shard']))
+            shown(med([s[i] for s in spread]), '.1f') for i in range(len(spread[0]))
         )
-        share = [
-            med([r['redis_cpu_share_pct'][i] for r in rs]) or 0.0
-            for i in range(len(rs[0]['redis_cpu_share_pct']))
-        ]
+        shares = [sorted(r['redis_cpu_share_pct'], reverse=True) for r in rs]
+        share = [med([s[i] for s in shares]) or 0.0 for i in range(len(shares[0]))]
         errors = '/'.join(str(sum(r[k] for r in rs)) for k in ('moved', 'ask', 'crossslot'))
-        incomplete = '' if all(r['complete'] for r in rs) else ' (incomplete)'
+        rounds = f'{len(rs)}' + (f' ({cut} cut short)' if cut else '')
         rows.append(
-            f'| {part}{incomplete} | {"standalone" if shards == 0 else shards} | {len(rs)} '
+            f'| {part} | {"standalone" if shards == 0 else shards} | {rounds} '
             f'| {shown(med([r["msg_per_s"] for r in rs]))} '
             f'| {shown(med([r["p99_ms"] for r in rs]), ".2f")} '
             f'| {shown(med([r["broker_us_per_msg"] for r in rs]), ".1f")} '
             f'| {shown(med([r["redis_us_per_msg"] for r in rs]), ".1f")} | {per_shard} '
-            f'| {"/".join(f"{s:.0f}" for s in share)} | {shown(imbalance(share), ".2f")} '
+            f'| {"/".join(f"{s:.0f}" for s in share)} '
+            f'| {shown(med([imbalance(r["redis_cpu_share_pct"]) for r in rs]), ".2f")} '
             f'| {shown(med([r["commands_per_msg"] for r in rs]), ".2f")} | {errors} |'
         )
     return '\n'.join(rows)
