@@ -120,7 +120,8 @@ def table(path: str) -> str:
         '| commands/msg | MOVED, ASK, CROSSSLOT |',
         '|---|---|---|---|---|---|---|---|---|---|---|---|',
     ]
-    for (part, shards), every in groups.items():
+    order = {part: i for i, part in reversed(list(enumerate(r['part'] for r in records)))}
+    for (part, shards), every in sorted(groups.items(), key=lambda g: (g[0][1], order[g[0][0]])):
         rs = [r for r in every if r['complete'] and r['msg_per_s'] is not None]
         cut = len(every) - len(rs)
         if not rs:
