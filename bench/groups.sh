@@ -17,17 +17,9 @@ set -euo pipefail
 BASE=${BASE:-1a6ea2d}
 ROWS=${ROWS:---max-backlog 200;--max-backlog 200 --presettled}
 GROUPED_ROWS=${GROUPED_ROWS---max-backlog 200;--max-backlog 200 --groups 1000;--max-backlog 200 --presettled;--max-backlog 200 --presettled --groups 1000}
-BASE_TREE=$(mktemp -d /tmp/shoal-groups-base.XXXXXX)
-trap 'rm -rf "$BASE_TREE"' EXIT
-git -C "$ROOT" archive "$BASE" broker | tar -x -C "$BASE_TREE"
-echo "base: $(git -C "$ROOT" log -1 --format='%h %s' "$BASE")"
-echo "this: $(git -C "$ROOT" log -1 --format='%h %s') $(git -C "$ROOT" status --porcelain | grep -q . && echo '(with changes)')"
-IFS=';' read -r -a rows <<< "$ROWS"
-for row in "${rows[@]}"; do
-  echo
-  echo "### ungrouped, ROW=\"$row\" (tree 0: base, no groups; tree 1: this)"
-  ROW="$row" "$HERE/instructions.sh" "$BASE_TREE/broker" "$ROOT/broker"
-done
+WORK=$(mktemp -d /tmp/shoal-groups.XXXXXX)
+stop_on_exit
+instructions_against "$BASE" 'ungrouped; tree 0: base, no groups; tree 1: this'
 IFS=';' read -r -a rows <<< "$GROUPED_ROWS"
 for row in "${rows[@]}"; do
   echo

@@ -138,3 +138,21 @@ start_stack() {  # start_stack NAME: WORK, stop_on_exit, then a redis-server (no
   start_redis "$RPORT" "$WORK" --appendonly no
   start_broker "$APORT" "$HPORT" "$RPORT" "$1" "$WORK/broker.log"
 }
+
+instructions_against() {  # instructions_against BASE LABEL: each ';'-separated row of ROWS in
+  # broker instructions per message (instructions.sh), tree 0 the broker of commit BASE (a `git
+  # archive` of it in WORK/base: nothing outside the repository) and tree 1 this checkout's;
+  # LABEL says what the two trees are in each row's heading. Needs WORK.
+  local row rows
+  mkdir -p "$WORK/base"
+  git -C "$ROOT" archive "$1" broker | tar -x -C "$WORK/base"
+  echo "base: $(git -C "$ROOT" log -1 --format='%h %s' "$1")"
+  echo "this: $(git -C "$ROOT" log -1 --format='%h %s') $(git -C "$ROOT" status --porcelain \
+       | grep -q . && echo '(with changes)')"
+  IFS=';' read -r -a rows <<< "$ROWS"
+  for row in "${rows[@]}"; do
+    echo
+    echo "### ROW=\"$row\" ($2)"
+    ROW="$row" "$HERE/instructions.sh" "$WORK/base/broker" "$ROOT/broker"
+  done
+}

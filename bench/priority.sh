@@ -16,14 +16,6 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BASE=${BASE:-54a4f8c}
 ROWS=${ROWS:---max-backlog 200;--max-backlog 200 --presettled;--max-backlog 200 --priorities 10;--max-backlog 200 --presettled --priorities 10}
-BASE_TREE=$(mktemp -d /tmp/shoal-priority-base.XXXXXX)
-trap 'rm -rf "$BASE_TREE"' EXIT
-git -C "$ROOT" archive "$BASE" broker | tar -x -C "$BASE_TREE"
-echo "base: $(git -C "$ROOT" log -1 --format='%h %s' "$BASE")"
-echo "this: $(git -C "$ROOT" log -1 --format='%h %s') $(git -C "$ROOT" status --porcelain | grep -q . && echo '(with changes)')"
-IFS=';' read -r -a rows <<< "$ROWS"
-for row in "${rows[@]}"; do
-  echo
-  echo "### ROW=\"$row\" (tree 0: base, two bands; tree 1: this, ten levels)"
-  ROW="$row" "$HERE/instructions.sh" "$BASE_TREE/broker" "$ROOT/broker"
-done
+WORK=$(mktemp -d /tmp/shoal-priority.XXXXXX)
+stop_on_exit
+instructions_against "$BASE" 'tree 0: base, two bands; tree 1: this, ten levels'

@@ -124,3 +124,14 @@ class CommitInDoubt(StoreUnavailable):
     def __init__(self, message: str, outcome: 'Awaitable[bool] | None' = None) -> None:
         super().__init__(message)
         self.outcome = outcome
+
+
+FIRST_RETRY_SECONDS = 0.25
+LONGEST_RETRY_SECONDS = 2.0
+
+
+def next_retry_pause(previous: float, longest: float = LONGEST_RETRY_SECONDS) -> float:
+    """The pause before trying a failed store call again (a fetch, a recovery, a release, leaving
+    an exclusive line): a quarter second, doubled at each failure up to ``longest``, so that a
+    store outage is neither hammered nor waited out for long once it ends."""
+    return min(longest, max(FIRST_RETRY_SECONDS, previous * 2))

@@ -88,7 +88,8 @@ async def _entity(runtime: Runtime, kind: str, body: Mapping[str, Any], live: di
         if limited is not None:
             live['conditions'] = limited
     if 'conditions' in live or status.worth_writing(old, live):
-        await _patch_status(runtime, kind, meta, status.as_patch(old, live))
+        await _patch_status(runtime, kind, meta,
+                            status.as_patch(old, live, optional=status.LIVE_OPTIONAL))  # fmt: skip
 
 
 def _settled(body: Mapping[str, Any]) -> bool:

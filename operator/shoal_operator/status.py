@@ -144,9 +144,11 @@ def at_limit(sub: SharedSubscription, state: EntityState) -> bool | None:
 
 def worth_writing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether a sampled status differs enough from the stored one to be written."""
-    for section in ('consumers', 'address', 'linkName', 'brokerId'):
+    for section in ('consumers', 'address', 'linkName', 'brokerId', 'exclusive'):
         if section in new and old.get(section) != new[section]:
             return True
+    if any(key in old and key not in new for key in LIVE_OPTIONAL):
+        return True
     before, after = old.get('backlog') or {}, new.get('backlog') or {}
     was, now = int(before.get('messages', -1)), int(after.get('messages', 0))
     if (was == 0) != (now == 0) or was < 0:
@@ -163,6 +165,12 @@ def worth_writing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 LIVE_SECTIONS = ('consumers', 'backlog')
 """The sampled sections of a Queue's or SharedSubscription's status, whose keys come and go
 (``backlog.oldestMessageAgeSeconds`` with the backlog, ``consumers.max`` with the limit)."""
+
+
+LIVE_OPTIONAL = ('exclusive',)
+"""Sampled keys of a Queue's or SharedSubscription's status that come and go whole: the line of
+an entity exclusive by the brokers' ``SHOAL_EXCLUSIVE_ADDRESSES`` alone is shown while it has
+consumers, and removed once they are gone."""
 
 
 CLUSTER_SECTIONS = ('redis',)

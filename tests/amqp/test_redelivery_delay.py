@@ -161,8 +161,9 @@ def test_a_released_message_and_a_consumer_gone_wait_too_and_keep_their_counts(
     message, arrived = _next(rcv)
     assert arrived - released_at >= WAITS[0]
     assert message.delivery_count == 0  # released: the count is unchanged
-    rcv.close()  # unsettled: it goes back as modified(delivery-failed)
+    # the wait starts when the broker takes the detach, before its answer lets close() return
     closed_at = time.monotonic()
+    rcv.close()  # unsettled: it goes back as modified(delivery-failed)
     message, arrived = _next(receiver(conn, address, credit=1))
     assert arrived - closed_at >= WAITS[0]
     assert message.delivery_count == 1

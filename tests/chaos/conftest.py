@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,6 +113,7 @@ class Cluster:
         self.brokers: list[BrokerProcess] = []
         self.proxies: list[CuttableProxy] = []
         self.sentinel_groups: list[SentinelGroup] = []
+        self._arguments: dict[int, tuple[str, ...]] = {}
 
     def proxy(self, redis_server: RedisServer) -> CuttableProxy:
         p = CuttableProxy(redis_server.port)
@@ -121,7 +123,18 @@ class Cluster:
     def redis(self, *extra: str, port: int | None = None) -> RedisServer:
         server = RedisServer(port, *extra)
         self.redis_servers.append(server)
+        self._arguments[server.port] = extra
         return server
+
+    def aof_redis(self, data: Path, *, fsync_always: bool = False) -> RedisServer:
+        """A Redis keeping an append-only file in ``data``: a clean stop keeps what was written
+        (every write fsynced first with ``fsync_always``), and ``restart`` reads it back."""
+        fsync = ('--appendfsync', 'always') if fsync_always else ()
+        return self.redis('--appendonly', 'yes', *fsync, '--dir', str(data))  # the later --dir wins
+
+    def restart(self, server: RedisServer) -> RedisServer:
+        """The stopped ``server`` again, on its port and with its arguments."""
+        return self.redis(*self._arguments[server.port], port=server.port)
 
     def sentinels(self) -> SentinelGroup:
         """A Sentinel group, stopped after the brokers: a broker whose Redis is gone takes

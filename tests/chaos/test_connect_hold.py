@@ -19,10 +19,6 @@ from proton.utils import BlockingConnection
 OUTAGE_SECONDS = 5.0
 
 
-def _aof_args(data: Path) -> tuple[str, ...]:
-    return ('--appendonly', 'yes', '--dir', str(data))
-
-
 def _jms_connect(url: str, client_id: str, timeout: float) -> BlockingConnection:
     """A connection as Qpid JMS opens it with a ClientID, waiting up to ``timeout`` for the
     broker's Open."""
@@ -62,13 +58,12 @@ def _refused_as_in_use(port: int, client_id: str) -> bool:
 def test_a_client_connecting_while_redis_is_stopped_is_answered_once_it_is_back(
     cluster, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    args = _aof_args(tmp_path)
-    server = cluster.redis(*args)
+    server = cluster.aof_redis(tmp_path)
     b = cluster.broker(server.url)
     client_id = f'held-open-{uuid.uuid4().hex[:8]}'
     server.stop()
     stopped_at = time.monotonic()
-    restart = threading.Timer(OUTAGE_SECONDS, lambda: cluster.redis(*args, port=server.port))
+    restart = threading.Timer(OUTAGE_SECONDS, lambda: cluster.restart(server))
     restart.start()
     try:
         conn = _jms_connect(b.url, client_id, timeout=30)
@@ -91,8 +86,7 @@ def test_a_client_connecting_while_redis_is_stopped_is_answered_once_it_is_back(
 def test_past_the_hold_bound_an_open_is_refused_with_a_reason_and_the_client_id_stays_free(
     cluster, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    args = _aof_args(tmp_path)
-    server = cluster.redis(*args)
+    server = cluster.aof_redis(tmp_path)
     b = cluster.broker(server.url, env={'SHOAL_STORE_HOLD_SECONDS': '2'})
     client_id = f'refused-open-{uuid.uuid4().hex[:8]}'
     server.stop()
@@ -105,7 +99,7 @@ def test_past_the_hold_bound_an_open_is_refused_with_a_reason_and_the_client_id_
         condition = peer.connection.remote_condition
     finally:
         peer.close()
-    cluster.redis(*args, port=server.port)
+    cluster.restart(server)
     # the refusal left nothing taken: the same ClientID connects once the store is back
     conn = _jms_connect(b.url, client_id, timeout=30)
     try:

@@ -22,11 +22,6 @@ def _queue() -> str:
     return f'chaos-{uuid.uuid4().hex[:8]}'
 
 
-def _aof_args(data: Path, *, always: bool) -> tuple[str, ...]:
-    fsync = ('--appendfsync', 'always') if always else ()
-    return ('--appendonly', 'yes', *fsync, '--dir', str(data))  # the later --dir wins
-
-
 def _config_dir(url: str) -> str:
     client = redis.Redis.from_url(url)
     try:
@@ -73,8 +68,7 @@ def _drain(url: str, queue: str, expected: set[int]) -> ChaosRun:
 def test_fsync_kill_9_of_redis_under_load_loses_no_accepted_message(
     cluster, tmp_path: Path, record_property
 ) -> None:  # type: ignore[no-untyped-def]
-    args = _aof_args(tmp_path, always=True)
-    server = cluster.redis(*args)
+    server = cluster.aof_redis(tmp_path, fsync_always=True)
     assert _config_dir(server.url) == str(tmp_path)  # the same dir survives the restart
     b = cluster.broker(server.url, env={'SHOAL_DURABILITY': 'fsync'})
     queue = _queue()
@@ -84,7 +78,7 @@ def test_fsync_kill_9_of_redis_under_load_loses_no_accepted_message(
         killed_at = cluster.kill_9(server.process)
         accepted_at_kill = len(run.accepted)
         time.sleep(1.0)
-        restarted = cluster.redis(*args, port=server.port)
+        restarted = cluster.restart(server)
         assert _config_dir(restarted.url) == str(tmp_path)
         ready_after = cluster.wait_ready(b, timeout=30)
         assert run.wait(ChaosRun.producers_done, timeout=60), run.log[-10:]
@@ -161,8 +155,7 @@ def test_redis_frozen_for_5_s_under_load_loses_nothing_and_the_service_resumes(
 def test_redis_stopped_and_restarted_under_load_loses_nothing_and_the_service_resumes(
     cluster, tmp_path: Path, record_property
 ) -> None:  # type: ignore[no-untyped-def]
-    args = _aof_args(tmp_path, always=False)  # memory durability; the AOF keeps a clean stop
-    server = cluster.redis(*args)
+    server = cluster.aof_redis(tmp_path)  # memory durability; the AOF keeps a clean stop
     b = cluster.broker(server.url)
     queue = _queue()
     run = ChaosRun(
@@ -176,7 +169,7 @@ def test_redis_stopped_and_restarted_under_load_loses_nothing_and_the_service_re
         server.stop()  # SIGTERM: Redis writes its AOF out and exits
         time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - stopped_at)))
         during = cluster.ready(b)
-        restarted = cluster.redis(*args, port=server.port)
+        restarted = cluster.restart(server)
         restarted_at = time.monotonic()
         ready_after = cluster.wait_ready(b, timeout=30)
         accepted_at_restart = len(run.accepted)

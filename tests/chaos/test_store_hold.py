@@ -25,10 +25,6 @@ OUTAGE_SECONDS = 10.0
 SENDS = 3_000
 
 
-def _aof_args(data: Path) -> tuple[str, ...]:
-    return ('--appendonly', 'yes', '--dir', str(data))  # a clean stop keeps what was written
-
-
 def _held(b: Any) -> dict[str, Any]:
     _, body = b.http_get('/readyz')
     return dict(json.loads(body))
@@ -49,8 +45,7 @@ def _twice(run: ChaosRun) -> int:
 def test_a_synchronous_producer_waits_through_a_10_s_redis_stop_and_no_send_fails(
     cluster, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    args = _aof_args(tmp_path)
-    server = cluster.redis(*args)
+    server = cluster.aof_redis(tmp_path)
     b = cluster.broker(server.url)
     queue = f'hold-{uuid.uuid4().hex[:8]}'
     run = ChaosRun(
@@ -68,7 +63,7 @@ def test_a_synchronous_producer_waits_through_a_10_s_redis_stop_and_no_send_fail
         time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - stopped_at)))
         during = _held(b)
         accepted_during = len(run.accepted) - accepted_at_stop
-        cluster.redis(*args, port=server.port)
+        cluster.restart(server)
         restarted_at = time.monotonic()
         assert run.wait(ChaosRun.delivered_all, timeout=90), (run.log[-10:], _held(b))
         time.sleep(0.5)  # anything delivered twice would come now
@@ -106,8 +101,7 @@ def test_a_synchronous_producer_waits_through_a_10_s_redis_stop_and_no_send_fail
 def test_past_the_hold_bound_a_send_is_rejected_with_a_reason_and_nothing_accepted_is_lost(
     cluster, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    args = _aof_args(tmp_path)
-    server = cluster.redis(*args)
+    server = cluster.aof_redis(tmp_path)
     b = cluster.broker(server.url, env={'SHOAL_STORE_HOLD_SECONDS': '2'})
     queue = f'hold-{uuid.uuid4().hex[:8]}'
     count = 1_000
@@ -118,7 +112,7 @@ def test_past_the_hold_bound_a_send_is_rejected_with_a_reason_and_nothing_accept
         stopped_at = time.monotonic()
         assert run.wait(lambda r: len(r.rejected) >= 2, timeout=20), (run.log, _held(b))
         given_up_after = time.monotonic() - stopped_at
-        cluster.redis(*args, port=server.port)
+        cluster.restart(server)
         assert run.wait(ChaosRun.producers_done, timeout=60), (run.log[-10:], _held(b))
     finally:
         run.stop()
@@ -146,8 +140,7 @@ def test_past_the_hold_bound_a_send_is_rejected_with_a_reason_and_nothing_accept
 
 @pytest.mark.timeout(120)
 def test_a_commit_during_a_redis_stop_waits_and_completes(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    args = _aof_args(tmp_path)
-    server = cluster.redis(*args)
+    server = cluster.aof_redis(tmp_path)
     b = cluster.broker(server.url)
     queue = f'hold-txn-{uuid.uuid4().hex[:8]}'
     conn = BlockingConnection(b.url, timeout=60)
@@ -159,9 +152,7 @@ def test_a_commit_during_a_redis_stop_waits_and_completes(cluster, tmp_path: Pat
             assert send_in(conn, sender, txn, f'm{i}').remote_state != 0
         server.stop()
         stopped_at = time.monotonic()
-        restart = threading.Timer(
-            OUTAGE_SECONDS / 2, lambda: cluster.redis(*args, port=server.port)
-        )
+        restart = threading.Timer(OUTAGE_SECONDS / 2, lambda: cluster.restart(server))
         restart.start()
         link = controller.link
         conn.wait(lambda: link.credit > 0, timeout=10, msg='coordinator credit')
@@ -274,8 +265,7 @@ def test_a_synchronous_producer_through_a_cluster_primary_kill_sees_no_send_fail
 def test_past_the_memory_bound_a_held_send_is_rejected_at_once(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A producer with 20 sends in flight while Redis is stopped: the hold keeps what fits in
     SHOAL_STORE_HOLD_MAX_BYTES and rejects the rest at once; what it kept is accepted after."""
-    args = _aof_args(tmp_path)
-    server = cluster.redis(*args)
+    server = cluster.aof_redis(tmp_path)
     b = cluster.broker(server.url, env={'SHOAL_STORE_HOLD_MAX_BYTES': '4000'})
     queue = f'hold-{uuid.uuid4().hex[:8]}'
     bodies = [f'{n:05d}' + 'x' * 1000 for n in range(5_000)]  # about 1 KiB each, once encoded
@@ -285,7 +275,7 @@ def test_past_the_memory_bound_a_held_send_is_rejected_at_once(cluster, tmp_path
         server.stop()
         assert run.wait(lambda r: len(r.rejected) >= 5, timeout=20), (run.log, _held(b))
         during = _held(b)
-        cluster.redis(*args, port=server.port)
+        cluster.restart(server)
         assert run.wait(ChaosRun.producers_done, timeout=60), (run.log[-10:], _held(b))
     finally:
         run.stop()

@@ -276,3 +276,21 @@ def test_the_live_status_shows_an_exclusive_entitys_active_and_standby_consumers
     idle = status.subscription_live(subscription(), declared, T0)
     assert idle['exclusive'] == {'active': None, 'standby': []}  # cleared on a merge patch
     assert 'exclusive' not in status.subscription_live(subscription(), EntityState(exists=True), T0)
+
+
+def test_an_exclusive_line_is_written_when_it_changes_and_removed_when_it_goes() -> None:
+    line = ('replica-a/c1|orders-rx', 'replica-b/c7|orders-rx')
+    shown = status.subscription_live(subscription(), EntityState(exists=True, line=line), T0)
+    # the next in line takes over, the backlog unchanged: written all the same
+    taken_over = status.subscription_live(
+        subscription(), EntityState(exists=True, line=line[1:]), T0
+    )
+    assert status.worth_writing(shown, taken_over)
+    assert not status.worth_writing(shown, dict(shown))
+    # exclusive by the brokers' SHOAL_EXCLUSIVE_ADDRESSES alone, its consumers gone: the line
+    # goes from the status rather than showing a consumer that left
+    gone = status.subscription_live(subscription(), EntityState(exists=True), T0)
+    assert 'exclusive' not in gone
+    assert status.worth_writing(shown, gone)
+    assert status.as_patch(shown, gone, optional=status.LIVE_OPTIONAL)['exclusive'] is None
+    assert not status.worth_writing(gone, dict(gone))

@@ -61,7 +61,7 @@ def crowded() -> Iterator[BrokerProcess]:
 
 
 def _names(console: Console) -> list[str]:
-    return [str(r.get_attribute('data-name')) for r in console.all('#queues-table tbody tr')]
+    return console.attributes('#queues-table tbody tr', 'data-name')
 
 
 def test_ten_thousand_queues_page_and_search(crowded: BrokerProcess) -> None:

@@ -16,17 +16,30 @@ from shoal_broker.store.notifications import PoolFor
 from shoal_broker.store.redisstore import RedisStore
 
 
+@pytest.fixture(scope='session')
+def plain_redis(store_url: str, redis_server: RedisServer) -> Iterator[RedisServer]:
+    """The session's Redis where it is one server to talk to (standalone, or the Sentinel
+    group's primary); with the brokers on a Redis Cluster (SHOAL_TEST_STORE=cluster), whose
+    nodes answer MOVED for most keys, a standalone server of its own."""
+    if not store_url.startswith('redis+cluster'):
+        yield redis_server
+        return
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:
-    s = RedisStore.from_url(redis_server.url, f'replica-{uuid.uuid4().hex[:6]}')
+async def store(plain_redis: RedisServer) -> AsyncIterator[RedisStore]:
+    s = RedisStore.from_url(plain_redis.url, f'replica-{uuid.uuid4().hex[:6]}')
     await s.start()
     yield s
     await s.close()
 
 
 @pytest.fixture
-async def client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    c = redis.asyncio.Redis.from_url(redis_server.url)
+async def client(plain_redis: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    c = redis.asyncio.Redis.from_url(plain_redis.url)
     yield c
     await c.aclose()
 

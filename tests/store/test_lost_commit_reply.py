@@ -71,6 +71,37 @@ def cut_broker(
         server.stop()
 
 
+def _seeded(
+    broker: BrokerProcess, address: str, count: int = EARLIER
+) -> tuple[str, str, list[str]]:
+    """The transaction's source and target addresses, with ``count`` messages in the source."""
+    source, target = f'{address}-in', f'{address}-out'
+    before = [f'{address}-{n}' for n in range(count)]
+    conn = connect(broker.url)
+    send_all(conn, source, before)
+    conn.close()
+    return source, target, before
+
+
+def _drained(broker: BrokerProcess, source: str, target: str) -> tuple[list[object], list[object]]:
+    """What the target and the source hold, taken until nothing comes for a while."""
+    conn = connect(broker.url)
+    try:
+        return take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
+    finally:
+        conn.close()
+
+
+def _committed_once(
+    broker: BrokerProcess, source: str, target: str, taken: object, before: list[str]
+) -> None:
+    """The transaction took the source's first message and sent each of ``MOVED`` once."""
+    moved, back = _drained(broker, source, target)
+    assert sorted(moved, key=str) == sorted(MOVED), f'not each once: {moved}'
+    assert taken == before[0]
+    assert sorted(back, key=str) == sorted(before[1:], key=str), f'lost or back: {back}'
+
+
 def _commit_caught(
     broker: BrokerProcess,
     cutter: ExecCutter,
@@ -116,11 +147,7 @@ def _lose_the_reply(
 ) -> Delivery | None:
     """Commit a transaction whose EXEC runs and whose reply is lost; assert that each message
     is on its queue once and nothing lost; returns the discharge's answer."""
-    source, target = f'{address}-in', f'{address}-out'
-    before = [f'{address}-{n}' for n in range(EARLIER)]
-    conn = connect(broker.url)
-    send_all(conn, source, before)
-    conn.close()
+    source, target, before = _seeded(broker, address)
     landed: dict[str, object] = {}
     direct = redis.Redis.from_url(server.url, socket_timeout=2)
     stream = keys.AddressKeys.of(target).streams[5]
@@ -147,14 +174,7 @@ def _lose_the_reply(
     )
     if answer is None:
         wait_for(lambda: 'a commit in doubt is' in broker.log(), 30, 'the outcome learnt')
-    conn = connect(broker.url)
-    try:
-        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
-    finally:
-        conn.close()
-    assert sorted(moved, key=str) == sorted(MOVED), f'not each once: {moved}'
-    assert taken == before[0]
-    assert sorted(back, key=str) == sorted(before[1:], key=str), f'lost or back: {back}'
+    _committed_once(broker, source, target, taken, before)
     return answer
 
 
@@ -185,24 +205,13 @@ def test_a_commit_cut_before_its_exec_ran_is_committed_again_within_the_hold(
     cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
 ) -> None:
     _, cutter, broker = cut_broker
-    source, target = f'{address}-in', f'{address}-out'
-    before = [f'{address}-{n}' for n in range(EARLIER)]
-    conn = connect(broker.url)
-    send_all(conn, source, before)
-    conn.close()
+    source, target, before = _seeded(broker, address)
     taken, answer = _commit_caught(broker, cutter, source, target, run=False)
     assert cutter.exec_dropped.is_set(), 'the EXEC was not caught'
     assert answer is not None, 'the discharge was not answered'
     assert answer.remote_state == Delivery.ACCEPTED, answer.remote.condition
     assert 'commit not applied' in broker.log()  # tried again
-    conn = connect(broker.url)
-    try:
-        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
-    finally:
-        conn.close()
-    assert sorted(moved, key=str) == sorted(MOVED), f'not each once: {moved}'
-    assert taken == before[0]
-    assert sorted(back, key=str) == sorted(before[1:], key=str), f'lost or back: {back}'
+    _committed_once(broker, source, target, taken, before)
 
 
 @pytest.mark.timeout(60)
@@ -211,21 +220,13 @@ def test_a_commit_cut_before_its_exec_ran_is_rolled_back_and_returns_its_acks(
     cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
 ) -> None:
     _, cutter, broker = cut_broker
-    source, target = f'{address}-in', f'{address}-out'
-    before = [f'{address}-{n}' for n in range(EARLIER)]
-    conn = connect(broker.url)
-    send_all(conn, source, before)
-    conn.close()
+    source, target, before = _seeded(broker, address)
     _, answer = _commit_caught(broker, cutter, source, target, run=False)
     assert cutter.exec_dropped.is_set(), 'the EXEC was not caught'
     assert answer is not None, 'the discharge was not answered'
     assert answer.remote_state == Delivery.REJECTED, answer.remote_state
     assert answer.remote.condition.name == 'amqp:transaction:rollback'
-    conn = connect(broker.url)
-    try:
-        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
-    finally:
-        conn.close()
+    moved, back = _drained(broker, source, target)
     assert moved == [], f'a rolled back send is there: {moved}'
     assert sorted(back, key=str) == sorted(before, key=str), f'lost: {back}, sent {before}'
 
@@ -236,19 +237,12 @@ def test_a_replicated_commit_confirmed_by_its_replica_is_answered_committed(
     cut_broker: tuple[RedisServer, ExecCutter, BrokerProcess], address: str
 ) -> None:
     _, cutter, broker = cut_broker
-    source, target = f'{address}-in', f'{address}-out'
-    conn = connect(broker.url)
-    send_all(conn, source, ['first'])
-    conn.close()
+    source, target, before = _seeded(broker, address, 1)
     taken, answer = _commit_caught(broker, cutter, source, target, run=None)
     assert answer is not None, 'the discharge was not answered'
     assert answer.remote_state == Delivery.ACCEPTED, answer.remote.condition
-    conn = connect(broker.url)
-    try:
-        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
-    finally:
-        conn.close()
-    assert (taken, sorted(moved, key=str), back) == ('first', sorted(MOVED), [])
+    moved, back = _drained(broker, source, target)
+    assert (taken, sorted(moved, key=str), back) == (before[0], sorted(MOVED), [])
 
 
 @pytest.mark.timeout(60)
@@ -260,11 +254,7 @@ def test_an_exec_redis_reads_only_after_the_broker_asked_for_it_is_not_applied_t
     commits again within the hold, and only then does Redis read the first EXEC: it must not
     apply (the marker read fenced it), or the transaction's sends are there twice."""
     _, cutter, broker = cut_broker
-    source, target = f'{address}-in', f'{address}-out'
-    before = [f'{address}-{n}' for n in range(EARLIER)]
-    conn = connect(broker.url)
-    send_all(conn, source, before)
-    conn.close()
+    source, target, before = _seeded(broker, address)
     cutter.arm_late()
     taken, answer = _commit_caught(broker, cutter, source, target, run=None)
     assert cutter.late_kept.is_set(), 'the EXEC was not kept'
@@ -272,11 +262,4 @@ def test_an_exec_redis_reads_only_after_the_broker_asked_for_it_is_not_applied_t
     assert answer.remote_state == Delivery.ACCEPTED, answer.remote.condition
     assert 'commit not applied' in broker.log()  # tried again
     cutter.release_late()  # Redis reads the first EXEC only now
-    conn = connect(broker.url)
-    try:
-        moved, back = take_all(conn, target, QUIET_SECONDS), take_all(conn, source, QUIET_SECONDS)
-    finally:
-        conn.close()
-    assert sorted(moved, key=str) == sorted(MOVED), f'not each once: {moved}'
-    assert taken == before[0]
-    assert sorted(back, key=str) == sorted(before[1:], key=str), f'lost or back: {back}'
+    _committed_once(broker, source, target, taken, before)

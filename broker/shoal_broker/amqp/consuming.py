@@ -30,9 +30,8 @@ from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outlets import Fed
 from shoal_broker.amqp.returns import Returns
 from shoal_broker.amqp.spans import Spans
-from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS
 from shoal_broker.amqp.turns import Turns
-from shoal_broker.errors import BrokerError, StoreUnavailable
+from shoal_broker.errors import BrokerError, StoreUnavailable, next_retry_pause
 from shoal_broker.metrics.registry import EXCLUSIVE_HANDOVERS, Counters
 from shoal_broker.routing import outcomes
 from shoal_broker.routing.outcomes import Action, Disposition, Outcome
@@ -264,7 +263,7 @@ class Consuming:
             held = sub.held() | self.coordinator.held(sub.address, sub.group)
             returned = await self.store.messages.return_stranded(sub.address, sub.group, held)
         except BrokerError as exc:
-            sub.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, sub.retry_delay * 2))
+            sub.retry_delay = next_retry_pause(sub.retry_delay)
             logger.warning('recovery of %s/%s postponed: %s', sub.address, sub.group, exc)
             return sub.retry_delay
         finally:
@@ -304,7 +303,7 @@ class Consuming:
                     EXCLUSIVE_HANDOVERS.inc()
                 return
             except BrokerError as exc:
-                pause = min(MAX_RETRY_SECONDS, max(0.25, pause * 2))
+                pause = next_retry_pause(pause)
                 logger.warning('leaving the line of %s/%s failed (%s)', address, group, exc)
                 await asyncio.sleep(pause)
 

@@ -34,6 +34,7 @@ from shoal_broker.amqp.spans import Spans
 from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.turns import Turns
 from shoal_broker.errors import (
+    FIRST_RETRY_SECONDS,
     AddressNotFound,
     BrokerError,
     InvalidField,
@@ -360,7 +361,7 @@ class Producing:
             for _, _, _, _, consumer, ahead in claims:
                 consumer.ahead.pop(ahead.delivery, None)
             if isinstance(error, StoreUnavailable):  # the reply, not the script, may be lost
-                self.schedule_recovery(sub, max(0.25, sub.retry_delay))
+                self.schedule_recovery(sub, max(FIRST_RETRY_SECONDS, sub.retry_delay))
             else:
                 sub.kick()
             return

@@ -17,9 +17,8 @@ from collections.abc import Awaitable
 
 from shoal_broker.amqp import codec, recode
 from shoal_broker.amqp.nodes import Nodes
-from shoal_broker.amqp.subscriptions import MAX_RETRY_SECONDS
 from shoal_broker.amqp.turns import Turns
-from shoal_broker.errors import BrokerError
+from shoal_broker.errors import BrokerError, next_retry_pause
 from shoal_broker.metrics.registry import Counters
 from shoal_broker.routing.redelivery import backoff_of
 from shoal_broker.routing.storage import Entry, MessageStore, OutgoingMessage
@@ -80,7 +79,7 @@ class Returns:
                 return
             if not self.turns.accepting:  # shutting down: leaving returns what this replica holds
                 return
-            pause = min(MAX_RETRY_SECONDS, max(0.25, retry * 2))
+            pause = next_retry_pause(retry)
             logger.warning('release of %s to %s/%s failed (%s); again in %.2f s',
                            entry.id, address, group, done.exception(), pause)  # fmt: skip
             self.turns.call_later(

@@ -41,7 +41,7 @@ from shoal_broker.amqp.engine import lib
 from shoal_broker.amqp.lines import SUBSCRIPTION_SLOTS, Line
 from shoal_broker.amqp.links import ConsumerLink, Identifiers, PendingMessage, ProducerLink
 from shoal_broker.amqp.outlets import Held, Intake, Outlet
-from shoal_broker.errors import BrokerError
+from shoal_broker.errors import BrokerError, next_retry_pause
 from shoal_broker.routing import dispatch
 from shoal_broker.routing.dispatch import (
     FIRST,
@@ -65,8 +65,6 @@ logger = logging.getLogger(__name__)
 MAX_FETCH = 500
 """Entries per fetch script call: bounds how long one Lua script holds Redis."""
 
-MAX_RETRY_SECONDS = 2.0
-"""Longest pause between fetches that failed (Redis down or unreachable)."""
 
 PRIVATE_GROUP_PREFIX = 'nd:'
 """A plain topic subscriber's own consumer group (``attach.py``): only its replica reads it, so
@@ -321,7 +319,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
             logger.warning('fetch from %s/%s failed: %s', self.address, self.group, error)
             self.spill()  # the stranded entries come back ahead of them
             self._finish_drains()
-            self.retry_delay = min(MAX_RETRY_SECONDS, max(0.25, self.retry_delay * 2))
+            self.retry_delay = next_retry_pause(self.retry_delay)
             self.outlet.schedule_recovery(self, self.retry_delay)
             return
         self.retry_delay = 0.0

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio
 
-from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull
+from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull, next_retry_pause
 from shoal_broker.routing.storage import (
     NORMAL_BAND,
     BrowseCursor,
@@ -59,8 +59,6 @@ MAX_BULK_FETCHES = 10_000
 """Bound on the subscriptions remembered as fetching in bulk (each is dropped by its next small
 fetch; one deleted mid-burst would otherwise stay)."""
 
-GIVE_BACK_MAX_PAUSE = 2.0
-"""Longest pause between attempts to return entries a fetch in bulk must not deliver."""
 
 MAX_CACHED_TAILS = 4096
 """Encoded (no expiry, origin) pairs kept (``Messages._encoded``): one per producing
@@ -441,7 +439,7 @@ class Messages:
             except BrokerError as exc:
                 if self._cycles.closed:  # pending on a replica that stops: reclaimed like a crash's
                     return
-                pause = min(GIVE_BACK_MAX_PAUSE, max(0.25, pause * 2))
+                pause = next_retry_pause(pause)
                 logger.warning('returning %d entries to %s/%s failed (%s); again in %.2f s',
                                len(entries), address, group, exc, pause)  # fmt: skip
                 await asyncio.sleep(pause)
