@@ -42,6 +42,8 @@ test-sentinel: venv node-deps
 # (tests/support/redisclusters.py, docs/redis-modes.md#redis-cluster), and a committer killed
 # mid-transaction, whose commits there span shards; part of `make test` (about 2 minutes).
 CLUSTER_CORE := $(SENTINEL_CORE) tests/jms/test_commit_crash.py
+# A burst of attaches past the store's connection pool, served in turn (about 25 s).
+CLUSTER_CORE += tests/amqp/test_attach_burst.py
 # The operator on a Redis Cluster: provisioning, updates, policies and the deletion policies
 # (every tests/k8s module that touches Redis passes in any store mode; these are the quick ones,
 # about 40 s together).

@@ -118,10 +118,12 @@ start_redis() {  # start_redis PORT DIR [redis-server options]: sets REDIS_PID o
 }
 
 start_broker() {  # start_broker AMQP_PORT HTTP_PORT REDIS_PORT REPLICA LOG: sets BROKER_PID once
-  # /readyz answers (needs BROKER_PY; extra broker environment comes from the caller's exports)
-  local t
+  # /readyz answers (needs BROKER_PY; extra broker environment comes from the caller's exports).
+  # REDIS_PORT may be a whole store URL instead (redis+cluster://...)
+  local t url=$3
+  [[ $url == *://* ]] || url=redis://127.0.0.1:$3/0
   SHOAL_LOG_LEVEL=${SHOAL_LOG_LEVEL:-WARNING} "$BROKER_PY" -m shoal_broker --listen "127.0.0.1:$1" \
-      --http "127.0.0.1:$2" --redis-url "redis://127.0.0.1:$3/0" --replica-id "$4" > "$5" 2>&1 &
+      --http "127.0.0.1:$2" --redis-url "$url" --replica-id "$4" > "$5" 2>&1 &
   BROKER_PID=$!; STARTED_PIDS+=("$BROKER_PID")
   for ((t = 0; t < 300; t++)); do
     curl -sf "http://127.0.0.1:$2/readyz" > /dev/null 2>&1 && return 0; sleep 0.1; done

@@ -501,6 +501,13 @@ def percentile(ordered: list[int], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] / 1e6
 
 
+def attached(process: Any, ready: Any, limit: float) -> None:
+    """Wait until ``process`` says its links are attached, it has ended (a link refused: its
+    error is in the results) or ``limit`` has passed."""
+    while not ready.wait(0.1) and process.is_alive() and time.monotonic() < limit:
+        pass
+
+
 def one_rep(opts: argparse.Namespace, rep: int, count: int) -> Fields:
     """Run producer and consumers once on a fresh address; return this repetition's figures."""
     token = f'{os.getpid()}-{rep}-{time.time_ns() % 10**9}'
@@ -515,13 +522,13 @@ def one_rep(opts: argparse.Namespace, rep: int, count: int) -> Fields:
         process.start()
         processes.append((process, ready))
     limit = time.monotonic() + opts.timeout + 20
-    for _, ready in processes:
-        ready.wait(max(0.1, limit - time.monotonic()))
+    for process, ready in processes:
+        attached(process, ready, limit)
     time.sleep(0.2)  # the broker has made the consumers' subscriptions before the first send
     ready = row.ctx.Event()
     producer = row.ctx.Process(target=produce, args=(row, ready), daemon=True)
     producer.start()
-    ready.wait(max(0.1, limit - time.monotonic()))
+    attached(producer, ready, limit)
     brokers0 = [cpu_s(pid) for pid in opts.broker_pid]
     wall0 = time.monotonic()
     row.go.set()

@@ -4,7 +4,7 @@
 # RabbitMQ in the same run where RabbitMQ has a counterpart (Shoal first, then a private RabbitMQ
 # node, never both at once). docs/performance.md ("Scale matrix") holds the figures.
 #
-# usage: bench/matrix.sh ROW [OUTDIR]     ROW: a b c d e f, or "all" (each row in turn)
+# usage: bench/matrix.sh ROW [OUTDIR]     ROW: a b c d e f g, or "all" (each row in turn)
 #
 #   a  QUEUES queues (1000), one producer link and one consumer link on each (bench/load.py
 #      --addresses: one producer and one consumer connection carry them): the aggregate rate of
@@ -23,6 +23,12 @@
 #      CONN_SECONDS (30): p99, broker RSS and CPU
 #   f  the queue and the shared durable subscription with 6 consumers on 1, 2 and 3 replicas of
 #      one Redis (bench/shared.py): msg/s, brokers' and Redis's CPU per message (Shoal only)
+#   g  rows a and f (f on G_REPLICAS, "1 2") against brokers on a Redis Cluster of SHARDS
+#      primaries ("1 2 3"; 0 is a plain redis-server, a baseline in the same run), no replicas
+#      (bench/redis_cluster.sh), G_ROUNDS rounds (1) of every shard count in turn: msg/s, broker
+#      and Redis CPU per message (Redis summed over the shards), each shard's share of the Redis
+#      CPU and commands, MOVED/ASK/CROSSSLOT replies (bench/shards.py; the table at the end).
+#      Shoal only: RabbitMQ has no counterpart of shards (row a's RabbitMQ figure stands)
 #
 # Every load process is bounded by its own --timeout and by `timeout`; every process started
 # here (redis-server, brokers, RabbitMQ's server, beam and epmd) is stopped by PID on exit.
@@ -31,14 +37,14 @@ set -euo pipefail
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
-ROW=${1:?usage: bench/matrix.sh a|b|c|d|e|f|all [OUTDIR]}
+ROW=${1:?usage: bench/matrix.sh a|b|c|d|e|f|g|all [OUTDIR]}
 OUT=${2:-/tmp/shoal-bench/matrix-$(date +%Y%m%d-%H%M%S)}
 if [[ $ROW == all ]]; then
   rc=0
-  for row in a b c d e f; do bash "$0" "$row" "$OUT" || rc=$?; done
+  for row in a b c d e f g; do bash "$0" "$row" "$OUT" || rc=$?; done
   exit "$rc"
 fi
-[[ $ROW =~ ^[a-f]$ ]] || { echo "unknown row $ROW (a b c d e f all)" >&2; exit 2; }
+[[ $ROW =~ ^[a-g]$ ]] || { echo "unknown row $ROW (a b c d e f g all)" >&2; exit 2; }
 
 QUEUES=${QUEUES:-1000}; NA=${NA:-50000}; RATE_A=${RATE_A:-1000}; NLAT_A=${NLAT_A:-10000}
 SUBS=${SUBS:-100 1000}; HELD=${HELD:-1000}; NB=${NB:-2000}
@@ -46,6 +52,7 @@ SIZES=${SIZES:-65536 1048576}
 BACKLOG_N=${BACKLOG_N:-1000000}
 CONNS=${CONNS:-2000}; CONN_RATE=${CONN_RATE:-5}; CONN_SECONDS=${CONN_SECONDS:-30}
 REPLICAS=${REPLICAS:-1 2 3}; NF=${NF:-30000}
+SHARDS=${SHARDS:-1 2 3}; G_REPLICAS=${G_REPLICAS:-1 2}; G_ROUNDS=${G_ROUNDS:-1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 # the rows create thousands of addresses and links as one anonymous user: past the defaults
 export SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER=${SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER:-1000000}
@@ -231,6 +238,82 @@ row_f() {
       shoal_down
     done
   done
+}
+
+# shellcheck source=bench/redis_cluster.sh
+. "$HERE/redis_cluster.sh"
+
+sharded() {  # sharded SHARDS ROUND PART MESSAGES SPREAD COMMAND...: run COMMAND (which appends its
+  # result to J), sampling every node of the cluster before and after; one row g record in J
+  local shards=$1 round=$2 part=$3 n=$4 spread=$5 before skip stats
+  shift 5
+  touch "$J"
+  skip=$(wc -l < "$J")
+  stats=$OUT/commandstats-g-$shards-$round-${part//[^a-z0-9@]/_}
+  cluster_commandstats > "$stats.before"
+  before=$(cluster_sample)
+  "$@" || echo "(g $part on $shards shards: incomplete or failed)"
+  cluster_commandstats > "$stats.after"
+  "$PY" "$HERE/shards.py" report --json "$J" --skip "$skip" --label "g shoal $part, $shards shards" \
+      --part "$part" --shards "$shards" --round "$round" --messages "$n" --spread "$spread" \
+      --before "$before" --after "$(cluster_sample)" || echo "(g $part: no record)"
+}
+
+G_STARTS=0
+g_up() {  # g_up SHARDS BROKERS: the cluster and that many brokers on it; sets APORTS, BPIDS
+  local i aport hport
+  # a fresh directory each time: a node finding an old nodes.conf would rejoin the old cluster
+  cluster_up "$1" "$(mktemp -d "$WORK/cluster-$1.XXXXXX")" || return 1
+  APORTS=(); BPIDS=(); SHOAL_PIDS=()
+  for ((i = 1; i <= $2; i++)); do
+    read -r aport hport < <(free_ports 2)
+    start_broker "$aport" "$hport" "$CLUSTER_URL" "matrix-g-$i" \
+        "$OUT/broker-g-$1-shards-$((++G_STARTS))-$i.log" \
+      || return 1
+    APORTS+=("$aport"); BPIDS+=("$BROKER_PID"); SHOAL_PIDS+=("$BROKER_PID")
+  done
+}
+g_down() { shoal_down; cluster_down; }  # brokers first, then their Redis
+
+row_g() {
+  local round s n kind run i spread prefix
+  for ((round = 1; round <= G_ROUNDS; round++)); do
+    for s in $SHARDS; do
+      echo "--- row g round $round: $s shards ($(date -Is), load $(cut -d' ' -f1 /proc/loadavg))"
+      run=$RANDOM$RANDOM
+      g_up "$s" 1 || { echo "(g: $s shards did not start)"; g_down; continue; }
+      # the first saturation run creates the queues; the second and the paced run reuse them,
+      # so their per-message figures are the steady state's, not the queues' creation
+      prefix=mxg$run; spread=$QUEUES
+      ((s > 0)) && spread=$("$PY" "$HERE/slots.py" spread "$prefix" "$QUEUES" "$s")
+      for kind in new warm; do
+        sharded "$s" "$round" "a ${QUEUES} queues saturation, $kind queues" "$NA" "$spread" \
+          load "g shoal $s shards a saturation $kind" "${APORTS[0]}" "${BPIDS[0]}" -a "$prefix" \
+              --addresses "$QUEUES" -n "$NA" --max-backlog "$((10 * QUEUES))"
+      done
+      sharded "$s" "$round" "a ${QUEUES} queues @${RATE_A}/s" "$NLAT_A" "$spread" \
+        load "g shoal $s shards a @${RATE_A}/s" "${APORTS[0]}" "${BPIDS[0]}" -a "$prefix" \
+            --addresses "$QUEUES" -n "$NLAT_A" --rate "$RATE_A" --max-backlog 1000
+      g_down
+      for n in $G_REPLICAS; do
+        for kind in queue shared; do
+          g_up "$s" "$n" || { echo "(g: $s shards, $n brokers did not start)"; g_down; continue; }
+          local replicas=() pids=() extra=()
+          for i in "${!APORTS[@]}"; do replicas+=(--replica "127.0.0.1:${APORTS[i]}"); done
+          for i in "${BPIDS[@]}"; do pids+=(--broker-pid "$i"); done
+          [[ $kind == queue ]] && extra=(--queue)
+          sharded "$s" "$round" "f $kind, consumers on $n replicas" "$NF" "" \
+            timeout -k 10 $((RUN_TIMEOUT + 60)) "$PY" "$HERE/shared.py" "${replicas[@]}" \
+                --consumers 6 --count "$NF" --timeout "$RUN_TIMEOUT" "${pids[@]}" "${extra[@]}" \
+                --label "g shoal $s shards f $kind on $n replicas" --json "$J"
+          g_down
+        done
+      done
+    done
+  done
+  echo
+  echo "row g: medians over $G_ROUNDS round(s), $(nproc) cores"
+  "$PY" "$HERE/shards.py" table "$J" | tee "$OUT/row-g.md"
 }
 
 "row_$ROW"

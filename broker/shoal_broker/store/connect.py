@@ -62,6 +62,7 @@ from redis.asyncio.connection import (
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from shoal_broker.store.stale import CHECKED_POOL
+from shoal_broker.store.waiting_cluster import WaitingCluster
 
 logger = logging.getLogger(__name__)
 
@@ -254,15 +255,14 @@ def _cluster_kwargs(parsed: ClusterUrl, kwargs: dict[str, Any]) -> dict[str, Any
     return {**taken, **parsed.connection}
 
 
-def cluster_client(url: str, **kwargs: Any) -> 'redis.asyncio.cluster.RedisCluster':
-    """An asyncio cluster client for a ``redis+cluster://`` URL: it learns the slot map from the
-    first seed that answers and follows MOVED and ASK replies itself. ``kwargs`` are client
-    arguments (the URL's options win). Raises ValueError for a URL that is not usable."""
+def cluster_client(url: str, **kwargs: Any) -> WaitingCluster:
+    """An asyncio cluster client for a ``redis+cluster://`` URL, following MOVED and ASK itself;
+    a call finding every connection busy waits (``timeout`` s at most, waiting_cluster.py).
+    ``kwargs`` are client arguments (the URL's options win). ValueError for an unusable URL."""
     parsed = parse_cluster_url(url)
     seeds = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in parsed.nodes]
-    return redis.asyncio.cluster.RedisCluster(
-        startup_nodes=seeds, **_cluster_kwargs(parsed, kwargs)
-    )
+    wait = {'wait_seconds': kwargs['timeout']} if kwargs.get('timeout') else {}
+    return WaitingCluster(startup_nodes=seeds, **wait, **_cluster_kwargs(parsed, kwargs))
 
 
 def sync_cluster_client(url: str, **kwargs: Any) -> redis.cluster.RedisCluster:

@@ -114,7 +114,9 @@ class RedisStore:
     ) -> 'RedisStore':
         """The cold path on redis-py's cluster client, the message path on a lane per primary,
         the wake-ups on each primary's shard channels (docs/redis-modes.md, "Redis Cluster")."""
-        cluster = connect.cluster_client(url, max_connections=MAX_REDIS_CONNECTIONS)
+        cluster = connect.cluster_client(
+            url, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_WAIT_SECONDS
+        )
 
         def pool_for(host: str, port: int) -> 'redis.asyncio.ConnectionPool':
             return connect.node_pool(url, host, port)
