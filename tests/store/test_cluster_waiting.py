@@ -10,8 +10,6 @@ import asyncio
 import uuid
 
 import pytest
-import redis.asyncio.cluster
-from redis.exceptions import MaxConnectionsError
 from redisclusters import ClusterGroup
 
 from shoal_broker.errors import StoreUnavailable
@@ -54,23 +52,6 @@ async def test_a_burst_of_pipelines_is_served_in_turn(redis_cluster: ClusterGrou
         assert await asyncio.gather(*(pipeline(k) for k in keys)) == [[True, 2]] * BURST
     finally:
         await connect.close(client)
-
-
-async def test_the_plain_cluster_client_refuses_the_same_burst(
-    redis_cluster: ClusterGroup,
-) -> None:
-    """What the waiting client is for: redis-py's own refuses past the pool at once."""
-    seed = redis_cluster.seed
-    plain = redis.asyncio.cluster.RedisCluster(
-        host='127.0.0.1', port=seed.port, max_connections=POOL
-    )
-    try:
-        got = await asyncio.gather(
-            *(plain.get(k) for k in same_slot_keys(BURST)), return_exceptions=True
-        )
-        assert any(isinstance(g, MaxConnectionsError) for g in got)
-    finally:
-        await plain.aclose()
 
 
 async def test_the_wait_is_bounded_and_says_why(redis_cluster: ClusterGroup) -> None:
