@@ -13,11 +13,13 @@ usage: python bench/shared_fetch.py [--groups 1 100 1000] [--rounds 2000] [--lua
 """
 
 import argparse
+import contextlib
 import pathlib
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 
 import redis
 
@@ -41,6 +43,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[redis.Redis]:
+    """A client of a redis-server of its own on a free loopback port (no persistence), stopped
+    by its PID when the block ends."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = subprocess.Popen(
+            ['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
+             '--appendonly', 'no', '--dir', tmp],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            client = redis.Redis(port=port)
+            for _ in range(100):  # up to ~5 s for the server to listen
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            try:
+                yield client
+            finally:
+                client.close()
+        finally:
+            server.terminate()
+            server.wait(10)
 
 
 def fetch_usec(client: redis.Redis, sha: str, groups: int, rounds: int) -> float:
@@ -77,29 +107,11 @@ def main() -> int:
     default_lua = here / 'broker' / 'shoal_broker' / 'store' / 'lua'
     parser.add_argument('--lua', type=pathlib.Path, default=default_lua)
     args = parser.parse_args()
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        server = subprocess.Popen(
-            ['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
-             '--appendonly', 'no', '--dir', tmp],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            client = redis.Redis(port=port)
-            for _ in range(100):  # up to ~5 s for the server to listen
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
-            sha = client.script_load(source(args.lua, 'fetch'))
-            for groups in args.groups:
-                usec = fetch_usec(client, sha, groups, args.rounds)
-                print(f'{args.lua}: {groups} groups on the stream: {usec:.1f} µs per fetch')
-            client.close()
-        finally:
-            server.terminate()
-            server.wait(10)
+    with private_redis() as client:
+        sha = client.script_load(source(args.lua, 'fetch'))
+        for groups in args.groups:
+            usec = fetch_usec(client, sha, groups, args.rounds)
+            print(f'{args.lua}: {groups} groups on the stream: {usec:.1f} µs per fetch')
     return 0
 
 

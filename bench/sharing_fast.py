@@ -17,13 +17,11 @@ usage: python bench/sharing_fast.py [--entries 1 80] [--rounds 200] [--repeats 5
 import argparse
 import pathlib
 import statistics
-import subprocess
-import tempfile
 import time
 
 import redis
 
-from shared_fetch import GROUP, free_port, source
+from shared_fetch import GROUP, private_redis, source
 from shoal_broker.store import keys
 from shoal_broker.store.fetch_command import fetch_keys
 
@@ -93,40 +91,22 @@ def main() -> int:
     default_lua = here / 'broker' / 'shoal_broker' / 'store' / 'lua'
     parser.add_argument('--lua', type=pathlib.Path, default=default_lua)
     args = parser.parse_args()
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        server = subprocess.Popen(
-            ['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
-             '--appendonly', 'no', '--dir', tmp],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            client = redis.Redis(port=port)
-            for _ in range(100):  # up to ~5 s for the server to listen
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
-            sha = client.script_load(source(args.lua, 'fetch'))
-            for entries in args.entries:
-                runs: dict[str, list[float]] = {IDLE: [], LAPSED: []}
-                for _ in range(args.repeats):
-                    for other in (LAPSED, IDLE):
-                        runs[other].append(fetch_usec(client, sha, other, entries, args.rounds))
-                print(f'{args.lua}: {entries} entries a fetch: the rule '
-                      f'{statistics.median(runs[LAPSED]):.1f} µs, the other replica idle '
-                      f'{statistics.median(runs[IDLE]):.1f} µs per fetch')  # fmt: skip
-            plain, scripted = [], []
+    with private_redis() as client:
+        sha = client.script_load(source(args.lua, 'fetch'))
+        for entries in args.entries:
+            runs: dict[str, list[float]] = {IDLE: [], LAPSED: []}
             for _ in range(args.repeats):
-                plain.append(entry_usec(client, in_script=False))
-                scripted.append(entry_usec(client, in_script=True))
-            print(f'an entry of 1 KiB read 100 at a time: plain {statistics.median(plain):.2f} µs, '
-                  f'in a script {statistics.median(scripted):.2f} µs')  # fmt: skip
-            client.close()
-        finally:
-            server.terminate()
-            server.wait(10)
+                for other in (LAPSED, IDLE):
+                    runs[other].append(fetch_usec(client, sha, other, entries, args.rounds))
+            print(f'{args.lua}: {entries} entries a fetch: the rule '
+                  f'{statistics.median(runs[LAPSED]):.1f} µs, the other replica idle '
+                  f'{statistics.median(runs[IDLE]):.1f} µs per fetch')  # fmt: skip
+        plain, scripted = [], []
+        for _ in range(args.repeats):
+            plain.append(entry_usec(client, in_script=False))
+            scripted.append(entry_usec(client, in_script=True))
+        print(f'an entry of 1 KiB read 100 at a time: plain {statistics.median(plain):.2f} µs, '
+              f'in a script {statistics.median(scripted):.2f} µs')  # fmt: skip
     return 0
 
 

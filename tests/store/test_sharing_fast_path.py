@@ -9,51 +9,9 @@ import contextlib
 import uuid
 from typing import Any
 
-from shoal_broker.store import keys, scripts
-from shoal_broker.store.fetch_command import fetch_keys
+from fetchscript import GROUP, CommandsOn, fetch, publish
 
-GROUP = 'shared-sub'
-
-
-class CommandsOn:
-    """Commands run on one Redis node, scripts' included, as its ``MONITOR`` shows them (the
-    node's command statistics would count other tests' streams too), kept up to a marker."""
-
-    def __init__(self, client: Any, key: str) -> None:
-        node = client.get_node_from_key(key) if hasattr(client, 'get_node_from_key') else None
-        self._server = node.redis_connection if node is not None else client
-        self._monitor = self._server.monitor()
-        self._monitor.__enter__()
-
-    def since_last(self) -> list[str]:
-        """Every command seen since the last call: all sent before it have shown by the
-        marker's."""
-        marker = f'commands-on-{uuid.uuid4().hex}'
-        self._server.echo(marker)
-        seen: list[str] = []
-        while (command := self._monitor.next_command()['command']) != f'ECHO {marker}':
-            seen.append(command)
-        return seen
-
-    def close(self) -> None:
-        self._monitor.__exit__()
-
-
-def _fetch(client: Any, address: str, replica: str, credit: int) -> tuple[int, list[str]]:
-    """One fetch by ``replica`` (one consumer, ``credit`` free): what it left for others, and
-    the ids it took."""
-    k = keys.AddressKeys.of(address)
-    reply = client.eval(
-        scripts.source('fetch'), 17, *fetch_keys(address, GROUP),
-        GROUP, replica, credit, '1', 1, credit, k.notify,
-    )  # fmt: skip
-    return int(reply[1]), [reply[i + 1].decode() for i in range(3, len(reply), 8)]
-
-
-def _publish(client: Any, address: str, n: int) -> None:
-    stream = keys.AddressKeys.of(address).streams[5]
-    for i in range(n):
-        client.xadd(stream, {'h': b'h', 'r': f'r{i}'.encode()})
+from shoal_broker.store import keys
 
 
 def _counted(commands: list[str], k: keys.AddressKeys) -> int:
@@ -86,22 +44,22 @@ def test_a_fetch_skips_the_count_and_the_others_records_while_they_are_idle(
     taken: list[str] = []
     with contextlib.closing(CommandsOn(client, k.streams[5])) as seen:
         for replica in 'aba':  # both keep a record, with free credit
-            assert _fetch(client, address, replica, 1000)[1] == []
-        _publish(client, address, 30)
-        left, ids = _fetch(client, address, 'a', 1000)  # the rule: 15 each, b's reserved
+            assert fetch(client, address, replica, 1000)[1] == []
+        publish(client, address, 30)
+        left, ids = fetch(client, address, 'a', 1000)  # the rule: 15 each, b's reserved
         assert (left, len(ids)) == (15, 15)
         taken += ids
         seen.since_last()
-        left, ids = _fetch(client, address, 'b', 15)  # b takes its 15 with all its credit
+        left, ids = fetch(client, address, 'b', 15)  # b takes its 15 with all its credit
         assert (left, len(ids)) == (0, 15)
         taken += ids
         assert _counted(seen.since_last(), k) > 0  # a has free credit: the rule counted
 
         # b has nothing reserved and no free credit: a takes all there is, uncounted, and
         # writes its own record only
-        _publish(client, address, 10)
+        publish(client, address, 10)
         b_record = client.hget(k.shares(GROUP), 'b')
-        left, ids = _fetch(client, address, 'a', 1000)
+        left, ids = fetch(client, address, 'a', 1000)
         assert (left, len(ids)) == (0, 10)
         taken += ids
         commands = seen.since_last()
@@ -112,8 +70,8 @@ def test_a_fetch_skips_the_count_and_the_others_records_while_they_are_idle(
         assert (consumers, credit, reserved) == (b'1', b'990', b'0')  # as the rule leaves it
 
         # a fetch that takes less than there is: b's share of the rest is the rule's
-        _publish(client, address, 40)
-        left, ids = _fetch(client, address, 'a', 25)
+        publish(client, address, 40)
+        left, ids = fetch(client, address, 'a', 25)
         taken += ids
         assert (left, len(ids)) == (0, 25)  # b idle: a takes its whole credit (the caller
         # fetches again after a full fetch, so what is left past it goes uncounted)
@@ -121,12 +79,12 @@ def test_a_fetch_skips_the_count_and_the_others_records_while_they_are_idle(
 
         # a took its whole credit, so b's fetch takes the fast path too; once b has free
         # credit left, a's next fetch runs the rule again and shares with it
-        left, ids = _fetch(client, address, 'b', 1000)
+        left, ids = fetch(client, address, 'b', 1000)
         taken += ids
         assert (left, len(ids)) == (0, 15)
         assert _counted(seen.since_last(), k) == 0
-        _publish(client, address, 20)
-        left, ids = _fetch(client, address, 'a', 1000)
+        publish(client, address, 20)
+        left, ids = fetch(client, address, 'a', 1000)
         taken += ids
         assert left + len(ids) == 20
         assert 9 <= len(ids) <= 11  # free credit 1 000 against 985
@@ -144,22 +102,11 @@ def test_a_fetch_capped_below_its_credit_counts_what_is_left(store_client: Any) 
     k = keys.AddressKeys.of(address)
     client.xgroup_create(k.streams[5], GROUP, '0', mkstream=True)
     for replica, credit in (('a', 1000), ('b', 0), ('a', 1000)):  # b: no free credit
-        assert _fetch_capped(client, address, replica, 1000, credit)[1] == []
-    _publish(client, address, 30)
-    left, ids = _fetch_capped(client, address, 'a', 20, 1000)
+        assert fetch(client, address, replica, 1000, credit)[1] == []
+    publish(client, address, 30)
+    left, ids = fetch(client, address, 'a', 20, 1000)
     assert (left, len(ids)) == (10, 20)
     consumers, credit, reserved = client.hget(k.shares(GROUP), 'a').split()[:3]
     assert (consumers, credit, reserved) == (b'1', b'970', b'0')
-    left, ids = _fetch_capped(client, address, 'a', 20, 1000)
+    left, ids = fetch(client, address, 'a', 20, 1000)
     assert (left, len(ids)) == (0, 10)
-
-
-def _fetch_capped(
-    client: Any, address: str, replica: str, count: int, credit: int
-) -> tuple[int, list[str]]:
-    k = keys.AddressKeys.of(address)
-    reply = client.eval(
-        scripts.source('fetch'), 17, *fetch_keys(address, GROUP),
-        GROUP, replica, count, '1', 1, credit, k.notify,
-    )  # fmt: skip
-    return int(reply[1]), [reply[i + 1].decode() for i in range(3, len(reply), 8)]
