@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import redis
 
@@ -73,14 +73,16 @@ def private_redis() -> Iterator[redis.Redis]:
             server.wait(10)
 
 
-def fetch_usec(client: redis.Redis, sha: str, groups: int, rounds: int) -> float:
-    """Redis µs per fetch over ``rounds`` rounds of 2 appends and a fetch by each replica."""
-    address = f'bench-{groups}'
+def shared_between_two(
+    client: redis.Redis, sha: str, address: str, other_groups: int = 0
+) -> tuple[keys.AddressKeys, Callable[[str], None]]:
+    """Subscription ``GROUP`` on the address's priority-4 stream (beside ``other_groups``
+    others), served by replicas a and b, whose records a fetch by each has written; returns the
+    address's keys and a fetch by a replica (1 000 credit), with the statistics reset."""
     k = keys.AddressKeys.of(address)
-    stream = k.streams[5]
-    client.xgroup_create(stream, GROUP, '0', mkstream=True)
-    for i in range(groups - 1):
-        client.xgroup_create(stream, f'other-{i}', '0')
+    client.xgroup_create(k.streams[5], GROUP, '0', mkstream=True)
+    for i in range(other_groups):
+        client.xgroup_create(k.streams[5], f'other-{i}', '0')
     script_keys = fetch_keys(address, GROUP)
 
     def fetch(replica: str) -> None:
@@ -90,6 +92,13 @@ def fetch_usec(client: redis.Redis, sha: str, groups: int, rounds: int) -> float
     for replica in 'aba':
         fetch(replica)
     client.config_resetstat()
+    return k, fetch
+
+
+def fetch_usec(client: redis.Redis, sha: str, groups: int, rounds: int) -> float:
+    """Redis µs per fetch over ``rounds`` rounds of 2 appends and a fetch by each replica."""
+    k, fetch = shared_between_two(client, sha, f'bench-{groups}', groups - 1)
+    stream = k.streams[5]
     for _ in range(rounds):
         client.xadd(stream, {'h': b'h', 'r': b'r'})
         client.xadd(stream, {'h': b'h', 'r': b'r'})

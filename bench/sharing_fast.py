@@ -21,9 +21,7 @@ import time
 
 import redis
 
-from shared_fetch import GROUP, private_redis, source
-from shoal_broker.store import keys
-from shoal_broker.store.fetch_command import fetch_keys
+from shared_fetch import GROUP, private_redis, shared_between_two, source
 
 BODY = b'x' * 1024
 IDLE = '1 0 0 0 0 0'
@@ -37,19 +35,8 @@ READ = (
 
 def fetch_usec(client: redis.Redis, sha: str, other: str, entries: int, rounds: int) -> float:
     """Redis µs per fetch by replica a over ``rounds`` rounds, b's record being ``other``."""
-    address = f'bench-{time.monotonic_ns()}'
-    k = keys.AddressKeys.of(address)
+    k, fetch = shared_between_two(client, sha, f'bench-{time.monotonic_ns()}')
     stream = k.streams[5]
-    client.xgroup_create(stream, GROUP, '0', mkstream=True)
-    script_keys = fetch_keys(address, GROUP)
-
-    def fetch(replica: str) -> None:
-        client.evalsha(sha, len(script_keys), *script_keys, GROUP, replica, 1000, '1', 1, 1000,
-                       k.notify)  # fmt: skip
-
-    for replica in 'aba':
-        fetch(replica)
-    client.config_resetstat()
     for _ in range(rounds):
         pipe = client.pipeline(transaction=False)
         for _ in range(entries):
