@@ -16,26 +16,16 @@ usage: python bench/redelay.py [-n 20000] [--size 1024]   (loopback only; stops 
 """
 
 import argparse
-import shutil
-import socket
 import statistics
-import subprocess
-import tempfile
 import time
 from typing import Any
 
-import redis
-
+from shared_fetch import private_redis
 from shoal_broker.store import keys
+from shoal_broker.store.fetch_command import fetch_keys
 from shoal_broker.store.scripts import source
 
 GROUP, CONSUMER = 'queue', 'r1'
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return int(s.getsockname()[1])
 
 
 RESULTS: dict[str, list[float]] = {}
@@ -69,30 +59,13 @@ def main() -> None:
     parser.add_argument('--reps', type=int, default=5)
     args = parser.parse_args()
     n, body = args.n, b'x' * args.size
-    work, port = tempfile.mkdtemp(prefix='shoal-redelay-'), _port()
-    server = subprocess.Popen(
-        ['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
-         '--appendonly', 'no', '--dir', work],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        client = redis.Redis(port=port)
-        for _ in range(100):  # up within 10 s
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
+    with private_redis() as client:
         for _ in range(args.reps):  # interleaved: the machine's load moves them alike
             run(client, n, body)
         print(f'n={n} size={len(body)} reps={args.reps} (median)\n')
         print('| per returned message, or per fetch (an empty stream) | µs in Redis |\n|---|---|')
         for label, values in RESULTS.items():
             print(f'| {label} | {statistics.median(values):.2f} |')
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def run(client: Any, n: int, body: bytes) -> None:
@@ -127,8 +100,8 @@ def run(client: Any, n: int, body: bytes) -> None:
             pipe.xdel(k.streams[0], i)
         pipe.execute()
         for _ in range(n // 500 + 1):
-            client.evalsha(sha['release_due'], 5, k.scheduled, k.scheduled_messages,
-                           *k.streams, k.groups, now + 1, 500, 'queue')  # fmt: skip
+            due_keys = (k.scheduled, k.scheduled_messages, *k.streams, k.groups, k.levels)
+            client.evalsha(sha['release_due'], len(due_keys), *due_keys, now + 1, 500, 'queue')
 
     for label, how, top in (
         ('return at once', at_once, ('hincrby', 'zadd')),
@@ -138,12 +111,13 @@ def run(client: Any, n: int, body: bytes) -> None:
         ids = _pending(client, k, n, body)
         _measure(client, label, n, lambda how=how, ids=ids: how(ids), top)
 
-    fetch_keys = (*k.streams, k.returned(GROUP), k.delivery_counts(GROUP), k.shares(GROUP))
+    script_keys = fetch_keys('bench-redelay', GROUP)
 
     def fetches() -> None:
         pipe = client.pipeline(transaction=False)
         for _ in range(n):
-            pipe.evalsha(sha['fetch'], 5, *fetch_keys, GROUP, CONSUMER, 10, '1', 0, 10, 'ch')
+            pipe.evalsha(sha['fetch'], len(script_keys), *script_keys,
+                         GROUP, CONSUMER, 10, '1', 0, 10, 'ch')  # fmt: skip
         pipe.execute()
 
     ids = _pending(client, k, 1, body)
