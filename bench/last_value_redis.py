@@ -47,13 +47,13 @@ def plain(r: redis.Redis, k: AddressKeys) -> None:
     source = scripts.source('publish')
     for _ in range(CALLS):
         args = [part for _ in range(PER_CALL) for part in (b'h', BODY, '0', '')]
-        r.eval(source, 3, k.streams[0], k.groups, k.watchers, 'queue', '', 'r', *args)
+        r.eval(source, 4, k.streams[0], k.groups, k.watchers, k.levels, 'queue', '', 'r', *args)
 
 
 def last(r: redis.Redis, k: AddressKeys, keys: int | None) -> None:
     source = scripts.source('publish_last')
     script_keys = (k.streams[0], k.groups, k.watchers, k.duplicates, *k.streams, k.last_values,
-                   k.last_value_order)  # fmt: skip
+                   k.last_value_order, k.levels)  # fmt: skip
     n = 0
     for _ in range(CALLS):
         args: list[bytes | str] = []
