@@ -25,6 +25,7 @@ from shoal_broker.settings import BrokerSettings
 from shoal_broker.store import connect, registry
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.replicas import Liveness
+from shoal_broker.store.upkeep import CALLS_PER_PIPELINE
 
 logger = logging.getLogger(__name__)
 
@@ -171,14 +172,16 @@ async def record_metrics(
             broker, backlog, settings.replica_id, int(interval * 1000), idle_too=idle_too,
             figures=figures,
         )  # fmt: skip
+        written = 0
         try:
             owners = await registry.declared_owners(store.client)  # resources declaring them
-            labelled = [registry.labelled(record, owners) for record in batch]
-            await store.upkeep.append_records(
-                [r.to_fields() for r in labelled], settings.store.metrics_stream_length
-            )
+            for start in range(0, len(batch), CALLS_PER_PIPELINE):  # the loop runs in between
+                fields = [registry.labelled(record, owners).to_fields()
+                          for record in batch[start : start + CALLS_PER_PIPELINE]]  # fmt: skip
+                await store.upkeep.append_records(fields, settings.store.metrics_stream_length)
+                written += len(fields)
         except StoreUnavailable as exc:
-            logger.warning('%d metric records lost: %s', len(batch), exc)
+            logger.warning('%d metric records lost: %s', len(batch) - written, exc)
         else:
             figures.wrote(batch)
 

@@ -36,7 +36,7 @@ from shoal_broker.store import calls as calls_
 from shoal_broker.store import connect, keys, layout, scripts
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-_PAGE = 1000
+_PAGE = 100  # a pipeline holds the loop ~10 ms (performance.md#background-work-in-slices)
 _CLUSTER_CONCURRENCY = 32
 """``backlog.lua`` calls in flight at once on a cluster (a pipeline elsewhere)."""
 _BACKLOG_SOURCE = scripts.source('backlog')

@@ -31,6 +31,11 @@ TRIM_STEP_ENTRIES = 1000
 """Entries one trim.lua call may remove (whole stream nodes): ~0.25 ms of Redis for 1 KiB
 messages, where one exact trim of a 100 000-entry backlog held it for 25 ms."""
 
+CALLS_PER_PIPELINE = 100
+"""Metric records, or trim.lua calls, per pipeline: encoding a record's XADD costs the event
+loop ~80 µs, so the records of a thousand entities in one pipeline held every connection's
+traffic for ~160 ms each interval (docs/performance.md#background-work-in-slices)."""
+
 MAX_TRIM_STEPS = 1000
 """Steps per stream and trim pass; what is left waits for the next pass."""
 
@@ -88,10 +93,13 @@ class Upkeep:
                     return await self._scripts.evalsha('trim', stream, (TRIM_STEP_ENTRIES,))
 
             return list(await asyncio.gather(*(trim_one(stream) for stream in streams)))
-        pipe = self._client.pipeline(transaction=False)
-        for stream in streams:
-            pipe.evalsha(self._scripts.sha['trim'], 2, *stream, TRIM_STEP_ENTRIES)
-        return list(await call(pipe.execute()))
+        replies: list[Any] = []
+        for start in range(0, len(streams), CALLS_PER_PIPELINE):
+            pipe = self._client.pipeline(transaction=False)
+            for stream in streams[start : start + CALLS_PER_PIPELINE]:
+                pipe.evalsha(self._scripts.sha['trim'], 2, *stream, TRIM_STEP_ENTRIES)
+            replies += await call(pipe.execute())
+        return replies
 
     async def release_due(self, now_ms: int, limit: int = 500) -> int:
         """Move every due scheduled message into its address's streams; returns how many."""
@@ -112,18 +120,17 @@ class Upkeep:
         """Append metric records to the metrics stream, trimmed to about ``max_length``, and add
         each queue's and named subscription's deliveries to its per-replica total
         (``AddressKeys.delivered``)."""
-        if not records:
-            return
-        pipe = self._client.pipeline(transaction=False)
-        for fields in records:
-            entry: dict[Any, Any] = dict(fields)
-            pipe.xadd(keys.METRICS, entry, maxlen=max_length, approximate=True)
-            delivered = int(fields.get('delivered') or 0)
-            group = fields.get('subscription', '')
-            if delivered and group and group != PRIVATE_LABEL:
-                totals = keys.AddressKeys.of(fields['address']).delivered(group)
-                pipe.hincrby(totals, fields['replica'], delivered)
-        await call(pipe.execute())
+        for start in range(0, len(records), CALLS_PER_PIPELINE):
+            pipe = self._client.pipeline(transaction=False)
+            for fields in records[start : start + CALLS_PER_PIPELINE]:
+                entry: dict[Any, Any] = dict(fields)
+                pipe.xadd(keys.METRICS, entry, maxlen=max_length, approximate=True)
+                delivered = int(fields.get('delivered') or 0)
+                group = fields.get('subscription', '')
+                if delivered and group and group != PRIVATE_LABEL:
+                    totals = keys.AddressKeys.of(fields['address']).delivered(group)
+                    pipe.hincrby(totals, fields['replica'], delivered)
+            await call(pipe.execute())
 
     async def share_backlogs(self, snapshot: str, ttl_ms: int) -> None:
         """Leave the backlog snapshot one replica read for all (``keys.BACKLOGS``); it expires
