@@ -6,6 +6,7 @@ through a proxy in front of each node (``pipelinewatch``)."""
 
 import asyncio
 import hashlib
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -23,7 +24,7 @@ from shoal_broker.store import keys, scripts
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.slices import CALLS_PER_PIPELINE
 
-TRIM = 'EVALSHA ' + hashlib.sha1(scripts.source('trim').encode()).hexdigest()  # noqa: S324
+TRIM = 'EVALSHA ' + hashlib.sha1(scripts.source('trim').encode()).hexdigest()
 APPEND = f'XADD {keys.METRICS}'
 
 
@@ -52,7 +53,8 @@ async def _addresses(store: RedisStore, count: int) -> list[str]:
 async def _consumed(store: RedisStore, name: str, count: int) -> None:
     """``count`` messages on queue ``name``, fetched and acknowledged: for trim to remove."""
     for i in range(count):
-        await store.messages.publish(name, AddressKind.QUEUE, OutgoingMessage(NORMAL_BAND, b'', b'%d' % i, 0))
+        message = OutgoingMessage(NORMAL_BAND, b'', b'%d' % i, 0)
+        await store.messages.publish(name, AddressKind.QUEUE, message)
     for entry in await store.messages.fetch(name, QUEUE_GROUP, count):
         await store.messages.ack(name, QUEUE_GROUP, entry)
 
@@ -133,7 +135,7 @@ async def test_metric_records_are_built_a_slice_at_a_time_with_the_loop_turning_
         await asyncio.gather(task, return_exceptions=True)
         await backlog.close()
     assert [n for _, n in seen] == [CALLS_PER_PIPELINE] * 10
-    assert all(later > earlier for (earlier, _), (later, _) in zip(seen, seen[1:], strict=False))
+    assert all(later > earlier for (earlier, _), (later, _) in itertools.pairwise(seen))
 
 
 async def test_metric_records_are_appended_a_slice_to_a_pipeline(
