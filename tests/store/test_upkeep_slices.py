@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio
 from pipelinewatch import PipelineWatch, cluster_url, watched_cluster
 from processes import RedisServer
+from redisclusters import ClusterGroup
 
 from shoal_broker.amqp.broker import Broker
 from shoal_broker.routing.storage import NORMAL_BAND, QUEUE_GROUP, OutgoingMessage
@@ -76,30 +77,63 @@ async def test_the_trim_pass_sends_pipelines_of_at_most_a_slice(
         await client.aclose()
 
 
-@pytest.mark.timeout(120)
-async def test_on_a_cluster_the_trim_pass_sends_one_slice_at_a_time_to_each_primary() -> None:
+@pytest.fixture(scope='module')
+def watched() -> Iterator[tuple[ClusterGroup, list[PipelineWatch]]]:
+    """A cluster of three primaries, each behind a proxy (a few seconds to start)."""
+    with watched_cluster() as found:
+        yield found
+
+
+@pytest.fixture
+async def cluster_store(
+    watched: tuple[ClusterGroup, list[PipelineWatch]],
+) -> AsyncIterator[RedisStore]:
+    store = RedisStore.from_url(cluster_url(watched[1]), f'replica-{uuid.uuid4().hex[:6]}')
+    await store.start()
+    yield store
+    await store.close()
+
+
+async def test_on_a_cluster_the_trim_pass_sends_one_slice_at_a_time_to_each_primary(
+    cluster_store: RedisStore, watched: tuple[ClusterGroup, list[PipelineWatch]]
+) -> None:
     """Not 16 calls in flight on a node (as before the slices): pipelines of at most
     ``CALLS_PER_PIPELINE`` trim.lua calls on each primary's own connection, one at a time."""
-    with watched_cluster() as (cluster, watches):
-        store = RedisStore.from_url(cluster_url(watches), 'trimming')
-        await store.start()
-        try:
-            names = await _addresses(store, 60)  # 600 streams, ~200 on each primary
-            await _consumed(store, names[0], 5)
-            for watch in watches:
-                watch.reset()
-            assert await store.upkeep.trim() >= 5
-            assert sum(watch.sent[TRIM] for watch in watches) > 600  # and again where it removed
-            for watch in watches:
-                assert watch.deepest[TRIM] == CALLS_PER_PIPELINE, watch.deepest
-                assert watch.widest[TRIM] == 1, watch.widest
-            primary = cluster.client()
-            try:
-                assert primary.xlen(keys.AddressKeys.of(names[0]).streams[5]) == 0
-            finally:
-                primary.close()
-        finally:
-            await store.close()
+    cluster, watches = watched
+    names = await _addresses(cluster_store, 60)  # 600 streams, ~200 on each primary
+    await _consumed(cluster_store, names[0], 5)
+    for watch in watches:
+        watch.reset()
+    assert await cluster_store.upkeep.trim() >= 5
+    assert sum(watch.sent[TRIM] for watch in watches) > 600  # and again where it removed
+    for watch in watches:
+        assert watch.deepest[TRIM] == CALLS_PER_PIPELINE, watch.deepest
+        assert watch.widest[TRIM] == 1, watch.widest
+    client = cluster.client()
+    try:
+        assert client.xlen(keys.AddressKeys.of(names[0]).streams[5]) == 0
+    finally:
+        client.close()
+
+
+async def test_on_a_cluster_metric_records_are_appended_a_slice_to_a_pipeline(
+    cluster_store: RedisStore, watched: tuple[ClusterGroup, list[PipelineWatch]]
+) -> None:
+    watches = watched[1]
+    addresses = [f'records-{uuid.uuid4().hex[:8]}-{n}' for n in range(250)]
+    broker = _broker_with_tallies(cluster_store, addresses)
+    backlog = BacklogSnapshot(cluster_url(watches), 10.0)
+    figures = RecordedFigures(60_000, 10_000)
+    for watch in watches:
+        watch.reset()
+    try:
+        records = metric_records(broker, backlog, 'r1', 1000, figures=figures)
+        assert await write_records(cluster_store, records, 100_000, figures) == 250
+    finally:
+        await backlog.close()
+    assert sum(watch.sent[APPEND] for watch in watches) == 250
+    assert max(watch.deepest[APPEND] for watch in watches) == CALLS_PER_PIPELINE
+    assert max(watch.widest[APPEND] for watch in watches) == 1
 
 
 def _broker_with_tallies(store: RedisStore, addresses: list[str]) -> Broker:
