@@ -17,6 +17,7 @@ from processes import RedisServer
 from redisclusters import ClusterGroup
 
 from shoal_broker.amqp.broker import Broker
+from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.storage import NORMAL_BAND, QUEUE_GROUP, OutgoingMessage
 from shoal_broker.running.backlog import BacklogSnapshot
 from shoal_broker.running.reporting import RecordedFigures, metric_records, write_records
@@ -114,6 +115,26 @@ async def test_on_a_cluster_the_trim_pass_sends_one_slice_at_a_time_to_each_prim
         assert client.xlen(keys.AddressKeys.of(names[0]).streams[5]) == 0
     finally:
         client.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_primary_out_of_reach_fails_the_trim_pass_after_the_others_are_trimmed() -> None:
+    with watched_cluster() as (cluster, watches):
+        store = RedisStore.from_url(cluster_url(watches), 'trimming')
+        await store.start()
+        try:
+            await _addresses(store, 60)
+            # the walk reads the index of addresses: its primary stays in reach (the slot map
+            # names the proxies' ports)
+            index_port = cluster.owner_of_slot(cluster.keyslot(keys.ADDRESSES))
+            gone = next(watch for watch in watches if watch.port != index_port)
+            gone.close()
+            with pytest.raises(StoreUnavailable):
+                await store.upkeep.trim()
+            others = [watch for watch in watches if watch is not gone]
+            assert all(watch.sent[TRIM] >= CALLS_PER_PIPELINE for watch in others)
+        finally:
+            await store.close()
 
 
 async def test_on_a_cluster_metric_records_are_appended_a_slice_to_a_pipeline(

@@ -69,6 +69,10 @@ class PipelineWatch:
             self.sent.clear()
 
     def close(self) -> None:
+        """Stop: no new connection (the shutdown wakes the accepting thread, which a close alone
+        leaves accepting), the open ones cut."""
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self._lock:
             sockets, self._sockets = self._sockets, []

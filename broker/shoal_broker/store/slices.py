@@ -15,8 +15,8 @@ from typing import Any
 
 import redis.asyncio
 
-from shoal_broker.store.calls import call
 from shoal_broker.store.commit_nodes import NOTHING_RAN, NodeClients
+from shoal_broker.store.lane import CONNECTION_ERRORS
 
 CALLS_PER_PIPELINE = 100
 """Metric records, or trim.lua calls, per pipeline: encoding a record's XADD costs the event
@@ -29,8 +29,9 @@ Calls = Sequence[tuple[str, tuple[Any, ...]]]
 
 async def in_slices(nodes: NodeClients, calls: Calls) -> list[Any]:
     """The replies of ``calls``, in order; an error reply (a refusal before the call ran
-    included: ``NOTHING_RAN``) is its exception object, for the caller to judge. A lost
-    connection raises ``StoreUnavailable``."""
+    included: ``NOTHING_RAN``) is its exception object, for the caller to judge. A node whose
+    connection is lost has that error (``CONNECTION_ERRORS``) as the reply of each of its calls
+    not answered, and the other nodes go on."""
     replies: list[Any] = [None] * len(calls)
     by_node: dict[int, tuple[redis.asyncio.Redis, list[int]]] = {}
     for i, (key, _) in enumerate(calls):
@@ -47,7 +48,12 @@ async def in_slices(nodes: NodeClients, calls: Calls) -> list[Any]:
             pipe = client.pipeline(transaction=False)
             for i in chunk:
                 pipe.execute_command(*calls[i][1])
-            answered = await call(pipe.execute(raise_on_error=False))
+            try:
+                answered = await pipe.execute(raise_on_error=False)
+            except CONNECTION_ERRORS as exc:
+                for i in mine[start:]:
+                    replies[i] = exc
+                return
             for i, reply in zip(chunk, answered, strict=True):
                 replies[i] = reply
 

@@ -6,19 +6,21 @@ acknowledgement), moving due scheduled messages into their streams, appending me
 reading Redis's memory, and the backlog limits of addresses (docs/security.md).
 """
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from typing import Any
 
 import redis.asyncio
 import redis.exceptions
 
-from shoal_broker.errors import StoreCommandDenied
+from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
 from shoal_broker.metrics.registry import PRIVATE_LABEL
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import Scripts, as_text, call, on_every_primary
 from shoal_broker.store.commit_nodes import NOTHING_RAN, NodeClients, SingleNode
+from shoal_broker.store.lane import CONNECTION_ERRORS
 from shoal_broker.store.slices import in_slices
 
 TRIM_STEP_ENTRIES = 1000
@@ -78,28 +80,31 @@ class Upkeep:
         """One trim.lua call per stream, in slices (``slices.in_slices``: pipelines of at most
         ``CALLS_PER_PIPELINE`` calls, one at a time per primary). A call Redis refused before
         running it (a slot on the move, a forgotten script) removed nothing: its stream waits
-        for the next pass, on a fresh slot map and with the scripts loaded again."""
+        for the next pass, on a fresh slot map and with the scripts loaded again. A primary
+        lost fails the pass (``StoreUnavailable``) once the others are done, the map asked
+        again for the next one."""
         calls = [
             (stream[0], self._scripts.command('trim', stream, (TRIM_STEP_ENTRIES,)))
             for stream in streams
         ]
-        counts: list[int] = []
-        forgotten = moved = False
-        for reply in await in_slices(self._nodes, calls):
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                forgotten = True
-                counts.append(0)
-            elif isinstance(reply, NOTHING_RAN):
-                moved = True
+        replies = await in_slices(self._nodes, calls)
+        lost = next((r for r in replies if isinstance(r, CONNECTION_ERRORS)), None)
+        moved = lost is not None or any(isinstance(r, NOTHING_RAN) for r in replies)
+        if moved:
+            with contextlib.suppress(*CONNECTION_ERRORS, redis.exceptions.RedisClusterException):
+                await self._nodes.refresh()
+        if lost is not None:
+            raise StoreUnavailable(f'Redis unreachable: {lost or type(lost).__name__}') from lost
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            await call(self._scripts.load())
+        counts = []
+        for reply in replies:
+            if isinstance(reply, (*NOTHING_RAN, redis.exceptions.NoScriptError)):
                 counts.append(0)
             elif isinstance(reply, Exception):
                 raise reply
             else:
                 counts.append(int(reply))
-        if forgotten:
-            await call(self._scripts.load())
-        if moved:
-            await call(self._nodes.refresh())
         return counts
 
     async def release_due(self, now_ms: int, limit: int = 500) -> int:
