@@ -26,6 +26,10 @@ from processes import LOOPBACK, wait_for
 from redisclusters import ClusterGroup
 
 READ_SIZE = 65536
+MAX_CONNECTIONS = 10_000
+"""Connections one proxy forwards at most (a test opens a few dozen)."""
+MAX_READS = 10_000_000
+"""Reads one direction of a connection makes at most (a test's traffic is far less)."""
 
 
 def label(command: list[bytes]) -> str:
@@ -82,7 +86,7 @@ class PipelineWatch:
             sock.close()
 
     def _accept(self) -> None:
-        while True:
+        for _ in range(MAX_CONNECTIONS):
             try:
                 client, _ = self.listener.accept()
             except OSError:
@@ -139,7 +143,7 @@ class PipelineWatch:
 
 
 def _chunks(sock: socket.socket) -> Iterator[bytes]:
-    while True:
+    for _ in range(MAX_READS):
         try:
             data = sock.recv(READ_SIZE)
         except OSError:
