@@ -7,6 +7,7 @@
 #               `redis-cli --cluster create` wants three primaries)
 #   cluster-2   two primaries, the slots in halves; cluster-3: three, in thirds (each node takes
 #               its range with ADDSLOTSRANGE, then CLUSTER MEET joins them; bench/slots.py ranges)
+# Each is started by bench/redis_cluster.sh's cluster_up, as bench/matrix.sh starts its own.
 # The clusters have no replicas: what is measured is CPU per message, and a replica would only
 # add its primary's replication stream and a process of its own to the machine.
 #
@@ -44,6 +45,8 @@ set -euo pipefail
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh"
+# shellcheck source=bench/redis_cluster.sh
+. "$HERE/redis_cluster.sh"
 if [[ ${QUICK:-0} == 1 ]]; then N=${N:-4000}; REPS=${REPS:-1}; WARMUP=${WARMUP:-1000}; fi
 N=${N:-100000}; REPS=${REPS:-3}; WARMUP=${WARMUP:-5000}; ADDRESSES=${ADDRESSES:-16}
 BACKLOG=${BACKLOG:-1000}; SIZE=${SIZE:-1024}; RUN_TIMEOUT=${RUN_TIMEOUT:-120}
@@ -107,40 +110,6 @@ redis_commands() {  # commands the given redis-servers have processed so far, su
   echo "$sum"
 }
 
-cluster_ok() {  # cluster_ok SHARDS PORT...: every node sees the whole cluster, every slot served
-  local shards=$1 port info
-  shift
-  for port in "$@"; do
-    info=$(rcli "$port" CLUSTER INFO 2>/dev/null | tr -d '\r') || return 1
-    grep -qx 'cluster_state:ok' <<< "$info" && grep -qx 'cluster_slots_ok:16384' <<< "$info" \
-      && grep -qx "cluster_known_nodes:$shards" <<< "$info" || return 1
-  done
-}
-
-make_cluster() {  # make_cluster CONFIG: its cluster-enabled redis-servers, each owning one range
-  # of slots, met into one cluster; returns once every node sees every slot served (30 s at most)
-  local c=$1 shards=${SHARDS[$1]} i port bus dir t
-  local -a ranges ports=() buses=()
-  read -r -a ranges < <("$PY" "$HERE/slots.py" ranges "$shards")
-  for ((i = 0; i < shards; i++)); do
-    read -r port bus < <(free_ports 2)
-    dir=$OUT/${NAME[c]}/node-$i
-    mkdir -p "$dir"
-    start_redis "$port" "$dir" --appendonly no --cluster-enabled yes \
-        --cluster-config-file nodes.conf --cluster-port "$bus" || return 1
-    NODE_PIDS[c]+="$REDIS_PID "; NODE_PORTS[c]+="$port "; ports+=("$port"); buses+=("$bus")
-    rcli "$port" CLUSTER SET-CONFIG-EPOCH $((i + 1)) | grep -q OK || return 1
-    rcli "$port" CLUSTER ADDSLOTSRANGE "${ranges[i]%-*}" "${ranges[i]#*-}" | grep -q OK || return 1
-  done
-  for ((i = 1; i < shards; i++)); do
-    rcli "${ports[i]}" CLUSTER MEET 127.0.0.1 "${ports[0]}" "${buses[0]}" | grep -q OK || return 1
-  done
-  URL[c]=redis+cluster://$(printf '127.0.0.1:%s,' "${ports[@]}")
-  URL[c]=${URL[c]%,}
-  for ((t = 0; t < 300; t++)); do cluster_ok "$shards" "${ports[@]}" && return 0; sleep 0.1; done
-  return 1
-}
-
 start_config_broker() {  # start_config_broker CONFIG: 0 once /readyz answers; 1 if the broker
   # exits or is not ready in 30 s
   local c=$1 log=$OUT/${NAME[$1]}/broker.log aport hport t source=()
@@ -164,18 +133,21 @@ broker_said() {  # the broker log's first error line, else its last line
   { grep -m1 -E 'Error|ERROR|CRITICAL|refuse' "$log" || tail -n1 "$log"; } 2>/dev/null | cut -c1-300
 }
 
-start_config() {  # start_config CONFIG: Redis (a server or a cluster), then the broker
-  local c=$1 port
+start_config() {  # start_config CONFIG: Redis (a server or a cluster, redis_cluster.sh's
+  # cluster_up: SHARDS 0 is one plain redis-server), then the broker
+  local c=$1 status=0
   mkdir -p "$OUT/${NAME[c]}"
-  if ((SHARDS[c] == 0)); then
-    read -r port < <(free_ports 1)
-    mkdir -p "$OUT/${NAME[c]}/node-0"
-    start_redis "$port" "$OUT/${NAME[c]}/node-0" --appendonly no \
-      || { fail "$c" "redis-server did not start"; return 0; }
-    NODE_PIDS[c]=$REDIS_PID; NODE_PORTS[c]=$port; URL[c]=redis://127.0.0.1:$port/0
-  else
-    make_cluster "$c" || {
-      fail "$c" "the cluster did not form (see $OUT/${NAME[c]}/node-*/redis.log)"; return 0; }
+  cluster_up "${SHARDS[c]}" "$OUT/${NAME[c]}" || status=$?
+  # the nodes are this configuration's from now on: cluster_up's globals serve the next one
+  NODE_PIDS[c]="${CLUSTER_PIDS[*]}"; NODE_PORTS[c]="${CLUSTER_PORTS[*]}"; URL[c]=$CLUSTER_URL
+  CLUSTER_PIDS=(); CLUSTER_PORTS=(); CLUSTER_URL=""
+  if ((status != 0)); then
+    if ((SHARDS[c] == 0)); then
+      fail "$c" "redis-server did not start"
+    else
+      fail "$c" "the cluster did not form (see $OUT/${NAME[c]}/node-*/redis.log)"
+    fi
+    return 0
   fi
   if start_config_broker "$c"; then
     echo "${NAME[c]}: broker pid ${BPID[c]} on ${URL[c]} (redis-server pids ${NODE_PIDS[c]})"

@@ -22,7 +22,7 @@ from typing import Any
 
 from shared_fetch import private_redis
 from shoal_broker.store import keys
-from shoal_broker.store.fetch_command import fetch_keys
+from shoal_broker.store.fetch_command import fetch_call
 from shoal_broker.store.scripts import source
 
 GROUP, CONSUMER = 'queue', 'r1'
@@ -111,13 +111,12 @@ def run(client: Any, n: int, body: bytes) -> None:
         ids = _pending(client, k, n, body)
         _measure(client, label, n, lambda how=how, ids=ids: how(ids), top)
 
-    script_keys = fetch_keys('bench-redelay', GROUP)
+    script_keys, args = fetch_call('bench-redelay', GROUP, CONSUMER, 10)
 
     def fetches() -> None:
         pipe = client.pipeline(transaction=False)
         for _ in range(n):
-            pipe.evalsha(sha['fetch'], len(script_keys), *script_keys,
-                         GROUP, CONSUMER, 10, '1', 0, 10, 'ch')  # fmt: skip
+            pipe.evalsha(sha['fetch'], len(script_keys), *script_keys, *args)
         pipe.execute()
 
     ids = _pending(client, k, 1, body)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import redis
 
 from shoal_broker.store import keys
-from shoal_broker.store.fetch_command import fetch_keys
+from shoal_broker.store.fetch_command import fetch_call
 
 INCLUDE = '--! include '
 GROUP = 'shared-sub'
@@ -83,11 +83,10 @@ def shared_between_two(
     client.xgroup_create(k.streams[5], GROUP, '0', mkstream=True)
     for i in range(other_groups):
         client.xgroup_create(k.streams[5], f'other-{i}', '0')
-    script_keys = fetch_keys(address, GROUP)
 
     def fetch(replica: str) -> None:
-        client.evalsha(sha, len(script_keys), *script_keys, GROUP, replica, 1000, '1', 1, 1000,
-                       k.notify)  # fmt: skip
+        script_keys, args = fetch_call(address, GROUP, replica, 1000, consumers=1)
+        client.evalsha(sha, len(script_keys), *script_keys, *args)
 
     for replica in 'aba':
         fetch(replica)

@@ -20,6 +20,7 @@ from redisclusters import ClusterGroup
 
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.store import keys, layout, scripts
+from shoal_broker.store.fetch_command import fetch_call
 from shoal_broker.store.replicas import renewal_keys
 
 ADDRESS = 'orders'
@@ -66,12 +67,8 @@ CASES = [
                           A.last_values, A.last_value_order, A.levels),
          ('queue', A.notify, REPLICA, 100, 60_000, 100, 'reject-publish', GROUP, B, *MESSAGE,
           'sID:3', 'sdevice-1')),
-    Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP),
-                   A.levels, A.group_owners(GROUP), A.group_parked(GROUP), A.group_held(GROUP)),
-         (GROUP, REPLICA, 10, '1', 1, 10, A.notify)),
-    Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP),
-                   A.levels, A.group_owners(GROUP), A.group_parked(GROUP), A.group_held(GROUP)),
-         (GROUP, REPLICA, 10, '0', 1, 10, A.notify)),
+    Case('fetch', *fetch_call(ADDRESS, GROUP, REPLICA, 10, consumers=1)),
+    Case('fetch', *fetch_call(ADDRESS, GROUP, REPLICA, 10, consumers=1, read_default=False)),
     Case('browse', (A.streams[B],), (GROUP, '0-0', 10)),
     Case('backlog', (*A.streams, A.levels, A.returned(GROUP)), (GROUP,)),
     Case('notify', (A.watchers,), (A.notify, REPLICA)),
@@ -91,10 +88,7 @@ CASES = [
     Case('trim', (A.streams[B], A.levels), (1000,)),
     # exclusive (single active) consumers: the line, the fetch gated on it, leaving and reaping
     Case('exclusive_join', (A.line(GROUP),), (f'{REPLICA}|c1|rx|1',)),
-    Case('fetch', (*A.streams, A.returned(GROUP), A.delivery_counts(GROUP), A.shares(GROUP),
-                   A.levels, A.group_owners(GROUP), A.group_parked(GROUP), A.group_held(GROUP),
-                   A.line(GROUP)),
-         (GROUP, REPLICA, 10, '1', 0, 10, A.notify, f'{REPLICA}|c1|rx|1')),
+    Case('fetch', *fetch_call(ADDRESS, GROUP, REPLICA, 10, line_member=f'{REPLICA}|c1|rx|1')),
     Case('exclusive_leave', (A.line(GROUP), *A.streams, A.returned(GROUP)),
          (f'{REPLICA}|c1|rx|1', GROUP, REPLICA, A.notify)),
     Case('exclusive_reap', (A.line(GROUP),), ('replica-dead', A.notify)),

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio
 
 from shoal_broker.store import keys, scripts
-from shoal_broker.store.fetch_command import fetch_keys
+from shoal_broker.store.fetch_command import fetch_call
 from shoal_broker.store.groups import drop_keys
 
 GROUP = 'queue'
@@ -46,8 +46,8 @@ class Queue:
 
     async def fetch(self, replica: str, count: int) -> list[tuple[str, str, int]]:
         """(body, group, delivery count) of what ``replica`` is handed, in order."""
-        reply = await self.run('fetch', fetch_keys(self.address, GROUP), GROUP, replica, count,
-                               '1', 0, count, self.k.notify)  # fmt: skip
+        script_keys, args = fetch_call(self.address, GROUP, replica, count)
+        reply = await self.run('fetch', script_keys, *args)
         flat = reply[3:]
         return [
             (flat[i + 3].decode(), flat[i + 7].decode(), int(flat[i + 5]))

@@ -11,6 +11,7 @@ import redis.asyncio
 
 from shoal_broker.routing.redelivery import Backoff
 from shoal_broker.store import keys, scripts
+from shoal_broker.store.fetch_command import fetch_call
 
 GROUP = 'queue'
 
@@ -21,9 +22,9 @@ async def _now_ms(client: redis.asyncio.Redis) -> int:
 
 
 async def _queue_with(
-    client: redis.asyncio.Redis, count: int
+    client: redis.asyncio.Redis, count: int, address: str = ''
 ) -> tuple[keys.AddressKeys, list[str]]:
-    k = keys.AddressKeys.of(f'redelay-{uuid.uuid4().hex[:8]}')
+    k = keys.AddressKeys.of(address or f'redelay-{uuid.uuid4().hex[:8]}')
     await client.xgroup_create(k.streams[5], GROUP, '$', mkstream=True)
     ids = [(await client.xadd(k.streams[5], {'h': b'', 'r': f'm{i}'})).decode()
            for i in range(count)]  # fmt: skip
@@ -72,22 +73,14 @@ async def test_a_crash_reclaim_waits_by_the_count_it_reaches(client: redis.async
 async def test_a_fetch_leaves_a_waiting_entry_and_hands_out_the_rest(
     client: redis.asyncio.Redis,
 ) -> None:
-    k, ids = await _queue_with(client, 1)
+    address = f'redelay-{uuid.uuid4().hex[:8]}'
+    k, ids = await _queue_with(client, 1, address)
     member, field = keys.entry_member(5, ids[0]), keys.entry_field(5, ids[0])
     await _eval(client, 'release_later', (k.returned(GROUP), k.delivery_counts(GROUP)),
                 member, field, '1', 60_000)  # fmt: skip
     await client.xadd(k.streams[5], {'h': b'', 'r': b'behind'})
-    fetch_keys = (
-        *k.streams,
-        k.returned(GROUP),
-        k.delivery_counts(GROUP),
-        k.shares(GROUP),
-        k.levels,
-        k.group_owners(GROUP),
-        k.group_parked(GROUP),
-        k.group_held(GROUP),
-    )
-    reply = await _eval(client, 'fetch', fetch_keys, GROUP, 'r1', 10, '1', 0, 10, 'ch')
+    script_keys, args = fetch_call(address, GROUP, 'r1', 10)
+    reply = await _eval(client, 'fetch', script_keys, *args)
     found, left, wait = reply[:3]  # type: ignore[index]
     entries = reply[3:]  # type: ignore[index]
     assert (found, left) == (0, -1)

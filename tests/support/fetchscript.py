@@ -5,7 +5,7 @@ import uuid
 from typing import Any
 
 from shoal_broker.store import keys, scripts
-from shoal_broker.store.fetch_command import fetch_keys
+from shoal_broker.store.fetch_command import fetch_call
 
 GROUP = 'shared-sub'
 
@@ -39,11 +39,8 @@ def fetch(
 ) -> tuple[int, list[str]]:
     """One fetch by ``replica`` for one consumer, of up to ``count`` entries with ``credit``
     free (``count`` when not given): what it left for others, and the ids it took."""
-    k = keys.AddressKeys.of(address)
-    reply = client.eval(
-        scripts.source('fetch'), 17, *fetch_keys(address, GROUP),
-        GROUP, replica, count, '1', 1, count if credit is None else credit, k.notify,
-    )  # fmt: skip
+    script_keys, args = fetch_call(address, GROUP, replica, count, consumers=1, credit=credit)
+    reply = client.eval(scripts.source('fetch'), len(script_keys), *script_keys, *args)
     return int(reply[1]), [reply[i + 1].decode() for i in range(3, len(reply), 8)]
 
 

@@ -13,6 +13,7 @@ from shoal_broker.routing.storage import Fetched
 from shoal_broker.store import keys
 from shoal_broker.store.calls import Scripts, as_text, call
 from shoal_broker.store.cycles import Cycles
+from shoal_broker.store.fetch_command import fetch_call
 
 __all__ = ['STANDBY', 'Lines', 'gated_fetch', 'standby']
 
@@ -20,19 +21,14 @@ Script = Callable[[str, Sequence[str], Sequence[Any]], tuple[Any, ...]]
 
 
 def gated_fetch(
-    script: Script,
-    script_keys: Sequence[str],
-    k: keys.AddressKeys,
-    group: str,
-    replica: str,
-    count: int,
-    active: str,
+    script: Script, address: str, group: str, replica: str, count: int, active: str
 ) -> tuple[Any, ...]:
     """The fetch of an exclusive entity for the local consumer ``active`` (``fetch.lua``'s
     KEYS[18] and ARGV[8]): granted only while it is first in line, with no sharing between
-    replicas (ARGV[5] 0). ``script_keys``: the plain fetch's seventeen."""
-    args = (group, replica, count, '1', 0, count, k.notify, f'{replica}|{active}')
-    return script('fetch', (*script_keys, k.line(group)), args)
+    replicas (ARGV[5] 0)."""
+    member = f'{replica}|{active}'
+    script_keys, args = fetch_call(address, group, replica, count, line_member=member)
+    return script('fetch', script_keys, args)
 
 
 def standby(reply: Sequence[Any], replica: str) -> Fetched:

@@ -37,7 +37,7 @@ from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.confirming import Confirming
 from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
-from shoal_broker.store.fetch_command import fetch_command, fetch_keys
+from shoal_broker.store.fetch_command import fetch_args, fetch_command
 from shoal_broker.store.groups import drop_command, forget_command
 from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.last_values import LastValues, count_checked, last_op
@@ -364,25 +364,23 @@ class Messages:
         share."""
         k = keys.AddressKeys.of(address)
         subscription = (address, group)
-        sharing = (consumers, credit, k.notify)
         if active:  # exclusive: fetch.lua gates it on the line (routing/exclusive.py)
-            script_keys = fetch_keys(address, group)
-            commands = [
-                gated_fetch(self._script, script_keys, k, group, self._replica_id, count, active)
-            ]
+            commands = [gated_fetch(self._script, address, group, self._replica_id, count, active)]
         elif subscription in self._bulk_fetches and subscription not in self._shared:
             # fetch.lua takes returned entries and other bands; the default one is read directly.
             # The script goes as source: if Redis had forgotten it, a retry would send the
             # XREADGROUP again, stranding what the first one claimed.
+            args = fetch_args(group, self._replica_id, count, consumers=consumers, credit=credit,
+                              notify=k.notify, read_default=False)  # fmt: skip
             commands = [
-                fetch_command(('EVAL', self._scripts.source['fetch']), address, group,
-                              (group, self._replica_id, count, '0', *sharing)),
+                fetch_command(('EVAL', self._scripts.source['fetch']), address, group, args),
                 ('XREADGROUP', 'GROUP', group, self._replica_id, 'COUNT', count,
                  'STREAMS', k.streams[NORMAL_BAND], '>'),
             ]  # fmt: skip
         else:
             head = ('EVALSHA', self._scripts.sha['fetch'])
-            args = (group, self._replica_id, count, '1', *sharing)
+            args = fetch_args(group, self._replica_id, count, consumers=consumers, credit=credit,
+                              notify=k.notify)  # fmt: skip
             commands = [fetch_command(head, address, group, args)]
 
         def finish(replies: list[Any]) -> Fetched:

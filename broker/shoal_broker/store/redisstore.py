@@ -58,10 +58,12 @@ class RedisStore:
         lanes: ClusterLanes | None = None,
         sharded: ShardedNotifications | None = None,
         commits: CommitLog | None = None,
+        nodes: ClusterNodes | None = None,
     ) -> None:
         """``lanes`` and ``sharded``: on Redis Cluster (``client`` a cluster client), the
-        per-message pipelines and the wake-up channels of each primary, and the replica's
-        records of commits over several slots."""
+        per-message pipelines and the wake-up channels of each primary, the replica's
+        records of commits over several slots, and the primaries' plain clients (``nodes``)
+        the background passes send their pipelines on."""
         self._client = client
         self.commits = commits
         self.replica_id = replica_id
@@ -86,7 +88,7 @@ class RedisStore:
         self.lines = Lines(client, self._scripts, self.cycles, replica_id)
         self.upkeep = Upkeep(
             client, self._scripts, backlogs, address_kind=self.registry.address_kind,
-            announce=self.watching.announce,
+            announce=self.watching.announce, nodes=nodes,
         )  # fmt: skip
 
     @classmethod
@@ -125,15 +127,16 @@ class RedisStore:
             cluster, pool_for, PIPELINES_IN_FLIGHT, confirm_timeout_ms=replication_timeout_ms
         )
         sharded = ShardedNotifications(cluster, pool_for, NOTIFICATION_IDLE_SECONDS)
+        nodes = ClusterNodes(cluster, pool_for)  # closed with the commit log
         commits = CommitLog(
-            ClusterNodes(cluster, pool_for), replica_id,
+            nodes, replica_id,
             replicated=durability is Durability.REPLICATED,
             replication_timeout_ms=replication_timeout_ms,
         )  # fmt: skip
         client: Any = cluster  # the commands the store sends are those of a Redis client
         return cls(
             client, replica_id, durability, replication_timeout_ms, lanes=lanes, sharded=sharded,
-            commits=commits,
+            commits=commits, nodes=nodes,
         )  # fmt: skip
 
     @property

@@ -6,35 +6,26 @@ acknowledgement), moving due scheduled messages into their streams, appending me
 reading Redis's memory, and the backlog limits of addresses (docs/security.md).
 """
 
-import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from typing import Any
 
 import redis.asyncio
-import redis.asyncio.cluster
 import redis.exceptions
 
-from shoal_broker.errors import StoreCommandDenied
+from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
 from shoal_broker.metrics.registry import PRIVATE_LABEL
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.calls import (
-    CLUSTER_CALLS_IN_FLIGHT,
-    Scripts,
-    as_text,
-    call,
-    on_every_primary,
-)
+from shoal_broker.store.calls import Scripts, as_text, call, on_every_primary
+from shoal_broker.store.commit_nodes import NOTHING_RAN, NodeClients, SingleNode
+from shoal_broker.store.lane import CONNECTION_ERRORS
+from shoal_broker.store.slices import in_slices
 
 TRIM_STEP_ENTRIES = 1000
 """Entries one trim.lua call may remove (whole stream nodes): ~0.25 ms of Redis for 1 KiB
 messages, where one exact trim of a 100 000-entry backlog held it for 25 ms."""
-
-CALLS_PER_PIPELINE = 100
-"""Metric records, or trim.lua calls, per pipeline: encoding a record's XADD costs the event
-loop ~80 µs, so the records of a thousand entities in one pipeline held every connection's
-traffic for ~160 ms each interval (docs/performance.md#background-work-in-slices)."""
 
 MAX_TRIM_STEPS = 1000
 """Steps per stream and trim pass; what is left waits for the next pass."""
@@ -51,8 +42,11 @@ class Upkeep:
         *,
         address_kind: Callable[[str], Awaitable[AddressKind | None]],
         announce: Callable[[str], Awaitable[None]],
+        nodes: NodeClients | None = None,
     ) -> None:
+        """``nodes``: the primaries' plain clients on a cluster (the one server otherwise)."""
         self._client = client
+        self._nodes = nodes or SingleNode(client)
         self._scripts = scripts
         self._backlogs = backlogs
         self._address_kind = address_kind
@@ -76,30 +70,42 @@ class Upkeep:
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
                     break
-                counts = [int(r) for r in await self._trim_step(streams)]
+                counts = await self._trim_step(streams)
                 removed += sum(counts)
                 streams = [s for s, count in zip(streams, counts, strict=True) if count]
             if not cursor:
                 return removed
 
-    async def _trim_step(self, streams: list[tuple[str, str]]) -> list[Any]:
-        """One trim.lua call per stream: one pipeline, or on a cluster (whose pipelines take no
-        scripts) concurrent calls, each on its stream's node."""
-        if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
-            room = asyncio.Semaphore(CLUSTER_CALLS_IN_FLIGHT)
-
-            async def trim_one(stream: tuple[str, str]) -> Any:
-                async with room:
-                    return await self._scripts.evalsha('trim', stream, (TRIM_STEP_ENTRIES,))
-
-            return list(await asyncio.gather(*(trim_one(stream) for stream in streams)))
-        replies: list[Any] = []
-        for start in range(0, len(streams), CALLS_PER_PIPELINE):
-            pipe = self._client.pipeline(transaction=False)
-            for stream in streams[start : start + CALLS_PER_PIPELINE]:
-                pipe.evalsha(self._scripts.sha['trim'], 2, *stream, TRIM_STEP_ENTRIES)
-            replies += await call(pipe.execute())
-        return replies
+    async def _trim_step(self, streams: list[tuple[str, str]]) -> list[int]:
+        """One trim.lua call per stream, in slices (``slices.in_slices``: pipelines of at most
+        ``CALLS_PER_PIPELINE`` calls, one at a time per primary). A call Redis refused before
+        running it (a slot on the move, a forgotten script) removed nothing: its stream waits
+        for the next pass, on a fresh slot map and with the scripts loaded again. A primary
+        lost fails the pass (``StoreUnavailable``) once the others are done, the map asked
+        again for the next one."""
+        calls = [
+            (stream[0], self._scripts.command('trim', stream, (TRIM_STEP_ENTRIES,)))
+            for stream in streams
+        ]
+        replies = await in_slices(self._nodes, calls)
+        lost = next((r for r in replies if isinstance(r, CONNECTION_ERRORS)), None)
+        moved = lost is not None or any(isinstance(r, NOTHING_RAN) for r in replies)
+        if moved:
+            with contextlib.suppress(*CONNECTION_ERRORS, redis.exceptions.RedisClusterException):
+                await self._nodes.refresh()
+        if lost is not None:
+            raise StoreUnavailable(f'Redis unreachable: {lost or type(lost).__name__}') from lost
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            await call(self._scripts.load())
+        counts = []
+        for reply in replies:
+            if isinstance(reply, (*NOTHING_RAN, redis.exceptions.NoScriptError)):
+                counts.append(0)
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                counts.append(int(reply))
+        return counts
 
     async def release_due(self, now_ms: int, limit: int = 500) -> int:
         """Move every due scheduled message into its address's streams; returns how many."""
@@ -119,18 +125,18 @@ class Upkeep:
     async def append_records(self, records: Sequence[Mapping[str, str]], max_length: int) -> None:
         """Append metric records to the metrics stream, trimmed to about ``max_length``, and add
         each queue's and named subscription's deliveries to its per-replica total
-        (``AddressKeys.delivered``)."""
-        for start in range(0, len(records), CALLS_PER_PIPELINE):
-            pipe = self._client.pipeline(transaction=False)
-            for fields in records[start : start + CALLS_PER_PIPELINE]:
-                entry: dict[Any, Any] = dict(fields)
-                pipe.xadd(keys.METRICS, entry, maxlen=max_length, approximate=True)
-                delivered = int(fields.get('delivered') or 0)
-                group = fields.get('subscription', '')
-                if delivered and group and group != PRIVATE_LABEL:
-                    totals = keys.AddressKeys.of(fields['address']).delivered(group)
-                    pipe.hincrby(totals, fields['replica'], delivered)
-            await call(pipe.execute())
+        (``AddressKeys.delivered``), in one pipeline: the caller hands them in slices
+        (``slices.CALLS_PER_PIPELINE``, ``running/reporting.py``)."""
+        pipe = self._client.pipeline(transaction=False)
+        for fields in records:
+            entry: dict[Any, Any] = dict(fields)
+            pipe.xadd(keys.METRICS, entry, maxlen=max_length, approximate=True)
+            delivered = int(fields.get('delivered') or 0)
+            group = fields.get('subscription', '')
+            if delivered and group and group != PRIVATE_LABEL:
+                totals = keys.AddressKeys.of(fields['address']).delivered(group)
+                pipe.hincrby(totals, fields['replica'], delivered)
+        await call(pipe.execute())
 
     async def share_backlogs(self, snapshot: str, ttl_ms: int) -> None:
         """Leave the backlog snapshot one replica read for all (``keys.BACKLOGS``); it expires
