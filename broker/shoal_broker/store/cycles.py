@@ -30,6 +30,7 @@ from shoal_broker.settings import Durability
 from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
+from shoal_broker.store.bodies import in_multi
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
 from shoal_broker.store.lane import Lane
 from shoal_broker.store.lanes import ClusterLanes, slot_of
@@ -404,17 +405,18 @@ class Cycles:
             # by source, not hash: see _reload_then_retry (Redis caches it by its SHA1)
             backlog = self._backlogs.of(key[1])
             announce = (k.notify, self._replica_id)  # other replicas' consumers, in the script
+            bodies = [body for op in members for body in op.commands]  # store/bodies.py
             if backlog is not None:  # a declared queue's maxMessages, SHOAL_MAX_BACKLOG_PER_ADDRESS
-                script_keys = (k.streams[band], k.groups, *k.streams, k.watchers, k.levels)
-                return [
+                script_keys = (k.streams[band], k.groups, *k.streams, k.watchers, k.levels,
+                               k.body_index, k.bodies)  # fmt: skip
+                return in_multi([
                     ('EVAL', source['publish_limited'], len(script_keys), *script_keys,
                      kind, *backlog, *announce, args)
-                ]  # fmt: skip
-            return [
-                ('EVAL', source['publish'], 4, k.streams[band], k.groups, k.watchers, k.levels,
-                 kind,
-                 *announce, args)
-            ]  # fmt: skip
+                ], bodies)  # fmt: skip
+            return in_multi([
+                ('EVAL', source['publish'], 6, k.streams[band], k.groups, k.watchers, k.levels,
+                 k.body_index, k.bodies, kind, *announce, args)
+            ], bodies)  # fmt: skip
         if key[0] == 'unique':  # by source, as publish; with no limit, '0' and an unread overflow
             _, _, band, kind, count, seconds = key
             unique_keys = (
@@ -437,10 +439,11 @@ class Cycles:
         if key[0] == 'claim':  # by source, as publish
             _, _, band, group, _ = key
             args = quadruples(members)
-            return [
-                ('EVAL', source['publish_claim'], 2, k.streams[band], k.groups, group,
-                 self._replica_id, band, args)
-            ]  # fmt: skip
+            bodies = [body for op in members for body in op.commands]  # store/bodies.py
+            return in_multi([
+                ('EVAL', source['publish_claim'], 4, k.streams[band], k.groups, k.body_index,
+                 k.bodies, group, self._replica_id, band, args)
+            ], bodies)  # fmt: skip
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         # batch_args: (id, counted field or None) pairs, one pair per ack or many (ack_nowait)
         commands: list[tuple[Any, ...]] = [
@@ -455,7 +458,7 @@ class Cycles:
 def _slot(commands: list[tuple[Any, ...]]) -> int:
     """The slot of a unit: that of its first tagged key (``shoal:{<tag>}:...``), else of its
     first command's key."""
-    first = commands[0]
+    first = commands[1] if commands[0][0] == 'MULTI' else commands[0]  # store/bodies.py
     # usually the first command's first key: a script's source or hash and its key count
     # (what stands before a script's first key) are never tagged
     key = first[3] if first[0] in _SCRIPTS and len(first) > 3 else first[1]

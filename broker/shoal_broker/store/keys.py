@@ -140,6 +140,18 @@ class AddressKeys:
         )
 
     @property
+    def bodies(self) -> str:
+        """HASH of the bodies of big messages (``store/bodies.py``): stub id -> the message's
+        bytes after its header, written beside the publish script rather than through it."""
+        return f'{self.tag}:bodies'
+
+    @property
+    def body_index(self) -> str:
+        """ZSET of the big messages' entries, ``'<band>|<padded id>|<stub id>'`` (score 0): a
+        trim drops the bodies of the entries it removed (``lua/drop_bodies.lua``)."""
+        return f'{self.tag}:bodies:at'
+
+    @property
     def levels(self) -> str:
         """SET of the bands other than the default one (priority 4) that were written and not
         trimmed empty since: the bands a fetch reads besides the default one (``fetch.lua``),

@@ -93,6 +93,7 @@ def address_keys(address: str, groups: Iterable[Any]) -> list[str]:
     doomed.append(k.commit_markers)
     doomed.append(k.duplicates)
     doomed += [k.last_values, k.last_value_order]
+    doomed += [k.bodies, k.body_index]  # store/bodies.py
     for raw in groups:
         group = text(raw)
         doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),

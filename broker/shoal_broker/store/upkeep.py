@@ -67,8 +67,8 @@ class Upkeep:
         cursor: int = 0
         while True:
             cursor, batch = await call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
-            streams = [
-                (s, k.levels)
+            streams: list[tuple[str, ...]] = [
+                (s, k.levels, k.body_index, k.bodies)  # bodies: store/bodies.py
                 for k in (keys.AddressKeys.of(as_text(a)) for a in batch)
                 for s in k.streams
                 if s not in skip
@@ -82,13 +82,13 @@ class Upkeep:
             if not cursor:
                 return removed
 
-    async def _trim_step(self, streams: list[tuple[str, str]]) -> list[Any]:
+    async def _trim_step(self, streams: list[tuple[str, ...]]) -> list[Any]:
         """One trim.lua call per stream: one pipeline, or on a cluster (whose pipelines take no
         scripts) concurrent calls, each on its stream's node."""
         if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
             room = asyncio.Semaphore(CLUSTER_CALLS_IN_FLIGHT)
 
-            async def trim_one(stream: tuple[str, str]) -> Any:
+            async def trim_one(stream: tuple[str, ...]) -> Any:
                 async with room:
                     return await self._scripts.evalsha('trim', stream, (TRIM_STEP_ENTRIES,))
 
@@ -97,7 +97,7 @@ class Upkeep:
         for start in range(0, len(streams), CALLS_PER_PIPELINE):
             pipe = self._client.pipeline(transaction=False)
             for stream in streams[start : start + CALLS_PER_PIPELINE]:
-                pipe.evalsha(self._scripts.sha['trim'], 2, *stream, TRIM_STEP_ENTRIES)
+                pipe.evalsha(self._scripts.sha['trim'], len(stream), *stream, TRIM_STEP_ENTRIES)
             replies += await call(pipe.execute())
         return replies
 
