@@ -373,7 +373,7 @@ class Messages(Releasing):
         self, address: str, group: str, count: int, consumers: int = 0, credit: int = 0
     ) -> Awaitable[Fetched]:
         fetch = self._fetch_op(address, group, count, consumers, credit or count)
-        return fetched_with_bodies(address, self._queue, self._queue(*fetch))
+        return asyncio.ensure_future(fetched_with_bodies(address, self._queue, self._queue(*fetch)))
 
     def fetch_then(
         self,
@@ -476,7 +476,9 @@ class Messages(Releasing):
         def finish(replies: list[Any]) -> tuple[Sequence[Entry], BrowseCursor]:
             return browse_page(cursor, replies, count)
 
-        return page_with_bodies(address, self._queue, self._queue(commands, finish))
+        return asyncio.ensure_future(
+            page_with_bodies(address, self._queue, self._queue(commands, finish))
+        )
 
     async def commit(
         self,
