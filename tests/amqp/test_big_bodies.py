@@ -1,37 +1,49 @@
 """
 Big messages (``store/bodies.py``): bodies kept beside the Lua scripts come back whole through a
-queue, a redelivery, a dead-letter, a browse, and no
-body is left in Redis once their messages are consumed or expired.
+queue, a redelivery, a dead-letter, a browse, the management API (browse, move, purge) and a
+topic's subscriptions on two replicas; no body is left in Redis once their messages are
+consumed, moved, purged or expired.
 """
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from amqpclient import Browse, connect, receive_all, receiver, send_all, settle
+from amqpclient import Browse, Capabilities, connect, receive_all, receiver, send_all, settle
+from jmswire import JmsSource
+from mgmtapi import Api, quoted
 from processes import BrokerProcess, wait_for
-from proton import Delivery, Message
+from proton import Delivery, Message, Timeout
 
 from shoal_broker.store import keys
 
 SIZES = (64 * 1024, 1024 * 1024)
-DLQ = 'big-bodies-dlq'
+TOPIC = Capabilities('topic')
+SHARED_DURABLE = JmsSource('topic', 'shared', 'global', durable=True)
 
 
-def body(size: int) -> bytes:
-    seed = uuid.uuid4().bytes
+def body(size: int) -> str:
+    """A text body of ``size`` characters, different each time (text: proton hands a binary
+    body out as a view of its own buffer, which the next delivery may reuse)."""
+    seed = uuid.uuid4().hex
     return (seed * (size // len(seed) + 1))[:size]
 
 
 @pytest.fixture
-def brokers(start_broker: Callable[..., BrokerProcess]) -> list[BrokerProcess]:
+def dlq(address: str) -> str:
+    return f'{address}-dlq'
+
+
+@pytest.fixture
+def brokers(start_broker: Callable[..., BrokerProcess], dlq: str) -> list[BrokerProcess]:
     """Two replicas that trim often and dead-letter a message after two failed attempts."""
     env = {
         'SHOAL_TRIM_INTERVAL_SECONDS': '0.2',
         'SHOAL_MAX_DELIVERY_ATTEMPTS': '2',
-        'SHOAL_DEAD_LETTER_ADDRESS': DLQ,
+        'SHOAL_DEAD_LETTER_ADDRESS': dlq,
     }
     return [start_broker(env=env, replica_id=f'big-{i}-{uuid.uuid4().hex[:6]}') for i in range(2)]
 
@@ -62,13 +74,13 @@ def test_a_big_message_goes_through_a_queue_whole(
     send_all(conn, address, payloads)
     assert bodies_held(store_client, address) == 3
     rcv = receiver(conn, address, credit=5)
-    assert [bytes(m.body) for m in receive_all(rcv, 3)] == payloads
+    assert taken(rcv, 3) == payloads
     conn.close()
     no_bodies_left(store_client, address)
 
 
 def test_a_big_message_is_redelivered_and_dead_lettered_whole(
-    brokers: list[BrokerProcess], store_client: Any, address: str
+    brokers: list[BrokerProcess], store_client: Any, address: str, dlq: str
 ) -> None:
     payload = body(1024 * 1024)
     conn = connect(brokers[0].url)
@@ -76,14 +88,14 @@ def test_a_big_message_is_redelivered_and_dead_lettered_whole(
     rcv = receiver(conn, address, credit=1)
     for attempt in range(2):
         got = rcv.receive(timeout=10)
-        assert bytes(got.body) == payload
+        assert got.body == payload
         assert got.delivery_count == attempt
         settle(rcv, Delivery.MODIFIED, failed=True)
-    dead = receiver(conn, DLQ, credit=1)
+    dead = receiver(conn, dlq, credit=1)
     [got] = receive_all(dead, 1)
-    assert bytes(got.body) == payload
+    assert got.body == payload
     conn.close()
-    no_bodies_left(store_client, address)
+    no_bodies_left(store_client, address, dlq)
 
 
 def test_a_browser_sees_a_big_message_whole(
@@ -94,10 +106,10 @@ def test_a_browser_sees_a_big_message_whole(
     send_all(conn, address, [payload])
     browser = receiver(conn, address, Browse(), credit=5)
     seen = browser.receive(timeout=10)
-    assert bytes(seen.body) == payload
+    assert seen.body == payload
     rcv = receiver(conn, address, credit=1)
     [got] = receive_all(rcv, 1)
-    assert bytes(got.body) == payload
+    assert got.body == payload
     conn.close()
     no_bodies_left(store_client, address)
 
@@ -113,6 +125,63 @@ def test_an_expired_big_message_leaves_no_body(
     time.sleep(0.5)
     rcv = receiver(conn, address, credit=5)
     [got] = receive_all(rcv, 1)
-    assert bytes(got.body) == kept
+    assert got.body == kept
     conn.close()
+    no_bodies_left(store_client, address)
+
+
+def test_the_management_api_shows_moves_and_purges_big_messages_whole(
+    brokers: list[BrokerProcess], store_client: Any, address: str
+) -> None:
+    texts = [body(64 * 1024), body(1024 * 1024), body(64 * 1024)]
+    target, purged = f'{address}-moved', f'{address}-purged'
+    conn = connect(brokers[0].url)
+    send_all(conn, address, texts)
+    send_all(conn, purged, texts[:2])
+    moved = receiver(conn, target, credit=5)  # the target queue exists
+    api = Api(brokers[1])
+    shown = api.get(f'/queues/{quoted(address)}/messages')['messages']
+    assert [(m['body']['kind'], m['body']['size']) for m in shown] == [
+        ('text', len(t)) for t in texts
+    ]
+    assert api.post(f'/queues/{quoted(address)}/move', {'target': target})['moved'] == 3
+    assert api.post(f'/queues/{quoted(purged)}/purge')['purged'] == 2
+    assert taken(moved, 3) == texts
+    conn.close()
+    no_bodies_left(store_client, address, target, purged)
+
+
+def taken(rcv: Any, count: int) -> list[str]:
+    """``count`` bodies, each accepted."""
+    return [m.body for m in receive_all(rcv, count)]
+
+
+def test_a_topics_subscriptions_get_big_messages_whole_on_two_replicas(
+    brokers: list[BrokerProcess], store_client: Any, address: str
+) -> None:
+    """A shared durable subscription with a consumer on each replica and a plain one: each
+    message whole to one consumer of the first and to the second."""
+    conns = [connect(b.url) for b in brokers]
+    shared = [
+        c.create_receiver(address, name=f'{address}|global', credit=10, options=[SHARED_DURABLE])
+        for c in conns
+    ]
+    plain = receiver(conns[0], address, TOPIC, credit=10)
+    payloads = [body(64 * 1024) for _ in range(4)] + [body(1024 * 1024)]
+    send_all(conns[1], address, payloads, TOPIC)
+    assert sorted(taken(plain, len(payloads))) == sorted(payloads)
+    got: list[str] = []
+    for _ in range(200):  # bounded: each turn waits at most a second
+        for rcv in shared:
+            while rcv.fetcher.has_message and len(got) < len(payloads):
+                got.append(rcv.receive(timeout=1).body)
+                rcv.accept()
+        if len(got) == len(payloads):
+            break
+        for c in conns:
+            with contextlib.suppress(Timeout):
+                c.wait(lambda: any(r.fetcher.has_message for r in shared), timeout=0.5)
+    assert sorted(got) == sorted(payloads)
+    for c in conns:
+        c.close()
     no_bodies_left(store_client, address)
