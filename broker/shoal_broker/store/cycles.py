@@ -30,7 +30,7 @@ from shoal_broker.settings import Durability
 from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.bodies import in_multi
+from shoal_broker.store.bodies import body_keys, in_multi
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
 from shoal_broker.store.lane import Lane
 from shoal_broker.store.lanes import ClusterLanes, slot_of
@@ -408,14 +408,14 @@ class Cycles:
             bodies = [body for op in members for body in op.commands]  # store/bodies.py
             if backlog is not None:  # a declared queue's maxMessages, SHOAL_MAX_BACKLOG_PER_ADDRESS
                 script_keys = (k.streams[band], k.groups, *k.streams, k.watchers, k.levels,
-                               k.body_index, k.bodies)  # fmt: skip
+                               k.body_index, *body_keys(bodies))  # fmt: skip
                 return in_multi([
                     ('EVAL', source['publish_limited'], len(script_keys), *script_keys,
                      kind, *backlog, *announce, args)
                 ], bodies)  # fmt: skip
             return in_multi([
-                ('EVAL', source['publish'], 6, k.streams[band], k.groups, k.watchers, k.levels,
-                 k.body_index, k.bodies, kind, *announce, args)
+                ('EVAL', source['publish'], 5 + len(bodies), k.streams[band], k.groups,
+                 k.watchers, k.levels, k.body_index, *body_keys(bodies), kind, *announce, args)
             ], bodies)  # fmt: skip
         if key[0] == 'unique':  # by source, as publish; with no limit, '0' and an unread overflow
             _, _, band, kind, count, seconds = key
@@ -441,8 +441,8 @@ class Cycles:
             args = quadruples(members)
             bodies = [body for op in members for body in op.commands]  # store/bodies.py
             return in_multi([
-                ('EVAL', source['publish_claim'], 4, k.streams[band], k.groups, k.body_index,
-                 k.bodies, group, self._replica_id, band, args)
+                ('EVAL', source['publish_claim'], 3 + len(bodies), k.streams[band], k.groups,
+                 k.body_index, *body_keys(bodies), group, self._replica_id, band, args)
             ], bodies)  # fmt: skip
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         # batch_args: (id, counted field or None) pairs, one pair per ack or many (ack_nowait)

@@ -139,17 +139,16 @@ class AddressKeys:
             tag=tag,
         )
 
-    @property
-    def bodies(self) -> str:
-        """HASH of the bodies of big messages (``store/bodies.py``): stub id -> the message's
-        bytes after its header, written beside the publish script rather than through it."""
-        return f'{self.tag}:bodies'
+    def body(self, stub_id: str) -> str:
+        """STRING: a big message's bytes after its header (``store/bodies.py``), written beside
+        the publish script rather than through it."""
+        return f'{self.tag}:body:{stub_id}'
 
     @property
     def body_index(self) -> str:
         """ZSET of the big messages' entries, ``'<band>|<padded id>|<stub id>'`` (score 0): a
-        trim drops the bodies of the entries it removed (``lua/drop_bodies.lua``)."""
-        return f'{self.tag}:bodies:at'
+        trim finds the bodies of the entries it removed there (``lua/bodies_due.lua``)."""
+        return f'{self.tag}:bodies'
 
     @property
     def levels(self) -> str:

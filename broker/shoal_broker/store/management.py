@@ -121,7 +121,8 @@ class StoreAdmin:
         ids = bodies.stubbed(page.messages)
         if not ids:
             return page
-        found = await _call(self._raw.hmget(keys.AddressKeys.of(address).bodies, ids))
+        k = keys.AddressKeys.of(address)
+        found = await _call(self._raw.mget([k.body(stub_id) for stub_id in ids]))
         shown: list[StoredMessage] = []
         for message in page.messages:
             if bodies.is_stub(message.rest):

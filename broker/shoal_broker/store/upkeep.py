@@ -17,7 +17,7 @@ import redis.exceptions
 from shoal_broker.errors import StoreCommandDenied
 from shoal_broker.metrics.registry import PRIVATE_LABEL
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import keys
+from shoal_broker.store import bodies, keys
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import (
     CLUSTER_CALLS_IN_FLIGHT,
@@ -68,7 +68,7 @@ class Upkeep:
         while True:
             cursor, batch = await call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
             streams: list[tuple[str, ...]] = [
-                (s, k.levels, k.body_index, k.bodies)  # bodies: store/bodies.py
+                (s, k.levels, k.body_index)  # the index: store/bodies.py
                 for k in (keys.AddressKeys.of(as_text(a)) for a in batch)
                 for s in k.streams
                 if s not in skip
@@ -76,11 +76,22 @@ class Upkeep:
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
                     break
-                counts = [int(r) for r in await self._trim_step(streams)]
+                counts = [await self._trimmed(s, r) for s, r in
+                          zip(streams, await self._trim_step(streams), strict=True)]  # fmt: skip
                 removed += sum(counts)
                 streams = [s for s, count in zip(streams, counts, strict=True) if count]
             if not cursor:
                 return removed
+
+    async def _trimmed(self, stream: tuple[str, ...], reply: Any) -> int:
+        """How many entries a trim.lua call removed, having deleted the bodies of the big
+        messages among them it named (``store/bodies.py``), then their index members."""
+        if not isinstance(reply, list):
+            return int(reply)
+        index, members = stream[2], reply[1:]
+        await call(self._client.unlink(*bodies.due_keys(index, members)))
+        await call(self._client.zrem(index, *members))
+        return int(reply[0])
 
     async def _trim_step(self, streams: list[tuple[str, ...]]) -> list[Any]:
         """One trim.lua call per stream: one pipeline, or on a cluster (whose pipelines take no

@@ -2,8 +2,8 @@
 -- the quadruples ARGV[first..] (header, rest, expiry ms or '0', origin or '') to the STREAM
 -- KEYS[1]; returns how many entries were added. With a table ``ids``, each new entry's id is
 -- appended to it. A rest that is a big message's stub (byte 254, then its stub id: the body
--- waits in the address's bodies HASH, store/bodies.py) is indexed in the ZSET ``index``, so
--- that a trim drops the body with the entry (drop_bodies.lua).
+-- waits under its own key, store/bodies.py) is indexed in the ZSET ``index``, so that a trim
+-- finds the body of an entry it removed (bodies_due.lua).
 --! include new_entry_fields
 local function append_entries(first, ids, index)
   local added = 0
@@ -21,12 +21,8 @@ local function append_entries(first, ids, index)
   return added
 end
 
--- The bodies of the quadruples' big messages (above) in the HASH ``bodies``, dropped: the script
--- refused them.
-local function forget_bodies(first, bodies)
-  for i = first, #ARGV, 4 do
-    if string.byte(ARGV[i + 1], 1) == 254 then
-      redis.call('HDEL', bodies, string.sub(ARGV[i + 1], 2))
-    end
-  end
+-- The bodies of the quadruples' big messages (above), KEYS[first..], deleted: the script refused
+-- them.
+local function forget_bodies(first)
+  if #KEYS >= first then redis.call('DEL', unpack(KEYS, first)) end
 end

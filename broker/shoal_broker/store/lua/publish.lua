@@ -4,7 +4,8 @@
 -- KEYS[2] groups   SET subscription names of the address
 -- KEYS[3] watchers HASH of the address (notify_watchers.lua)
 -- KEYS[4] levels   SET of the address's bands in use (mark_band.lua)
--- KEYS[5] index    ZSET of the address's big messages, KEYS[6] bodies HASH (store/bodies.py)
+-- KEYS[5] index    ZSET of the address's big messages, KEYS[6..] the bodies of the big ones among
+--                  the messages (store/bodies.py), deleted when the messages are refused
 -- ARGV[1] kind     'queue' or 'topic'
 -- ARGV[2] channel  the address's notification channel, '' when the caller announces (a commit)
 -- ARGV[3] replica  this replica's id
@@ -17,7 +18,7 @@
 -- longer exists (its group is gone: deleted meanwhile, e.g. a temporary queue).
 --! include append_entries
 if redis.call('SCARD', KEYS[2]) == 0 then
-  forget_bodies(4, KEYS[6])
+  forget_bodies(6)
   if ARGV[1] == 'topic' then return 0 end
   return -1
 end

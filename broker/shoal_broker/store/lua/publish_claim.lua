@@ -4,7 +4,8 @@
 --
 -- KEYS[1] stream   STREAM of the band
 -- KEYS[2] groups   SET subscription names of the address
--- KEYS[3] index    ZSET of the address's big messages, KEYS[4] bodies HASH (store/bodies.py)
+-- KEYS[3] index    ZSET of the address's big messages, KEYS[4..] the bodies of the big ones among
+--                  the messages (store/bodies.py), deleted when the messages are refused
 -- ARGV[1] group    the queue's consumer group
 -- ARGV[2] replica  this replica's id (its consumer in the group)
 -- ARGV[3] band     the band KEYS[1] holds
@@ -19,7 +20,7 @@
 -- back, for a fetch to hand them to their group's owner.
 --! include append_entries
 if redis.call('SCARD', KEYS[2]) == 0 then
-  forget_bodies(4, KEYS[4])
+  forget_bodies(4)
   return -1
 end
 --! include entry_fields

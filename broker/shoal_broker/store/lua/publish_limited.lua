@@ -4,7 +4,9 @@
 -- KEYS[2] groups   SET subscription names of the address
 -- KEYS[3..12] the STREAMs of bands 0..9 (the backlog counts them all)
 -- KEYS[13] watchers HASH of the address (notify_watchers.lua), KEYS[14] levels SET (mark_band.lua)
--- KEYS[15] index ZSET of the address's big messages, KEYS[16] bodies HASH (store/bodies.py)
+-- KEYS[15] index ZSET of the address's big messages, KEYS[16..] the bodies of the big ones among
+--          the messages (store/bodies.py), deleted when the messages are refused (those of
+--          entries trimmed or dropped here go with the next trim: trim.lua)
 -- ARGV[1] kind     'queue' or 'topic'
 -- ARGV[2] limit    entries the address may hold
 -- ARGV[3] overflow 'reject-publish' (refuse the whole batch) or 'drop-oldest' (add, then trim
@@ -16,14 +18,10 @@
 -- queue refused publishes, or dropped new ones, until it ran).
 -- Returns as publish.lua, or -2 when refused as full.
 --! include append_entries
---! include drop_bodies
 if redis.call('SCARD', KEYS[2]) == 0 then
-  forget_bodies(6, KEYS[16])
+  forget_bodies(16)
   if ARGV[1] == 'topic' then return 0 end
   return -1
-end
-local function drop_all_bodies()  -- of entries trimmed or dropped here
-  for b = 0, 9 do drop_bodies(KEYS[b + 3], b, KEYS[15], KEYS[16], 1000) end
 end
 local limit = tonumber(ARGV[2])
 local adding = (#ARGV - 5) / 4
@@ -32,10 +30,9 @@ local adding = (#ARGV - 5) / 4
 local held = backlog_held(3)
 if held + adding > limit then
   for i = 3, 12 do trim_consumed(KEYS[i]) end
-  drop_all_bodies()
   held = backlog_held(3)
   if ARGV[3] == 'reject-publish' and held + adding > limit then
-    forget_bodies(6, KEYS[16])
+    forget_bodies(16)
     return -2
   end
 end
@@ -46,6 +43,5 @@ local added = append_entries(6, nil, KEYS[15])
 mark_band(KEYS[14], KEYS[1])
 local excess = held + adding - limit
 drop_oldest(3, excess)
-if excess > 0 then drop_all_bodies() end
 if ARGV[4] ~= '' then notify_watchers(KEYS[13], ARGV[4], ARGV[5]) end
 return added
