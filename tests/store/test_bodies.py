@@ -145,3 +145,32 @@ async def test_below_the_threshold_a_message_goes_through_the_script(
     assert await held(client, name) == (0, 0)
     [entry] = await big.messages.fetch(name, QUEUE_GROUP, 10)
     assert entry.rest == rest
+
+
+async def test_a_trim_finds_the_bodies_of_entries_deleted_inside_a_stream_it_would_skip(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    """A move deletes entries in place (``manage_remove.lua``); a stream left empty is one the
+    trimmer skips (``running/backlog.py``), but not while its address holds bodies."""
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    for tag in (b'1', b'2'):
+        assert await big.messages.publish(name, AddressKind.QUEUE, msg(big_rest(tag))) is True
+    k = keys.AddressKeys.of(name)
+    for entry_id, _ in await client.xrange(k.streams[NORMAL_BAND]):
+        await client.xdel(k.streams[NORMAL_BAND], entry_id)
+    assert await held(client, name) == (2, 2)
+    await big.upkeep.trim(skip=set(k.streams))
+    assert await held(client, name) == (0, 0)
+    await big.upkeep.trim(skip=set(k.streams))  # nothing more to find: the index is gone
+    assert await held(client, name) == (0, 0)
+
+
+async def test_deleting_an_address_deletes_its_bodies(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    for tag in (b'1', b'2', b'3'):
+        assert await big.messages.publish(name, AddressKind.QUEUE, msg(big_rest(tag))) is True
+    assert await held(client, name) == (3, 3)
+    await big.registry.delete_address(name)
+    assert await held(client, name) == (0, 0)

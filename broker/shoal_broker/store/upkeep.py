@@ -62,16 +62,20 @@ class Upkeep:
         """Trim every address's streams below what its subscriptions still need, in steps of at
         most TRIM_STEP_ENTRIES entries per script call (trim.lua), so that no call holds Redis
         for long; a stream is trimmed again while its last step removed something. ``skip``:
-        streams known to hold nothing to trim (an idle cluster's are most of them)."""
+        streams known to hold nothing to trim (an idle cluster's are most of them), unless their
+        address holds big messages' bodies (``store/bodies.py``): an entry deleted inside a
+        stream (a move) leaves its body for the trim, even when that empties the stream."""
         removed = 0
         cursor: int = 0
         while True:
             cursor, batch = await call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
+            found = [keys.AddressKeys.of(as_text(a)) for a in batch]
+            indexed = await self._indexed(found)
             streams: list[tuple[str, ...]] = [
                 (s, k.levels, k.body_index)  # the index: store/bodies.py
-                for k in (keys.AddressKeys.of(as_text(a)) for a in batch)
+                for k, bodies_held in zip(found, indexed, strict=True)
                 for s in k.streams
-                if s not in skip
+                if bodies_held or s not in skip
             ]
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
@@ -82,6 +86,16 @@ class Upkeep:
                 streams = [s for s, count in zip(streams, counts, strict=True) if count]
             if not cursor:
                 return removed
+
+    async def _indexed(self, found: list[keys.AddressKeys]) -> list[bool]:
+        """Whether each address holds big messages' bodies: one pipeline of ``EXISTS`` (a
+        cluster's pipeline sends each to its node)."""
+        if not found:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for k in found:
+            pipe.exists(k.body_index)
+        return [bool(n) for n in await call(pipe.execute())]
 
     async def _trimmed(self, stream: tuple[str, ...], reply: Any) -> int:
         """How many entries a trim.lua call removed, having deleted the bodies of the big
