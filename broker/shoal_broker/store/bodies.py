@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from shoal_broker.errors import BrokerError
 from shoal_broker.routing.storage import Entry, Fetched
 from shoal_broker.store import keys
+from shoal_broker.store.lane import BULK_HEADS, CRLF, Encoded
 from shoal_broker.store.ops import refusal
 
 STUB = b'\xfe'
@@ -46,7 +47,10 @@ def new_stub() -> tuple[bytes, str]:
 
 
 def body_command(address: str, stub_id: str, rest: bytes) -> tuple[Any, ...]:
-    return ('SET', keys.AddressKeys.of(address).body(stub_id), rest)
+    """The ``SET`` of a body, the body encoded as it goes (``lane.Encoded``): packed by hiredis,
+    a 1 MiB argument was copied three times, 8 % of the broker's CPU at 1 MiB a message."""
+    body = Encoded([BULK_HEADS[len(rest)], rest, CRLF], 1)
+    return ('SET', keys.AddressKeys.of(address).body(stub_id), body)
 
 
 def body_keys(commands: list[tuple[Any, ...]]) -> list[str]:
