@@ -17,7 +17,7 @@ from shoal_broker.settings_duplicates import duplicates_from_env
 from shoal_broker.settings_last_values import LastValueSettings as LastValueSettings
 from shoal_broker.settings_last_values import last_values_from_env
 from shoal_broker.settings_names import *  # the ENV_* names, re-exported
-from shoal_broker.settings_names import env_flag
+from shoal_broker.settings_names import env_flag, env_size
 
 
 class AddressKind(enum.StrEnum):
@@ -435,7 +435,7 @@ class BrokerSettings:
                 # sends held through a store outage
                 hold_seconds=float(env.get(ENV_STORE_HOLD, d.store.hold_seconds)),
                 hold_max_bytes=int(env.get(ENV_STORE_HOLD_BYTES, d.store.hold_max_bytes)),
-                big_message_bytes=int(env.get(ENV_BIG_MESSAGE, d.store.big_message_bytes)),
+                big_message_bytes=env_size(env, ENV_BIG_MESSAGE, d.store.big_message_bytes),
             ),
             security=_security_from_env(env, d.security),
             duplicates=duplicates_from_env(env, d.duplicates),

@@ -175,3 +175,13 @@ def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if value.lower() in ('0', 'false', 'no', 'off'):
         return False
     raise ValueError(f'{name} must be true or false, not {value!r}')
+
+
+def env_size(env: Mapping[str, str], name: str, default: int) -> int:
+    """A byte count: a whole number, 0 or more."""
+    value = env.get(name)
+    if value is None:
+        return default
+    if not value.strip().isdigit():
+        raise ValueError(f'{name} must be a whole number of bytes, 0 or more, not {value!r}')
+    return int(value)

@@ -270,6 +270,12 @@ def test_other_bad_values_are_value_errors(variable: str, value: str) -> None:
         BrokerSettings.from_env({variable: value})
 
 
+@pytest.mark.parametrize('value', ['-1', '32k', '', '1.5'])
+def test_a_bad_big_message_size_is_an_error_naming_the_variable(value: str) -> None:
+    with pytest.raises(ValueError, match='SHOAL_BIG_MESSAGE_BYTES'):
+        BrokerSettings.from_env({'SHOAL_BIG_MESSAGE_BYTES': value})
+
+
 # -- the command line -------------------------------------------------------------------------
 
 
