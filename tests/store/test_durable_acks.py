@@ -16,6 +16,7 @@ import pytest
 import redis
 from processes import LOOPBACK, RedisServer, wait_for
 
+from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
@@ -166,3 +167,41 @@ async def test_a_fetch_no_replica_confirmed_is_delivered_once_one_does(
     assert error is None
     assert [e.rest for e in fetched] == [b'body']  # type: ignore[attr-defined]
     assert store.messages.confirming.waiting == 0
+
+
+async def test_a_fetch_whose_socket_is_lost_before_a_replica_confirms_it_is_never_delivered(
+    store: RedisStore, primary_and_replica: tuple[RedisServer, RedisServer]
+) -> None:
+    """A fetch waiting for a replica whose socket is lost between two probes fails: the next
+    probe goes out on another socket, after a failover to a new primary that may never have had
+    the claim, so a replica confirming it says nothing of the fetch. The recovery returns the
+    entry, counted."""
+    primary, replica = primary_and_replica
+    name = f'acks-{uuid.uuid4().hex[:8]}'
+    await store.registry.create_address(name, AddressKind.QUEUE)
+    message = OutgoingMessage(band=0, header=b'', rest=b'body', expiry_ms=0)
+    assert await store.messages.publish(name, AddressKind.QUEUE, message) is True
+    answers: list[tuple[object, object]] = []
+    lane = store.cycles.lane
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    try:
+        store.messages.fetch_then(name, QUEUE_GROUP, 10, lambda f, e: answers.append((f, e)))
+        # between two probes (none in flight), the store's sockets are killed: a blocking call,
+        # so no probe goes out before it is done
+        assert await _until(lambda: store.messages.confirming.waiting == 1 and not lane.in_flight,
+                            5)  # fmt: skip
+        killer = redis.Redis(host=LOOPBACK, port=primary.port)
+        try:
+            assert killer.client_kill_filter(_type='normal', skip_me=True) >= 1
+        finally:
+            killer.close()
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    assert await _until(lambda: bool(answers), 10)
+    ((fetched, error),) = answers
+    assert fetched is None
+    assert isinstance(error, StoreUnavailable), error
+    assert store.messages.confirming.waiting == 0
+    assert await store.messages.return_stranded(name, QUEUE_GROUP, set()) == 1
+    (entry,) = await store.messages.fetch(name, QUEUE_GROUP, 10)
+    assert (entry.rest, entry.delivery_count) == (b'body', 1)

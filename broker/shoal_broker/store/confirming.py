@@ -14,7 +14,11 @@ entries delivered. Meanwhile the subscription does not fetch again (its fetch is
 and producers are held for the same reason, so consumers only miss what was stored before.
 
 A probe whose connection failed answers the fetch ``StoreUnavailable``: the entries were never
-delivered, and the subscription's recovery returns those still pending (``stranded.py``). Past
+delivered, and the subscription's recovery returns those still pending (``stranded.py``). So does
+a probe that another socket answered (``Op.carrier``): the fetch's was lost between two probes,
+and the next one went to whatever primary the pool found, a new one after a failover, which may
+never have had the claim; its replica confirming would deliver entries that the new primary
+still hands out as unread. Past
 ``confirm_seconds`` (``SHOAL_STORE_HOLD_SECONDS``) with no replica, the entries are delivered
 unconfirmed, as before: consumers do not stall for longer than producers are held.
 """
@@ -23,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from shoal_broker.errors import BrokerError, StoreUnconfirmed
+from shoal_broker.errors import BrokerError, StoreUnavailable, StoreUnconfirmed
 from shoal_broker.routing.storage import Fetched
 from shoal_broker.store import keys
 from shoal_broker.store.cycles import Cycles
@@ -58,19 +62,34 @@ class Confirming:
             if error is None and fetched and op.unconfirmed and self.confirm_seconds > 0:
                 self.waiting += 1
                 loop = self._cycles.loop or asyncio.get_running_loop()
-                self._probe(address, fetched, callback, loop.time(), FIRST_PAUSE_SECONDS)
+                self._probe(address, fetched, callback, loop.time(), FIRST_PAUSE_SECONDS,
+                            op.carrier)  # fmt: skip
             else:
                 callback(fetched, error)
 
         return answered
 
     def _probe(
-        self, address: str, fetched: Fetched, callback: FetchCallback, since: float, pause: float
+        self,
+        address: str,
+        fetched: Fetched,
+        callback: FetchCallback,
+        since: float,
+        pause: float,
+        carrier: int,
     ) -> None:
         def probed(_: object, error: BrokerError | None) -> None:
             loop = self._cycles.loop or asyncio.get_running_loop()
             waited = loop.time() - since
-            if error is None:
+            if probe.carrier != carrier and not self._cycles.closed:
+                # another socket answered: the one that claimed the entries is gone, and with
+                # it, after a failover, maybe the claim; a replica of this primary confirms
+                # nothing about it
+                self.waiting -= 1
+                callback(None, StoreUnavailable(
+                    'the connection that fetched the entries was lost before a Redis replica '
+                    'confirmed them'))  # fmt: skip
+            elif error is None:
                 self.waiting -= 1
                 callback(fetched, None)
             elif not isinstance(error, StoreUnconfirmed) or self._cycles.closed:
@@ -86,7 +105,7 @@ class Confirming:
                 callback(fetched, None)
             else:
                 loop.call_later(pause, self._probe, address, fetched, callback, since,
-                                min(MAX_PAUSE_SECONDS, pause * 2))  # fmt: skip
+                                min(MAX_PAUSE_SECONDS, pause * 2), carrier)  # fmt: skip
 
         groups = keys.AddressKeys.of(address).groups  # the address's slot: the fetch's node
         probe = Op([('EXISTS', groups)], _nothing, None, callback=probed)

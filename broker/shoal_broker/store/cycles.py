@@ -41,6 +41,7 @@ from shoal_broker.store.ops import (
     Op,
     Tokens,
     Unit,
+    carried,
     fail,
     is_noscript,
     quadruples,
@@ -229,6 +230,8 @@ class Cycles:
 
         def answered(replies: list[Any] | None, error: BaseException | None) -> None:
             self._in_flight.pop(number, None)
+            if waits:  # the socket these replies came on (Lane.serial)
+                carried(ops, self.lane.serial)
             self._answered(ops, units, replies, error, waits=waits, started=started)
 
         self._in_flight[number] = ops
@@ -300,9 +303,11 @@ class Cycles:
             return
         if any(unit.confirm for unit in lane_units):
             confirmed, replies = replies[-1], replies[:-1]
+            waited = [op for unit in lane_units if unit.confirm for op in unit.context[1]]
+            carried(waited, lane_units[0].carrier)  # one pipeline's units: one socket
             if not (isinstance(confirmed, int) and confirmed >= 1):
                 self._warn_unconfirmed()
-                unconfirmed([op for unit in lane_units if unit.confirm for op in unit.context[1]])
+                unconfirmed(waited)
         self._settle_units(settling, replies)
         for address in {op.notify for op in members if op.notify and op.notify_local}:
             self._notify_local(address)

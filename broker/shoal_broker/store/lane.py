@@ -26,6 +26,7 @@ it while it sat idle (``Lane._fresh_connection``).
 
 import asyncio
 import collections
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -50,6 +51,8 @@ Answer = Callable[[list[Any] | None, BaseException | None], None]
 READ_SIZE = 256 * 1024
 WRITE_HIGH_WATER = 1024 * 1024
 """Bytes buffered for Redis past which ``send_then`` waits for the socket to drain."""
+
+_SERIALS = itertools.count(1)
 
 
 class Encoded:
@@ -128,6 +131,12 @@ class Lane:
         self._was_lost = False
         self.reconnects = 0
         """Pipelines written on a fresh connection after one was lost (a metric)."""
+        self._transport: Any = None
+        self.serial = 0
+        """The number of the socket pipelines go out on, unique in this process. Read in an
+        answer, it is that of the socket the replies came on: replies are answered only while
+        their socket is the lane's. A fetch's entries wait for a replica's confirmation on the
+        socket that claimed them (``confirming.py``)."""
 
     @property
     def in_flight(self) -> int:
@@ -160,6 +169,9 @@ class Lane:
             if writer.is_closing():
                 raise redis.exceptions.ConnectionError('the Redis connection is closing')
             transport = writer.transport
+            if transport is not self._transport:
+                self._transport = transport
+                self.serial = next(_SERIALS)
             if not isinstance(transport.get_protocol(), _Receiver):
                 transport.set_protocol(_Receiver(self, conn, transport.get_protocol()))
             writer.write(packed)

@@ -93,6 +93,8 @@ class Unit:
     answered alone."""
     context: Any = None
     """The sender's own, for ``answer`` to tell its units apart."""
+    carrier: int = 0
+    """The socket (``Lane.serial``) whose pipeline answered it last."""
 
 
 def answer_one(unit: Unit, replies: list[Any] | None, error: BaseException | None) -> None:
@@ -233,6 +235,9 @@ class ClusterLanes:
         def answered(replies: list[Any] | None, error: BaseException | None) -> None:
             if error is None:
                 REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
+                if confirm:
+                    for unit in units:
+                        unit.carrier = lane.serial
             self._answered(units, replies, error, plain=plain, confirm=confirm)
 
         try:

@@ -10,7 +10,7 @@ them all (``Tokens``), so the cost per message stays a few list appends.
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis.exceptions
@@ -59,6 +59,9 @@ class Op:
     durable: bool = False
     """An ack in ``replicated`` durability (``acks.py``): its pipeline waits for a replica, and
     one not confirmed in time is answered ``StoreUnconfirmed`` (then sent again)."""
+    carrier: int = 0
+    """The socket (``Lane.serial``) whose pipeline answered a ``confirmed`` or ``durable`` op, in
+    ``replicated`` durability: a fetch's confirmation counts on that socket only."""
 
     def done(self) -> bool:
         return self.answered or (self.future is not None and self.future.done())
@@ -158,6 +161,13 @@ def unreachable(ops: list[Op], exc: BaseException) -> None:
     for op in ops:
         if not op.done():
             fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
+
+
+def carried(ops: Iterable[Op], serial: int) -> None:
+    """Note the socket that answered the ops a replica is to confirm (``Op.carrier``)."""
+    for op in ops:
+        if op.confirmed or op.durable:
+            op.carrier = serial
 
 
 def unconfirmed(ops: list[Op]) -> None:
