@@ -25,7 +25,7 @@ from shoal_broker.errors import BrokerError
 from shoal_broker.routing.storage import Entry, Fetched
 from shoal_broker.store import keys
 from shoal_broker.store.lane import BULK_HEADS, CRLF, Encoded
-from shoal_broker.store.ops import refusal
+from shoal_broker.store.ops import Op, refusal
 
 STUB = b'\xfe'
 """The first byte of a stub (254): never the first byte of a stored rest."""
@@ -84,6 +84,17 @@ def in_multi(commands: list[tuple[Any, ...]], bodies: list[tuple[Any, ...]]) -> 
     if not bodies:
         return commands
     return [('MULTI',), *bodies, *commands, ('EXEC',)]
+
+
+def with_bodies(
+    members: Sequence[Op], script: str, script_keys: tuple[str, ...], args: tuple[Any, ...]
+) -> list[Any]:
+    """A publishing script's command (``EVAL``, by source) for merged ops ``members``, with the
+    bodies of their big messages: the bodies' keys last among its KEYS (the script deletes them
+    if it refuses the messages), their ``SET``s ahead of it in one ``MULTI``."""
+    bodies = [body for op in members for body in op.commands]
+    every_key = (*script_keys, *body_keys(bodies))
+    return in_multi([('EVAL', script, len(every_key), *every_key, *args)], bodies)
 
 
 def script_replies(replies: list[Any]) -> list[Any]:

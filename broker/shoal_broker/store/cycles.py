@@ -30,7 +30,7 @@ from shoal_broker.settings import Durability
 from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.bodies import body_keys, in_multi
+from shoal_broker.store.bodies import with_bodies
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
 from shoal_broker.store.lane import Lane
 from shoal_broker.store.lanes import ClusterLanes, slot_of
@@ -410,18 +410,13 @@ class Cycles:
             # by source, not hash: see _reload_then_retry (Redis caches it by its SHA1)
             backlog = self._backlogs.of(key[1])
             announce = (k.notify, self._replica_id)  # other replicas' consumers, in the script
-            bodies = [body for op in members for body in op.commands]  # store/bodies.py
             if backlog is not None:  # a declared queue's maxMessages, SHOAL_MAX_BACKLOG_PER_ADDRESS
                 script_keys = (k.streams[band], k.groups, *k.streams, k.watchers, k.levels,
-                               k.body_index, *body_keys(bodies))  # fmt: skip
-                return in_multi([
-                    ('EVAL', source['publish_limited'], len(script_keys), *script_keys,
-                     kind, *backlog, *announce, args)
-                ], bodies)  # fmt: skip
-            return in_multi([
-                ('EVAL', source['publish'], 5 + len(bodies), k.streams[band], k.groups,
-                 k.watchers, k.levels, k.body_index, *body_keys(bodies), kind, *announce, args)
-            ], bodies)  # fmt: skip
+                               k.body_index)  # fmt: skip
+                return with_bodies(members, source['publish_limited'], script_keys,
+                                   (kind, *backlog, *announce, args))  # fmt: skip
+            script_keys = (k.streams[band], k.groups, k.watchers, k.levels, k.body_index)
+            return with_bodies(members, source['publish'], script_keys, (kind, *announce, args))
         if key[0] == 'unique':  # by source, as publish; with no limit, '0' and an unread overflow
             _, _, band, kind, count, seconds = key
             unique_keys = (
@@ -444,11 +439,9 @@ class Cycles:
         if key[0] == 'claim':  # by source, as publish
             _, _, band, group, _ = key
             args = quadruples(members)
-            bodies = [body for op in members for body in op.commands]  # store/bodies.py
-            return in_multi([
-                ('EVAL', source['publish_claim'], 3 + len(bodies), k.streams[band], k.groups,
-                 k.body_index, *body_keys(bodies), group, self._replica_id, band, args)
-            ], bodies)  # fmt: skip
+            script_keys = (k.streams[band], k.groups, k.body_index)
+            return with_bodies(members, source['publish_claim'], script_keys,
+                               (group, self._replica_id, band, args))  # fmt: skip
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         # batch_args: (id, counted field or None) pairs, one pair per ack or many (ack_nowait)
         commands: list[tuple[Any, ...]] = [
