@@ -12,11 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from amqpclient import Browse, Capabilities, connect, receive_all, receiver, send_all, settle
 from jmswire import JmsSource
 from mgmtapi import Api, quoted
-from processes import BrokerProcess, wait_for
+from processes import BrokerProcess, RedisServer, wait_for
 from proton import Delivery, Message, Timeout
+from proton.utils import SendException
 
 from shoal_broker.store import keys
 
@@ -185,3 +187,30 @@ def test_a_topics_subscriptions_get_big_messages_whole_on_two_replicas(
     for c in conns:
         c.close()
     no_bodies_left(store_client, address)
+
+
+def test_replicated_accepts_a_big_message_once_a_replica_has_its_body(address: str) -> None:
+    """``SHOAL_DURABILITY=replicated``: the body's ``SET`` goes in the publish's ``MULTI``,
+    before the pipeline's ``WAIT``, so an accepted message's body is on the replica too."""
+    primary = RedisServer()
+    replica = RedisServer(None, '--replicaof', '127.0.0.1', str(primary.port))
+    b = BrokerProcess(primary.url, env={'SHOAL_DURABILITY': 'replicated'})
+    try:
+        payload = body(1024 * 1024)
+        conn = connect(b.url)
+        snd = conn.create_sender(address)
+        for attempt in range(50):  # the replica's first sync may take a moment
+            try:
+                snd.send(Message(body=payload, durable=True))
+                break
+            except SendException:
+                assert attempt < 49
+        copy = redis.Redis(port=replica.port)
+        assert bodies_held(copy, address) == 1  # there once accepted: no wait
+        copy.close()
+        assert taken(receiver(conn, address, credit=1), 1) == [payload]
+        conn.close()
+    finally:
+        b.stop()
+        replica.stop()
+        primary.stop()
