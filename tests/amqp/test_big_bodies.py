@@ -19,6 +19,7 @@ from mgmtapi import Api, quoted
 from processes import BrokerProcess, RedisServer, wait_for
 from proton import Delivery, Message, Timeout
 from proton.utils import SendException
+from txnclient import Controller, accept_in, send_in
 
 from shoal_broker.store import keys
 
@@ -214,3 +215,24 @@ def test_replicated_accepts_a_big_message_once_a_replica_has_its_body(address: s
         b.stop()
         replica.stop()
         primary.stop()
+
+
+def test_a_transaction_sends_a_big_message_whole_and_acks_a_stored_one(
+    brokers: list[BrokerProcess], store_client: Any, address: str
+) -> None:
+    """A transaction's sends keep their bodies in the commit's script; its acks settle entries
+    stored beside, whose bodies go with the next trims."""
+    stored, sent = body(1024 * 1024), body(64 * 1024)
+    target = f'{address}-txn'
+    conn = connect(brokers[0].url)
+    send_all(conn, address, [stored])
+    controller = Controller(conn)
+    txn = controller.declare()
+    rcv = receiver(conn, address, credit=1)
+    assert rcv.receive(timeout=10).body == stored
+    accept_in(rcv, txn)
+    send_in(conn, conn.create_sender(target), txn, sent)
+    assert controller.discharge(txn, fail=False).remote_state == Delivery.ACCEPTED
+    assert taken(receiver(conn, target, credit=1), 1) == [sent]
+    conn.close()
+    no_bodies_left(store_client, address, target)
