@@ -35,6 +35,7 @@ SENTINEL_CORE += tests/amqp/test_priority_levels.py
 SENTINEL_CORE += tests/amqp/test_message_groups.py
 SENTINEL_CORE += tests/store/test_shared_fetch_lua.py
 SENTINEL_CORE += tests/store/test_sharing_fast_path.py
+SENTINEL_CORE += tests/amqp/test_big_bodies.py
 test-sentinel: venv node-deps
 	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
 

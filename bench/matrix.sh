@@ -181,6 +181,7 @@ row_c() {
     shoal_up 1
     load "c shoal ${size} B" "${APORTS[0]}" "${BPIDS[0]}" -a 'mxc-{run}' -n "$n" --size "$size" \
         --max-backlog "$backlog"
+    redis_stats "c shoal redis ${size} B"
     shoal_down
     peer || continue
     rabbit_up

@@ -118,6 +118,7 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
     # and an acknowledgement is sent again as long (replicated durability: store/acks.py)
     store.messages.acks.confirm_seconds = settings.store.hold_seconds
     store.messages.confirming.confirm_seconds = settings.store.hold_seconds  # and a fetch
+    store.messages.big_body_bytes = settings.store.big_message_bytes or sys.maxsize  # bodies.py
     await store.start()
     await store.check_durability()
     store.upkeep.limit_backlog(

@@ -17,7 +17,7 @@ from shoal_broker.settings_duplicates import duplicates_from_env
 from shoal_broker.settings_last_values import LastValueSettings as LastValueSettings
 from shoal_broker.settings_last_values import last_values_from_env
 from shoal_broker.settings_names import *  # the ENV_* names, re-exported
-from shoal_broker.settings_names import env_flag
+from shoal_broker.settings_names import env_flag, env_size
 
 
 class AddressKind(enum.StrEnum):
@@ -42,11 +42,6 @@ class Durability(enum.StrEnum):
     REPLICATED = 'replicated'
     """Acknowledged by at least one Redis replica (``WAIT 1``) before the accept: losing the
     primary loses nothing accepted once a replica is promoted."""
-
-
-class LogFormat(enum.StrEnum):
-    TEXT = 'text'
-    JSON = 'json'
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -191,6 +186,10 @@ class StoreSettings:
     hold_max_bytes: int = 64 * 1024 * 1024
     """Bound on the bytes of messages held at once (their encoded sections); a message that
     would pass it is rejected at once like one held too long."""
+
+    big_message_bytes: int = 32 * 1024
+    """A message whose bytes after its header reach this keeps its body out of Redis's Lua
+    scripts (``store/bodies.py``; docs/performance.md#big-bodies); 0: none does."""
 
 
 class ClientAuth(enum.StrEnum):
@@ -436,6 +435,7 @@ class BrokerSettings:
                 # sends held through a store outage
                 hold_seconds=float(env.get(ENV_STORE_HOLD, d.store.hold_seconds)),
                 hold_max_bytes=int(env.get(ENV_STORE_HOLD_BYTES, d.store.hold_max_bytes)),
+                big_message_bytes=env_size(env, ENV_BIG_MESSAGE, d.store.big_message_bytes),
             ),
             security=_security_from_env(env, d.security),
             duplicates=duplicates_from_env(env, d.duplicates),

@@ -4,7 +4,14 @@ contract with the Kubernetes operator, which renders them into the broker's pod;
 true-or-false one is read (``env_flag``).
 """
 
+import enum
 from collections.abc import Mapping
+
+
+class LogFormat(enum.StrEnum):
+    TEXT = 'text'
+    JSON = 'json'
+
 
 ENV_LISTEN = 'SHOAL_LISTEN'
 ENV_HTTP = 'SHOAL_HTTP'
@@ -40,6 +47,7 @@ ENV_METRICS_STREAM_LENGTH = 'SHOAL_METRICS_STREAM_LENGTH'
 ENV_METRICS_HEARTBEAT = 'SHOAL_METRICS_HEARTBEAT_SECONDS'
 ENV_BACKLOG_REFRESH = 'SHOAL_BACKLOG_REFRESH_SECONDS'
 ENV_REPLICATION_TIMEOUT = 'SHOAL_REPLICATION_TIMEOUT_MS'
+ENV_BIG_MESSAGE = 'SHOAL_BIG_MESSAGE_BYTES'
 ENV_SHUTDOWN_GRACE = 'SHOAL_SHUTDOWN_GRACE_SECONDS'
 ENV_ALLOW_ANONYMOUS = 'SHOAL_ALLOW_ANONYMOUS'
 ENV_USERS_FILE = 'SHOAL_USERS_FILE'
@@ -87,6 +95,7 @@ __all__ = [
     'ENV_AUTO_CREATE_TOPICS',
     'ENV_BACKLOG_OVERFLOW',
     'ENV_BACKLOG_REFRESH',
+    'ENV_BIG_MESSAGE',
     'ENV_DATA_DIR',
     'ENV_DEAD_LETTER_ADDRESS',
     'ENV_DECLARED_SUBSCRIPTIONS_ONLY',
@@ -153,6 +162,7 @@ __all__ = [
     'ENV_TRACING_SAMPLE_RATIO',
     'ENV_TRIM_INTERVAL',
     'ENV_USERS_FILE',
+    'LogFormat',
 ]
 
 
@@ -165,3 +175,13 @@ def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if value.lower() in ('0', 'false', 'no', 'off'):
         return False
     raise ValueError(f'{name} must be true or false, not {value!r}')
+
+
+def env_size(env: Mapping[str, str], name: str, default: int) -> int:
+    """A byte count: a whole number, 0 or more."""
+    value = env.get(name)
+    if value is None:
+        return default
+    if not value.strip().isdigit():
+        raise ValueError(f'{name} must be a whole number of bytes, 0 or more, not {value!r}')
+    return int(value)

@@ -36,6 +36,10 @@ B = keys.BANDS - 5
 """The default priority's band (4), which the single-priority fast paths serve."""
 MESSAGE = (b'\x00Sp\xc0\x01\x00', b'\x00Sw\xa1\x02hi', '0', '')
 """One message as the publishing scripts take it: header, rest, expiry, origin."""
+BIG = (MESSAGE[0], b'\xfe' + b'0' * 32, '0', '')
+"""A big message as they take it: its rest a stub (store/bodies.py), indexed by the script."""
+BODY_A, BODY_T = A.body('0' * 32), T.body('0' * 32)
+"""Its body's key, which the script deletes if it refuses the message."""
 
 
 @dataclass(frozen=True)
@@ -55,11 +59,15 @@ CASES = [
     Case('create_group', (*A.streams, A.groups), (GROUP, '0')),
     Case('create_group', (*T.streams, T.groups), (SUBSCRIPTION, '$')),
     # the message path
-    Case('publish', (A.streams[B], A.groups, A.watchers, A.levels),
-         ('queue', A.notify, REPLICA, *MESSAGE)),
-    Case('publish_limited', (A.streams[B], A.groups, *A.streams, A.watchers, A.levels),
-         ('queue', 100, 'reject-publish', A.notify, REPLICA, *MESSAGE)),
-    Case('publish_claim', (A.streams[B], A.groups), (GROUP, REPLICA, 0, *MESSAGE)),
+    Case('publish', (A.streams[B], A.groups, A.watchers, A.levels, A.body_index, BODY_A),
+         ('queue', A.notify, REPLICA, *MESSAGE, *BIG)),
+    Case('publish', (T.streams[B], T.groups, T.watchers, T.levels, T.body_index, BODY_T),
+         ('topic', T.notify, REPLICA, *BIG)),
+    Case('publish_limited', (A.streams[B], A.groups, *A.streams, A.watchers, A.levels,
+                             A.body_index, BODY_A),
+         ('queue', 1, 'drop-oldest', A.notify, REPLICA, *MESSAGE, *BIG)),
+    Case('publish_claim', (A.streams[B], A.groups, A.body_index, BODY_A),
+         (GROUP, REPLICA, 0, *MESSAGE, *BIG)),
     Case('publish_unique', (A.streams[B], A.groups, A.watchers, A.duplicates, *A.streams,
                             A.levels),
          ('queue', A.notify, REPLICA, 100, 60_000, 100, 'reject-publish', *MESSAGE, 'sID:1')),
@@ -85,7 +93,7 @@ CASES = [
          (GROUP, 'replica-dead', 0, 100, '1', 200, 2.0, 86_400_000)),
     Case('release_later', (A.returned(GROUP), A.delivery_counts(GROUP)),
          ('0|000000000000001-0000000000', '0|1-0', '1', 200)),
-    Case('trim', (A.streams[B], A.levels), (1000,)),
+    Case('trim', (A.streams[B], A.levels, A.body_index), (1000,)),
     # exclusive (single active) consumers: the line, the fetch gated on it, leaving and reaping
     Case('exclusive_join', (A.line(GROUP),), (f'{REPLICA}|c1|rx|1',)),
     Case('fetch', *fetch_call(ADDRESS, GROUP, REPLICA, 10, line_member=f'{REPLICA}|c1|rx|1')),

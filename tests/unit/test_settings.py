@@ -60,6 +60,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     'SHOAL_BACKLOG_REFRESH_SECONDS': ('2.5', 'store.backlog_refresh_seconds', 2.5),
     'SHOAL_DURABILITY': ('fsync', 'store.durability', Durability.FSYNC),
     'SHOAL_REPLICATION_TIMEOUT_MS': ('250', 'store.replication_timeout_ms', 250),
+    'SHOAL_BIG_MESSAGE_BYTES': ('65536', 'store.big_message_bytes', 65536),
     'SHOAL_SHUTDOWN_GRACE_SECONDS': ('3', 'shutdown_grace_seconds', 3.0),
     'SHOAL_CONNECTION_DRAIN_SECONDS': ('0.5', 'connection_drain_seconds', 0.5),
     # security and limits (docs/security.md)
@@ -267,6 +268,12 @@ def test_a_bad_boolean_is_an_error_naming_the_variable(variable: str, value: str
 def test_other_bad_values_are_value_errors(variable: str, value: str) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - cli.main reports any ValueError
         BrokerSettings.from_env({variable: value})
+
+
+@pytest.mark.parametrize('value', ['-1', '32k', '', '1.5'])
+def test_a_bad_big_message_size_is_an_error_naming_the_variable(value: str) -> None:
+    with pytest.raises(ValueError, match='SHOAL_BIG_MESSAGE_BYTES'):
+        BrokerSettings.from_env({'SHOAL_BIG_MESSAGE_BYTES': value})
 
 
 # -- the command line -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from shoal_broker.settings import Durability
 from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import keys
 from shoal_broker.store.backlogs import BacklogLimits
+from shoal_broker.store.bodies import with_bodies
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
 from shoal_broker.store.lane import Lane
 from shoal_broker.store.lanes import ClusterLanes, slot_of
@@ -410,16 +411,12 @@ class Cycles:
             backlog = self._backlogs.of(key[1])
             announce = (k.notify, self._replica_id)  # other replicas' consumers, in the script
             if backlog is not None:  # a declared queue's maxMessages, SHOAL_MAX_BACKLOG_PER_ADDRESS
-                script_keys = (k.streams[band], k.groups, *k.streams, k.watchers, k.levels)
-                return [
-                    ('EVAL', source['publish_limited'], len(script_keys), *script_keys,
-                     kind, *backlog, *announce, args)
-                ]  # fmt: skip
-            return [
-                ('EVAL', source['publish'], 4, k.streams[band], k.groups, k.watchers, k.levels,
-                 kind,
-                 *announce, args)
-            ]  # fmt: skip
+                script_keys = (k.streams[band], k.groups, *k.streams, k.watchers, k.levels,
+                               k.body_index)  # fmt: skip
+                return with_bodies(members, source['publish_limited'], script_keys,
+                                   (kind, *backlog, *announce, args))  # fmt: skip
+            script_keys = (k.streams[band], k.groups, k.watchers, k.levels, k.body_index)
+            return with_bodies(members, source['publish'], script_keys, (kind, *announce, args))
         if key[0] == 'unique':  # by source, as publish; with no limit, '0' and an unread overflow
             _, _, band, kind, count, seconds = key
             unique_keys = (
@@ -442,10 +439,9 @@ class Cycles:
         if key[0] == 'claim':  # by source, as publish
             _, _, band, group, _ = key
             args = quadruples(members)
-            return [
-                ('EVAL', source['publish_claim'], 2, k.streams[band], k.groups, group,
-                 self._replica_id, band, args)
-            ]  # fmt: skip
+            script_keys = (k.streams[band], k.groups, k.body_index)
+            return with_bodies(members, source['publish_claim'], script_keys,
+                               (group, self._replica_id, band, args))  # fmt: skip
         _, _, band, group = key  # ack: one XACK for all ids, one HDEL for the counted ones
         # batch_args: (id, counted field or None) pairs, one pair per ack or many (ack_nowait)
         commands: list[tuple[Any, ...]] = [
@@ -460,7 +456,7 @@ class Cycles:
 def _slot(commands: list[tuple[Any, ...]]) -> int:
     """The slot of a unit: that of its first tagged key (``shoal:{<tag>}:...``), else of its
     first command's key."""
-    first = commands[0]
+    first = commands[1] if commands[0][0] == 'MULTI' else commands[0]  # store/bodies.py
     # usually the first command's first key: a script's source or hash and its key count
     # (what stands before a script's first key) are never tagged
     key = first[3] if first[0] in _SCRIPTS and len(first) > 3 else first[1]

@@ -139,6 +139,17 @@ class AddressKeys:
             tag=tag,
         )
 
+    def body(self, stub_id: str) -> str:
+        """STRING: a big message's bytes after its header (``store/bodies.py``), written beside
+        the publish script rather than through it."""
+        return f'{self.tag}:body:{stub_id}'
+
+    @property
+    def body_index(self) -> str:
+        """ZSET of the big messages' entries, ``'<band>|<padded id>|<stub id>'`` (score 0): a
+        trim finds the bodies of the entries it removed there (``lua/bodies_due.lua``)."""
+        return f'{self.tag}:bodies'
+
     @property
     def levels(self) -> str:
         """SET of the bands other than the default one (priority 4) that were written and not

@@ -23,7 +23,7 @@ from typing import Any
 
 import redis.asyncio
 
-from shoal_broker.store import keys
+from shoal_broker.store import bodies, keys
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ def address_keys(address: str, groups: Iterable[Any]) -> list[str]:
     doomed.append(k.commit_markers)
     doomed.append(k.duplicates)
     doomed += [k.last_values, k.last_value_order]
+    doomed.append(k.body_index)  # and the bodies it names (delete_address, store/bodies.py)
     for raw in groups:
         group = text(raw)
         doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),
@@ -106,6 +107,7 @@ async def delete_address(client: 'redis.asyncio.Redis', run: Run, address: str) 
     k = keys.AddressKeys.of(address)
     entry = await client.hget(keys.ADDRESSES, address)
     groups = await client.smembers(k.groups)
+    await delete_bodies(client, k.body_index)
     kind, epoch = await run('delete_address', (k.meta, *address_keys(address, groups)), ())
     if kind and epoch:
         forgotten = address_entry(text(kind), text(epoch))
@@ -114,6 +116,23 @@ async def delete_address(client: 'redis.asyncio.Redis', run: Run, address: str) 
     else:
         return
     await run('index_forget', (keys.ADDRESSES,), (address, forgotten))
+
+
+async def delete_bodies(client: 'redis.asyncio.Redis', index: str) -> None:
+    """Delete the bodies of big messages an index names (``store/bodies.py``), a page at a time,
+    each page's bodies before its members. A message published between the last page and the
+    address's deletion keeps its body: a publish to an address being deleted."""
+    for _ in range(MAX_BODY_PAGES):
+        members = await client.zrange(index, 0, BODY_PAGE - 1)
+        if not members:
+            return
+        await client.unlink(*bodies.due_keys(index, members))
+        await client.zrem(index, *members)
+
+
+BODY_PAGE = 1000
+MAX_BODY_PAGES = 10_000
+"""Bounds on ``delete_bodies``: 10 million bodies, more than any Redis holds."""
 
 
 # -- named subscriptions ----------------------------------------------------------------------

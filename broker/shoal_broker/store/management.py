@@ -23,7 +23,7 @@ import redis.asyncio
 import redis.exceptions
 
 from shoal_broker.errors import StoreUnavailable
-from shoal_broker.store import calls, connect, keys, scripts
+from shoal_broker.store import bodies, calls, connect, keys, scripts
 from shoal_broker.store.registry import Registry
 
 PAGE_SCAN_BOUND = 10_000
@@ -115,7 +115,25 @@ class StoreAdmin:
 
     async def page(self, address: str, group: str, cursor: str | None, count: int) -> Page:
         """Up to ``count`` messages of the group not consumed yet, after ``cursor``: band by
-        band, priority 9 first, each oldest first."""
+        band, priority 9 first, each oldest first; big ones with their bodies
+        (``store/bodies.py``), so a move or a retry copies the whole message."""
+        page = await self._page(address, group, cursor, count)
+        ids = bodies.stubbed(page.messages)
+        if not ids:
+            return page
+        k = keys.AddressKeys.of(address)
+        found = await _call(self._raw.mget([k.body(stub_id) for stub_id in ids]))
+        shown: list[StoredMessage] = []
+        for message in page.messages:
+            if bodies.is_stub(message.rest):
+                body = found.pop(0)
+                if body is None:  # its entry was deleted meanwhile
+                    continue
+                message = dataclasses.replace(message, rest=bytes(body))
+            shown.append(message)
+        return Page(shown, page.cursor)
+
+    async def _page(self, address: str, group: str, cursor: str | None, count: int) -> Page:
         band, after = parse_cursor(cursor)
         k = keys.AddressKeys.of(address)
         found: list[StoredMessage] = []

@@ -8,14 +8,16 @@ and the return of stranded entries are direct calls: rare, and atomic on their o
 """
 
 import asyncio
+import dataclasses
 import logging
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio
 
-from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull, next_retry_pause
+from shoal_broker.errors import AddressNotFound, BrokerError, StoreFull
 from shoal_broker.routing.storage import (
     NORMAL_BAND,
     BrowseCursor,
@@ -32,6 +34,14 @@ from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
 from shoal_broker.store.acks import Acks
 from shoal_broker.store.backlogs import BacklogLimits
+from shoal_broker.store.bodies import (
+    body_command,
+    fetched_with_bodies,
+    new_stub,
+    page_with_bodies,
+    resolving,
+    script_replies,
+)
 from shoal_broker.store.calls import Scripts
 from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.confirming import Confirming
@@ -43,6 +53,7 @@ from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
 from shoal_broker.store.last_values import LastValues, count_checked, last_op
 from shoal_broker.store.lines import STANDBY, gated_fetch, standby
 from shoal_broker.store.ops import Op, Tokens, no_result
+from shoal_broker.store.releasing import Releasing
 from shoal_broker.store.replies import browse_page, entries_of, new_entries, replica_is_ready
 from shoal_broker.store.stranded import return_stranded
 from shoal_broker.store.transactions import Transactions
@@ -67,7 +78,7 @@ connection, so the cache is cleared when it fills rather than grown."""
 Announce = Callable[[str], Awaitable[None]]
 
 
-class Messages:
+class Messages(Releasing):
     """Implements ``routing.storage.MessagePort``."""
 
     def __init__(
@@ -84,8 +95,11 @@ class Messages:
         replication_timeout_ms: int = 1000,
         commits: CommitLog | None = None,
         duplicates: DuplicateWindows | None = None,
+        big_body_bytes: int = 0,
     ) -> None:
         self._client = client
+        self.big_body_bytes = big_body_bytes or sys.maxsize
+        """Rests this long or longer are stored beside the publish script (``bodies.py``)."""
         self.duplicates = duplicates or DuplicateWindows()
         self.last_values = LastValues()
         self.transactions = Transactions(
@@ -169,10 +183,20 @@ class Messages:
         # this cycle's op for the address and band takes the message, if it answers the same
         # callback (written out here: this runs once per message)
         if batched is not None and batched.callback is callback:
+            if len(message.rest) >= self.big_body_bytes:  # its body beside the script (bodies.py)
+                message = self._stubbed(address, message, batched.commands)
             batched.args += self._encoded(message)
             batched.tokens.append(token)
             return
         self._queue_publish(address, kind, message, None, callback, token)
+
+    def _stubbed(
+        self, address: str, message: OutgoingMessage, commands: list[tuple[Any, ...]]
+    ) -> OutgoingMessage:
+        """``message`` with a stub for its rest, whose body ``commands`` gain (``bodies.py``)."""
+        stub, stub_id = new_stub()
+        commands.append(body_command(address, stub_id, message.rest))
+        return dataclasses.replace(message, rest=stub)
 
     def _queue_publish(
         self,
@@ -185,15 +209,19 @@ class Messages:
     ) -> None:
         """A new publish op; one with a ``callback`` stays open for the cycle (``publish_then``)."""
         key = ('publish', address, message.band, kind)  # kind: a StrEnum, a str
+        bodies: list[tuple[Any, ...]] = []
+        if len(message.rest) >= self.big_body_bytes:
+            message = self._stubbed(address, message, bodies)
         args = list(self._encoded(message))
         if callback is None:  # a later message for the same key must not overtake this one
             self._open_publishes.pop(key, None)
 
         def finish(replies: list[Any]) -> bool:
-            self._refused(address, replies[0])
-            return bool(replies[0])
+            reply = script_replies(replies)[0]
+            self._refused(address, reply)
+            return bool(reply)
 
-        self._open_op(key, args, finish, future, callback, token)
+        self._open_op(key, args, finish, future, callback, token, bodies)
 
     def _open_op(
         self,
@@ -203,14 +231,18 @@ class Messages:
         future: asyncio.Future[bool] | None,
         callback: PublishCallback[Any] | None,
         token: Any,
+        bodies: list[tuple[Any, ...]] | None = None,
     ) -> None:
         """Queues a publish op (batched by ``key``); one with a ``callback`` stays open for the
-        cycle, its arguments growing with the cycle's later messages (``publish_then``)."""
+        cycle, its arguments growing with the cycle's later messages (``publish_then``), its
+        commands with their bodies (``bodies.py``)."""
         answer = None
+        commands = bodies or []
         if callback is not None:
             answer = self._open_publishes[key] = Tokens(callback, token, args)
+            answer.commands = commands
         # notify None: the publishing scripts wake other replicas themselves
-        self._enqueue(Op([], finish, future, None, False, key, args, answer))
+        self._enqueue(Op(commands, finish, future, None, False, key, args, answer))
         self._wake()
 
     def _refused(self, address: str, reply: Any) -> None:  # a publish script's -1 or -2
@@ -296,6 +328,9 @@ class Messages:
         # the callback in the key: ops never share a script unless one Tokens answers them all
         key = ('claim', address, message.band, group, callback)
         batched = self._open_publishes.get(key)
+        bodies = batched.commands if batched is not None else []
+        if len(message.rest) >= self.big_body_bytes:
+            message = self._stubbed(address, message, bodies)
         if batched is not None:
             batched.args += self._encoded(message)
             batched.tokens.append(token)
@@ -303,7 +338,7 @@ class Messages:
         args = list(self._encoded(message))
 
         def finish(replies: list[Any]) -> tuple[list[str], list[Entry]]:
-            head = replies[0]
+            head = script_replies(replies)[0]
             if head == -1:
                 self._kinds.pop(address, None)
                 raise AddressNotFound(f'{address!r} no longer exists')
@@ -311,7 +346,10 @@ class Messages:
             return [raw.decode() for raw in head[1 : count + 1]], entries_of(head, count + 1)
 
         answer = self._open_publishes[key] = Tokens(callback, token, args)
-        self._enqueue(Op([], finish, None, None, False, key, args, answer))
+        answer.commands = bodies
+        # the entries read ahead may be big ones' stubs (bodies.py)
+        callback_ = resolving(address, self._queue, answer, lambda result: result and result[1])
+        self._enqueue(Op(bodies, finish, None, None, False, key, args, callback_))
         self._wake()
 
     def schedule(self, address: str, message: OutgoingMessage, due_ms: int) -> Awaitable[bool]:
@@ -334,7 +372,8 @@ class Messages:
     def fetch(
         self, address: str, group: str, count: int, consumers: int = 0, credit: int = 0
     ) -> Awaitable[Fetched]:
-        return self._queue(*self._fetch_op(address, group, count, consumers, credit or count))
+        fetch = self._fetch_op(address, group, count, consumers, credit or count)
+        return asyncio.ensure_future(fetched_with_bodies(address, self._queue, self._queue(*fetch)))
 
     def fetch_then(
         self,
@@ -349,6 +388,7 @@ class Messages:
         commands, finish = self._fetch_op(address, group, count, consumers, credit or count, active)
         op = Op(commands, finish, None, None, False, None, (), None, confirmed=True)
         durable = self.acks.durable  # replicated: delivered once a replica has the claims
+        callback = resolving(address, self._queue, callback)  # big ones' bodies (bodies.py)
         op.callback = self.confirming.answer(op, address, callback) if durable else callback
         self._enqueue(op)
         self._wake()
@@ -422,45 +462,6 @@ class Messages:
             lazy=True,
         )
 
-    async def _give_back(
-        self, address: str, group: str, entries: list[Entry], releases: list[Awaitable[None]]
-    ) -> None:
-        """See that the releases ``_fetch_op`` queued for new entries a fetch in bulk read beside
-        returned or other bands' ones are done. A refusal is tried again with a growing pause, as
-        ``Broker.release`` does: the entries are pending on this replica, and nothing else would
-        return them while it lives."""
-        pause = 0.0
-        while True:
-            try:  # in one cycle, in order; a release already done is only done again
-                await asyncio.gather(*releases)
-                return
-            except BrokerError as exc:
-                if self._cycles.closed:  # pending on a replica that stops: reclaimed like a crash's
-                    return
-                pause = next_retry_pause(pause)
-                logger.warning('returning %d entries to %s/%s failed (%s); again in %.2f s',
-                               len(entries), address, group, exc, pause)  # fmt: skip
-                await asyncio.sleep(pause)
-                releases = [self.release(address, group, e, delivery_failed=False) for e in entries]
-
-    def release(
-        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, delay_ms: int = 0
-    ) -> Awaitable[None]:
-        k = keys.AddressKeys.of(address)
-        member = keys.entry_member(entry.band, entry.id)
-        field = keys.entry_field(entry.band, entry.id)
-        if delay_ms:  # due on Redis's clock, which fetch.lua reads (release_later.lua)
-            script_keys = (k.returned(group), k.delivery_counts(group))
-            args = (member, field, int(delivery_failed), delay_ms)
-            return self._queue([self._script('release_later', script_keys, args)], no_result,
-                               notify=address, notify_local=True)  # fmt: skip
-        commands: list[tuple[Any, ...]] = []
-        if delivery_failed:
-            # count first: a replica fetching between the two commands must see the new count
-            commands.append(('HINCRBY', k.delivery_counts(group), field, 1))
-        commands.append(('ZADD', k.returned(group), 0, member))
-        return self._queue(commands, lambda r: None, notify=address, notify_local=True)
-
     def browse(
         self, address: str, group: str, cursor: BrowseCursor, count: int
     ) -> Awaitable[tuple[Sequence[Entry], BrowseCursor]]:
@@ -473,7 +474,9 @@ class Messages:
         def finish(replies: list[Any]) -> tuple[Sequence[Entry], BrowseCursor]:
             return browse_page(cursor, replies, count)
 
-        return self._queue(commands, finish)
+        return asyncio.ensure_future(
+            page_with_bodies(address, self._queue, self._queue(commands, finish))
+        )
 
     async def commit(
         self,

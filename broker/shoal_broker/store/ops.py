@@ -93,7 +93,7 @@ class Tokens:
     callback that answers them all: one op per address and band per cycle, not one per message
     (an op, its finisher and its settling were ~2 µs per message; a callback per message ~1 µs)."""
 
-    __slots__ = ('args', 'callback', 'tokens')
+    __slots__ = ('args', 'callback', 'commands', 'tokens')
 
     def __init__(
         self, callback: PublishCallback[Any] | ClaimCallback[Any], token: Any, args: list[Any]
@@ -103,6 +103,8 @@ class Tokens:
         self.args = args
         """The op's ``batch_args``: each message's four script arguments (header, rest, expiry
         and origin), encoded as PARTS_PER_MESSAGE parts (``Messages._encoded``)."""
+        self.commands: list[tuple[Any, ...]] = []
+        """The op's ``commands``: the bodies of its big messages (``store/bodies.py``)."""
 
     def __call__(self, value: Any, error: BrokerError | None) -> None:
         self.callback(self.tokens, value, error)

@@ -16,7 +16,7 @@ import redis.exceptions
 from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
 from shoal_broker.metrics.registry import PRIVATE_LABEL
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import keys
+from shoal_broker.store import bodies, keys
 from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.calls import Scripts, as_text, call, on_every_primary
 from shoal_broker.store.commit_nodes import NOTHING_RAN, NodeClients, SingleNode
@@ -56,33 +56,59 @@ class Upkeep:
         """Trim every address's streams below what its subscriptions still need, in steps of at
         most TRIM_STEP_ENTRIES entries per script call (trim.lua), so that no call holds Redis
         for long; a stream is trimmed again while its last step removed something. ``skip``:
-        streams known to hold nothing to trim (an idle cluster's are most of them)."""
+        streams known to hold nothing to trim (an idle cluster's are most of them), unless their
+        address holds big messages' bodies (``store/bodies.py``): an entry deleted inside a
+        stream (a move) leaves its body for the trim, even when that empties the stream."""
         removed = 0
         cursor: int = 0
         while True:
             cursor, batch = await call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
-            streams = [
-                (s, k.levels)
-                for k in (keys.AddressKeys.of(as_text(a)) for a in batch)
+            found = [keys.AddressKeys.of(as_text(a)) for a in batch]
+            indexed = await self._indexed(found)
+            streams: list[tuple[str, ...]] = [
+                (s, k.levels, k.body_index)  # the index: store/bodies.py
+                for k, bodies_held in zip(found, indexed, strict=True)
                 for s in k.streams
-                if s not in skip
+                if bodies_held or s not in skip
             ]
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
                     break
-                counts = await self._trim_step(streams)
+                counts = [await self._trimmed(s, r) for s, r in
+                          zip(streams, await self._trim_step(streams), strict=True)]  # fmt: skip
                 removed += sum(counts)
                 streams = [s for s, count in zip(streams, counts, strict=True) if count]
             if not cursor:
                 return removed
 
-    async def _trim_step(self, streams: list[tuple[str, str]]) -> list[int]:
+    async def _indexed(self, found: list[keys.AddressKeys]) -> list[bool]:
+        """Whether each address holds big messages' bodies: one pipeline of ``EXISTS`` (a
+        cluster's pipeline sends each to its node)."""
+        if not found:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for k in found:
+            pipe.exists(k.body_index)
+        return [bool(n) for n in await call(pipe.execute())]
+
+    async def _trimmed(self, stream: tuple[str, ...], reply: Any) -> int:
+        """How many entries a trim.lua call removed, having deleted the bodies of the big
+        messages among them it named (``store/bodies.py``), then their index members."""
+        if not isinstance(reply, list):
+            return int(reply)
+        index, members = stream[2], reply[1:]
+        await call(self._client.unlink(*bodies.due_keys(index, members)))
+        await call(self._client.zrem(index, *members))
+        return int(reply[0])
+
+    async def _trim_step(self, streams: list[tuple[str, ...]]) -> list[Any]:
         """One trim.lua call per stream, in slices (``slices.in_slices``: pipelines of at most
         ``CALLS_PER_PIPELINE`` calls, one at a time per primary). A call Redis refused before
         running it (a slot on the move, a forgotten script) removed nothing: its stream waits
         for the next pass, on a fresh slot map and with the scripts loaded again. A primary
         lost fails the pass (``StoreUnavailable``) once the others are done, the map asked
-        again for the next one."""
+        again for the next one. Each reply is trim.lua's (a count, or a count and the index
+        members of big messages' bodies to delete: ``_trimmed``); 0 for a call that did not run."""
         calls = [
             (stream[0], self._scripts.command('trim', stream, (TRIM_STEP_ENTRIES,)))
             for stream in streams
@@ -97,14 +123,14 @@ class Upkeep:
             raise StoreUnavailable(f'Redis unreachable: {lost or type(lost).__name__}') from lost
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
             await call(self._scripts.load())
-        counts = []
+        counts: list[Any] = []
         for reply in replies:
             if isinstance(reply, (*NOTHING_RAN, redis.exceptions.NoScriptError)):
                 counts.append(0)
             elif isinstance(reply, Exception):
                 raise reply
             else:
-                counts.append(int(reply))
+                counts.append(reply)
         return counts
 
     async def release_due(self, now_ms: int, limit: int = 500) -> int:

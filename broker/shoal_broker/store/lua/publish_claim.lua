@@ -4,6 +4,8 @@
 --
 -- KEYS[1] stream   STREAM of the band
 -- KEYS[2] groups   SET subscription names of the address
+-- KEYS[3] index    ZSET of the address's big messages, KEYS[4..] the bodies of the big ones among
+--                  the messages (store/bodies.py), deleted when the messages are refused
 -- ARGV[1] group    the queue's consumer group
 -- ARGV[2] replica  this replica's id (its consumer in the group)
 -- ARGV[3] band     the band KEYS[1] holds
@@ -16,11 +18,14 @@
 -- n ids, then the entries read ahead of them as fetch.lua's octuples (band, id, header, rest,
 -- expiry, delivery count, origin, message group); the caller gives those with a message group
 -- back, for a fetch to hand them to their group's owner.
-if redis.call('SCARD', KEYS[2]) == 0 then return -1 end
 --! include append_entries
+if redis.call('SCARD', KEYS[2]) == 0 then
+  forget_bodies(4)
+  return -1
+end
 --! include entry_fields
 local ids = {}
-append_entries(4, ids)
+append_entries(4, ids, KEYS[3])
 local out = {#ids}
 local ours = {}
 for _, id in ipairs(ids) do

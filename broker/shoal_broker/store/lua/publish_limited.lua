@@ -4,6 +4,9 @@
 -- KEYS[2] groups   SET subscription names of the address
 -- KEYS[3..12] the STREAMs of bands 0..9 (the backlog counts them all)
 -- KEYS[13] watchers HASH of the address (notify_watchers.lua), KEYS[14] levels SET (mark_band.lua)
+-- KEYS[15] index ZSET of the address's big messages, KEYS[16..] the bodies of the big ones among
+--          the messages (store/bodies.py), deleted when the messages are refused (those of
+--          entries trimmed or dropped here go with the next trim: trim.lua)
 -- ARGV[1] kind     'queue' or 'topic'
 -- ARGV[2] limit    entries the address may hold
 -- ARGV[3] overflow 'reject-publish' (refuse the whole batch) or 'drop-oldest' (add, then trim
@@ -14,7 +17,9 @@
 -- limit, the consumed entries are trimmed before deciding (left to the periodic trim, a drained
 -- queue refused publishes, or dropped new ones, until it ran).
 -- Returns as publish.lua, or -2 when refused as full.
+--! include append_entries
 if redis.call('SCARD', KEYS[2]) == 0 then
+  forget_bodies(16)
   if ARGV[1] == 'topic' then return 0 end
   return -1
 end
@@ -26,13 +31,15 @@ local held = backlog_held(3)
 if held + adding > limit then
   for i = 3, 12 do trim_consumed(KEYS[i]) end
   held = backlog_held(3)
-  if ARGV[3] == 'reject-publish' and held + adding > limit then return -2 end
+  if ARGV[3] == 'reject-publish' and held + adding > limit then
+    forget_bodies(16)
+    return -2
+  end
 end
---! include append_entries
 --! include drop_oldest
 --! include notify_watchers
 --! include mark_band
-local added = append_entries(6)
+local added = append_entries(6, nil, KEYS[15])
 mark_band(KEYS[14], KEYS[1])
 local excess = held + adding - limit
 drop_oldest(3, excess)

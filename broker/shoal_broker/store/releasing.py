@@ -1,0 +1,65 @@
+"""
+Returning entries to their subscription: a release (released, failed, or later), and the
+release of new entries a fetch in bulk read beside returned ones (``Messages._fetch_op``).
+A part of ``Messages`` kept apart to keep each module short.
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from shoal_broker.errors import BrokerError, next_retry_pause
+from shoal_broker.routing.storage import Entry
+from shoal_broker.store import keys
+from shoal_broker.store.cycles import Cycles
+from shoal_broker.store.ops import no_result
+
+logger = logging.getLogger(__name__)
+
+
+class Releasing:
+    """``Messages``' releases (``routing.storage.MessagePort``)."""
+
+    _cycles: Cycles
+    _queue: Callable[..., asyncio.Future[Any]]
+    _script: Callable[..., tuple[Any, ...]]
+
+    async def _give_back(
+        self, address: str, group: str, entries: list[Entry], releases: list[Awaitable[None]]
+    ) -> None:
+        """See that the releases ``_fetch_op`` queued for new entries a fetch in bulk read beside
+        returned or other bands' ones are done. A refusal is tried again with a growing pause, as
+        ``Broker.release`` does: the entries are pending on this replica, and nothing else would
+        return them while it lives."""
+        pause = 0.0
+        while True:
+            try:  # in one cycle, in order; a release already done is only done again
+                await asyncio.gather(*releases)
+                return
+            except BrokerError as exc:
+                if self._cycles.closed:  # pending on a replica that stops: reclaimed like a crash's
+                    return
+                pause = next_retry_pause(pause)
+                logger.warning('returning %d entries to %s/%s failed (%s); again in %.2f s',
+                               len(entries), address, group, exc, pause)  # fmt: skip
+                await asyncio.sleep(pause)
+                releases = [self.release(address, group, e, delivery_failed=False) for e in entries]
+
+    def release(
+        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, delay_ms: int = 0
+    ) -> Awaitable[None]:
+        k = keys.AddressKeys.of(address)
+        member = keys.entry_member(entry.band, entry.id)
+        field = keys.entry_field(entry.band, entry.id)
+        if delay_ms:  # due on Redis's clock, which fetch.lua reads (release_later.lua)
+            script_keys = (k.returned(group), k.delivery_counts(group))
+            args = (member, field, int(delivery_failed), delay_ms)
+            return self._queue([self._script('release_later', script_keys, args)], no_result,
+                               notify=address, notify_local=True)  # fmt: skip
+        commands: list[tuple[Any, ...]] = []
+        if delivery_failed:
+            # count first: a replica fetching between the two commands must see the new count
+            commands.append(('HINCRBY', k.delivery_counts(group), field, 1))
+        commands.append(('ZADD', k.returned(group), 0, member))
+        return self._queue(commands, lambda r: None, notify=address, notify_local=True)

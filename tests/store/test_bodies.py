@@ -1,0 +1,176 @@
+"""
+Big messages' bodies beside the scripts (``store/bodies.py``) on a real Redis: stored once under
+a key of their own, read back whole by a fetch, a browse and a claim's read ahead, in the
+order they were published among small ones, and dropped with their entries (a trim, a refused
+publish, a backlog limit's overflow): no body is left behind.
+"""
+
+import uuid
+
+import pytest
+import redis.asyncio
+
+from shoal_broker.errors import BrokerError, StoreFull
+from shoal_broker.routing.storage import NORMAL_BAND, QUEUE_GROUP, BrowseCursor, OutgoingMessage
+from shoal_broker.settings import AddressKind
+from shoal_broker.store import bodies, keys
+from shoal_broker.store.redisstore import RedisStore
+
+BIG = 1024
+"""The threshold the tests set: rests this long or longer are big."""
+
+
+@pytest.fixture
+def name() -> str:
+    return f'big-{uuid.uuid4().hex[:10]}'
+
+
+@pytest.fixture
+def big(store: RedisStore) -> RedisStore:
+    store.messages.big_body_bytes = BIG
+    return store
+
+
+def msg(rest: bytes) -> OutgoingMessage:
+    return OutgoingMessage(band=NORMAL_BAND, header=b'', rest=rest)
+
+
+def big_rest(tag: bytes) -> bytes:
+    return b'\x00Su\xb0' + (tag * (4 * BIG))[: 4 * BIG]
+
+
+async def held(client: redis.asyncio.Redis, address: str) -> tuple[int, int]:
+    """(bodies, index members) of ``address``."""
+    k = keys.AddressKeys.of(address)
+    found = [key async for key in client.scan_iter(match=k.body('*'), count=1000)]
+    return len(found), int(await client.zcard(k.body_index))
+
+
+async def test_big_and_small_messages_keep_their_order_and_come_back_whole(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    rests = [b'\x00Sw\xa1\x01a', big_rest(b'b'), b'\x00Sw\xa1\x01c', big_rest(b'd')]
+    answers: list[list[int]] = []
+
+    def stored(tokens: list[int], kept: bool | None, error: BrokerError | None) -> None:
+        assert error is None
+        assert kept
+        answers.append(tokens)
+
+    for i, rest in enumerate(rests):
+        big.messages.publish_then(name, AddressKind.QUEUE, msg(rest), stored, i)
+    await big.flush()
+    assert answers == [[0, 1, 2, 3]]  # one script call took them all
+    assert await held(client, name) == (2, 2)
+    stream = await client.xrange(keys.AddressKeys.of(name).streams[NORMAL_BAND])
+    assert [len(fields[b'r']) for _, fields in stream] == [6, 33, 6, 33]  # stubs in the stream
+    assert all(bodies.is_stub(fields[b'r']) for _, fields in stream[1::2])
+    page, _ = await big.messages.browse(name, QUEUE_GROUP, BrowseCursor(), 10)
+    assert [e.rest for e in page] == rests
+    fetched = await big.messages.fetch(name, QUEUE_GROUP, 10)
+    assert [e.rest for e in fetched] == rests
+    for entry in fetched:
+        await big.messages.ack(name, QUEUE_GROUP, entry)
+    await big.flush()
+    await big.upkeep.trim()
+    assert await held(client, name) == (0, 0)
+
+
+async def test_a_fetch_callback_gets_the_bodies(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    rest = big_rest(b'x')
+    assert await big.messages.publish(name, AddressKind.QUEUE, msg(rest)) is True
+    got: list[bytes] = []
+    big.messages.fetch_then(name, QUEUE_GROUP, 5, lambda f, e: got.extend(x.rest for x in f or ()))
+    await big.flush()
+    await big.flush()  # the HMGET the answer waited for
+    assert got == [rest]
+
+
+async def test_a_topic_nobody_subscribes_to_keeps_no_body(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    await big.registry.create_address(name, AddressKind.TOPIC)
+    assert await big.messages.publish(name, AddressKind.TOPIC, msg(big_rest(b't'))) is False
+    assert await held(client, name) == (0, 0)
+
+
+async def test_a_backlog_limit_drops_the_bodies_it_drops_or_refuses(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    big.upkeep.limit_backlog(2, 'drop-oldest')
+    for tag in (b'1', b'2', b'3', b'4'):
+        assert await big.messages.publish(name, AddressKind.QUEUE, msg(big_rest(tag))) is True
+    await big.upkeep.trim()
+    assert await held(client, name) == (2, 2)  # the two oldest dropped, their bodies by the trim
+    fetched = await big.messages.fetch(name, QUEUE_GROUP, 10)
+    assert [e.rest for e in fetched] == [big_rest(b'3'), big_rest(b'4')]
+    big.upkeep.limit_backlog(2, 'reject-publish')
+    with pytest.raises(StoreFull):
+        await big.messages.publish(name, AddressKind.QUEUE, msg(big_rest(b'5')))
+    assert await held(client, name) == (2, 2)
+
+
+async def test_a_claim_stores_a_big_message_and_reads_big_ones_ahead_whole(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    ahead = big_rest(b'a')
+    assert await big.messages.publish(name, AddressKind.QUEUE, msg(ahead)) is True
+    answers: list[tuple[list[str], list[bytes]]] = []
+
+    def claimed(tokens: list[str], result: object, error: BrokerError | None) -> None:
+        assert error is None
+        assert isinstance(result, tuple)
+        _, read_ahead = result
+        answers.append((list(tokens), [e.rest for e in read_ahead]))
+
+    big.messages.claim_then(name, QUEUE_GROUP, msg(big_rest(b'c')), claimed, 'c')
+    await big.flush()
+    await big.flush()
+    assert answers == [(['c'], [ahead])]
+    assert await held(client, name) == (2, 2)
+
+
+async def test_below_the_threshold_a_message_goes_through_the_script(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    rest = b'\x00Su\xb0' + b'x' * (BIG - 5)
+    assert await big.messages.publish(name, AddressKind.QUEUE, msg(rest)) is True
+    assert await held(client, name) == (0, 0)
+    [entry] = await big.messages.fetch(name, QUEUE_GROUP, 10)
+    assert entry.rest == rest
+
+
+async def test_a_trim_finds_the_bodies_of_entries_deleted_inside_a_stream_it_would_skip(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    """A move deletes entries in place (``manage_remove.lua``); a stream left empty is one the
+    trimmer skips (``running/backlog.py``), but not while its address holds bodies."""
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    for tag in (b'1', b'2'):
+        assert await big.messages.publish(name, AddressKind.QUEUE, msg(big_rest(tag))) is True
+    k = keys.AddressKeys.of(name)
+    for entry_id, _ in await client.xrange(k.streams[NORMAL_BAND]):
+        await client.xdel(k.streams[NORMAL_BAND], entry_id)
+    assert await held(client, name) == (2, 2)
+    await big.upkeep.trim(skip=set(k.streams))
+    assert await held(client, name) == (0, 0)
+    await big.upkeep.trim(skip=set(k.streams))  # nothing more to find: the index is gone
+    assert await held(client, name) == (0, 0)
+
+
+async def test_deleting_an_address_deletes_its_bodies(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    for tag in (b'1', b'2', b'3'):
+        assert await big.messages.publish(name, AddressKind.QUEUE, msg(big_rest(tag))) is True
+    assert await held(client, name) == (3, 3)
+    await big.registry.delete_address(name)
+    assert await held(client, name) == (0, 0)
