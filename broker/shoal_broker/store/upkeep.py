@@ -82,14 +82,11 @@ class Upkeep:
                 return removed
 
     async def _indexed(self, found: list[keys.AddressKeys]) -> list[bool]:
-        """Whether each address holds big messages' bodies: one pipeline of ``EXISTS`` (a
-        cluster's pipeline sends each to its node)."""
-        if not found:
-            return []
-        pipe = self._client.pipeline(transaction=False)
-        for k in found:
-            pipe.exists(k.body_index)
-        return [bool(n) for n in await call(pipe.execute())]
+        """Whether each address holds big messages' bodies: ``EXISTS`` of its index, in slices
+        per primary. One whose primary does not answer counts as holding some: its trims then
+        fail the pass, once the other primaries' streams are trimmed (``_trim_step``)."""
+        calls = [(k.body_index, ('EXISTS', k.body_index)) for k in found]
+        return [isinstance(r, Exception) or bool(r) for r in await in_slices(self._nodes, calls)]
 
     async def _trimmed(self, stream: tuple[str, ...], reply: Any) -> int:
         """How many entries a trim.lua call removed, having deleted the bodies of the big
