@@ -1,8 +1,8 @@
 """The background passes in slices (docs/performance.md#background-work-in-slices): the trim
-pass and the metric records go to Redis in pipelines of at most ``CALLS_PER_PIPELINE`` calls,
-one pipeline at a time per node, on a standalone Redis and on a cluster, and the records are
-built a slice at a time, the loop serving other tasks between slices. Pipelines are watched
-through a proxy in front of each node (``pipelinewatch``)."""
+pass and the metric records go to Redis in pipelines of at most ``CALLS_PER_PIPELINE`` calls
+(``RECORDS_PER_SLICE`` records), one pipeline at a time per node, on a standalone Redis and on
+a cluster, and the records are built a slice at a time, the loop serving other tasks between
+slices. Pipelines are watched through a proxy in front of each node (``pipelinewatch``)."""
 
 import asyncio
 import hashlib
@@ -21,7 +21,12 @@ from shoal_broker.amqp.broker import Broker
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.storage import NORMAL_BAND, QUEUE_GROUP, OutgoingMessage
 from shoal_broker.running.backlog import BacklogSnapshot
-from shoal_broker.running.reporting import RecordedFigures, metric_records, write_records
+from shoal_broker.running.reporting import (
+    RECORDS_PER_SLICE,
+    RecordedFigures,
+    metric_records,
+    write_records,
+)
 from shoal_broker.settings import AddressKind, BrokerSettings
 from shoal_broker.store import keys, scripts
 from shoal_broker.store.redisstore import RedisStore
@@ -173,7 +178,7 @@ async def test_on_a_cluster_metric_records_are_appended_a_slice_to_a_pipeline(
     finally:
         await backlog.close()
     assert sum(watch.sent[APPEND] for watch in watches) == 250
-    assert max(watch.deepest[APPEND] for watch in watches) == CALLS_PER_PIPELINE
+    assert max(watch.deepest[APPEND] for watch in watches) == RECORDS_PER_SLICE
     assert max(watch.widest[APPEND] for watch in watches) == 1
 
 
@@ -209,7 +214,7 @@ async def test_metric_records_are_built_a_slice_at_a_time_with_the_loop_turning_
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await backlog.close()
-    assert [n for _, n in seen] == [CALLS_PER_PIPELINE] * 10
+    assert [n for _, n in seen] == [RECORDS_PER_SLICE] * (1000 // RECORDS_PER_SLICE)
     assert all(later > earlier for (earlier, _), (later, _) in itertools.pairwise(seen))
 
 
@@ -230,7 +235,7 @@ async def test_metric_records_are_appended_a_slice_to_a_pipeline(
     finally:
         await backlog.close()
     assert watch.sent[APPEND] == 250
-    assert watch.deepest[APPEND] == CALLS_PER_PIPELINE
+    assert watch.deepest[APPEND] == RECORDS_PER_SLICE
     assert watch.widest[APPEND] == 1
     assert {entity[0] for entity in figures.last} == set(addresses)
     try:  # what was written since, whatever other replicas wrote meanwhile

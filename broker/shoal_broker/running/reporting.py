@@ -27,9 +27,14 @@ from shoal_broker.settings import BrokerSettings
 from shoal_broker.store import connect, registry
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.replicas import Liveness
-from shoal_broker.store.slices import CALLS_PER_PIPELINE
 
 logger = logging.getLogger(__name__)
+
+RECORDS_PER_SLICE = 25
+"""Metric records built, labelled, encoded and appended per slice, one pipeline each: a record
+costs the event loop ~60-90 µs (redis-py packing its XADD of 20 fields is half of it), so a
+slice of 100 held every connection's traffic for ~9 ms, row a's p99 at 1 000 msg/s
+(docs/performance.md#background-work-in-slices)."""
 
 LINK_ROLES = ('producer', 'consumer', 'browser', 'lookup', 'coordinator')
 """The ``role`` label of ``shoal_links``: the link state classes' names without ``Link``."""
@@ -210,7 +215,7 @@ def metric_records(
     idle_too: bool = False,
     figures: RecordedFigures | None = None,
 ) -> AsyncGenerator[list[MetricRecord], None]:
-    """This replica's records for the interval, in slices of ``CALLS_PER_PIPELINE`` built one
+    """This replica's records for the interval, in slices of ``RECORDS_PER_SLICE`` built one
     at a time as they are asked for, the loop serving clients between them (2 000 records took
     ~27 ms in one go): every entity with activity or consumers here, and with IDLE_TOO every
     other queue and subscription the backlog snapshot knows. With FIGURES, a quiet entity is
@@ -256,7 +261,7 @@ def metric_records(
 async def _in_slices(
     entities: list[tuple[str, str]], record: Callable[[tuple[str, str]], MetricRecord]
 ) -> AsyncGenerator[list[MetricRecord], None]:
-    for start in range(0, len(entities), CALLS_PER_PIPELINE):
+    for start in range(0, len(entities), RECORDS_PER_SLICE):
         if start:
             await asyncio.sleep(0)  # the loop's turn between slices
-        yield [record(entity) for entity in entities[start : start + CALLS_PER_PIPELINE]]
+        yield [record(entity) for entity in entities[start : start + RECORDS_PER_SLICE]]
