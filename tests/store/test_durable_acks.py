@@ -50,11 +50,17 @@ async def store(primary_and_replica: tuple[RedisServer, RedisServer]) -> AsyncIt
     await s.close()
 
 
-async def _one_fetched(store: RedisStore) -> tuple[str, Entry]:
+async def _one_stored(store: RedisStore) -> str:
+    """A new queue holding one message, ``body``; its name."""
     name = f'acks-{uuid.uuid4().hex[:8]}'
     await store.registry.create_address(name, AddressKind.QUEUE)
     message = OutgoingMessage(band=0, header=b'', rest=b'body', expiry_ms=0)
     assert await store.messages.publish(name, AddressKind.QUEUE, message) is True
+    return name
+
+
+async def _one_fetched(store: RedisStore) -> tuple[str, Entry]:
+    name = await _one_stored(store)
     (entry,) = await store.messages.fetch(name, QUEUE_GROUP, 10)
     return name, entry
 
@@ -149,10 +155,7 @@ async def test_a_fetch_no_replica_confirmed_is_delivered_once_one_does(
     """Its claim could be undone by a failover meanwhile (and with it a write no replica had):
     the entries wait for a replica, then go to the consumer."""
     _, replica = primary_and_replica
-    name = f'acks-{uuid.uuid4().hex[:8]}'
-    await store.registry.create_address(name, AddressKind.QUEUE)
-    message = OutgoingMessage(band=0, header=b'', rest=b'body', expiry_ms=0)
-    assert await store.messages.publish(name, AddressKind.QUEUE, message) is True
+    name = await _one_stored(store)
     answers: list[tuple[object, object]] = []
     os.kill(replica.process.pid, signal.SIGSTOP)
     try:
@@ -177,10 +180,7 @@ async def test_a_fetch_whose_socket_is_lost_before_a_replica_confirms_it_is_neve
     the claim, so a replica confirming it says nothing of the fetch. The recovery returns the
     entry, counted."""
     primary, replica = primary_and_replica
-    name = f'acks-{uuid.uuid4().hex[:8]}'
-    await store.registry.create_address(name, AddressKind.QUEUE)
-    message = OutgoingMessage(band=0, header=b'', rest=b'body', expiry_ms=0)
-    assert await store.messages.publish(name, AddressKind.QUEUE, message) is True
+    name = await _one_stored(store)
     answers: list[tuple[object, object]] = []
     lane = store.cycles.lane
     os.kill(replica.process.pid, signal.SIGSTOP)
