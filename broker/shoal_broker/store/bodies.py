@@ -79,7 +79,7 @@ def _text(value: Any) -> str:
 
 
 def in_multi(commands: list[tuple[Any, ...]], bodies: list[tuple[Any, ...]]) -> list[Any]:
-    """A publish unit's commands with its bodies' ``HSET``s, in one ``MULTI``: a stub is never
+    """A publish unit's commands with its bodies' ``SET``s, in one ``MULTI``: a stub is never
     stored without its body, nor a body left by a script that failed to run."""
     if not bodies:
         return commands
