@@ -86,7 +86,7 @@ async def test_a_fetch_callback_gets_the_bodies(
     got: list[bytes] = []
     big.messages.fetch_then(name, QUEUE_GROUP, 5, lambda f, e: got.extend(x.rest for x in f or ()))
     await big.flush()
-    await big.flush()  # the HMGET the answer waited for
+    await big.flush()  # the MGET the answer waited for
     assert got == [rest]
 
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 from processes import LOOPBACK, RedisServer, wait_for
+from startedstores import started_store
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
@@ -43,11 +44,8 @@ def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
 @pytest.fixture
 async def store(primary_and_replica: tuple[RedisServer, RedisServer]) -> AsyncIterator[RedisStore]:
     primary, _ = primary_and_replica
-    s = RedisStore.from_url(primary.url, f'r-{uuid.uuid4().hex[:6]}', Durability.REPLICATED,
-                            TIMEOUT_MS)  # fmt: skip
-    await s.start()
-    yield s
-    await s.close()
+    async with started_store(primary.url, 'r', Durability.REPLICATED, TIMEOUT_MS) as s:
+        yield s
 
 
 async def _one_stored(store: RedisStore) -> str:
