@@ -159,7 +159,7 @@ class Upkeep:
         """Append metric records to the metrics stream, trimmed to about ``max_length``, and add
         each queue's and named subscription's deliveries to its per-replica total
         (``AddressKeys.delivered``), in one pipeline: the caller hands them in slices
-        (``slices.CALLS_PER_PIPELINE``, ``running/reporting.py``)."""
+        (``reporting.RECORDS_PER_SLICE``, ``running/reporting.py``)."""
         pipe = self._client.pipeline(transaction=False)
         for fields in records:
             entry: dict[Any, Any] = dict(fields)
