@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from failoverload import (
+    BODIES_APART,
     INVISIBLE,
     REPLICATED,
     crossed_load,
@@ -146,11 +147,14 @@ def test_a_primary_kill_delivers_nothing_twice_and_fails_no_send(cluster) -> Non
 
 
 @pytest.mark.timeout(150)
-def test_migrating_a_busy_queues_slot_loses_nothing(cluster) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize('env', [{}, BODIES_APART], ids=['bodies-inline', 'bodies-apart'])
+def test_migrating_a_busy_queues_slot_loses_nothing(cluster, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    """``bodies-apart``: every body under a key of its own (``store/bodies.py``), so the slot
+    holds a key per message and a publish's ``MULTI`` writes a new key in a slot on the move."""
     group = ClusterGroup()
     try:
         queue = f'chaos-{uuid.uuid4().hex[:8]}'
-        run = _start(cluster, group, queue, {})
+        run = _start(cluster, group, queue, env)
         try:
             assert run.wait(lambda r: len(r.accepted) >= LOAD // 3, timeout=40), run.log
             slot = group.keyslot(keys.AddressKeys.of(queue).tag)
@@ -167,7 +171,7 @@ def test_migrating_a_busy_queues_slot_loses_nothing(cluster) -> None:  # type: i
     finally:
         group.stop()
     lost, unexplained, summary = _accounting(run, started)
-    cluster.report(f'cluster slot migrated ({moved} keys): {summary}')
+    cluster.report(f'cluster slot migrated ({moved} keys, {env or "bodies inline"}): {summary}')
     assert moved > 0
     assert not lost, f'{summary}; lost e.g. {sorted(lost)[:10]}'
     assert finished, summary
