@@ -54,8 +54,8 @@ def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_f
         accepted_at_kill = len(run.accepted)
         new, promoted_at = group.wait_promoted(old, timeout=30)
         ready = [_ready_after(x, promoted_at) for x in (a, b)]
-        # until the new primary has a replica, WAIT 1 confirms nothing: every write is
-        # released, none accepted; the old primary comes back as the new one's replica once
+        # until the new primary has a replica, WAIT 1 confirms nothing: every write waits,
+        # none accepted; the old primary comes back as the new one's replica once
         # a broker has said so (the replica's sync starts at once: no window otherwise)
         wait_for(lambda: UNCONFIRMED in a.log() + b.log(), 20, 'writes left unconfirmed')
         group.server('--replicaof', '127.0.0.1', str(new), port=old)

@@ -28,9 +28,12 @@ which the duplicate detection of the publish script drops when it is on.
 Attempts are spaced by ``PAUSES`` while they fail; one success writes whatever else is held at
 once. The longest pause is what a held message may wait past the store's return, so it stays
 short (an attempt against a store still down costs a refused connect). A write that Redis made
-but no replica confirmed (``StoreUnconfirmed``: a promoted primary without a replica yet) is not
-written again until a replica is back (``MessagePort.replica_ready``, ``WAIT 0 0`` and
-``ROLE``): every attempt before would only add a copy in Redis. The moment a probe finds one,
+but no replica confirmed waits for one in the store, on the socket that wrote it
+(``store/confirming.py``), and comes here only when that socket is lost first
+(``StoreUnavailable``) or past the bound (``StoreUnconfirmed``: a promoted primary without a
+replica yet); then it is not written again until a replica is back
+(``MessagePort.replica_ready``, ``WAIT 0 0`` and ``ROLE``): every attempt before would only add
+a copy in Redis. The moment a probe finds one,
 what is held is written, not after the pause already running (with a longest pause of 1 s,
 that pause alone kept a held send up to a second past the store's return; docs/redis-modes.md,
 "Sends held through a failover"). The hold costs the hot path one attribute test per message
