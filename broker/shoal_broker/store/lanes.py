@@ -301,7 +301,13 @@ class ClusterLanes:
                 mine = mine[1::2]  # the ASKING replies go
             refused = [r for r in mine if isinstance(r, _REFUSED)]
             timely = loop.time() - unit.started < self._settle_seconds
-            if refused and len(refused) == len(mine) and timely:
+            whole = len(refused) == len(mine)
+            if refused and isinstance(mine[-1], redis.exceptions.ExecAbortError):
+                # a MULTI refused as it was queued: nothing ran. Sent again only for MOVED; ASK
+                # and TRYAGAIN in a MULTI name a new key (a big body, store/bodies.py) in a slot
+                # on the move, which neither node takes until the address's keys have moved
+                whole = isinstance(refused[0], redis.exceptions.MovedError)
+            if refused and whole and timely:
                 self._send_back(unit, refused[0])
             else:
                 answered.append((unit, mine))
