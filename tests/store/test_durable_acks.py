@@ -81,6 +81,16 @@ def _pending(server: RedisServer, name: str) -> int:
         client.close()
 
 
+def _kill_sockets(primary: RedisServer) -> None:
+    """Close every client connection of ``primary``, as a failover does: between two probes
+    (none in flight), and a blocking call, so no probe goes out before it is done."""
+    killer = redis.Redis(host=LOOPBACK, port=primary.port)
+    try:
+        assert killer.client_kill_filter(_type='normal', skip_me=True) >= 1
+    finally:
+        killer.close()
+
+
 async def _until(predicate: object, seconds: float) -> bool:
     for _ in range(int(seconds / 0.05)):
         if predicate():  # type: ignore[operator]
@@ -184,15 +194,9 @@ async def test_a_fetch_whose_socket_is_lost_before_a_replica_confirms_it_is_neve
     os.kill(replica.process.pid, signal.SIGSTOP)
     try:
         store.messages.fetch_then(name, QUEUE_GROUP, 10, lambda f, e: answers.append((f, e)))
-        # between two probes (none in flight), the store's sockets are killed: a blocking call,
-        # so no probe goes out before it is done
         assert await _until(lambda: store.messages.confirming.waiting == 1 and not lane.in_flight,
                             5)  # fmt: skip
-        killer = redis.Redis(host=LOOPBACK, port=primary.port)
-        try:
-            assert killer.client_kill_filter(_type='normal', skip_me=True) >= 1
-        finally:
-            killer.close()
+        _kill_sockets(primary)
     finally:
         os.kill(replica.process.pid, signal.SIGCONT)
     assert await _until(lambda: bool(answers), 10)
@@ -270,11 +274,7 @@ async def test_a_publish_whose_socket_is_lost_before_a_replica_confirms_it_fails
         assert await _until(
             lambda: store.messages.confirming.writes_waiting == 1 and not lane.in_flight, 5
         )
-        killer = redis.Redis(host=LOOPBACK, port=primary.port)
-        try:
-            assert killer.client_kill_filter(_type='normal', skip_me=True) >= 1
-        finally:
-            killer.close()
+        _kill_sockets(primary)
     finally:
         os.kill(replica.process.pid, signal.SIGCONT)
     assert await _until(lambda: bool(answers), 10)
