@@ -273,8 +273,12 @@ class ClusterLanes:
         try:
             if error is not None or replies is None:
                 self._refresh_soon()
+                lost = error or redis.exceptions.ConnectionError('no replies')
                 for unit in units:
-                    answer_one(unit, None, error or redis.exceptions.ConnectionError('no replies'))
+                    try:  # each answered, whatever another's answer raised
+                        answer_one(unit, None, lost)
+                    except Exception:
+                        logger.exception('answering a unit Redis did not answer failed')
             elif plain and not any(isinstance(r, _REFUSED) for r in replies):
                 self._answer_together(units, replies, confirm)
             else:
