@@ -44,9 +44,10 @@ PUBLISHES_REFUSED = Counter(
 
 HELD_SENDS_GIVEN_UP = Counter(
     'shoal_held_sends_given_up',
-    'Messages held through a store outage and rejected (amqp:resource-limit-exceeded) unstored, '
-    'by reason (time: held SHOAL_STORE_HOLD_SECONDS; memory: the held bytes at '
-    'SHOAL_STORE_HOLD_MAX_BYTES).',
+    'Messages held through a store outage and rejected (amqp:resource-limit-exceeded), by '
+    'reason (time: held SHOAL_STORE_HOLD_SECONDS; memory: the held bytes at '
+    'SHOAL_STORE_HOLD_MAX_BYTES); never accepted, though one whose write was still unanswered '
+    'may be stored after all.',
     ['reason'],
 )
 for _reason in ('time', 'memory'):  # both series exist from the start: alerts see increase()
