@@ -81,7 +81,7 @@ def broker_gauges(
          'not answer (amqp/holding.py): written and accepted once it does.', [],
          [([], float(broker.holding.count))]),
         ('shoal_held_sends_oldest_seconds', 'How long the oldest held message has waited (0 '
-         'when none is); past SHOAL_STORE_HOLD_SECONDS it is rejected unstored.', [],
+         'when none is); past SHOAL_STORE_HOLD_SECONDS it is rejected.', [],
          [([], broker.holding.oldest_seconds())]),
         ('shoal_consumers', 'Consumers attached to this replica.', ['address', 'subscription'],
          consumers),
