@@ -96,7 +96,11 @@ class Probe:
         garbage = _cyclic_garbage()
 
         def pct(p: float) -> float | None:
-            return round(1000 * lags[min(len(lags) - 1, int(p / 100 * len(lags)))], 3) if lags else None
+            return (
+                round(1000 * lags[min(len(lags) - 1, int(p / 100 * len(lags)))], 3)
+                if lags
+                else None
+            )
 
         report: dict[str, Any] = {
             'wall_s': round(wall, 3),
@@ -167,9 +171,12 @@ def _cyclic_garbage() -> dict[str, Any]:
     )
     frames = Counter(
         f'{o.f_code.co_qualname} {o.f_code.co_filename.rsplit("/", 2)[-1]}:{o.f_lineno}'
-        for o in found if type(o).__name__ == 'frame'
+        for o in found
+        if type(o).__name__ == 'frame'
     )
-    coros = Counter(getattr(o, '__qualname__', '?') for o in found if type(o).__name__ == 'coroutine')
+    coros = Counter(
+        getattr(o, '__qualname__', '?') for o in found if type(o).__name__ == 'coroutine'
+    )
     return {
         'objects': len(found),
         'by_type': dict(types.most_common(25)),
