@@ -8,6 +8,10 @@ live one with the smallest id, as for the idle entities' metric records) and lea
 in one Redis key (``keys.BACKLOGS``, JSON, expiring after three refresh intervals); the others
 read that key. A replica that finds no snapshot there (the walker just died, or an older
 version runs it) walks itself, so the gauges never stop.
+
+A walk runs on the event loop that serves the clients, so it gives the loop a turn between its
+steps: ``backlog.lua`` pipelines of 25 addresses, each read before the next is sent, and the
+sums, rows and gauges after them (docs/performance.md#backlog-pages).
 """
 
 import asyncio
@@ -28,6 +32,9 @@ logger = logging.getLogger(__name__)
 Row = tuple[str, str, float, float, int | None, tuple[str, str] | None, int]
 """(address, subscription label, backlog, in flight, oldest enqueue ms, declaring resource,
 messages waiting out a redelivery delay)."""
+
+TURN_EVERY = 500
+"""Rows summed between two turns of the event loop in a walk."""
 
 SHARED_FOR_INTERVALS = 3
 """How many refresh intervals a shared snapshot stays in Redis before it expires."""
@@ -76,6 +83,7 @@ class BacklogSnapshot:
         except StoreUnavailable as exc:
             logger.debug('backlog not refreshed: %s', exc)
             return False
+        await asyncio.sleep(0)
         self._take(rows)
         self._refreshed_at = time.monotonic()
         return True
@@ -119,7 +127,9 @@ class BacklogSnapshot:
         owners = await self._inspector.declared_owners()
         totals: dict[tuple[str, str], list[float]] = {}
         oldest: dict[tuple[str, str], int | None] = {}
-        for address, group, backlog in found:
+        for at, (address, group, backlog) in enumerate(found):
+            if at % TURN_EVERY == TURN_EVERY - 1:
+                await asyncio.sleep(0)  # the loop's turn (module docstring)
             key = (address, subscription_label(group))  # private subscriptions add up
             total = totals.setdefault(key, [0.0, 0.0, 0])
             total[0] += backlog.backlog
@@ -127,10 +137,12 @@ class BacklogSnapshot:
             total[2] += backlog.waiting
             known = [ms for ms in (oldest.get(key), backlog.oldest_ms) if ms is not None]
             oldest[key] = min(known) if known else None
+        await asyncio.sleep(0)
         rows: list[Row] = [
             (a, s, b, f, oldest[(a, s)], registry.owner_of(a, s, owners), int(w))
             for (a, s), (b, f, w) in totals.items()
         ]
+        await asyncio.sleep(0)
         self.walked += 1
         self._settled, self._walked_at = settled, time.monotonic()
         if self._shared is not None:
