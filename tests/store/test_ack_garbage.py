@@ -1,6 +1,7 @@
 """
-Acknowledgements leave nothing for the cyclic garbage collector (``store/acks.py``): an ack op's
-callback refers to the op, and an op kept in that cycle once answered is freed only by a young
+Acknowledgements and fetches leave nothing for the cyclic garbage collector (``store/acks.py``,
+``store/confirming.py``): an ack op's callback refers to the op (and so does a fetch's in
+``replicated`` durability), and an op kept in that cycle once answered is freed only by a young
 collection, which over 1 000 queues at 1 000 msg/s stalled the event loop ~25 ms every few
 seconds (docs/performance.md#ack-cycles). Real Redis: a primary, and a replica for the
 ``replicated`` durability's acks, whose callback waits for the replica's confirmation.
@@ -63,6 +64,12 @@ async def test_answered_acks_are_freed_without_the_cyclic_collector(a_store: Red
             for entry in entries:  # an ack op per queue and cycle
                 a_store.messages.ack_nowait(name, QUEUE_GROUP, [entry])
         await a_store.flush()
+        answers: list[tuple[object, object]] = []
+        for name, _ in fetched:  # a consumer's fetch: in replicated durability, confirmed
+            a_store.messages.fetch_then(
+                name, QUEUE_GROUP, MESSAGES, lambda got, error: answers.append((got, error))
+            )
+        await a_store.flush()
         for name, _ in fetched:  # later cycles: the last one's ops leave its frames
             assert await a_store.messages.fetch(name, QUEUE_GROUP, MESSAGES) == []
         gc.set_debug(gc.DEBUG_SAVEALL)
@@ -73,5 +80,6 @@ async def test_answered_acks_are_freed_without_the_cyclic_collector(a_store: Red
         gc.garbage.clear()
         gc.enable()
     assert ops == []
+    assert answers == [([], None)] * QUEUES
     for name, _ in fetched:  # and the acks applied: nothing is pending
         assert await a_store.messages.return_stranded(name, QUEUE_GROUP, set()) == 0
