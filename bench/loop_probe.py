@@ -7,7 +7,9 @@ Runs the broker in this process, as ``shoal-broker`` would, with three probes th
 between SIGUSR1 (start: every figure reset) and SIGUSR2 (stop: OUT.json written):
 
 - loop lag: a task sleeping 1 ms notes how late each wake-up is (the percentiles of how long a
-  ready callback waited behind others), on any loop;
+  ready callback waited behind others), on any loop; and the process's CPU time between two of
+  its turns, which time descheduled on a shared machine does not inflate (the loop's longest
+  stretches of work, give or take the lease thread's);
 - slow callbacks (``PROBE_ASYNCIO=1``: the standard library's loop instead of uvloop, whose
   ``Handle._run`` is Python and can be timed): the count and total of callbacks by duration
   band, and the callbacks above 1 ms by what they ran (the task's coroutine or the callback);
@@ -28,7 +30,7 @@ import os
 import signal
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any
 
 from shoal_broker import app, cli
@@ -43,15 +45,16 @@ class Probe:
         self.out = out
         self.on = False
         self.lags: list[float] = []
+        self.cpu_lags: list[float] = []
         self.bands: Counter[str] = Counter()
-        self.band_ms: Counter[str] = Counter()
+        self.band_ms: defaultdict[str, float] = defaultdict(float)
         self.slow: Counter[str] = Counter()
-        self.slow_ms: Counter[str] = Counter()
+        self.slow_ms: defaultdict[str, float] = defaultdict(float)
         self.profile: cProfile.Profile | None = None
         self.started = 0.0
         self.cpu0 = 0.0
         self.gc: Counter[str] = Counter()
-        self.gc_ms: Counter[str] = Counter()
+        self.gc_ms: defaultdict[str, float] = defaultdict(float)
         self.gc_max_ms = 0.0
         self._gc_t0 = 0.0
         self.gc_collected = 0
@@ -73,6 +76,7 @@ class Probe:
 
     def start(self) -> None:
         self.lags.clear()
+        self.cpu_lags.clear()
         for c in (self.bands, self.band_ms, self.slow, self.slow_ms, self.gc, self.gc_ms):
             c.clear()
         self.gc_max_ms = 0.0
@@ -92,10 +96,10 @@ class Probe:
         if self.profile is not None:
             self.profile.disable()
             self.profile.dump_stats(os.environ['PROBE_PROFILE'])
-        lags = sorted(self.lags)
+        lags, cpu_lags = sorted(self.lags), sorted(self.cpu_lags)
         garbage = _cyclic_garbage()
 
-        def pct(p: float) -> float | None:
+        def pct(p: float, lags: list[float] = lags) -> float | None:
             return (
                 round(1000 * lags[min(len(lags) - 1, int(p / 100 * len(lags)))], 3)
                 if lags
@@ -107,6 +111,7 @@ class Probe:
             'cpu_s': round(cpu, 3),
             'lag_samples': len(lags),
             'lag_ms': {f'p{p}': pct(p) for p in (50, 90, 99, 99.9, 100)},
+            'cpu_between_turns_ms': {f'p{p}': pct(p, cpu_lags) for p in (50, 90, 99, 99.9, 100)},
             'lag_over_ms': {f'{t}': sum(1 for x in lags if x > t / 1000) for t in (1, 2, 5, 10)},
             'gc': {g: [n, round(self.gc_ms[g], 1)] for g, n in self.gc.items()},
             'gc_max_ms': round(self.gc_max_ms, 2),
@@ -124,13 +129,14 @@ class Probe:
             json.dump(report, f, indent=1)
 
     async def sample_lag(self) -> None:
-        clock = time.perf_counter  # uvloop's loop.time() counts whole milliseconds
+        clock, cpu = time.perf_counter, time.process_time  # uvloop's loop.time() counts ms
         end = clock() + MAX_SECONDS
         while clock() < end:
-            start = clock()
+            start, cpu0 = clock(), cpu()
             await asyncio.sleep(LAG_TICK)
             if self.on:
                 self.lags.append(max(0.0, clock() - start - LAG_TICK))
+                self.cpu_lags.append(cpu() - cpu0)
 
     def time_callbacks(self) -> None:
         """Wrap the standard loop's Handle._run: every callback timed, the slow ones named."""
@@ -152,7 +158,7 @@ class Probe:
                 probe.slow[what] += 1
                 probe.slow_ms[what] += ms
 
-        asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+        asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
 
 
 def _cyclic_garbage() -> dict[str, Any]:
