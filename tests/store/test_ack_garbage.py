@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from processes import LOOPBACK, RedisServer, wait_for
+from startedstores import started_store
 
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
@@ -25,7 +26,7 @@ MESSAGES = 5
 
 @pytest.fixture(scope='module')
 def replicated() -> Iterator[RedisServer]:
-    """A primary with one replica (the store's WAIT is answered), the replica stopped last."""
+    """A primary with one replica, so that the store's WAIT is answered."""
     primary = RedisServer()
     replica = RedisServer(None, '--replicaof', LOOPBACK, str(primary.port))
     try:
@@ -41,10 +42,8 @@ async def a_store(
     request: pytest.FixtureRequest, plain_redis: RedisServer, replicated: RedisServer
 ) -> AsyncIterator[RedisStore]:
     server = replicated if request.param is Durability.REPLICATED else plain_redis
-    s = RedisStore.from_url(server.url, f'r-{uuid.uuid4().hex[:6]}', request.param, 2000)
-    await s.start()
-    yield s
-    await s.close()
+    async with started_store(server.url, 'acks', request.param, 2000) as store:
+        yield store
 
 
 async def test_answered_acks_are_freed_without_the_cyclic_collector(a_store: RedisStore) -> None:
