@@ -11,7 +11,7 @@ between SIGUSR1 (start: every figure reset) and SIGUSR2 (stop: OUT.json written)
   its turns, which time descheduled on a shared machine does not inflate (the loop's longest
   stretches of work, give or take the lease thread's);
 - slow callbacks (``PROBE_ASYNCIO=1``: the standard library's loop instead of uvloop, whose
-  ``Handle._run`` is Python and can be timed): the count and total of callbacks by duration
+  ``Handle._run`` is Python and can be timed): the count and total of callbacks by CPU time
   band, and the callbacks above 1 ms by what they ran (the task's coroutine or the callback);
 - the cyclic garbage collector: collections by generation, their total and longest CPU time;
 - cProfile (``PROBE_PROFILE=FILE``): the broker's functions over the window, CPU time (not wall:
@@ -147,9 +147,9 @@ class Probe:
             if not probe.on:
                 run(handle)
                 return
-            t0 = time.perf_counter()
+            t0 = time.process_time()  # CPU: a callback descheduled midway is not charged
             run(handle)
-            ms = 1000 * (time.perf_counter() - t0)
+            ms = 1000 * (time.process_time() - t0)
             band = next((f'<{b}' for b in BANDS_MS if ms < b), f'>={BANDS_MS[-1]}')
             probe.bands[band] += 1
             probe.band_ms[band] += ms

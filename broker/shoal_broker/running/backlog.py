@@ -62,11 +62,10 @@ class BacklogSnapshot:
         self.interval = interval
         self._shared = shared
         self._walks = walks
-        self.samples: list[tuple[list[str], float]] = []
-        self.in_flight: list[tuple[list[str], float]] = []
-        self.waiting: list[tuple[list[str], float]] = []
-        self.oldest_ms: dict[tuple[str, str], int | None] = {}
-        self.declared: list[tuple[list[str], float]] = []
+        self._rows: list[Row] = []
+        """The last refresh's rows. The gauges are made of them when read (a scrape, the
+        records), not kept: a refresh leaves the young collections a tuple per entity to scan,
+        not a dozen objects (docs/performance.md#ack-cycles)."""
         self.walked = 0
         """Walks of every stream this snapshot made (the rest of its refreshes read the shared
         snapshot)."""
@@ -151,12 +150,29 @@ class BacklogSnapshot:
         return rows
 
     def _take(self, rows: list[Row]) -> None:
-        self.oldest_ms = {(a, s): oldest for a, s, _, _, oldest, _, _ in rows}
-        self.samples = [([a, s], backlog) for a, s, backlog, _, _, _, _ in rows]
-        self.in_flight = [([a, s], out) for a, s, _, out, _, _, _ in rows]
-        self.waiting = [([a, s], float(w)) for a, s, _, _, _, _, w in rows]
-        self.declared = [([a, s, *owner], 1.0) for a, s, _, _, _, owner, _ in rows if owner]
+        self._rows = rows
         entities_seen((a, s) for a, s, *_ in rows)
+
+    @property
+    def samples(self) -> list[tuple[list[str], float]]:
+        """(address, subscription label) and backlog of each entity."""
+        return [([a, s], backlog) for a, s, backlog, _, _, _, _ in self._rows]
+
+    @property
+    def in_flight(self) -> list[tuple[list[str], float]]:
+        return [([a, s], out) for a, s, _, out, _, _, _ in self._rows]
+
+    @property
+    def waiting(self) -> list[tuple[list[str], float]]:
+        return [([a, s], float(w)) for a, s, _, _, _, _, w in self._rows]
+
+    @property
+    def declared(self) -> list[tuple[list[str], float]]:
+        return [([a, s, *owner], 1.0) for a, s, _, _, _, owner, _ in self._rows if owner]
+
+    @property
+    def oldest_ms(self) -> dict[tuple[str, str], int | None]:
+        return {(a, s): oldest for a, s, _, _, oldest, _, _ in self._rows}
 
     async def refresh_forever(self) -> None:
         """Refresh whenever the last refresh (here or by the metric records) is an interval old."""
@@ -178,7 +194,7 @@ class BacklogSnapshot:
 
     def by_label(self) -> dict[tuple[str, str], int]:
         """(address, subscription label) -> backlog."""
-        return {(labels[0], labels[1]): int(value) for labels, value in self.samples}
+        return {(a, s): int(backlog) for a, s, backlog, _, _, _, _ in self._rows}
 
     async def close(self) -> None:
         await self._inspector.close()
