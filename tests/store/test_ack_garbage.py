@@ -2,7 +2,7 @@
 Acknowledgements and fetches leave nothing for the cyclic garbage collector (``store/acks.py``,
 ``store/confirming.py``): an ack op's callback refers to the op (and so does a fetch's in
 ``replicated`` durability), and an op kept in that cycle once answered is freed only by a young
-collection, which over 1 000 queues at 1 000 msg/s stalled the event loop ~25 ms every few
+collection, which over 1 000 queues at 1 000 msg/s stalled the event loop 10-40 ms every few
 seconds (docs/performance.md#ack-cycles). Real Redis: a primary, and a replica for the
 ``replicated`` durability's acks, whose callback waits for the replica's confirmation.
 """
