@@ -5,7 +5,8 @@
 # cProfile of the latency run (OUT/profile.pstats). As in row a, a closed-loop run over other
 # QUEUES queues (NA messages, 0: none) comes first, so the latency run has 2 x QUEUES addresses.
 #
-# The probe's window is WINDOW (20) seconds from WINDOW_FROM (6) seconds into the latency run.
+# The probe's window is WINDOW (20) seconds from WINDOW_FROM (6) seconds into the latency run;
+# Redis's slow log over it (commands slower than SLOWLOG_US, 1000 µs) goes to OUT/slowlog.txt.
 #
 # usage: bench/loop_probe.sh [OUT]    environment: QUEUES (1000), RATE (1000), N (30000), NA (20000)
 set -euo pipefail
@@ -43,7 +44,13 @@ timeout -k 10 400 "$PY" "$HERE/load.py" run --port "$APORT" --timeout 300 -a 'lp
 LOAD_PID=$!
 # the window: from WINDOW_FROM seconds into the latency run (the links attached) for WINDOW s
 sleep "${WINDOW_FROM:-6}"; kill -USR1 "$BROKER_PID"
+redis-cli -p "$RPORT" config set slowlog-log-slower-than "${SLOWLOG_US:-1000}" > /dev/null
+redis-cli -p "$RPORT" slowlog reset > /dev/null
 sleep "${WINDOW:-20}"; kill -USR2 "$BROKER_PID"
+# Redis commands slower than SLOWLOG_US (1000) µs within the window: count, and the slowest
+redis-cli -p "$RPORT" slowlog get 1000 > "$OUT/slowlog.txt"
+echo "redis slowlog: $(redis-cli -p "$RPORT" slowlog len) commands over ${SLOWLOG_US:-1000} µs" \
+  | tee -a "$OUT/machine.txt"
 wait "$LOAD_PID"
 sleep 1
 echo "loadavg after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt"
