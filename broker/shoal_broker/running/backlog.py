@@ -8,6 +8,10 @@ live one with the smallest id, as for the idle entities' metric records) and lea
 in one Redis key (``keys.BACKLOGS``, JSON, expiring after three refresh intervals); the others
 read that key. A replica that finds no snapshot there (the walker just died, or an older
 version runs it) walks itself, so the gauges never stop.
+
+A walk runs on the event loop that serves the clients, so it gives the loop a turn between its
+steps: ``backlog.lua`` pipelines of 25 addresses, each read before the next is sent, and the
+sums, rows and gauges after them (docs/performance.md#backlog-pages).
 """
 
 import asyncio
@@ -28,6 +32,9 @@ logger = logging.getLogger(__name__)
 Row = tuple[str, str, float, float, int | None, tuple[str, str] | None, int]
 """(address, subscription label, backlog, in flight, oldest enqueue ms, declaring resource,
 messages waiting out a redelivery delay)."""
+
+TURN_EVERY = 500
+"""Rows summed between two turns of the event loop in a walk."""
 
 SHARED_FOR_INTERVALS = 3
 """How many refresh intervals a shared snapshot stays in Redis before it expires."""
@@ -55,11 +62,10 @@ class BacklogSnapshot:
         self.interval = interval
         self._shared = shared
         self._walks = walks
-        self.samples: list[tuple[list[str], float]] = []
-        self.in_flight: list[tuple[list[str], float]] = []
-        self.waiting: list[tuple[list[str], float]] = []
-        self.oldest_ms: dict[tuple[str, str], int | None] = {}
-        self.declared: list[tuple[list[str], float]] = []
+        self._rows: list[Row] = []
+        """The last refresh's rows. The gauges are made of them when read (a scrape, the
+        records), not kept: a refresh leaves the young collections a tuple per entity to scan,
+        not a dozen objects (docs/performance.md#ack-cycles)."""
         self.walked = 0
         """Walks of every stream this snapshot made (the rest of its refreshes read the shared
         snapshot)."""
@@ -76,6 +82,7 @@ class BacklogSnapshot:
         except StoreUnavailable as exc:
             logger.debug('backlog not refreshed: %s', exc)
             return False
+        await asyncio.sleep(0)
         self._take(rows)
         self._refreshed_at = time.monotonic()
         return True
@@ -119,7 +126,9 @@ class BacklogSnapshot:
         owners = await self._inspector.declared_owners()
         totals: dict[tuple[str, str], list[float]] = {}
         oldest: dict[tuple[str, str], int | None] = {}
-        for address, group, backlog in found:
+        for at, (address, group, backlog) in enumerate(found):
+            if at % TURN_EVERY == TURN_EVERY - 1:
+                await asyncio.sleep(0)  # the loop's turn (module docstring)
             key = (address, subscription_label(group))  # private subscriptions add up
             total = totals.setdefault(key, [0.0, 0.0, 0])
             total[0] += backlog.backlog
@@ -127,10 +136,12 @@ class BacklogSnapshot:
             total[2] += backlog.waiting
             known = [ms for ms in (oldest.get(key), backlog.oldest_ms) if ms is not None]
             oldest[key] = min(known) if known else None
+        await asyncio.sleep(0)
         rows: list[Row] = [
             (a, s, b, f, oldest[(a, s)], registry.owner_of(a, s, owners), int(w))
             for (a, s), (b, f, w) in totals.items()
         ]
+        await asyncio.sleep(0)
         self.walked += 1
         self._settled, self._walked_at = settled, time.monotonic()
         if self._shared is not None:
@@ -139,12 +150,29 @@ class BacklogSnapshot:
         return rows
 
     def _take(self, rows: list[Row]) -> None:
-        self.oldest_ms = {(a, s): oldest for a, s, _, _, oldest, _, _ in rows}
-        self.samples = [([a, s], backlog) for a, s, backlog, _, _, _, _ in rows]
-        self.in_flight = [([a, s], out) for a, s, _, out, _, _, _ in rows]
-        self.waiting = [([a, s], float(w)) for a, s, _, _, _, _, w in rows]
-        self.declared = [([a, s, *owner], 1.0) for a, s, _, _, _, owner, _ in rows if owner]
+        self._rows = rows
         entities_seen((a, s) for a, s, *_ in rows)
+
+    @property
+    def samples(self) -> list[tuple[list[str], float]]:
+        """(address, subscription label) and backlog of each entity."""
+        return [([a, s], backlog) for a, s, backlog, _, _, _, _ in self._rows]
+
+    @property
+    def in_flight(self) -> list[tuple[list[str], float]]:
+        return [([a, s], out) for a, s, _, out, _, _, _ in self._rows]
+
+    @property
+    def waiting(self) -> list[tuple[list[str], float]]:
+        return [([a, s], float(w)) for a, s, _, _, _, _, w in self._rows]
+
+    @property
+    def declared(self) -> list[tuple[list[str], float]]:
+        return [([a, s, *owner], 1.0) for a, s, _, _, _, owner, _ in self._rows if owner]
+
+    @property
+    def oldest_ms(self) -> dict[tuple[str, str], int | None]:
+        return {(a, s): oldest for a, s, _, _, oldest, _, _ in self._rows}
 
     async def refresh_forever(self) -> None:
         """Refresh whenever the last refresh (here or by the metric records) is an interval old."""
@@ -166,7 +194,7 @@ class BacklogSnapshot:
 
     def by_label(self) -> dict[tuple[str, str], int]:
         """(address, subscription label) -> backlog."""
-        return {(labels[0], labels[1]): int(value) for labels, value in self.samples}
+        return {(a, s): int(backlog) for a, s, backlog, _, _, _, _ in self._rows}
 
     async def close(self) -> None:
         await self._inspector.close()

@@ -80,6 +80,8 @@ class Confirming:
         """The callback of fetch ``op``: the fetch's entries go to ``callback`` once confirmed."""
 
         def answered(fetched: Fetched | None, error: BrokerError | None) -> None:
+            op.callback = None  # the op and this closure refer to each other: a cycle that only
+            # the cyclic collector would free (docs/performance.md#ack-cycles)
             if error is None and fetched and op.unconfirmed and self.confirm_seconds > 0:
                 self.waiting += 1
                 self._wait(address, op.carrier, self._fetch_settled(address, fetched, callback),

@@ -37,6 +37,7 @@ from shoal_broker.store import connect, keys, layout, scripts
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _PAGE = 100  # a pipeline holds the loop ~10 ms (performance.md#background-work-in-slices)
+_BACKLOG_PAGE = 25  # redis-py packs ~15 arguments in Python: see performance.md#backlog-pages
 _CLUSTER_CONCURRENCY = 32
 """``backlog.lua`` calls in flight at once on a cluster (a pipeline elsewhere)."""
 _BACKLOG_SOURCE = scripts.source('backlog')
@@ -339,45 +340,44 @@ class Inspector:
     async def _backlogs(
         self, groups: list[tuple[str, str]], settled: set[str] | None = None
     ) -> list[GroupBacklog]:
-        """Backlog of each (address, group): one read-only ``backlog.lua`` call per address
-        (pipelined by ``_PAGE`` addresses; concurrent calls on a cluster, whose pipelines take no
-        scripts), plus a walk where Redis cannot tell the lag. Adds to ``settled`` the streams
-        with nothing to trim: empty, or a group of these has every entry still to read."""
+        """Backlog of each (address, group): a read-only ``backlog.lua`` call per address (by
+        ``_BACKLOG_PAGE``; concurrent calls on a cluster), plus a walk where Redis cannot tell the
+        lag. Adds to ``settled`` the streams with nothing to trim: empty, or unread by a group."""
         by_address: dict[str, list[str]] = {}
         for address, group in groups:
             by_address.setdefault(address, []).append(group)
         addresses = list(by_address)
-        rows: dict[tuple[str, str], list[Any]] = {}
-        for first in range(0, len(addresses), _PAGE):
-            page = addresses[first : first + _PAGE]
+        found: dict[tuple[str, str], GroupBacklog] = {}
+        for first in range(0, len(addresses), _BACKLOG_PAGE):
+            page = addresses[first : first + _BACKLOG_PAGE]
             replies = await self._backlog_calls([(a, by_address[a]) for a in page])
             for address, reply in zip(page, replies, strict=True):
                 for group, row in zip(by_address[address], reply, strict=True):
-                    rows[(address, group)] = row
-        found = []
-        for address, group in groups:
-            row = rows[(address, group)]
-            streams = keys.AddressKeys.of(address).streams
-            # returned, waiting, then per band holding entries: band, lag, pending, oldest,
-            # length (backlog.lua); a band left out is empty
-            total = GroupBacklog(returned=int(row[0]), waiting=int(row[1]))
-            held = set()
-            for at in range(2, len(row), 5):
-                band, lag, pending, oldest, length = row[at : at + 5]
-                stream = streams[int(band)]
-                held.add(stream)
-                lag = int(lag)
-                if settled is not None and lag == int(length):
-                    settled.add(stream)
-                if lag < 0:  # Redis cannot tell (deleted entries in range): count them
-                    lag = await self._lag_of(stream, group)
-                total += GroupBacklog(
-                    lag=lag, pending=int(pending), oldest_ms=_entry_ms(oldest or None)
-                )
-            if settled is not None:
-                settled.update(s for s in streams if s not in held)
-            found.append(total)
-        return found
+                    found[(address, group)] = await self._read(address, group, row, settled)
+        return [found[g] for g in groups]
+
+    async def _read(
+        self, address: str, group: str, row: list[Any], settled: set[str] | None
+    ) -> GroupBacklog:  # one group's backlog from its backlog.lua reply
+        streams = keys.AddressKeys.of(address).streams  # the reply: returned, waiting, then per
+        # band holding entries: band, lag, pending, oldest, length; a band left out is empty
+        total = GroupBacklog(returned=int(row[0]), waiting=int(row[1]))
+        held = set()
+        for at in range(2, len(row), 5):
+            band, lag, pending, oldest, length = row[at : at + 5]
+            stream = streams[int(band)]
+            held.add(stream)
+            lag = int(lag)
+            if settled is not None and lag == int(length):
+                settled.add(stream)
+            if lag < 0:  # Redis cannot tell (deleted entries in range): count them
+                lag = await self._lag_of(stream, group)
+            total += GroupBacklog(
+                lag=lag, pending=int(pending), oldest_ms=_entry_ms(oldest or None)
+            )
+        if settled is not None:
+            settled.update(s for s in streams if s not in held)
+        return total
 
     async def _backlog_calls(self, page: list[tuple[str, list[str]]]) -> list[Any]:
         """``backlog.lua``'s reply for each (address, its groups), loading the script when
