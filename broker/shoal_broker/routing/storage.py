@@ -276,6 +276,11 @@ class MessagePort(Protocol):
         for and not sent yet."""
         ...
 
+    def release_behind(self, address: str, group: str, entries: Sequence[Entry]) -> None:
+        """Make entries a fetch brought available again behind every returned entry (so behind
+        one waiting out a redelivery delay) and ahead of new ones; counts unchanged."""
+        ...
+
     def browse(
         self, address: str, group: str, cursor: BrowseCursor, count: int
     ) -> Awaitable[tuple[Sequence[Entry], BrowseCursor]]:

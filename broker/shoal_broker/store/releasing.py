@@ -6,7 +6,7 @@ A part of ``Messages`` kept apart to keep each module short.
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from shoal_broker.errors import BrokerError, next_retry_pause
@@ -87,3 +87,39 @@ class Releasing:
             if queued[index].fetches == subscription:
                 queued.insert(index, queued.pop())
                 return
+
+    def release_behind(self, address: str, group: str, entries: Sequence[Entry]) -> None:
+        """Return entries behind every returned one (``release_behind.lua``), uncounted, queued
+        now: ahead of any fetch asked for next. One Redis refuses is tried again with a growing
+        pause, as in ``_give_back``: the entries are pending on this replica, and nothing else
+        would return them while it lives."""
+        k = keys.AddressKeys.of(address)
+        members = [keys.entry_member(entry.band, entry.id) for entry in entries]
+        command = self._script('release_behind', (k.returned(group),), members)
+
+        def again() -> Awaitable[None]:
+            return self._queue([command], no_result, notify=address, notify_local=True)
+
+        self._cycles.background(self._behind(address, group, len(members), again(), again))
+
+    async def _behind(
+        self,
+        address: str,
+        group: str,
+        count: int,
+        released: Awaitable[None],
+        again: Callable[[], Awaitable[None]],
+    ) -> None:
+        pause = 0.0
+        while True:
+            try:
+                await released
+                return
+            except BrokerError as exc:
+                if self._cycles.closed:  # pending on a replica that stops: reclaimed like a crash's
+                    return
+                pause = next_retry_pause(pause)
+                logger.warning('returning %d entries to %s/%s failed (%s); again in %.2f s',
+                               count, address, group, exc, pause)  # fmt: skip
+                await asyncio.sleep(pause)
+                released = again()
