@@ -3,13 +3,15 @@ A failed message's return reaches the store ahead of any later fetch of its subs
 replica that read the failure, so on a subscription that keeps its order through a redelivery
 delay (exclusive, or with message groups) a message sent after the failure never overtakes it.
 
-The window is narrow: the consumer's replica reads a store reply that asks for the next fetch
-(credit came, or an announcement, while the last one was out) and, in the same turn, the
-failure; the message sent next through the other replica is stored before that fetch runs.
-It opens by chance, more often on a busy machine, so each test repeats fail-then-send for many
-rounds on one queue. Real brokers, two replicas on one Redis.
+The window: the consumer's replica reads something that asks for a fetch (a store reply, an
+announcement, credit) and, in the same turn, the failure; the message sent next through the
+other replica is stored before that fetch runs. The first test holds it open (the consumer's
+replica is stopped while the outcome waits in its socket and the next message is stored); the
+second repeats fail-then-send for many rounds, where it opens by chance, more often on a busy
+machine. Real brokers, two replicas on one Redis.
 """
 
+import signal
 from collections.abc import Callable
 
 import pytest
@@ -23,6 +25,48 @@ DELAY_MS = '50'
 
 def _message(body: str, grouped: bool) -> Message:
     return Message(body=body, group_id='g' if grouped else None)
+
+
+@pytest.mark.parametrize('order', ['exclusive', 'group'])
+def test_an_outcome_read_in_one_turn_with_a_drain_reaches_the_store_before_its_fetch(
+    start_broker: Callable[..., BrokerProcess], address: str, order: str
+) -> None:
+    """The consumer asks to drain, then fails the message it holds, while its replica is
+    stopped; the next message is stored meanwhile. The replica reads both at once: the fetch
+    the drain asks for finds the failed message waiting, and hands out nothing past it."""
+    env = {'SHOAL_REDELIVERY_DELAY_MS': DELAY_MS}
+    if order == 'exclusive':
+        env['SHOAL_EXCLUSIVE_ADDRESSES'] = address
+    grouped = order == 'group'
+    producing, consuming = start_broker(env=env), start_broker(env=env)
+    consumer = connect(consuming.url)
+    rcv = receiver(consumer, address, credit=20)
+    conn = connect(producing.url)
+    snd = send_all(conn, address, [])
+    snd.send(_message('failed', grouped))
+    assert rcv.receive(timeout=10).body == 'failed'
+    consuming.process.send_signal(signal.SIGSTOP)
+    try:
+        rcv.link.drain(0)  # a fetch asked for, read in the same turn as the outcome below
+        flush(consumer)
+        rcv.link.drain_mode = False  # later credit is plain credit
+        settle(rcv, Delivery.MODIFIED, failed=True)
+        flush(consumer)
+        snd.send(_message('next', grouped))  # stored while the outcome waits to be read
+    finally:
+        consuming.process.send_signal(signal.SIGCONT)
+    # the drain answered (its credit used up), or a message came instead
+    consumer.wait(lambda: not rcv.link.credit or rcv.fetcher.has_message, timeout=10)
+    rcv.link.flow(20)
+    got = []
+    for _ in range(2):
+        message = rcv.receive(timeout=10)
+        got.append((message.body, message.delivery_count))
+        rcv.accept()
+    assert got == [('failed', 1), ('next', 0)]
+    assert nothing_more(rcv)
+    consumer.close()
+    conn.close()
 
 
 @pytest.mark.timeout(120)
