@@ -12,7 +12,9 @@ machine. Real brokers, two replicas on one Redis.
 """
 
 import signal
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from amqpclient import connect, flush, nothing_more, receiver, send_all, settle
@@ -25,6 +27,16 @@ DELAY_MS = '50'
 
 def _message(body: str, grouped: bool) -> Message:
     return Message(body=body, group_id='g' if grouped else None)
+
+
+def _until_stopped(pid: int) -> None:
+    """Return once the process is stopped (state T in /proc): a signal takes effect later."""
+    for _ in range(1000):
+        stat = Path(f'/proc/{pid}/stat').read_text()
+        if stat.rpartition(')')[2].split()[0] == 'T':
+            return
+        time.sleep(0.001)
+    raise AssertionError(f'process {pid} did not stop')
 
 
 @pytest.mark.parametrize('order', ['exclusive', 'group'])
@@ -47,6 +59,7 @@ def test_an_outcome_read_in_one_turn_with_a_drain_reaches_the_store_before_its_f
     assert rcv.receive(timeout=10).body == 'failed'
     consuming.process.send_signal(signal.SIGSTOP)
     try:
+        _until_stopped(consuming.pid)  # what follows waits in its socket, unread
         rcv.link.drain(0)  # a fetch asked for, read in the same turn as the outcome below
         flush(consumer)
         rcv.link.drain_mode = False  # later credit is plain credit

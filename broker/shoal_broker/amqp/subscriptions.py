@@ -299,7 +299,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         self._again = False
         self.groups.fetches += 1
         fetch = self.groups.fetches
-        answered = self._answered_later if active else self._fetched  # amqp/lines.py
+        answered = self._answered_later if active or len(self.groups) else self._fetched
         self.outlet.store.messages.fetch_then(
             self.address,
             self.group,
