@@ -79,8 +79,13 @@ Fields = dict[str, Any]
 class Endpoint:
     """One TCP connection carrying one AMQP connection, one session and one link."""
 
-    def __init__(self, host: str, port: int, name: str) -> None:
-        self.sock = socket.create_connection((host, port), timeout=10)
+    def __init__(
+        self, host: str, port: int, name: str, *, buffer_bytes: int = 256 * 1024,
+        connect_seconds: float = 10.0,
+    ) -> None:  # fmt: skip
+        """``buffer_bytes``: each of the input and output buffers (bench/matrix.py opens
+        thousands of connections, with smaller ones)."""
+        self.sock = socket.create_connection((host, port), timeout=connect_seconds)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setblocking(False)
         self.transport = lib.pn_transport()
@@ -94,9 +99,9 @@ class Endpoint:
         lib.pn_connection_open(self.connection)
         self.session = lib.pn_session(self.connection)
         lib.pn_session_open(self.session)
-        self.inbox = bytearray(256 * 1024)
+        self.inbox = bytearray(buffer_bytes)
         self.inbox_ptr = ffi.from_buffer(self.inbox)
-        self.outbox = bytearray(256 * 1024)
+        self.outbox = bytearray(buffer_bytes)
         self.outbox_ptr = ffi.from_buffer(self.outbox)
         self.outbox_view = memoryview(self.outbox)
         self.error = ''

@@ -42,11 +42,12 @@ from typing import Any
 from cproton_ffi import ffi, lib
 from proton import UNDESCRIBED, Array, Data, symbol
 
+from load import Endpoint
+
 MARK = b'SHOALMX1'
 STAMP = struct.Struct('<QQ')  # sequence, send time (CLOCK_MONOTONIC ns)
 DURABLE_TERMINUS = 2
 CREDIT = 200
-READ = 1 << 18
 
 
 def body_prefix(size: int) -> tuple[bytes, int]:
@@ -58,80 +59,34 @@ def body_prefix(size: int) -> tuple[bytes, int]:
     ) + len(MARK)
 
 
-class Conn:
-    """One AMQP connection and session over a non-blocking socket."""
+class Conn(Endpoint):
+    """One AMQP connection and session over a non-blocking socket, served by a ``Loop`` with
+    many others: ``load.Endpoint`` with small buffers, read when the selector says so."""
 
     def __init__(self, port: int, name: str) -> None:
-        self.sock = socket.create_connection(('127.0.0.1', port), timeout=30)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.setblocking(False)
-        self.transport = lib.pn_transport()
-        self.connection = lib.pn_connection()
-        self.collector = lib.pn_collector()
-        lib.pn_connection_collect(self.connection, self.collector)
-        lib.pn_connection_set_container(self.connection, f'{name}-{uuid.uuid4().hex[:8]}'.encode())
-        lib.pn_connection_set_hostname(self.connection, b'127.0.0.1')
-        lib.pn_sasl_allowed_mechs(lib.pn_sasl(self.transport), b'ANONYMOUS')
-        lib.pn_transport_bind(self.transport, self.connection)
-        lib.pn_connection_open(self.connection)
-        self.session = lib.pn_session(self.connection)
-        lib.pn_session_open(self.session)
-        self.opened = 0
-        self.error = ''
-        self.outbox = bytearray(1 << 16)
-
-    def flush(self) -> None:
-        t = self.transport
-        while (pending := lib.pn_transport_pending(t)) > 0:
-            if pending > len(self.outbox):
-                self.outbox = bytearray(pending)
-            n = lib.pn_transport_peek(t, ffi.from_buffer(self.outbox), pending)
-            out = memoryview(self.outbox)[:pending] if n == 0 else memoryview(self.outbox)[:n]
-            try:
-                sent = self.sock.send(out)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                self.error = f'send: {exc}'
-                return
-            lib.pn_transport_pop(t, sent)
-            if sent < len(out):
-                return
+        super().__init__('127.0.0.1', port, f'{name}-{uuid.uuid4().hex[:8]}',
+                         buffer_bytes=1 << 16, connect_seconds=30)  # fmt: skip
 
     def read(self) -> None:
+        """Push what arrived into the engine, as much as it takes."""
+        room = lib.pn_transport_capacity(self.transport)
+        if room <= 0:
+            self.error = self.error or 'transport closed'
+            return
         try:
-            data = self.sock.recv(READ)
+            got = self.sock.recv_into(self.inbox, min(room, len(self.inbox)))
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self.error = f'receive: {exc}'
             return
-        if not data:
+        if not got:
             self.error = self.error or 'the broker closed the connection'
             return
-        view, offset = memoryview(data), 0
-        while offset < len(view):
-            room = lib.pn_transport_capacity(self.transport)
-            if room <= 0:
-                self.error = 'transport closed'
-                return
-            chunk = view[offset : offset + room]
-            lib.pn_transport_push(self.transport, ffi.from_buffer(chunk), len(chunk))
-            offset += len(chunk)
-
-    def events(self, on_delivery: Callable[[Any], None]) -> None:
-        collector = self.collector
-        while (event := lib.pn_collector_peek(collector)) != ffi.NULL:
-            kind = lib.pn_event_type(event)
-            if kind == lib.PN_DELIVERY:
-                on_delivery(lib.pn_event_delivery(event))
-            elif kind == lib.PN_LINK_REMOTE_OPEN:
-                self.opened += 1
-            elif kind in (lib.PN_LINK_REMOTE_CLOSE, lib.PN_CONNECTION_REMOTE_CLOSE):
-                self.error = self.error or f'the broker closed a link or the connection ({kind})'
-            lib.pn_collector_pop(collector)
+        lib.pn_transport_push(self.transport, self.inbox_ptr, got)
 
     def close(self) -> None:
+        """Close without waiting: thousands close at once."""
         lib.pn_connection_close(self.connection)
         self.flush()
         self.sock.close()

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 from failoverload import (
+    BODIES_APART,
     INVISIBLE,
     REPLICATED,
     crossed_load,
@@ -33,12 +34,16 @@ above the measured time, so a busy machine does not fail it."""
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize('bodies', [{}, BODIES_APART], ids=['bodies-inline', 'bodies-apart'])
 def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_follow(
-    cluster, record_property
+    cluster, record_property, bodies: dict[str, str]
 ) -> None:  # type: ignore[no-untyped-def]
+    """``bodies-apart``: every body under a key of its own (``store/bodies.py``), written in one
+    ``MULTI`` with its entry and confirmed by the same ``WAIT``."""
     group = cluster.sentinels()
-    a = cluster.broker(group.url, replica_id='sentinel-a', env=REPLICATED)
-    b = cluster.broker(group.url, replica_id='sentinel-b', env=REPLICATED)
+    env = {**REPLICATED, **bodies}
+    a = cluster.broker(group.url, replica_id='sentinel-a', env=env)
+    b = cluster.broker(group.url, replica_id='sentinel-b', env=env)
     queue = f'chaos-{uuid.uuid4().hex[:8]}'
     run = crossed_load(a.url, b.url, queue, LOAD)
     try:
@@ -49,8 +54,8 @@ def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_f
         accepted_at_kill = len(run.accepted)
         new, promoted_at = group.wait_promoted(old, timeout=30)
         ready = [_ready_after(x, promoted_at) for x in (a, b)]
-        # until the new primary has a replica, WAIT 1 confirms nothing: every write is
-        # released, none accepted; the old primary comes back as the new one's replica once
+        # until the new primary has a replica, WAIT 1 confirms nothing: every write waits,
+        # none accepted; the old primary comes back as the new one's replica once
         # a broker has said so (the replica's sync starts at once: no window otherwise)
         wait_for(lambda: UNCONFIRMED in a.log() + b.log(), 20, 'writes left unconfirmed')
         group.server('--replicaof', '127.0.0.1', str(new), port=old)
@@ -66,7 +71,8 @@ def test_kill_9_of_the_redis_primary_loses_no_accepted_message_and_the_brokers_f
     counted = tally(run, killed_at)
     lost, unexplained = counted.lost, counted.unexplained
     summary = (
-        f'sentinel failover (replicated): accepted {len(run.accepted)} of {LOAD} '
+        f'sentinel failover (replicated, {bodies or "bodies inline"}): '
+        f'accepted {len(run.accepted)} of {LOAD} '
         f'({accepted_at_kill} before the kill, {accepted_at_link} once the new primary had a '
         f'replica), {run.released} released and sent again, {len(run.in_doubt)} in doubt, '
         f'{len(run.received)} received, {len(lost)} lost, {len(counted.duplicates)} bodies '

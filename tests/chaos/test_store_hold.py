@@ -34,6 +34,19 @@ def _copies(run: ChaosRun) -> collections.Counter[Any]:
     return collections.Counter(receipt.body for receipt in run.receipts)
 
 
+def _diagnosis(run: ChaosRun, b: Any) -> str:
+    """A failed run's clients (each link's credit and unanswered sends), what the broker says it
+    holds, and the end of the broker's log."""
+    try:
+        held: Any = _held(b)
+    except OSError as exc:  # the broker not answering is itself part of the picture
+        held = f'/readyz did not answer: {exc!r}'
+    return (
+        f'\n{run.state()}\nclient log: {run.log[-10:]}\nbroker /readyz: {held}\n'
+        f'broker log (last 12000 characters):\n{b.log()[-12_000:]}'
+    )
+
+
 def _twice(run: ChaosRun) -> int:
     """Bodies delivered more than once: a write no replica confirmed is written again (a copy,
     unless duplicate detection drops it), and acks the promoted replica had not received come
@@ -197,7 +210,7 @@ def test_a_synchronous_producer_through_a_sentinel_failover_sees_no_send_fail(cl
         group.server('--replicaof', '127.0.0.1', str(new), port=old)
         group.wait_linked(old, timeout=15)
         linked_at = time.monotonic()
-        assert run.wait(ChaosRun.delivered_all, timeout=90), (run.log[-10:], _held(b))
+        assert run.wait(ChaosRun.delivered_all, timeout=90), _diagnosis(run, b)
         time.sleep(0.5)
     finally:
         run.stop()
@@ -240,6 +253,9 @@ def test_a_synchronous_producer_through_a_cluster_primary_kill_sees_no_send_fail
             restarted_at = time.monotonic()
             finished = run.wait(ChaosRun.delivered_all, timeout=100)
             time.sleep(0.5)
+            # what a failure needs to be understood, read while the broker and store still run
+            clean = finished and not run.rejected and not run.released
+            diagnosis = '' if clean else _diagnosis(run, b)
         finally:
             run.stop()
     finally:
@@ -253,9 +269,9 @@ def test_a_synchronous_producer_through_a_cluster_primary_kill_sees_no_send_fail
         f'{promoted_at - killed_at:.2f} s, its replica back {restarted_at - killed_at:.2f} s after '
         f'the kill; slowest send {slowest:.2f} s'
     )
-    assert finished, run.log[-10:]
-    assert run.released == 0
-    assert not run.rejected
+    assert finished, diagnosis
+    assert run.released == 0, diagnosis
+    assert not run.rejected, (run.rejected[:3], diagnosis)
     assert not run.in_doubt, run.log
     assert run.accepted == set(range(count))
     assert slowest < restarted_at - killed_at + 5

@@ -3,13 +3,13 @@ and a Redis Cluster of three primaries and three replicas for the tests of the c
 and channels, with a cluster client of it and the per-node pools the store's lanes, channels and
 commit records use."""
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio
 from processes import RedisServer
 from redisclusters import ClusterGroup
+from startedstores import started_store
 
 from shoal_broker.store import connect
 from shoal_broker.store.notifications import PoolFor
@@ -31,10 +31,8 @@ def plain_redis(store_url: str, redis_server: RedisServer) -> Iterator[RedisServ
 
 @pytest.fixture
 async def store(plain_redis: RedisServer) -> AsyncIterator[RedisStore]:
-    s = RedisStore.from_url(plain_redis.url, f'replica-{uuid.uuid4().hex[:6]}')
-    await s.start()
-    yield s
-    await s.close()
+    async with started_store(plain_redis.url) as s:
+        yield s
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis.asyncio
 from processes import RedisServer
+from startedstores import started_store
 
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.running.backlog import BacklogSnapshot
@@ -29,10 +30,8 @@ def own_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def own_store(own_redis: RedisServer) -> AsyncIterator[RedisStore]:
-    s = RedisStore.from_url(own_redis.url, f'replica-{uuid.uuid4().hex[:6]}')
-    await s.start()
-    yield s
-    await s.close()
+    async with started_store(own_redis.url) as s:
+        yield s
 
 
 def message(body: bytes) -> OutgoingMessage:

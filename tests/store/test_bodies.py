@@ -6,6 +6,8 @@ publish, a backlog limit's overflow): no body is left behind.
 """
 
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -13,7 +15,8 @@ import redis.asyncio
 from shoal_broker.errors import BrokerError, StoreFull
 from shoal_broker.routing.storage import NORMAL_BAND, QUEUE_GROUP, BrowseCursor, OutgoingMessage
 from shoal_broker.settings import AddressKind
-from shoal_broker.store import bodies, keys
+from shoal_broker.store import bodies, keys, layout
+from shoal_broker.store.calls import Scripts
 from shoal_broker.store.redisstore import RedisStore
 
 BIG = 1024
@@ -86,7 +89,7 @@ async def test_a_fetch_callback_gets_the_bodies(
     got: list[bytes] = []
     big.messages.fetch_then(name, QUEUE_GROUP, 5, lambda f, e: got.extend(x.rest for x in f or ()))
     await big.flush()
-    await big.flush()  # the HMGET the answer waited for
+    await big.flush()  # the MGET the answer waited for
     assert got == [rest]
 
 
@@ -173,4 +176,27 @@ async def test_deleting_an_address_deletes_its_bodies(
         assert await big.messages.publish(name, AddressKind.QUEUE, msg(big_rest(tag))) is True
     assert await held(client, name) == (3, 3)
     await big.registry.delete_address(name)
+    assert await held(client, name) == (0, 0)
+
+
+async def test_a_body_published_while_its_address_is_deleted_goes_with_it(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    """The deletion deletes bodies a page at a time before its script (``layout.delete_address``);
+    one published after the last page is named by the script, which deletes the index, and its
+    body is deleted after it."""
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    assert await big.messages.publish(name, AddressKind.QUEUE, msg(big_rest(b'1'))) is True
+    scripts = Scripts(client)
+    await scripts.load()
+
+    async def run(script: str, script_keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if script == 'delete_address':  # the pages are done; a publish comes in first
+            assert await held(client, name) == (0, 0)
+            late = msg(big_rest(b'2'))
+            assert await big.messages.publish(name, AddressKind.QUEUE, late) is True
+            assert await held(client, name) == (1, 1)
+        return await scripts.evalsha(script, script_keys, args)
+
+    await layout.delete_address(client, run, name)
     assert await held(client, name) == (0, 0)

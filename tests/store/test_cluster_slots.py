@@ -136,7 +136,7 @@ CASES = [
          (f'{RECORD}:2', 'queue', A.notify, REPLICA, '1:100:60000', 0, 0, *MESSAGE, 'sID:2')),
     Case('commit_forget', (RECORD, keys.commit_index(REPLICA, 3)), ()),
     Case('index_forget', (keys.ADDRESSES,), ('gone', 'queue:e1')),
-    Case('delete_address', (A.meta, *layout.address_keys(ADDRESS, [GROUP])), ()),
+    Case('delete_address', (A.meta, A.body_index, *layout.address_keys(ADDRESS, [GROUP])), ()),
     # the management API's browse, move, retry, delete and purge (store/management.py)
     Case('manage_page', (A.streams[B], A.returned(GROUP)), (GROUP, 0, '0-0', 10, 100)),
     Case('manage_copy', (A.streams[B], A.groups, *A.streams, A.watchers, A.imports, A.levels),

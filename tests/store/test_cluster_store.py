@@ -12,6 +12,7 @@ import pytest
 import redis
 from processes import LOOPBACK, RedisServer, free_port, wait_for
 from redisclusters import ClusterGroup
+from startedstores import started_store
 
 from shoal_broker.routing.jms_subscriptions import Scope, SubscriptionKey
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
@@ -26,10 +27,8 @@ from shoal_broker.store.registry import Registry
 
 @pytest.fixture
 async def store(redis_cluster: ClusterGroup) -> AsyncIterator[RedisStore]:
-    s = RedisStore.from_url(redis_cluster.url, f'cs-{uuid.uuid4().hex[:6]}')
-    await s.start()
-    yield s
-    await s.close()
+    async with started_store(redis_cluster.url, 'cs') as s:
+        yield s
 
 
 @pytest.fixture

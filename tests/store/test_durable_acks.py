@@ -2,8 +2,8 @@
 Acknowledgements in ``replicated`` durability (``store/acks.py``), on a real Redis primary with a
 real replica: an ack the replica has not confirmed stays held (a recovery does not return its
 entry) and is sent again until the replica confirms it, within the store's hold bound; past the
-bound it is given up. A fetch no replica confirmed is delivered only once one does
-(``store/confirming.py``).
+bound it is given up. A fetch no replica confirmed is delivered only once one does, and a publish
+is answered stored only once one does, never failed to be written again (``store/confirming.py``).
 """
 
 import asyncio
@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 from processes import LOOPBACK, RedisServer, wait_for
+from startedstores import started_store
 
-from shoal_broker.errors import StoreUnavailable
+from shoal_broker.errors import StoreUnavailable, StoreUnconfirmed
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
@@ -43,11 +44,8 @@ def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
 @pytest.fixture
 async def store(primary_and_replica: tuple[RedisServer, RedisServer]) -> AsyncIterator[RedisStore]:
     primary, _ = primary_and_replica
-    s = RedisStore.from_url(primary.url, f'r-{uuid.uuid4().hex[:6]}', Durability.REPLICATED,
-                            TIMEOUT_MS)  # fmt: skip
-    await s.start()
-    yield s
-    await s.close()
+    async with started_store(primary.url, 'r', Durability.REPLICATED, TIMEOUT_MS) as s:
+        yield s
 
 
 async def _one_stored(store: RedisStore) -> str:
@@ -81,6 +79,16 @@ def _pending(server: RedisServer, name: str) -> int:
         return int(client.xpending(stream, QUEUE_GROUP)['pending'])
     finally:
         client.close()
+
+
+def _kill_sockets(primary: RedisServer) -> None:
+    """Close every client connection of ``primary``, as a failover does: between two probes
+    (none in flight), and a blocking call, so no probe goes out before it is done."""
+    killer = redis.Redis(host=LOOPBACK, port=primary.port)
+    try:
+        assert killer.client_kill_filter(_type='normal', skip_me=True) >= 1
+    finally:
+        killer.close()
 
 
 async def _until(predicate: object, seconds: float) -> bool:
@@ -186,15 +194,9 @@ async def test_a_fetch_whose_socket_is_lost_before_a_replica_confirms_it_is_neve
     os.kill(replica.process.pid, signal.SIGSTOP)
     try:
         store.messages.fetch_then(name, QUEUE_GROUP, 10, lambda f, e: answers.append((f, e)))
-        # between two probes (none in flight), the store's sockets are killed: a blocking call,
-        # so no probe goes out before it is done
         assert await _until(lambda: store.messages.confirming.waiting == 1 and not lane.in_flight,
                             5)  # fmt: skip
-        killer = redis.Redis(host=LOOPBACK, port=primary.port)
-        try:
-            assert killer.client_kill_filter(_type='normal', skip_me=True) >= 1
-        finally:
-            killer.close()
+        _kill_sockets(primary)
     finally:
         os.kill(replica.process.pid, signal.SIGCONT)
     assert await _until(lambda: bool(answers), 10)
@@ -205,3 +207,98 @@ async def test_a_fetch_whose_socket_is_lost_before_a_replica_confirms_it_is_neve
     assert await store.messages.return_stranded(name, QUEUE_GROUP, set()) == 1
     (entry,) = await store.messages.fetch(name, QUEUE_GROUP, 10)
     assert (entry.rest, entry.delivery_count) == (b'body', 1)
+
+
+def _publish_then(store: RedisStore, name: str, answers: list[tuple[object, object]]) -> None:
+    message = OutgoingMessage(band=0, header=b'', rest=b'body', expiry_ms=0)
+
+    def answered(_: object, kept: object, error: object) -> None:
+        answers.append((kept, error))
+
+    store.messages.publish_then(name, AddressKind.QUEUE, message, answered, 'm')
+
+
+def _stored(server: RedisServer, name: str) -> int:
+    client = redis.Redis(host=LOOPBACK, port=server.port)
+    try:
+        return int(client.xlen(keys.AddressKeys.of(name).streams[0]))
+    finally:
+        client.close()
+
+
+async def _new_queue(store: RedisStore) -> str:
+    name = f'writes-{uuid.uuid4().hex[:8]}'
+    await store.registry.create_address(name, AddressKind.QUEUE)
+    return name
+
+
+async def test_a_publish_no_replica_confirmed_is_answered_stored_once_one_does(
+    store: RedisStore, primary_and_replica: tuple[RedisServer, RedisServer]
+) -> None:
+    """The message is in the stream on the primary: a replica confirming on the same socket
+    confirms it, so it is answered as stored, never failed to be written again (a second copy
+    once the replica is back)."""
+    primary, replica = primary_and_replica
+    name = await _new_queue(store)
+    answers: list[tuple[object, object]] = []
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    try:
+        _publish_then(store, name, answers)
+        assert await _until(lambda: store.messages.confirming.writes_waiting == 1, 5)
+        await asyncio.sleep(3 * TIMEOUT_MS / 1000)  # a few probes time out
+        assert answers == []
+        assert _stored(primary, name) == 1
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    assert await _until(lambda: bool(answers), 10)
+    assert answers == [(True, None)]
+    assert store.messages.confirming.writes_waiting == 0
+    assert _stored(primary, name) == 1
+    (entry,) = await store.messages.fetch(name, QUEUE_GROUP, 10)
+    assert (entry.rest, entry.delivery_count) == (b'body', 0)
+
+
+async def test_a_publish_whose_socket_is_lost_before_a_replica_confirms_it_fails_unavailable(
+    store: RedisStore, primary_and_replica: tuple[RedisServer, RedisServer]
+) -> None:
+    """After a failover the socket that wrote it may have gone with the write: the publish fails
+    ``StoreUnavailable`` (the hold writes it again), not answered stored on another primary's
+    replica's word."""
+    primary, replica = primary_and_replica
+    name = await _new_queue(store)
+    answers: list[tuple[object, object]] = []
+    lane = store.cycles.lane
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    try:
+        _publish_then(store, name, answers)
+        assert await _until(
+            lambda: store.messages.confirming.writes_waiting == 1 and not lane.in_flight, 5
+        )
+        _kill_sockets(primary)
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    assert await _until(lambda: bool(answers), 10)
+    ((kept, error),) = answers
+    assert kept is None
+    assert isinstance(error, StoreUnavailable), error
+    assert not isinstance(error, StoreUnconfirmed), error
+    assert store.messages.confirming.writes_waiting == 0
+
+
+async def test_a_publish_no_replica_confirms_within_the_bound_fails_unconfirmed(
+    store: RedisStore, primary_and_replica: tuple[RedisServer, RedisServer]
+) -> None:
+    _, replica = primary_and_replica
+    store.messages.confirming.confirm_seconds = 1.0
+    name = await _new_queue(store)
+    answers: list[tuple[object, object]] = []
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    try:
+        _publish_then(store, name, answers)
+        assert await _until(lambda: bool(answers), 10)
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    ((kept, error),) = answers
+    assert kept is None
+    assert isinstance(error, StoreUnconfirmed), error
+    assert store.messages.confirming.writes_waiting == 0

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 import redis.asyncio
 from processes import RedisServer
+from startedstores import started_store
 
 from shoal_broker.errors import AddressNotFound, BrokerError, StoreUnavailable
 from shoal_broker.routing.storage import (
@@ -75,10 +76,8 @@ async def any_protocol_store(
     """A store speaking redis-py's default protocol (RESP3), or RESP2 (``?protocol=2``): a plain
     XREADGROUP's reply is a map in one and a list in the other."""
     query = '?protocol=2' if request.param == 'resp2' else ''
-    s = RedisStore.from_url(redis_server.url + query, f'replica-{uuid.uuid4().hex[:6]}')
-    await s.start()
-    yield s
-    await s.close()
+    async with started_store(redis_server.url + query) as s:
+        yield s
 
 
 async def test_a_fetch_in_bulk_reads_every_field_and_lets_no_new_entry_overtake_a_returned_one(

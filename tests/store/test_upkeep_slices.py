@@ -16,6 +16,7 @@ import redis.asyncio
 from pipelinewatch import PipelineWatch, cluster_url, watched_cluster
 from processes import RedisServer
 from redisclusters import ClusterGroup
+from startedstores import started_store
 
 from shoal_broker.amqp.broker import Broker
 from shoal_broker.errors import StoreUnavailable
@@ -46,10 +47,8 @@ def watch(plain_redis: RedisServer) -> Iterator[PipelineWatch]:
 
 @pytest.fixture
 async def watched_store(watch: PipelineWatch) -> AsyncIterator[RedisStore]:
-    store = RedisStore.from_url(watch.url, f'replica-{uuid.uuid4().hex[:6]}')
-    await store.start()
-    yield store
-    await store.close()
+    async with started_store(watch.url) as store:
+        yield store
 
 
 async def _addresses(store: RedisStore, count: int) -> list[str]:
@@ -114,10 +113,8 @@ def watched() -> Iterator[tuple[ClusterGroup, list[PipelineWatch]]]:
 async def cluster_store(
     watched: tuple[ClusterGroup, list[PipelineWatch]],
 ) -> AsyncIterator[RedisStore]:
-    store = RedisStore.from_url(cluster_url(watched[1]), f'replica-{uuid.uuid4().hex[:6]}')
-    await store.start()
-    yield store
-    await store.close()
+    async with started_store(cluster_url(watched[1])) as store:
+        yield store
 
 
 async def test_on_a_cluster_the_trim_pass_sends_one_slice_at_a_time_to_each_primary(

@@ -26,6 +26,11 @@ default bound and duplicate detection: a failover the applications should not se
 RHEA_DIR = Path(__file__).resolve().parent.parent / 'rhea'
 
 
+BODIES_APART = {'SHOAL_BIG_MESSAGE_BYTES': '1'}
+"""A broker's environment that stores every message's body under a key of its own
+(``store/bodies.py``), as it does a big message's."""
+
+
 def crossed_load(
     a_url: str, b_url: str, queue: str, load: int, *, message_ids: bool = False
 ) -> ChaosRun:

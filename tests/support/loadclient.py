@@ -453,6 +453,34 @@ class ChaosRun(MessagingHandler):  # type: ignore[misc]
     def delivered_all(self) -> bool:
         return self.producers_done() and not self.missing()
 
+    def state(self) -> str:
+        """Where each producer and consumer stands, for a failed test's message: its broker,
+        link credit, sends unanswered (and for how long), what is left to send, what arrived.
+        Read from the test thread: a snapshot, good enough to tell a send never answered from
+        one never sent."""
+        now = time.monotonic()
+        lines = [
+            f'accepted {len(self.accepted)}, rejected {len(self.rejected)}, released '
+            f'{self.released}, in doubt {len(self.in_doubt)}, sent {self.sent}, received '
+            f'{len(self.received)} ({len(self.receipts)} receipts), missing '
+            f'{sorted(self.missing(), key=str)[:5]}, timed out {self.timed_out}'
+        ]
+        for slot in list(self._slots):
+            link = slot.link
+            credit = link.credit if link is not None else None
+            waiting = sorted(now - at for at in list(slot.sent_at.values()))
+            what = f'{slot.role} {slot.index} on {slot.url or "-"} (generation {slot.generation})'
+            what += f': credit {credit}, {len(slot.unsettled)} unanswered'
+            if waiting:
+                what += f' (oldest {waiting[-1]:.1f} s: {list(slot.unsettled.values())[:3]})'
+            if slot.role == 'producer':
+                what += f', next body {slot.next_body} of {len(self.producers[slot.index].bodies)}'
+                what += f', {len(slot.resend)} to send again'
+            else:
+                what += f', {slot.received_here} received on this connection'
+            lines.append(what)
+        return '\n'.join(lines)
+
     # -- the container thread ------------------------------------------------------------------
 
     def on_start(self, event: Any) -> None:

@@ -19,7 +19,12 @@ anything is held:
 
 A message held longer than ``hold_seconds``, or one that would take the held bytes past
 ``max_bytes``, is rejected with ``amqp:resource-limit-exceeded`` and a description
-(``HoldExpired``), not released: Qpid JMS then throws a ``ResourceAllocationException`` that
+(``HoldExpired``), not released, whether it waits for its next attempt or its last attempt is
+still unanswered: a write the store never answers (a bug, a wedged connection) must not hold its
+producer for ever, so a held message has a deadline of its own (``_give_up_overdue``). Such a
+write answered after all is no one's to answer any more (``HeldSend.given_up``): stored, it is
+a message its producer was told was not accepted, as for any write whose reply was lost.
+Rejected, not released: Qpid JMS then throws a ``ResourceAllocationException`` that
 says why, where ``released`` gives "Delivery failed: released by receiver" and invites an
 immediate resend, the retry storm this exists to end. A message written but not confirmed (a
 lost reply, a ``WAIT`` timeout) may be in Redis already: writing it again is a second copy,
@@ -28,9 +33,12 @@ which the duplicate detection of the publish script drops when it is on.
 Attempts are spaced by ``PAUSES`` while they fail; one success writes whatever else is held at
 once. The longest pause is what a held message may wait past the store's return, so it stays
 short (an attempt against a store still down costs a refused connect). A write that Redis made
-but no replica confirmed (``StoreUnconfirmed``: a promoted primary without a replica yet) is not
-written again until a replica is back (``MessagePort.replica_ready``, ``WAIT 0 0`` and
-``ROLE``): every attempt before would only add a copy in Redis. The moment a probe finds one,
+but no replica confirmed waits for one in the store, on the socket that wrote it
+(``store/confirming.py``), and comes here only when that socket is lost first
+(``StoreUnavailable``) or past the bound (``StoreUnconfirmed``: a promoted primary without a
+replica yet); then it is not written again until a replica is back
+(``MessagePort.replica_ready``, ``WAIT 0 0`` and ``ROLE``): every attempt before would only add
+a copy in Redis. The moment a probe finds one,
 what is held is written, not after the pause already running (with a longest pause of 1 s,
 that pause alone kept a held send up to a second past the store's return; docs/redis-modes.md,
 "Sends held through a failover"). The hold costs the hot path one attribute test per message
@@ -85,6 +93,9 @@ class HeldSend:
     writing: bool = False
     """Written again by the hold and not answered yet."""
     address: str = ''
+    given_up: bool = False
+    """Answered by the hold (past its bound) while its last write was unanswered: what the
+    store says of that write later is for no producer."""
 
 
 class Holding:
@@ -112,6 +123,8 @@ class Holding:
         self._failures = 0
         """Attempts that failed in a row (the pause grows with it)."""
         self._timer: Any = None
+        self._deadline: asyncio.TimerHandle | None = None
+        """Armed while writes are unanswered: the oldest one's bound (``_give_up_overdue``)."""
         self._replica_ready = replica_ready
         self._unconfirmed: str | None = None
         """An address a write was not confirmed on: nothing is written until a replica is."""
@@ -123,6 +136,8 @@ class Holding:
         """A message enters the hold: never sent (``sent`` False), its first write just failed,
         or the hold's own write of it did (``writing``); ``unconfirmed``: Redis has it, no
         replica confirmed it."""
+        if send.given_up:  # its write failed after the hold answered it: nothing to do
+            return
         if unconfirmed:
             self._unconfirmed = send.address
         if send.writing:
@@ -152,6 +167,8 @@ class Holding:
 
     def written(self, send: HeldSend) -> None:
         """A held message is stored (or refused for good): it leaves the hold."""
+        if send.given_up:  # left it when given up
+            return
         send.writing = False
         self._writing.discard(send)
         self.bytes -= send.size
@@ -182,34 +199,81 @@ class Holding:
 
     def _pump(self) -> None:
         """Write again what is held, each producer's in order once none of its writes is in
-        flight; give up what waited too long."""
+        flight; give up what waited too long. Whatever fails in a write or an answer, the
+        next look is scheduled: a pump that stopped would hold what is left for ever."""
         self._timer = None
         deadline = self.turns.loop.time() - self.hold_seconds
-        if self._unconfirmed is not None and not self._probing:
-            self._probing = True
-            self.turns.spawn(self._probe(self._unconfirmed))
-        for producer, queue in list(self._queues.items()):
-            while queue and queue[0].since <= deadline:
-                send = queue.popleft()
-                self.bytes -= send.size
-                self._expire(send, 'time')
-            if self._unconfirmed is not None:
-                if not queue:
-                    del self._queues[producer]
-                continue  # written again once a replica is back
-            if queue and producer.in_store <= len(queue):  # none of its writes in flight
+        try:
+            if self._unconfirmed is not None and not self._probing:
+                self._probing = True
+                self.turns.spawn(self._probe(self._unconfirmed))
+            self._give_up_overdue(deadline)
+            for producer, queue in list(self._queues.items()):
+                self._pump_one(producer, queue, deadline)
+        finally:
+            self._next_look()
+
+    def _pump_one(
+        self, producer: ProducerLink, queue: collections.deque[HeldSend], deadline: float
+    ) -> None:
+        while queue and queue[0].since <= deadline:
+            send = queue.popleft()
+            self.bytes -= send.size
+            self._expire(send, 'time')
+        if self._unconfirmed is not None:
+            if not queue:
                 del self._queues[producer]
-                for send in queue:
-                    send.sent = send.writing = True
-                    self._writing.add(send)
+            return  # written again once a replica is back
+        if queue and producer.in_store <= len(queue):  # none of its writes in flight
+            del self._queues[producer]
+            for send in queue:
+                send.sent = send.writing = True
+                self._writing.add(send)
+                try:
                     send.write(send)
-            elif not queue:
-                del self._queues[producer]
+                except Exception:  # a bug: the send stays in ``_writing``, given up in time
+                    logger.exception('writing a held message again failed')
+        elif not queue:
+            del self._queues[producer]
+
+    def _give_up_overdue(self, deadline: float) -> None:
+        """Answer the held messages whose write is still unanswered past the hold's bound."""
+        overdue = [send for send in self._writing if send.since <= deadline]
+        if not overdue:
+            return
+        logger.warning(
+            'the store has not answered %d held writes within %g s: their messages are not '
+            'accepted', len(overdue), self.hold_seconds,
+        )  # fmt: skip
+        for send in overdue:
+            self._writing.discard(send)
+            send.writing = False
+            send.given_up = True
+            self.bytes -= send.size
+            self._expire(send, 'time')
+
+    def _next_look(self) -> None:
+        """End the hold once nothing is in it; otherwise look again after a pause while
+        messages wait (expiries, writes answered), and at the oldest write's deadline."""
         if not self._queues and not self._writing:
             self._stop()
-        elif self._queues and self._timer is None:  # look again: expiries, writes answered
+            return
+        if self._queues and self._timer is None:
             pause = PAUSES[min(max(self._failures, 1), len(PAUSES)) - 1]
             self._timer = self.turns.loop.call_later(pause, self._pump)
+        if self._writing and self._deadline is None:
+            oldest = min(send.since for send in self._writing)
+            due = max(oldest + self.hold_seconds - self.turns.loop.time(), 0.0) + PAUSES[0]
+            self._deadline = self.turns.loop.call_later(due, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        """The oldest write's deadline: give up what is overdue, then go on as after an
+        answer (its producer's next messages may go now)."""
+        self._deadline = None
+        try:
+            self._give_up_overdue(self.turns.loop.time() - self.hold_seconds)
+        finally:
+            self._schedule()
 
     async def _probe(self, address: str) -> None:
         """Ask whether a replica is back; if so, writing resumes."""
@@ -245,7 +309,10 @@ class Holding:
                 'held already: the message was not accepted (send it again once the store is '
                 'back)'
             )
-        send.give_up(send, HoldExpired(text, reason))
+        try:
+            send.give_up(send, HoldExpired(text, reason))
+        except Exception:  # a bug answering one must not keep the others held
+            logger.exception('answering a held message given up failed')
 
     def _stop(self) -> None:
         """Nothing held any more: credit flows again."""
@@ -254,6 +321,9 @@ class Holding:
         self.active = False
         self.turns.holding = False
         self._failures = 0
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self._unconfirmed = None
         logger.warning('the store answers again: held sends are written, producers get credit')
         for producer in list(self._producers()):

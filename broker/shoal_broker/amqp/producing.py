@@ -26,10 +26,10 @@ from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.amqp.guard import Guard, user_name
 from shoal_broker.amqp.holding import HoldExpired, Holding
 from shoal_broker.amqp.linking import Linking
-from shoal_broker.amqp.links import Ahead, ConsumerLink, PendingMessage, ProducerLink, close_link
+from shoal_broker.amqp.links import ConsumerLink, PendingMessage, ProducerLink, close_link
 from shoal_broker.amqp.nodes import Nodes
 from shoal_broker.amqp.outlets import Fed, Held
-from shoal_broker.amqp.rewrites import Rewrites
+from shoal_broker.amqp.rewrites import Claim, Rewrites
 from shoal_broker.amqp.spans import Spans
 from shoal_broker.amqp.subscriptions import LocalSubscription
 from shoal_broker.amqp.turns import Turns
@@ -96,7 +96,9 @@ class Producing:
         self.forget = linking.link_gone
         self._on_stored = self._stored  # one bound method: publish_then batches by callback
         self._on_claimed = self._claimed  # and so does claim_then
-        self.rewrites = Rewrites(store, holding, nodes.by_address, self._stored, self._claimed)
+        self.rewrites = Rewrites(
+            store, holding, nodes.by_address, self._stored, self._claimed, self._late_claims
+        )
         self.spans: Spans | None = None
         """Set by ``Broker`` when tracing is on."""
 
@@ -334,9 +336,7 @@ class Producing:
 
     def _claimed(
         self,
-        claims: list[
-            tuple[ProducerLink, PendingMessage, str, LocalSubscription, ConsumerLink, Ahead]
-        ],
+        claims: list[Claim],
         result: tuple[list[str], list[Entry]] | None,
         error: BrokerError | None,
     ) -> None:
@@ -365,6 +365,15 @@ class Producing:
             else:
                 sub.kick()
             return
+        self._entries_claimed(claims, sub, result)
+
+    def _entries_claimed(
+        self, claims: list[Claim], sub: LocalSubscription, result: tuple[list[str], list[Entry]]
+    ) -> None:
+        """Each delivery sent ahead becomes an entry its consumer holds (or what its consumer
+        decided meanwhile is applied, or it is released: never an entry stranded here); what
+        the claim read ahead goes to the subscription."""
+        address = claims[0][2]
         ids, read_ahead = result
         for (_, _, _, _, consumer, ahead), entry_id in zip(claims, ids, strict=True):
             stored = ahead.message
@@ -378,6 +387,12 @@ class Producing:
             else:  # nothing holds it any more: never leave an entry stranded here
                 self.release(address, QUEUE_GROUP, entry, delivery_failed=True)
         sub.claimed(read_ahead)
+
+    def _late_claims(self, claims: list[Claim], result: tuple[list[str], list[Entry]]) -> None:
+        """Claims the hold gave up on (their producers answered) that Redis made after all."""
+        address, latest = claims[0][2], claims[-1][3]
+        sub = self.subscriptions.get((address, QUEUE_GROUP), latest)
+        self._entries_claimed(claims, sub, result)
 
     def store_held(self, sub: Fed, held: list[Held]) -> None:
         """Messages a subscription held for hand-over go to the store after all, in order."""

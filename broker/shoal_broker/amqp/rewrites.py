@@ -6,6 +6,10 @@ answered through ``Producing`` once the store answers for good.
 A message sent ahead to a local consumer (``Producing._send_ahead``) whose claim failed is
 claimed again, never published anew: its consumer has it already, and a second entry would
 deliver it twice.
+
+A held message given up while its write is unanswered (``HeldSend.given_up``) has had its
+answer: what the store says of that write later answers no producer. A claim made after all
+still gives its entry to its consumer, or releases it (``Producing._late_claims``).
 """
 
 import time
@@ -32,12 +36,14 @@ class Rewrites:
         answer_claimed: Callable[
             [list[Claim], tuple[list[str], list[Entry]] | None, BrokerError | None], None
         ],
+        late_claims: Callable[[list[Claim], tuple[list[str], list[Entry]]], None],
     ) -> None:
         self.store = store
         self.holding = holding
         self.by_address = by_address
         self._answer_stored = answer_stored
         self._answer_claimed = answer_claimed
+        self._late_claims = late_claims
         self._on_rewritten = self._rewritten  # one bound method: publish_then batches by it
         self._on_reclaimed = self._reclaimed
 
@@ -99,6 +105,10 @@ class Rewrites:
                    ) -> None:  # fmt: skip
         """The store's answer for held messages written again: held once more while it fails
         for a transient reason, otherwise answered as any write."""
+        if any(send.given_up for send in sends):  # answered already: stored or not, no one waits
+            sends = [send for send in sends if not send.given_up]
+            if not sends:
+                return
         if isinstance(error, StoreUnavailable):
             for send in sends:
                 self.holding.hold(send, unconfirmed=isinstance(error, StoreUnconfirmed))
@@ -128,12 +138,28 @@ class Rewrites:
             address, QUEUE_GROUP, ahead.message, self._on_reclaimed, send
         )
 
+    def _split_late(
+        self, sends: list[HeldSend], result: tuple[list[str], list[Entry]] | None
+    ) -> tuple[list[HeldSend], tuple[list[str], list[Entry]] | None]:
+        """Hand the claims given up on to ``late_claims`` when Redis made them after all;
+        return the others and their part of ``result`` (with what it read ahead)."""
+        late, late_ids, live, live_ids = _split(sends, result)
+        if result is None:
+            return live, None
+        read_ahead = result[1]
+        self._late_claims([s.token for s in late], (late_ids, [] if live else read_ahead))
+        return live, (live_ids, read_ahead)
+
     def _reclaimed(
         self,
         sends: list[HeldSend],
         result: tuple[list[str], list[Entry]] | None,
         error: BrokerError | None,
     ) -> None:
+        if any(send.given_up for send in sends):
+            sends, result = self._split_late(sends, result)
+            if not sends:
+                return
         if isinstance(error, StoreUnavailable):
             for send in sends:
                 self.holding.hold(send, unconfirmed=isinstance(error, StoreUnconfirmed))
@@ -141,6 +167,16 @@ class Rewrites:
         for send in sends:
             self.holding.written(send)
         self._answer_claimed([send.token for send in sends], result, error)
+
+
+def _split(
+    sends: list[HeldSend], result: tuple[list[str], list[Entry]] | None
+) -> tuple[list[HeldSend], list[str], list[HeldSend], list[str]]:
+    """The sends given up and the others, each with its entry ids (in ``result``'s order)."""
+    ids = result[0] if result is not None else [''] * len(sends)
+    late = [(send, i) for send, i in zip(sends, ids, strict=True) if send.given_up]
+    live = [(send, i) for send, i in zip(sends, ids, strict=True) if not send.given_up]
+    return [s for s, _ in late], [i for _, i in late], [s for s, _ in live], [i for _, i in live]
 
 
 def _outcome_of(future: Any) -> tuple[bool | None, BrokerError | None]:

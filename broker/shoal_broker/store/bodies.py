@@ -103,6 +103,8 @@ def script_replies(replies: list[Any]) -> list[Any]:
     if len(replies) == 1:
         return replies
     executed = replies[-1]
+    if isinstance(executed, Exception):  # EXECABORT: a command was refused as it was queued
+        raise refusal(next((r for r in replies if isinstance(r, Exception)), executed))
     for reply in executed:
         if isinstance(reply, Exception):
             raise refusal(reply)

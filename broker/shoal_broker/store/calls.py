@@ -19,6 +19,10 @@ from shoal_broker.store import scripts
 
 REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
+CLUSTER_REFUSALS = (redis.exceptions.ClusterError, redis.exceptions.TryAgainError)
+"""What redis-py's cluster client raises once its own redirects and retries are spent
+(``ClusterError: TTL exhausted``, ``CLUSTERDOWN``, ``TRYAGAIN``): transient, as an outage is."""
+
 CLUSTER_CALLS_IN_FLIGHT = 16
 """Calls or pipelines a background pass (trimming, the commit-marker sweep) has in flight at once
 on a cluster: each holds a connection of its node's pool (``MAX_REDIS_CONNECTIONS``), and a scan
@@ -42,6 +46,8 @@ async def call(awaitable: Awaitable[Any]) -> Any:
     except REDIS_DOWN as exc:
         # some of redis-py's errors carry no text (MaxConnectionsError, a bare timeout)
         raise StoreUnavailable(f'Redis unreachable: {exc or type(exc).__name__}') from exc
+    except CLUSTER_REFUSALS as exc:  # a failover or a slot on the move, past redis-py's retries
+        raise StoreUnavailable(f'Redis Cluster refused: {exc or type(exc).__name__}') from exc
 
 
 async def on_every_primary(client: Any, command: Callable[..., Awaitable[Any]]) -> list[Any]:

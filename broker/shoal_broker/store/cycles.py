@@ -115,6 +115,8 @@ class Cycles:
         self._task: asyncio.Task[None] | None = None
         self._pending_tasks: set[asyncio.Future[None]] = set()
         self._unconfirmed_warned_at = -UNCONFIRMED_WARNING_SECONDS
+        self.defer_writes: Callable[[list[Op]], None] | None = None
+        """Where writes no replica confirmed in time wait for one (``Confirming.defer_writes``)."""
         self.pipelines = 0
         """Pipelines sent so far (a batching measure for benchmarks and tests)."""
         self.commands = 0
@@ -307,7 +309,7 @@ class Cycles:
             carried(waited, lane_units[0].carrier)  # one pipeline's units: one socket
             if not (isinstance(confirmed, int) and confirmed >= 1):
                 self._warn_unconfirmed()
-                unconfirmed(waited)
+                unconfirmed(waited, self.defer_writes)
         self._settle_units(settling, replies)
         for address in {op.notify for op in members if op.notify and op.notify_local}:
             self._notify_local(address)
@@ -329,7 +331,7 @@ class Cycles:
         REDIS_ROUND_TRIP.observe(time.perf_counter() - started)
         if waits and not (isinstance(replies[-1], int) and replies[-1] >= 1):
             self._warn_unconfirmed()
-            unconfirmed(ops)
+            unconfirmed(ops, self.defer_writes)
         self._settle_units(units, replies)
         for address in {op.notify for op in ops if op.notify and op.notify_local}:
             self._notify_local(address)

@@ -43,7 +43,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+CONNECTION_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    OSError,
+    redis.exceptions.InvalidResponse,
+)
+"""What makes a connection unusable. ``InvalidResponse``: what answered is not Redis (a dead
+node's port taken by another server), which redis-py does not count as a connection error."""
 
 Answer = Callable[[list[Any] | None, BaseException | None], None]
 """Called with (replies, None) or (None, error) the moment a pipeline's replies are read."""

@@ -195,8 +195,11 @@ class ClusterLanes:
                 unit.started = loop.time()
             try:
                 node = self._owner(unit)
-            except redis.exceptions.ClusterDownError as exc:
-                self._send_back(unit, exc)
+            except redis.exceptions.ClusterDownError as exc:  # its slot is in no map yet
+                if loop.time() - unit.started < self._settle_seconds:
+                    self._send_back(unit, exc)
+                else:  # as any refusal past settle_seconds: never sent back for ever
+                    answer_one(unit, None, exc)
                 continue
             busy = self._in_flight.get(unit.slot)
             if (
@@ -246,6 +249,10 @@ class ClusterLanes:
             await lane.send_then(commands, answered)
         except CONNECTION_ERRORS as exc:
             self._answered(units, None, exc, plain=plain, confirm=confirm)
+        except Exception as exc:  # a bug: answered all the same, or its slot waits for ever
+            logger.exception('a pipeline to %s was not sent', node)
+            lost = redis.exceptions.ConnectionError(f'a pipeline was not sent: {exc!r}')
+            self._answered(units, None, lost, plain=plain, confirm=confirm)
 
     def _answered(
         self,
@@ -263,16 +270,22 @@ class ClusterLanes:
                 in_flight[unit.slot] = (node, count - 1)
             else:
                 del in_flight[unit.slot]
-        if error is not None or replies is None:
-            self._refresh_soon()
-            for unit in units:
-                answer_one(unit, None, error or redis.exceptions.ConnectionError('no replies'))
-        elif plain and not any(isinstance(r, _REFUSED) for r in replies):
-            self._answer_together(units, replies, confirm)
-        else:
-            self._answer_each(units, replies, confirm)
-        for slot in {unit.slot for unit in units}:
-            self._release(slot)
+        try:
+            if error is not None or replies is None:
+                self._refresh_soon()
+                lost = error or redis.exceptions.ConnectionError('no replies')
+                for unit in units:
+                    try:  # each answered, whatever another's answer raised
+                        answer_one(unit, None, lost)
+                    except Exception:
+                        logger.exception('answering a unit Redis did not answer failed')
+            elif plain and not any(isinstance(r, _REFUSED) for r in replies):
+                self._answer_together(units, replies, confirm)
+            else:
+                self._answer_each(units, replies, confirm)
+        finally:  # whatever an answer raised, what waits behind these units goes
+            for slot in {unit.slot for unit in units}:
+                self._release(slot)
 
     def _answer_together(self, units: list[Unit], replies: list[Any], confirm: bool) -> None:
         """Nothing refused: each ``answer`` once, with all of its units."""
@@ -301,7 +314,13 @@ class ClusterLanes:
                 mine = mine[1::2]  # the ASKING replies go
             refused = [r for r in mine if isinstance(r, _REFUSED)]
             timely = loop.time() - unit.started < self._settle_seconds
-            if refused and len(refused) == len(mine) and timely:
+            whole = len(refused) == len(mine)
+            if refused and isinstance(mine[-1], redis.exceptions.ExecAbortError):
+                # a MULTI refused as it was queued: nothing ran. Sent again only for MOVED; ASK
+                # and TRYAGAIN in a MULTI name a new key (a big body, store/bodies.py) in a slot
+                # on the move, which neither node takes until the address's keys have moved
+                whole = isinstance(refused[0], redis.exceptions.MovedError)
+            if refused and whole and timely:
                 self._send_back(unit, refused[0])
             else:
                 answered.append((unit, mine))

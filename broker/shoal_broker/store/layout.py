@@ -86,14 +86,14 @@ async def address_kind(client: 'redis.asyncio.Redis', run: Run, address: str, gr
 
 
 def address_keys(address: str, groups: Iterable[Any]) -> list[str]:
-    """Every key of an address but its meta record, for ``delete_address.lua``."""
+    """Every key of an address but its meta record and its bodies' index, for
+    ``delete_address.lua``."""
     k = keys.AddressKeys.of(address)
     doomed = [*k.streams, k.groups, k.scheduled, k.scheduled_messages, k.watchers]
     doomed += [k.levels, *k.two_bands]
     doomed.append(k.commit_markers)
     doomed.append(k.duplicates)
     doomed += [k.last_values, k.last_value_order]
-    doomed.append(k.body_index)  # and the bodies it names (delete_address, store/bodies.py)
     for raw in groups:
         group = text(raw)
         doomed += [k.returned(group), k.delivery_counts(group), k.shares(group),
@@ -108,7 +108,10 @@ async def delete_address(client: 'redis.asyncio.Redis', run: Run, address: str) 
     entry = await client.hget(keys.ADDRESSES, address)
     groups = await client.smembers(k.groups)
     await delete_bodies(client, k.body_index)
-    kind, epoch = await run('delete_address', (k.meta, *address_keys(address, groups)), ())
+    doomed = (k.meta, k.body_index, *address_keys(address, groups))
+    kind, epoch, *left = await run('delete_address', doomed, ())
+    if left:  # published while the pages above were deleted (store/bodies.py)
+        await client.unlink(*bodies.due_keys(k.body_index, left))
     if kind and epoch:
         forgotten = address_entry(text(kind), text(epoch))
     elif entry is not None and ':' not in text(entry):
@@ -120,8 +123,8 @@ async def delete_address(client: 'redis.asyncio.Redis', run: Run, address: str) 
 
 async def delete_bodies(client: 'redis.asyncio.Redis', index: str) -> None:
     """Delete the bodies of big messages an index names (``store/bodies.py``), a page at a time,
-    each page's bodies before its members. A message published between the last page and the
-    address's deletion keeps its body: a publish to an address being deleted."""
+    each page's bodies before its members. A message published after the last page is
+    named by ``delete_address.lua``, which deletes the index."""
     for _ in range(MAX_BODY_PAGES):
         members = await client.zrange(index, 0, BODY_PAGE - 1)
         if not members:

@@ -132,6 +132,8 @@ class Messages(Releasing):
         self.acks = Acks(cycles, durable=durability is Durability.REPLICATED)
         self.ack_nowait = self.acks.ack_nowait
         self.confirming = Confirming(cycles)
+        if durability is Durability.REPLICATED:
+            cycles.defer_writes = self.confirming.defer_writes
 
     def publish(self, address: str, kind: AddressKind, message: OutgoingMessage) -> Awaitable[bool]:
         future: asyncio.Future[bool] = (

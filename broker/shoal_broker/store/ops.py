@@ -60,8 +60,8 @@ class Op:
     """An ack in ``replicated`` durability (``acks.py``): its pipeline waits for a replica, and
     one not confirmed in time is answered ``StoreUnconfirmed`` (then sent again)."""
     carrier: int = 0
-    """The socket (``Lane.serial``) whose pipeline answered a ``confirmed`` or ``durable`` op, in
-    ``replicated`` durability: a fetch's confirmation counts on that socket only."""
+    """The socket (``Lane.serial``) whose pipeline answered the op, in ``replicated``
+    durability: a fetch's or a write's confirmation counts on that socket only."""
     fetches: tuple[str, str] | None = None
     """A fetch's (address, group): a consumer's give-back of that subscription queued while the
     fetch waits for its cycle goes ahead of it (``releasing.py``)."""
@@ -169,17 +169,25 @@ def unreachable(ops: list[Op], exc: BaseException) -> None:
 def carried(ops: Iterable[Op], serial: int) -> None:
     """Note the socket that answered the ops a replica is to confirm (``Op.carrier``)."""
     for op in ops:
-        if op.confirmed or op.durable:
-            op.carrier = serial
+        op.carrier = serial
 
 
-def unconfirmed(ops: list[Op]) -> None:
-    """Messages written but not confirmed by a Redis replica in time: never accept them; and
-    durable acks, sent again."""
+def unconfirmed(ops: list[Op], defer: Callable[[list[Op]], None] | None = None) -> None:
+    """Ops of a pipeline whose ``WAIT`` timed out, before their replies settle them: a fetch's
+    entries wait for a replica (``confirming.py``); messages written are never accepted
+    unconfirmed, but wait for a replica in ``defer`` (``Confirming.defer_writes``), or fail
+    without it; durable acks fail, to be sent again."""
+    writes: list[Op] = []
     for op in ops:
-        op.unconfirmed = op.confirmed  # a fetch: its entries wait for a replica (confirming.py)
-        if ((op.batch is not None and op.batch[0] in WRITES) or op.durable) and not op.done():
+        op.unconfirmed = op.confirmed
+        if op.done():
+            continue
+        if op.batch is not None and op.batch[0] in WRITES and defer is not None:
+            writes.append(op)
+        elif (op.batch is not None and op.batch[0] in WRITES) or op.durable:
             fail(op, StoreUnconfirmed('no Redis replica confirmed the write in time'))
+    if writes and defer is not None:
+        defer(writes)
 
 
 UNIQUE_PARTS_PER_MESSAGE = PARTS_PER_MESSAGE + 1

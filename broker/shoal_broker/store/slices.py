@@ -19,9 +19,11 @@ from shoal_broker.store.commit_nodes import NOTHING_RAN, NodeClients
 from shoal_broker.store.lane import CONNECTION_ERRORS
 
 CALLS_PER_PIPELINE = 100
-"""Metric records, or trim.lua calls, per pipeline: encoding a record's XADD costs the event
-loop ~80 µs, so the records of a thousand entities in one pipeline held every connection's
-traffic for ~160 ms each interval (docs/performance.md#background-work-in-slices)."""
+"""Calls per pipeline of a background pass (trim.lua calls, the index checks and deletions of big
+messages' bodies): a trim step's reply is read and judged on the loop, so a pass over a thousand
+addresses in one pipeline held every connection's traffic at once. Metric records have their own
+slice (``reporting.RECORDS_PER_SLICE``): building one costs the loop far more than a call's
+reply (docs/performance.md#background-work-in-slices)."""
 
 Calls = Sequence[tuple[str, tuple[Any, ...]]]
 """Each call's key (the slot it touches) and its command."""

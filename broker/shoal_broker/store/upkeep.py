@@ -74,8 +74,9 @@ class Upkeep:
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
                     break
-                counts = [await self._trimmed(s, r) for s, r in
-                          zip(streams, await self._trim_step(streams), strict=True)]  # fmt: skip
+                replies = await self._trim_step(streams)
+                await self._bodies_deleted(streams, replies)
+                counts = [int(r[0]) if isinstance(r, list) else int(r) for r in replies]
                 removed += sum(counts)
                 streams = [s for s, count in zip(streams, counts, strict=True) if count]
             if not cursor:
@@ -88,15 +89,23 @@ class Upkeep:
         calls = [(k.body_index, ('EXISTS', k.body_index)) for k in found]
         return [isinstance(r, Exception) or bool(r) for r in await in_slices(self._nodes, calls)]
 
-    async def _trimmed(self, stream: tuple[str, ...], reply: Any) -> int:
-        """How many entries a trim.lua call removed, having deleted the bodies of the big
-        messages among them it named (``store/bodies.py``), then their index members."""
-        if not isinstance(reply, list):
-            return int(reply)
-        index, members = stream[2], reply[1:]
-        await call(self._client.unlink(*bodies.due_keys(index, members)))
-        await call(self._client.zrem(index, *members))
-        return int(reply[0])
+    async def _bodies_deleted(self, streams: list[tuple[str, ...]], replies: list[Any]) -> None:
+        """Delete the bodies of the big messages trim.lua calls named, then their index members
+        (``store/bodies.py``), in slices per primary (``slices.in_slices``):
+        the trim names members again until they are gone, so a call refused leaves both for the
+        next step or pass, and a primary lost fails the pass (``StoreUnavailable``) once the
+        others' are deleted. Each pair goes to one node's pipelines in order, so a member never
+        leaves before its body."""
+        calls: list[tuple[str, tuple[Any, ...]]] = []
+        for stream, reply in zip(streams, replies, strict=True):
+            if isinstance(reply, list):
+                index, members = stream[2], reply[1:]
+                calls.append((index, ('UNLINK', *bodies.due_keys(index, members))))
+                calls.append((index, ('ZREM', index, *members)))
+        answered = await in_slices(self._nodes, calls) if calls else []
+        lost = next((r for r in answered if isinstance(r, CONNECTION_ERRORS)), None)
+        if lost is not None:
+            raise StoreUnavailable(f'Redis unreachable: {lost or type(lost).__name__}') from lost
 
     async def _trim_step(self, streams: list[tuple[str, ...]]) -> list[Any]:
         """One trim.lua call per stream, in slices (``slices.in_slices``: pipelines of at most
@@ -105,7 +114,8 @@ class Upkeep:
         for the next pass, on a fresh slot map and with the scripts loaded again. A primary
         lost fails the pass (``StoreUnavailable``) once the others are done, the map asked
         again for the next one. Each reply is trim.lua's (a count, or a count and the index
-        members of big messages' bodies to delete: ``_trimmed``); 0 for a call that did not run."""
+        members of big messages' bodies to delete: ``_bodies_deleted``); 0 for a call that did
+        not run."""
         calls = [
             (stream[0], self._scripts.command('trim', stream, (TRIM_STEP_ENTRIES,)))
             for stream in streams
@@ -149,7 +159,7 @@ class Upkeep:
         """Append metric records to the metrics stream, trimmed to about ``max_length``, and add
         each queue's and named subscription's deliveries to its per-replica total
         (``AddressKeys.delivered``), in one pipeline: the caller hands them in slices
-        (``slices.CALLS_PER_PIPELINE``, ``running/reporting.py``)."""
+        (``reporting.RECORDS_PER_SLICE``, ``running/reporting.py``)."""
         pipe = self._client.pipeline(transaction=False)
         for fields in records:
             entry: dict[Any, Any] = dict(fields)
