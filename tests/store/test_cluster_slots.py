@@ -93,6 +93,8 @@ CASES = [
          (GROUP, 'replica-dead', 0, 100, '1', 200, 2.0, 86_400_000)),
     Case('release_later', (A.returned(GROUP), A.delivery_counts(GROUP)),
          ('0|000000000000001-0000000000', '0|1-0', '1', 200)),
+    Case('release_behind', (A.returned(GROUP),),
+         ('5|000000000000002-0000000000', '5|000000000000003-0000000000')),
     Case('trim', (A.streams[B], A.levels, A.body_index), (1000,)),
     # exclusive (single active) consumers: the line, the fetch gated on it, leaving and reaping
     Case('exclusive_join', (A.line(GROUP),), (f'{REPLICA}|c1|rx|1',)),

@@ -5,6 +5,7 @@ give a returned entry the due time ``routing/redelivery.py`` computes (on Redis'
 when it is due.
 """
 
+import asyncio
 import uuid
 
 import redis.asyncio
@@ -88,3 +89,29 @@ async def test_a_fetch_leaves_a_waiting_entry_and_hands_out_the_rest(
     assert entries[3] == b'behind'  # the new entry went past the waiting one
     assert len(entries) == 8
     assert await client.zscore(k.returned(GROUP), member) is not None  # still waiting
+
+
+async def test_entries_returned_behind_follow_the_waiting_one_and_precede_new_ones(
+    client: redis.asyncio.Redis,
+) -> None:
+    """``release_behind.lua``: what an exclusive entity's fetch brought while its consumer gave
+    an entry back shares that entry's due time and sorts after it, ahead of the new entries."""
+    address = f'redelay-{uuid.uuid4().hex[:8]}'
+    k, ids = await _queue_with(client, 3, address)
+    members = [keys.entry_member(5, i) for i in ids]
+    await _eval(client, 'release_later', (k.returned(GROUP), k.delivery_counts(GROUP)),
+                members[0], keys.entry_field(5, ids[0]), '1', 1)  # fmt: skip
+    due = await client.zscore(k.returned(GROUP), members[0])
+    assert await _eval(client, 'release_behind', (k.returned(GROUP),), *members[2:0:-1]) == due
+    assert await client.zrange(k.returned(GROUP), 0, -1) == [m.encode() for m in members]
+    assert await client.hget(k.delivery_counts(GROUP), keys.entry_field(5, ids[1])) is None
+    await client.xadd(k.streams[5], {'h': b'', 'r': b'new'})
+    for _ in range(100):  # due 1 ms after the release
+        if await _now_ms(client) > due:
+            break
+        await asyncio.sleep(0.005)
+    script_keys, args = fetch_call(address, GROUP, 'r1', 10)
+    reply = await _eval(client, 'fetch', script_keys, *args)
+    entries = reply[3:]  # type: ignore[index]
+    assert [entries[i + 3] for i in range(0, len(entries), 8)] == [b'm0', b'm1', b'm2', b'new']
+    assert [entries[i + 5] for i in range(0, len(entries), 8)] == [b'1', b'0', b'0', b'0']

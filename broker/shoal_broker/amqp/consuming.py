@@ -209,6 +209,8 @@ class Consuming:
         if decision.action is Action.RETURN:
             if decision.exclude_consumer:
                 consumer.excluded.add(entry.key)
+            if sub is not None:
+                sub.gave_back()
             return self.redeliver(
                 consumer.address, consumer.group, entry, delivery_failed=decision.delivery_failed
             )

@@ -6,12 +6,20 @@ The line in Redis (``store/lines.py``) says which consumer, cluster-wide, is fir
 fetches for one local consumer, its oldest until a fetch answers that another local consumer is
 first (``first_elsewhere``); the fetch is granted only while that consumer is first in line,
 and the entries it brings go to that consumer alone (``pool``).
+
+Also the order through a consumer's failure, for exclusive and grouped subscriptions alike: a
+fetch whose reply came in the same loop turn as a give-back, or went out before it, sends what
+it brought back behind the failed entry (``gave_back``, ``_answered_later``).
 """
 
 import itertools
+from collections.abc import Callable
 
+from shoal_broker.amqp.groups import Groups
 from shoal_broker.amqp.links import ConsumerLink
 from shoal_broker.amqp.outlets import Outlet
+from shoal_broker.errors import BrokerError
+from shoal_broker.routing.storage import Fetched
 
 _LINE_SERIALS = itertools.count(1)
 
@@ -40,6 +48,14 @@ class Line:
     _active_line = ''
     """The local consumer (``ConsumerLink.line``) fetched for: found first in line, or (none
     found yet) the oldest here."""
+    _given_back_while_fetching = False
+    """A consumer of an exclusive or grouped subscription gave an entry back while a fetch was
+    out: what that fetch brings goes back behind it (``_behind_given_back``)."""
+    groups: Groups
+    """The message groups this replica owns (``amqp/groups.py``): some, and order matters."""
+    _fetching: bool
+    _again: bool
+    _fetched: Callable[[Fetched | None, BrokerError | None, int, int], None]
 
     def _active(self) -> ConsumerLink | None:
         """The local consumer an exclusive entity is fetched for (``_active_line``)."""
@@ -85,3 +101,36 @@ class Line:
         consumer.line = f'{consumer.conn.id}|{consumer.name}|{next(_LINE_SERIALS)}'
         if self.exclusive:
             self.outlet.line(self.address, self.group, consumer.line, join=True)
+
+    def gave_back(self) -> None:
+        """A consumer gave an entry back (failed, released) while a fetch was out or its
+        answer waits (``_answered_later``): on an exclusive or grouped subscription, the fetch
+        may have read messages stored after that outcome left the peer, which must not go out
+        ahead of it."""
+        if self._fetching and (self.exclusive or len(self.groups)):
+            self._given_back_while_fetching = True
+
+    def _answered_later(
+        self, entries: Fetched | None, error: BrokerError | None, asked: int, fetch: int
+    ) -> None:
+        """An exclusive or grouped subscription's fetch answer, taken a loop turn after its
+        store reply: the peer's input read in the same turn goes first. A peer that fails a
+        message and then has the next one sent (through any replica) may have its outcome read
+        behind the store reply that brings that next one; seen before the deal, the outcome
+        sends the fetch's entries back behind the failed one (``_behind_given_back``)."""
+        self.outlet.call_later(
+            0, lambda: self._fetched(self._behind_given_back(entries), error, asked, fetch)
+        )
+
+    def _behind_given_back(self, entries: Fetched | None) -> Fetched | None:
+        """What to deal of a fetch's entries: none when a give-back came in meanwhile; they go
+        back behind it (``release_behind.lua``), uncounted, and the subscription fetches again,
+        gated on the returned entry's delay."""
+        if not self._given_back_while_fetching or entries is None:
+            return entries
+        self._given_back_while_fetching = False
+        if not entries:
+            return entries
+        self.outlet.store.messages.release_behind(self.address, self.group, entries)
+        self._again = True
+        return Fetched((), entries.left, entries.wait_ms, entries.active)

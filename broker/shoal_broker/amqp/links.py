@@ -111,6 +111,8 @@ class Feed(Protocol):
 
     def on_notify(self, address: str) -> None: ...
 
+    def gave_back(self) -> None: ...
+
 
 @dataclasses.dataclass(eq=False, slots=True)
 class ConsumerLink(LinkState):

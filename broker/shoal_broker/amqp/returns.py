@@ -48,12 +48,14 @@ class Returns:
         """Give back an entry a consumer had (released, failed, rolled back, or its consumer
         gone): deliverable again after the entity's redelivery delay, if it has one."""
         policy = self.nodes.policy(address, group)
-        if policy.redelivery_delay_ms is None and not self.routing.redelivery_delay_ms:
-            return self.release(address, group, entry, delivery_failed=delivery_failed)
-        wait = backoff_of(policy, self.routing).wait_ms(entry.delivery_count + delivery_failed)
+        wait = 0
+        if policy.redelivery_delay_ms is not None or self.routing.redelivery_delay_ms:
+            wait = backoff_of(policy, self.routing).wait_ms(entry.delivery_count + delivery_failed)
         if wait:
             self.counters.redelivery_delayed(address, group)
-        return self.release(address, group, entry, delivery_failed=delivery_failed, delay_ms=wait)
+        # ahead of a fetch this replica has not sent yet: nothing newer overtakes the entry
+        return self.release(address, group, entry, delivery_failed=delivery_failed,
+                            delay_ms=wait, ahead_of_fetch=True)  # fmt: skip
 
     def release(
         self,
@@ -64,15 +66,15 @@ class Returns:
         delivery_failed: bool,
         retry: float = 0.0,
         delay_ms: int = 0,
+        ahead_of_fetch: bool = False,
     ) -> Awaitable[None]:
         """Give an entry back to its subscription. A release Redis refuses (full, or out of
         reach) is tried again with a growing pause: the entry is pending on this replica and
         nothing else would ever return it while the replica lives."""
         released = asyncio.ensure_future(
-            self.store.messages.release(
-                address, group, entry, delivery_failed=delivery_failed, delay_ms=delay_ms
-            )
-        )
+            self.store.messages.release(address, group, entry, delivery_failed=delivery_failed,
+                                        delay_ms=delay_ms, ahead_of_fetch=ahead_of_fetch)
+        )  # fmt: skip
 
         def check(done: 'asyncio.Future[None]') -> None:
             if done.cancelled() or done.exception() is None:

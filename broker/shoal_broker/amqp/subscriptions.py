@@ -299,11 +299,12 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         self._again = False
         self.groups.fetches += 1
         fetch = self.groups.fetches
+        answered = self._answered_later if active or len(self.groups) else self._fetched
         self.outlet.store.messages.fetch_then(
             self.address,
             self.group,
             want,
-            lambda entries, error: self._fetched(entries, error, want, fetch),
+            lambda entries, error: answered(entries, error, want, fetch),
             0 if self.private else len(self.consumers),
             credit,
             active.line if active else '',

@@ -261,10 +261,24 @@ class MessagePort(Protocol):
         ...
 
     def release(
-        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, delay_ms: int = 0
+        self,
+        address: str,
+        group: str,
+        entry: Entry,
+        *,
+        delivery_failed: bool,
+        delay_ms: int = 0,
+        ahead_of_fetch: bool = False,
     ) -> Awaitable[None]:
         """Make the entry available again to any replica (after ``delay_ms``: a redelivery
-        delay); count a failed attempt if asked."""
+        delay); count a failed attempt if asked. ``ahead_of_fetch``: a consumer's give-back,
+        which reaches the store before any fetch of the subscription this replica has asked
+        for and not sent yet."""
+        ...
+
+    def release_behind(self, address: str, group: str, entries: Sequence[Entry]) -> None:
+        """Make entries a fetch brought available again behind every returned entry (so behind
+        one waiting out a redelivery delay) and ahead of new ones; counts unchanged."""
         ...
 
     def browse(

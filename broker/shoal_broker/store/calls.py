@@ -35,7 +35,7 @@ SCRIPTS = (
     'reap_consumers', 'renew_lease', 'schedule', 'release_due', 'publish_limited', 'notify',
     'publish_claim', 'delete_address', 'index_forget', 'publish_unique', 'release_later',
     'publish_last', 'exclusive_join', 'exclusive_leave', 'exclusive_reap', 'relayout_bands',
-    'groups_drop', 'groups_forget',
+    'groups_drop', 'groups_forget', 'release_behind',
 )  # fmt: skip
 
 

@@ -388,7 +388,7 @@ class Messages(Releasing):
         active: str = '',
     ) -> None:
         commands, finish = self._fetch_op(address, group, count, consumers, credit or count, active)
-        op = Op(commands, finish, None, None, False, None, (), None, confirmed=True)
+        op = Op(commands, finish, None, confirmed=True, fetches=(address, group))
         durable = self.acks.durable  # replicated: delivered once a replica has the claims
         callback = resolving(address, self._queue, callback)  # big ones' bodies (bodies.py)
         op.callback = self.confirming.answer(op, address, callback) if durable else callback

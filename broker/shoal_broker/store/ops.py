@@ -62,6 +62,9 @@ class Op:
     carrier: int = 0
     """The socket (``Lane.serial``) whose pipeline answered the op, in ``replicated``
     durability: a fetch's or a write's confirmation counts on that socket only."""
+    fetches: tuple[str, str] | None = None
+    """A fetch's (address, group): a consumer's give-back of that subscription queued while the
+    fetch waits for its cycle goes ahead of it (``releasing.py``)."""
 
     def done(self) -> bool:
         return self.answered or (self.future is not None and self.future.done())

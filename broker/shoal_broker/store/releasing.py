@@ -6,7 +6,7 @@ A part of ``Messages`` kept apart to keep each module short.
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from shoal_broker.errors import BrokerError, next_retry_pause
@@ -47,19 +47,79 @@ class Releasing:
                 releases = [self.release(address, group, e, delivery_failed=False) for e in entries]
 
     def release(
-        self, address: str, group: str, entry: Entry, *, delivery_failed: bool, delay_ms: int = 0
+        self,
+        address: str,
+        group: str,
+        entry: Entry,
+        *,
+        delivery_failed: bool,
+        delay_ms: int = 0,
+        ahead_of_fetch: bool = False,
     ) -> Awaitable[None]:
         k = keys.AddressKeys.of(address)
         member = keys.entry_member(entry.band, entry.id)
         field = keys.entry_field(entry.band, entry.id)
+        commands: list[tuple[Any, ...]] = []
         if delay_ms:  # due on Redis's clock, which fetch.lua reads (release_later.lua)
             script_keys = (k.returned(group), k.delivery_counts(group))
             args = (member, field, int(delivery_failed), delay_ms)
-            return self._queue([self._script('release_later', script_keys, args)], no_result,
-                               notify=address, notify_local=True)  # fmt: skip
-        commands: list[tuple[Any, ...]] = []
-        if delivery_failed:
-            # count first: a replica fetching between the two commands must see the new count
-            commands.append(('HINCRBY', k.delivery_counts(group), field, 1))
-        commands.append(('ZADD', k.returned(group), 0, member))
-        return self._queue(commands, lambda r: None, notify=address, notify_local=True)
+            commands.append(self._script('release_later', script_keys, args))
+        else:
+            if delivery_failed:
+                # count first: a replica fetching between the two commands must see the new count
+                commands.append(('HINCRBY', k.delivery_counts(group), field, 1))
+            commands.append(('ZADD', k.returned(group), 0, member))
+        released = self._queue(commands, no_result, notify=address, notify_local=True)
+        if ahead_of_fetch:
+            self._ahead_of_fetch((address, group))
+        return released
+
+    def _ahead_of_fetch(self, subscription: tuple[str, str]) -> None:
+        """Move the op just queued (a consumer's give-back) ahead of the subscription's fetch
+        still waiting for its cycle, if one is: the fetch was asked for before the outcome was
+        read, but it reaches Redis after it, and must find the entry returned (or waiting out
+        its delay) rather than hand out newer ones past it. A peer that fails a message and
+        then has the next one sent (through any replica) gets the failed one first on an
+        exclusive or grouped subscription, whatever this replica read first: the store's reply
+        that asked for the fetch, or the outcome."""
+        queued = self._cycles.queued
+        for index in range(len(queued) - 1):
+            if queued[index].fetches == subscription:
+                queued.insert(index, queued.pop())
+                return
+
+    def release_behind(self, address: str, group: str, entries: Sequence[Entry]) -> None:
+        """Return entries behind every returned one (``release_behind.lua``), uncounted, queued
+        now: ahead of any fetch asked for next. One Redis refuses is tried again with a growing
+        pause, as in ``_give_back``: the entries are pending on this replica, and nothing else
+        would return them while it lives."""
+        k = keys.AddressKeys.of(address)
+        members = [keys.entry_member(entry.band, entry.id) for entry in entries]
+        command = self._script('release_behind', (k.returned(group),), members)
+
+        def again() -> Awaitable[None]:
+            return self._queue([command], no_result, notify=address, notify_local=True)
+
+        self._cycles.background(self._behind(address, group, len(members), again(), again))
+
+    async def _behind(
+        self,
+        address: str,
+        group: str,
+        count: int,
+        released: Awaitable[None],
+        again: Callable[[], Awaitable[None]],
+    ) -> None:
+        pause = 0.0
+        while True:
+            try:
+                await released
+                return
+            except BrokerError as exc:
+                if self._cycles.closed:  # pending on a replica that stops: reclaimed like a crash's
+                    return
+                pause = next_retry_pause(pause)
+                logger.warning('returning %d entries to %s/%s failed (%s); again in %.2f s',
+                               count, address, group, exc, pause)  # fmt: skip
+                await asyncio.sleep(pause)
+                released = again()

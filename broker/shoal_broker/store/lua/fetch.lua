@@ -276,6 +276,9 @@ end
 -- waits for the next fetch, and so does everything newer: an entry parked for another replica
 -- costs no credit, so the look may end before the credit does (``bound``: members from it on)
 local bound = nil
+-- a look ended at ``bound`` with credit left, or (message groups) a returned entry waits out a
+-- redelivery delay: nothing newer goes out
+local cut = false
 if want > 0 then
   local head = redis.call('ZRANGE', KEYS[11], 0, want - 1, 'WITHSCORES')
   if grouped and #head == 2 * want then bound = head[#head - 1] .. '~' end
@@ -286,7 +289,10 @@ if want > 0 then
       local wait = tonumber(head[j + 1]) - now
       if wait > 0 then
         out[3] = wait
-        if grouped then bound = head[j] end
+        if grouped then  -- it and what sorts after it wait, and no new entry goes past it
+          bound = head[j]
+          cut = true
+        end
         break
       end
     end
@@ -313,7 +319,6 @@ if want > 0 and #mine_parked > 0 then
   end
 end
 
-local cut = false  -- a look ended at ``bound`` with credit left: nothing newer goes out
 local function claim_returned(band)
   for _, member in ipairs(returned[band] or {}) do
     if want <= 0 then return end
