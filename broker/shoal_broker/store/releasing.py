@@ -29,22 +29,14 @@ class Releasing:
         self, address: str, group: str, entries: list[Entry], releases: list[Awaitable[None]]
     ) -> None:
         """See that the releases ``_fetch_op`` queued for new entries a fetch in bulk read beside
-        returned or other bands' ones are done. A refusal is tried again with a growing pause, as
-        ``Broker.release`` does: the entries are pending on this replica, and nothing else would
-        return them while it lives."""
-        pause = 0.0
-        while True:
-            try:  # in one cycle, in order; a release already done is only done again
-                await asyncio.gather(*releases)
-                return
-            except BrokerError as exc:
-                if self._cycles.closed:  # pending on a replica that stops: reclaimed like a crash's
-                    return
-                pause = next_retry_pause(pause)
-                logger.warning('returning %d entries to %s/%s failed (%s); again in %.2f s',
-                               len(entries), address, group, exc, pause)  # fmt: skip
-                await asyncio.sleep(pause)
-                releases = [self.release(address, group, e, delivery_failed=False) for e in entries]
+        returned or other bands' ones are done (``_returned``)."""
+
+        def again() -> Awaitable[Any]:  # in one cycle, in order; one already done is done again
+            return asyncio.gather(
+                *(self.release(address, group, e, delivery_failed=False) for e in entries)
+            )
+
+        await self._returned(address, group, len(entries), asyncio.gather(*releases), again)
 
     def release(
         self,
@@ -90,9 +82,7 @@ class Releasing:
 
     def release_behind(self, address: str, group: str, entries: Sequence[Entry]) -> None:
         """Return entries behind every returned one (``release_behind.lua``), uncounted, queued
-        now: ahead of any fetch asked for next. One Redis refuses is tried again with a growing
-        pause, as in ``_give_back``: the entries are pending on this replica, and nothing else
-        would return them while it lives."""
+        now: ahead of any fetch asked for next; tried again while Redis refuses (``_returned``)."""
         k = keys.AddressKeys.of(address)
         members = [keys.entry_member(entry.band, entry.id) for entry in entries]
         command = self._script('release_behind', (k.returned(group),), members)
@@ -100,16 +90,19 @@ class Releasing:
         def again() -> Awaitable[None]:
             return self._queue([command], no_result, notify=address, notify_local=True)
 
-        self._cycles.background(self._behind(address, group, len(members), again(), again))
+        self._cycles.background(self._returned(address, group, len(members), again(), again))
 
-    async def _behind(
+    async def _returned(
         self,
         address: str,
         group: str,
         count: int,
-        released: Awaitable[None],
-        again: Callable[[], Awaitable[None]],
+        released: Awaitable[Any],
+        again: Callable[[], Awaitable[Any]],
     ) -> None:
+        """Await ``released``; a refusal is tried again (``again``) with a growing pause, as
+        ``Broker.release`` does: the entries are pending on this replica, and nothing else would
+        return them while it lives."""
         pause = 0.0
         while True:
             try:
