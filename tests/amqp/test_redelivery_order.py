@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from amqpclient import connect, flush, nothing_more, receiver, send_all, settle
@@ -39,6 +40,21 @@ def _until_stopped(pid: int) -> None:
     raise AssertionError(f'process {pid} did not stop')
 
 
+def _two_replicas(
+    start_broker: Callable[..., BrokerProcess], address: str, order: str
+) -> tuple[BrokerProcess, Any, Any, Any, Any]:
+    """Two replicas ordering ``address`` as ``order`` says: (the consuming one, its connection
+    and receiver (credit 20), the producing one's connection and sender)."""
+    env = {'SHOAL_REDELIVERY_DELAY_MS': DELAY_MS}
+    if order == 'exclusive':
+        env['SHOAL_EXCLUSIVE_ADDRESSES'] = address
+    producing, consuming = start_broker(env=env), start_broker(env=env)
+    consumer = connect(consuming.url)
+    rcv = receiver(consumer, address, credit=20)
+    conn = connect(producing.url)
+    return consuming, consumer, rcv, conn, send_all(conn, address, [])
+
+
 @pytest.mark.parametrize('order', ['exclusive', 'group'])
 def test_an_outcome_read_in_one_turn_with_a_drain_reaches_the_store_before_its_fetch(
     start_broker: Callable[..., BrokerProcess], address: str, order: str
@@ -46,15 +62,8 @@ def test_an_outcome_read_in_one_turn_with_a_drain_reaches_the_store_before_its_f
     """The consumer asks to drain, then fails the message it holds, while its replica is
     stopped; the next message is stored meanwhile. The replica reads both at once: the fetch
     the drain asks for finds the failed message waiting, and hands out nothing past it."""
-    env = {'SHOAL_REDELIVERY_DELAY_MS': DELAY_MS}
-    if order == 'exclusive':
-        env['SHOAL_EXCLUSIVE_ADDRESSES'] = address
+    consuming, consumer, rcv, conn, snd = _two_replicas(start_broker, address, order)
     grouped = order == 'group'
-    producing, consuming = start_broker(env=env), start_broker(env=env)
-    consumer = connect(consuming.url)
-    rcv = receiver(consumer, address, credit=20)
-    conn = connect(producing.url)
-    snd = send_all(conn, address, [])
     snd.send(_message('failed', grouped))
     assert rcv.receive(timeout=10).body == 'failed'
     consuming.process.send_signal(signal.SIGSTOP)
@@ -87,15 +96,8 @@ def test_an_outcome_read_in_one_turn_with_a_drain_reaches_the_store_before_its_f
 def test_a_message_sent_after_a_failure_never_overtakes_the_failed_one(
     start_broker: Callable[..., BrokerProcess], address: str, order: str
 ) -> None:
-    env = {'SHOAL_REDELIVERY_DELAY_MS': DELAY_MS}
-    if order == 'exclusive':
-        env['SHOAL_EXCLUSIVE_ADDRESSES'] = address
+    _, consumer, rcv, conn, snd = _two_replicas(start_broker, address, order)
     grouped = order == 'group'
-    producing, consuming = start_broker(env=env), start_broker(env=env)
-    consumer = connect(consuming.url)
-    rcv = receiver(consumer, address, credit=20)
-    conn = connect(producing.url)
-    snd = send_all(conn, address, [])
     overtaken = []
     for r in range(ROUNDS):
         snd.send(_message(f'failed-{r}', grouped))
