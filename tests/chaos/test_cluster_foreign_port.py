@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 import redis
-from failoverload import REPLICATED
-from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
+from failoverload import REPLICATED, synchronous_load
+from loadclient import ChaosRun
 from processes import LOOPBACK
 from redisclusters import ClusterGroup, ClusterNode
 
@@ -73,11 +73,7 @@ def test_a_dead_primarys_port_answered_by_another_server_does_not_stall_the_slot
         queue = f'foreign-{uuid.uuid4().hex[:8]}'
         b = cluster.broker(group.url, replica_id=f'foreign-{queue[-4:]}', env=REPLICATED)
         count = 600
-        run = ChaosRun(
-            [ChaosProducer([b.url], queue, range(count), window=1)],
-            [ChaosConsumer([b.url], queue, 'c0', credit=20)],
-            timeout=120,
-        ).start()
+        run = synchronous_load(b.url, queue, count, timeout=120)
         try:
             assert run.wait(lambda r: len(r.accepted) >= 100, timeout=60), run.state()
             slot = group.keyslot(keys.AddressKeys.of(queue).tag)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from failoverload import REPLICATED
+from failoverload import REPLICATED, synchronous_load
 from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
 from proton import Described, Message, ulong
 from proton.utils import BlockingConnection
@@ -196,11 +196,7 @@ def test_a_synchronous_producer_through_a_sentinel_failover_sees_no_send_fail(cl
     b = cluster.broker(group.url, replica_id='hold-sentinel', env=REPLICATED)
     queue = f'hold-{uuid.uuid4().hex[:8]}'
     count = 1_500
-    run = ChaosRun(
-        [ChaosProducer([b.url], queue, range(count), window=1)],
-        [ChaosConsumer([b.url], queue, 'c0', credit=20)],
-        timeout=120,
-    ).start()
+    run = synchronous_load(b.url, queue, count, timeout=120)
     try:
         assert run.wait(lambda r: len(r.accepted) >= 200, timeout=60), run.log
         old = group.primary_port()
@@ -240,11 +236,7 @@ def test_a_synchronous_producer_through_a_cluster_primary_kill_sees_no_send_fail
         queue = f'hold-{uuid.uuid4().hex[:8]}'
         b = cluster.broker(group.url, replica_id=f'hold-cl-{queue[-4:]}', env=REPLICATED)
         count = 1_500
-        run = ChaosRun(
-            [ChaosProducer([b.url], queue, range(count), window=1)],
-            [ChaosConsumer([b.url], queue, 'c0', credit=20)],
-            timeout=150,
-        ).start()
+        run = synchronous_load(b.url, queue, count, timeout=150)
         try:
             assert run.wait(lambda r: len(r.accepted) >= 200, timeout=60), run.log
             killed_at = time.monotonic()

@@ -47,6 +47,17 @@ def crossed_load(
     ).start()  # fmt: skip
 
 
+def synchronous_load(url: str, queue: str, count: int, timeout: float) -> ChaosRun:
+    """Started: bodies ``0 .. count - 1`` sent to ``queue`` by one producer that waits for each
+    outcome (as Qpid JMS sends a persistent message outside a transaction), and consumed by one
+    consumer (credit 20), both on the broker at ``url``."""
+    return ChaosRun(
+        [ChaosProducer([url], queue, range(count), window=1)],
+        [ChaosConsumer([url], queue, 'c0', credit=20)],
+        timeout=timeout,
+    ).start()
+
+
 @dataclasses.dataclass(frozen=True)
 class Tally:
     """What a run delivered, by body."""
