@@ -148,7 +148,11 @@ def test_two_failovers_in_a_row_deliver_nothing_twice_and_fail_no_send(
             group.wait_replica_ready(old, timeout=30)  # the next failover has a replica to promote
             before = len(run.accepted)
             run.wait(lambda r, n=before: len(r.accepted) > n + 100 or r.producers_done(), 30)
-        sends = rhea_outcomes(rhea, rhea_bodies)
+        try:
+            sends = rhea_outcomes(rhea, rhea_bodies)
+        except AssertionError as exc:  # a send never answered: what rhea's broker did
+            raise AssertionError(f'{exc}\n--- the rhea producer\'s broker (b) ---\n'
+                                 f'{b.log()[-12000:]}') from None  # fmt: skip
         finished = run.wait(lambda r: r.delivered_all() and sends.accepted <= r.received, 60)
         time.sleep(0.5)  # late duplicates
     finally:
