@@ -112,6 +112,18 @@ class StoreUnconfirmed(StoreUnavailable):
     primary, so writing it again before a replica is back would only add copies."""
 
 
+class SendGivenUp(ResourceLimitExceeded):
+    """A send the broker stopped waiting for at the store's hold bound
+    (``SHOAL_STORE_HOLD_SECONDS``): rejected with the reason, not released, so that Qpid JMS
+    throws a ``ResourceAllocationException`` that says why (``amqp/holding.py``)."""
+
+
+class UnconfirmedPastHold(SendGivenUp):
+    """Written, and no Redis replica confirmed it within the store's hold bound (``replicated``):
+    not accepted, and not held any longer, so that a producer waits no longer than the bound. It
+    may be stored: sent again, it is a second copy unless duplicate detection drops it."""
+
+
 class CommitInDoubt(StoreUnavailable):
     """Whether a transaction was committed could not be learnt in time: Redis holds either all
     of it or none of it (a commit record that a live replica completes), so the client must be

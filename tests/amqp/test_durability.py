@@ -5,6 +5,7 @@ import signal
 import pytest
 import redis
 from amqpclient import connect, nothing_more, receive_all, receiver, sender
+from exposition import samples, value
 from processes import BrokerProcess, RedisServer, wait_for
 from proton import Delivery, Message
 from proton.utils import SendException
@@ -41,8 +42,9 @@ def test_fsync_accepts_on_a_redis_that_fsyncs_every_write(address: str) -> None:
 def test_replicated_never_accepts_what_no_replica_confirmed(
     address: str, hold: str, state: int
 ) -> None:
-    """Held and written again for SHOAL_STORE_HOLD_SECONDS, then rejected with the reason;
-    with the hold off, released at once (the client may send it again)."""
+    """Kept while no replica confirms it, for SHOAL_STORE_HOLD_SECONDS, then rejected with the
+    reason, not held again (store/confirming.py); with the hold off, released at once (the
+    client may send it again)."""
     server = RedisServer()  # no replica at all
     env = {
         'SHOAL_DURABILITY': 'replicated', 'SHOAL_REPLICATION_TIMEOUT_MS': '200',
@@ -54,6 +56,8 @@ def test_replicated_never_accepts_what_no_replica_confirmed(
         with pytest.raises(SendException) as refused:
             sender(conn, address).send(Message(body='unconfirmed', durable=True))
         assert refused.value.state == state  # the condition: tests/chaos/test_store_hold.py
+        given_up = value(samples(b), 'shoal_held_sends_given_up_total', reason='time')
+        assert given_up == (1 if hold != '0' else 0)
         conn.close()
     finally:
         b.stop()

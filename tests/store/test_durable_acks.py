@@ -17,7 +17,7 @@ import redis
 from processes import LOOPBACK, RedisServer, wait_for
 from startedstores import started_store
 
-from shoal_broker.errors import StoreUnavailable, StoreUnconfirmed
+from shoal_broker.errors import StoreUnavailable, StoreUnconfirmed, UnconfirmedPastHold
 from shoal_broker.routing.storage import QUEUE_GROUP, Entry, OutgoingMessage
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
@@ -285,7 +285,7 @@ async def test_a_publish_whose_socket_is_lost_before_a_replica_confirms_it_fails
     assert store.messages.confirming.writes_waiting == 0
 
 
-async def test_a_publish_no_replica_confirms_within_the_bound_fails_unconfirmed(
+async def test_a_publish_no_replica_confirms_within_the_bound_is_rejected_not_held_again(
     store: RedisStore, primary_and_replica: tuple[RedisServer, RedisServer]
 ) -> None:
     _, replica = primary_and_replica
@@ -300,5 +300,6 @@ async def test_a_publish_no_replica_confirms_within_the_bound_fails_unconfirmed(
         os.kill(replica.process.pid, signal.SIGCONT)
     ((kept, error),) = answers
     assert kept is None
-    assert isinstance(error, StoreUnconfirmed), error
+    assert isinstance(error, UnconfirmedPastHold), error  # rejected: not StoreUnavailable, held
+    assert 'within 1 s' in str(error)
     assert store.messages.confirming.writes_waiting == 0

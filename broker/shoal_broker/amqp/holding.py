@@ -54,7 +54,7 @@ from typing import Any
 
 from shoal_broker.amqp.links import ProducerLink
 from shoal_broker.amqp.turns import Turns
-from shoal_broker.errors import BrokerError, ResourceLimitExceeded
+from shoal_broker.errors import BrokerError, SendGivenUp
 from shoal_broker.metrics.registry import HELD_SENDS_GIVEN_UP
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ PROBE_SECONDS = 2.0
 """How long the question whether a replica is back may go unanswered before it is asked again."""
 
 
-class HoldExpired(ResourceLimitExceeded):
+class HoldExpired(SendGivenUp):
     """A held message could not be stored within the hold's bounds: it is not accepted (it may
     be sent again once the store is back)."""
 

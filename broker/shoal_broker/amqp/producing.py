@@ -24,7 +24,7 @@ from shoal_broker.amqp.consuming import Consuming
 from shoal_broker.amqp.duplicate_ids import duplicate_id
 from shoal_broker.amqp.engine import Ptr, lib, wire
 from shoal_broker.amqp.guard import Guard, user_name
-from shoal_broker.amqp.holding import HoldExpired, Holding
+from shoal_broker.amqp.holding import Holding
 from shoal_broker.amqp.linking import Linking
 from shoal_broker.amqp.links import ConsumerLink, PendingMessage, ProducerLink, close_link
 from shoal_broker.amqp.nodes import Nodes
@@ -39,6 +39,7 @@ from shoal_broker.errors import (
     BrokerError,
     InvalidField,
     MessageSizeExceeded,
+    SendGivenUp,
     StoreFull,
     StoreUnavailable,
     StoreUnconfirmed,
@@ -452,7 +453,7 @@ class Producing:
             return lib.PN_ACCEPTED, None
         if isinstance(error, AddressNotFound):
             self.kinds.pop(address, None)
-        if isinstance(error, StoreFull | AddressNotFound | HoldExpired):  # stays so if sent
+        if isinstance(error, StoreFull | AddressNotFound | SendGivenUp):  # stays so if sent
             return lib.PN_RELEASED, error  # again (or waited its bound: holding.py): refused
         # never an accept that is then lost: on a store failure the peer may send it again
         return lib.PN_RELEASED, None

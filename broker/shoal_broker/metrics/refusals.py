@@ -7,7 +7,7 @@ can exist from the start at 0 (``refusals_at_zero``), and ``rate()`` sees the fi
 
 from prometheus_client import Counter
 
-from shoal_broker.errors import BrokerError, StoreFull
+from shoal_broker.errors import BrokerError, StoreFull, UnconfirmedPastHold
 from shoal_broker.security.permissions import Operation
 
 SASL_MECHANISMS = ('ANONYMOUS', 'PLAIN', 'EXTERNAL', 'SCRAM-SHA-256', 'SCRAM-SHA-512')
@@ -100,6 +100,10 @@ def link_refused(sender: bool, condition: str) -> None:
 
 
 def publish_refused(error: BrokerError) -> None:
-    """Counts a message refused because storage is limited (other refusals are not blocks)."""
+    """Counts a message refused because storage is limited (other refusals are not blocks), and
+    one no Redis replica confirmed within the hold's bound as a held send given up (the hold
+    counts its own)."""
     if isinstance(error, StoreFull):
         PUBLISHES_REFUSED.labels(error.reason).inc()
+    elif isinstance(error, UnconfirmedPastHold):
+        HELD_SENDS_GIVEN_UP.labels('time').inc()

@@ -28,9 +28,9 @@ as stored. Written again instead (the hold, ``amqp/holding.py``), each would be 
 a replica joined, a copy no consumer can tell from the first: every message sent while a
 promoted primary had no replica came twice (2 000 of the 6 000 in the Sentinel chaos test). Only
 when their socket is lost first (``StoreUnavailable``: the primary may have changed, and the
-writes with it) or past ``confirm_seconds`` (``StoreUnconfirmed``) does the hold write them
-again, a copy then only if the first write outlived the failover, which duplicate detection
-drops.
+writes with it) does the hold write them again, a copy then only if the first write outlived
+the failover, which duplicate detection drops. Past ``confirm_seconds`` they are rejected
+(``UnconfirmedPastHold``), not held again: a producer waits no longer than the hold's bound.
 """
 
 import asyncio
@@ -38,7 +38,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from shoal_broker.errors import BrokerError, StoreUnavailable, StoreUnconfirmed
+from shoal_broker.errors import (
+    BrokerError,
+    StoreUnavailable,
+    StoreUnconfirmed,
+    UnconfirmedPastHold,
+)
 from shoal_broker.routing.storage import Fetched
 from shoal_broker.store import keys
 from shoal_broker.store.cycles import Cycles
@@ -125,12 +130,16 @@ class Confirming:
             op.callback = _keeper(replies, id(op))
         self.writes_waiting += len(ops)
 
-        def settled(error: BrokerError | None, _: bool) -> None:
+        def settled(error: BrokerError | None, past_bound: bool) -> None:
             self.writes_waiting -= len(ops)
+            if past_bound:
+                logger.warning('%d writes unconfirmed by a Redis replica for %.0f s: not accepted',
+                               len(ops), self.confirm_seconds)  # fmt: skip
             for op, callback, future in kept:
                 op.callback, op.future, op.answered = callback, future, False
                 value, own_error = replies.get(id(op), (None, StoreUnavailable('no reply')))
-                failure = own_error or error
+                failure = own_error or (_past_hold(self.confirm_seconds, op) if past_bound
+                                        else error)  # fmt: skip
                 if failure is None:
                     op.resolve(value)
                 else:
@@ -174,6 +183,18 @@ class Confirming:
         probe.durable = True  # its pipeline waits for a replica; unconfirmed, it fails
         self._cycles.queued.append(probe)
         self._cycles.wakeup.set()
+
+
+def _past_hold(seconds: float, op: Op) -> BrokerError:
+    """What a write no replica confirmed within the hold's bound fails with: rejected, not held
+    again, so that its producer waits no longer than the bound; a message sent ahead is held
+    all the same, as its consumer has it (the hold claims it again)."""
+    if op.batch is not None and op.batch[0] == 'claim':
+        return StoreUnconfirmed(f'no Redis replica confirmed the write for {seconds:.0f} s')
+    return UnconfirmedPastHold(
+        f'no Redis replica confirmed the message within {seconds:g} s: it was not accepted (it '
+        'may be stored: with duplicate detection on, sending it again stores no second copy)'
+    )
 
 
 def _keeper(
