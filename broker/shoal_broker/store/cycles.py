@@ -33,7 +33,7 @@ from shoal_broker.store.backlogs import BacklogLimits
 from shoal_broker.store.bodies import with_bodies
 from shoal_broker.store.calls import REDIS_DOWN, Scripts
 from shoal_broker.store.lane import Lane
-from shoal_broker.store.lanes import ClusterLanes, slot_of
+from shoal_broker.store.lanes import ClusterLanes, slot_of, unit_slot
 from shoal_broker.store.lanes import Unit as LaneUnit
 from shoal_broker.store.last_values import publish_last_command
 from shoal_broker.store.ops import (
@@ -100,6 +100,8 @@ class Cycles:
         """The open publish op of each (address, band, kind), which later messages join."""
         self.open_acks: dict[tuple[Any, ...], Op] = {}
         """The same for ``ack_nowait``: its (address, band, group)'s queued op."""
+        self.queued_fetches: dict[tuple[str, str], Op] = {}
+        """The first queued fetch of each (address, group) (``enqueue_fetch``)."""
         self.wakeup = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
@@ -174,6 +176,14 @@ class Cycles:
             self.wakeup.set()
         return future
 
+    def enqueue_fetch(self, op: Op) -> None:
+        """Queue a fetch (``Op.fetches`` set) and start a cycle; a give-back of its subscription
+        finds it here rather than by a walk of the queue (``Releasing._ahead_of_fetch``)."""
+        assert op.fetches is not None
+        self.queued_fetches.setdefault(op.fetches, op)
+        self.queued.append(op)
+        self.wakeup.set()
+
     def wake_lazily(self) -> None:
         """Start a cycle within ACK_COALESCE_SECONDS, unless another op starts one first."""
         if self._lazy_wakeup is None:
@@ -197,6 +207,7 @@ class Cycles:
             self.queued.clear()
             self.open_publishes.clear()  # what is published from now on goes in the next cycle
             self.open_acks.clear()
+            self.queued_fetches.clear()
             if self._lazy_wakeup is not None:  # the acks waiting for a ride go in this one
                 self._lazy_wakeup.cancel()
                 self._lazy_wakeup = None
@@ -268,7 +279,9 @@ class Cycles:
         for unit in units:
             confirm = waits and _writes(unit[1])
             lane_units.append(
-                LaneUnit(_slot(unit[0]), unit[0], confirm=confirm, answer=answered, context=unit)
+                LaneUnit(
+                    unit_slot(unit[0]), unit[0], confirm=confirm, answer=answered, context=unit
+                )
             )
         notify = self._scripts.source['notify']
         for address in announced:  # answered with the rest: a lost one only delays a consumer
@@ -384,6 +397,7 @@ class Cycles:
             return
         retry, self._retry = self._retry, []
         self.queued[:0] = retry
+        self.queued_fetches.update((op.fetches, op) for op in reversed(retry) if op.fetches)
         self.wakeup.set()
 
     def _units(self, ops: list[Op]) -> list[Unit]:
@@ -453,31 +467,6 @@ class Cycles:
         if counted:
             commands.append(('HDEL', k.delivery_counts(group), *counted))
         return commands
-
-
-def _slot(commands: list[tuple[Any, ...]]) -> int:
-    """The slot of a unit: that of its first tagged key (``shoal:{<tag>}:...``), else of its
-    first command's key."""
-    first = commands[1] if commands[0][0] == 'MULTI' else commands[0]  # store/bodies.py
-    # usually the first command's first key: a script's source or hash and its key count
-    # (what stands before a script's first key) are never tagged
-    key = first[3] if first[0] in _SCRIPTS and len(first) > 3 else first[1]
-    if isinstance(key, str) and key.startswith(_KEY_HEAD):
-        return slot_of(key)
-    for command in commands:
-        for arg in command[1:]:
-            if isinstance(arg, str) and arg.startswith(_KEY_HEAD):
-                return slot_of(arg)
-            if isinstance(arg, bytes) and arg.startswith(_KEY_HEAD_BYTES):
-                return slot_of(arg)
-    if first[0] in _SCRIPTS:
-        return slot_of(first[3])
-    return slot_of(first[1])  # a global key (``keys.SCHEDULED``): the command's first argument
-
-
-_KEY_HEAD = f'{keys.PREFIX}:{{'
-_SCRIPTS = ('EVAL', 'EVALSHA')
-_KEY_HEAD_BYTES = _KEY_HEAD.encode()
 
 
 def _writes(ops: list[Op]) -> bool:

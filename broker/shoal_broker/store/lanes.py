@@ -40,7 +40,7 @@ import redis.exceptions
 from redis.crc import key_slot
 
 from shoal_broker.metrics.registry import REDIS_ROUND_TRIP
-from shoal_broker.store import connect
+from shoal_broker.store import connect, keys
 from shoal_broker.store.lane import CONNECTION_ERRORS, Lane
 
 logger = logging.getLogger(__name__)
@@ -127,6 +127,31 @@ def _answer_grouped(answered: list[tuple[Unit, list[Any]]], confirmed: Any) -> N
 @functools.lru_cache(maxsize=65536)  # a key's slot, computed once: addresses recur
 def slot_of(key: str | bytes) -> int:
     return int(key_slot(key.encode() if isinstance(key, str) else key))
+
+
+def unit_slot(commands: list[tuple[Any, ...]]) -> int:
+    """The slot of a unit: that of its first tagged key (``shoal:{<tag>}:...``), else of its
+    first command's key."""
+    first = commands[1] if commands[0][0] == 'MULTI' else commands[0]  # store/bodies.py
+    # usually the first command's first key: a script's source or hash and its key count
+    # (what stands before a script's first key) are never tagged
+    key = first[3] if first[0] in _SCRIPTS and len(first) > 3 else first[1]
+    if isinstance(key, str) and key.startswith(_KEY_HEAD):
+        return slot_of(key)
+    for command in commands:
+        for arg in command[1:]:
+            if isinstance(arg, str) and arg.startswith(_KEY_HEAD):
+                return slot_of(arg)
+            if isinstance(arg, bytes) and arg.startswith(_KEY_HEAD_BYTES):
+                return slot_of(arg)
+    if first[0] in _SCRIPTS:
+        return slot_of(first[3])
+    return slot_of(first[1])  # a global key (``keys.SCHEDULED``): the command's first argument
+
+
+_KEY_HEAD = f'{keys.PREFIX}:{{'
+_SCRIPTS = ('EVAL', 'EVALSHA')
+_KEY_HEAD_BYTES = _KEY_HEAD.encode()
 
 
 class ClusterLanes:

@@ -392,8 +392,7 @@ class Messages(Releasing):
         durable = self.acks.durable  # replicated: delivered once a replica has the claims
         callback = resolving(address, self._queue, callback)  # big ones' bodies (bodies.py)
         op.callback = self.confirming.answer(op, address, callback) if durable else callback
-        self._enqueue(op)
-        self._wake()
+        self._cycles.enqueue_fetch(op)
 
     def _fetch_op(
         self, address: str, group: str, count: int, consumers: int, credit: int, active: str = ''

@@ -30,9 +30,10 @@ WRITES = ('publish', 'claim', 'unique', 'last')
 unconfirmed."""
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, eq=False)
 class Op:
-    """Commands queued for the next pipeline and what to do with their replies."""
+    """Commands queued for the next pipeline and what to do with their replies. Equal only to
+    itself: ops are found in the queue by identity (``Releasing._ahead_of_fetch``)."""
 
     commands: list[tuple[Any, ...]]
     finish: Callable[[list[Any]], Any]
