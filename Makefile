@@ -25,6 +25,10 @@ test: venv node-deps lint
 	$(MAKE) --no-print-directory test-sentinel
 	$(MAKE) --no-print-directory test-cluster
 
+# The store rounds spread whole files over the main run's workers too: each worker starts its
+# own Sentinel set or Redis Cluster (tests/conftest.py).
+STORE_ROUND = -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
+
 # The core functional modules again, with the brokers on a primary, a replica and three sentinels
 # (tests/conftest.py, docs/redis-modes.md); part of `make test` (about 2 minutes).
 SENTINEL_CORE := tests/amqp/test_queues.py tests/amqp/test_topics.py tests/amqp/test_delayed.py \
@@ -38,7 +42,7 @@ SENTINEL_CORE += tests/store/test_sharing_fast_path.py
 SENTINEL_CORE += tests/amqp/test_big_bodies.py
 SENTINEL_CORE += tests/amqp/test_redelivery_order.py::test_an_outcome_read_in_one_turn_with_a_drain_reaches_the_store_before_its_fetch
 test-sentinel: venv node-deps
-	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(SENTINEL_CORE)
+	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(STORE_ROUND) $(SENTINEL_CORE)
 
 # The same core modules with the brokers on a Redis Cluster of three primaries and three replicas
 # (tests/support/redisclusters.py, docs/redis-modes.md#redis-cluster), and a committer killed
@@ -52,7 +56,7 @@ CLUSTER_CORE += tests/amqp/test_attach_burst.py
 CLUSTER_CORE += tests/k8s/test_operator_lifecycle.py tests/k8s/test_operator_deletion_order.py \
 	tests/k8s/test_operator_policies.py
 test-cluster: venv node-deps
-	SHOAL_TEST_STORE=cluster $(PY) -m pytest -p no:cacheprovider $(CLUSTER_CORE)
+	SHOAL_TEST_STORE=cluster $(PY) -m pytest -p no:cacheprovider $(STORE_ROUND) $(CLUSTER_CORE)
 
 lint: venv
 	$(VENV)/bin/ruff check broker operator analytics tests bench docker charts fuzz scripts
