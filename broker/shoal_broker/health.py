@@ -92,11 +92,6 @@ class HealthServer:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
-    @property
-    def web_port_made(self) -> bool:
-        """True once a request past the probes made the aiohttp side."""
-        return self._web_port is not None and self._web_port.done()
-
     async def web_port(self) -> WebPort | None:
         """The aiohttp side, made by the first caller and shared (None: there is none)."""
         if self._make_web_port is None:
