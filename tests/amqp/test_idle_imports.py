@@ -2,7 +2,7 @@
 What an idle broker leaves out (docs/performance.md, "Idle memory"): aiohttp until a request
 that is not a probe, lark until a first selector, scramp without a users file, and
 OpenTelemetry's metrics SDK always (redis-py would import it: ``store/__init__.py``). Each
-feature still works when it is first used; the HTTP port's own front answers the probes.
+feature still works when it is first used (the HTTP port's front: test_http_front.py).
 
 A broker process lists the modules it imported when it exits (a ``sitecustomize`` put on its
 ``PYTHONPATH`` registers the listing), so what is checked is the real process after real use.
@@ -10,7 +10,6 @@ A broker process lists the modules it imported when it exits (a ``sitecustomize`
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 from amqpclient import connect, receiver, sender
 from jmswire import SELECTOR
-from processes import LOOPBACK, BrokerProcess
+from processes import BrokerProcess
 from proton import Described, Message, symbol
 from proton.reactor import Filter
 
@@ -116,41 +115,3 @@ def test_redis_py_alone_would_import_the_metrics_sdk_and_the_store_does_not() ->
             capture_output=True, text=True, timeout=30, check=True,
         )  # fmt: skip
         assert result.stdout.strip() == loaded, (module, result.stderr)
-
-
-def _exchange(port: int, data: bytes, parts: int = 1) -> bytes:
-    """Sends ``data`` (in ``parts`` writes), half-closes nothing, reads until the peer closes."""
-    with socket.create_connection((LOOPBACK, port), timeout=10) as s:
-        step = max(1, len(data) // parts)
-        for i in range(0, len(data), step):
-            s.sendall(data[i : i + step])
-        chunks = []
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-    return b''.join(chunks)
-
-
-def test_the_probe_front_answers_pipelined_split_and_head_requests(broker: BrokerProcess) -> None:
-    keep = b'GET /livez HTTP/1.1\r\nHost: x\r\n\r\n'
-    last = b'HEAD /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'
-    answer = _exchange(broker.http_port, keep + keep + last, parts=7)
-    assert answer.count(b'HTTP/1.1 200 OK\r\n') == 3
-    assert answer.count(b'\r\n\r\nok\n') == 2
-    head = answer.rsplit(b'HTTP/1.1 200 OK\r\n', 1)[1]
-    assert b'Content-Length: ' in head
-    assert head.endswith(b'\r\n\r\n')  # HEAD: the length of the body, no body
-    assert b'Connection: close' in head
-
-
-def test_what_the_front_does_not_take_is_answered_by_the_web_application(
-    broker: BrokerProcess,
-) -> None:
-    # a probe first on the connection, then a method the probes do not serve: aiohttp's 405
-    answer = _exchange(
-        broker.http_port,
-        b'GET /livez HTTP/1.1\r\nHost: x\r\n\r\n'
-        b'POST /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi',
-    )
-    assert answer.startswith(b'HTTP/1.1 200 OK\r\n')
-    assert b'HTTP/1.1 405 Method Not Allowed\r\n' in answer
-    assert broker.http_get('/nope')[0] == 404
