@@ -10,7 +10,7 @@ broker never does, and that call imports the SDK again itself. The metrics SDK i
 ~2 MiB of every broker's RSS (docs/performance.md, "Idle memory"). So redis-py is imported with
 that one module marked absent (``sys.modules[name] = None`` makes its import raise ImportError,
 which redis-py catches), and the mark is lifted at once, so that tracing (``tracing/``) or
-anything else imported later imports the SDK as usual. ``tests/unit/test_idle_imports.py``
+anything else imported later imports the SDK as usual. ``tests/amqp/test_idle_imports.py``
 fails when a redis-py upgrade changes this.
 """
 
