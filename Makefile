@@ -41,6 +41,8 @@ SENTINEL_CORE += tests/store/test_shared_fetch_lua.py
 SENTINEL_CORE += tests/store/test_sharing_fast_path.py
 SENTINEL_CORE += tests/amqp/test_big_bodies.py
 SENTINEL_CORE += tests/amqp/test_redelivery_order.py::test_an_outcome_read_in_one_turn_with_a_drain_reaches_the_store_before_its_fetch
+# what an idle broker imports, in each store mode's client (about 8 s)
+SENTINEL_CORE += tests/amqp/test_idle_imports.py
 test-sentinel: venv node-deps
 	SHOAL_TEST_STORE=sentinel $(PY) -m pytest -p no:cacheprovider $(STORE_ROUND) $(SENTINEL_CORE)
 

@@ -13,6 +13,7 @@ listener) lives in ``running/``.
 import asyncio
 import contextlib
 import gc
+import importlib
 import logging
 import resource
 import signal
@@ -24,12 +25,10 @@ from shoal_broker.amqp.broker import Broker
 from shoal_broker.amqp.connection import AmqpConnection
 from shoal_broker.amqp.selector_offload import SWITCH_INTERVAL_SECONDS
 from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
-from shoal_broker.health import HealthServer
-from shoal_broker.management import console
+from shoal_broker.health import HealthServer, WebPort
 from shoal_broker.management.access import Access
 from shoal_broker.management.control import Control
 from shoal_broker.management.operations import Operations
-from shoal_broker.management.routes import Routes
 from shoal_broker.metrics.registry import (
     BACKGROUND_FAILURES,
     LEASE_UP,
@@ -163,8 +162,16 @@ async def _serve_with_store(settings: BrokerSettings, url: str) -> int:
 
         operations = Operations(admin, store.upkeep.backlog_limit)
         access = Access(broker.guard.authenticator, settings.security.management_credentials_dir)
-        api = Routes(operations, access).app()
-        health = HealthServer(readiness, api, console.app())
+
+        async def web_port() -> WebPort:
+            # aiohttp is imported by the first request that is not a probe (health.py), in a
+            # worker thread: ~0.2 s of imports the loop would otherwise wait for in one piece
+            await asyncio.to_thread(importlib.import_module, 'shoal_broker.management.webport')
+            from shoal_broker.management.webport import AiohttpPort
+
+            return await AiohttpPort.start(readiness, operations, access)
+
+        health = HealthServer(readiness, web_port)
         await health.start(*split_host_port(settings.http))
         logger.info('web console at http://%s/console/', settings.http)
     backlog = BacklogSnapshot(

@@ -84,6 +84,7 @@ class Connecting:
             logger.warning('ClientID %r not released: %s', client_id, exc)
 
     def on_connection_remote_open(self, conn: AmqpConnection, event: Ptr) -> None:
+        self.guard.opened(conn)
         c = conn.connection
         conn.container_id = engine.remote_container(c)
         if conn.refusal is not None:  # a connection limit (amqp/guard.py)

@@ -71,7 +71,10 @@ class Guard:
         """Source address -> times of its failed logins within the last minute."""
         """Addresses created on demand on this replica, per user (``check_creation_room``)."""
         self.admitted = 0
-        self._timers: dict[int, list[asyncio.TimerHandle]] = {}
+        self._sasl_timers: dict[int, asyncio.TimerHandle] = {}
+        self._open_timers: dict[int, asyncio.TimerHandle] = {}
+        """Each bound's timer, dropped once the bound is met (SASL done, Open in): a timer
+        handle kept to its time or to the connection's end is ~0.4 KiB a connection."""
         self.memory_high = False
         """Resident memory is over the ceiling: producers get no credit (``Turns.top_up``)."""
         self.store_full: StoreFull | None = None
@@ -88,12 +91,18 @@ class Guard:
         # fault; no credential is read or checked, and the SASL timeout bounds the wait.
         conn.handshake.throttled = self._throttled(source_host(socket))
         loop = asyncio.get_running_loop()
-        timers = [loop.call_later(self.settings.sasl_timeout_seconds, self._sasl_overdue, conn)]
+        self._sasl_timers[conn.id] = loop.call_later(
+            self.settings.sasl_timeout_seconds, self._sasl_overdue, conn
+        )
         if self.settings.open_timeout_seconds > 0:
-            timers.append(
-                loop.call_later(self.settings.open_timeout_seconds, self._open_overdue, conn)
+            self._open_timers[conn.id] = loop.call_later(
+                self.settings.open_timeout_seconds, self._open_overdue, conn
             )
-        self._timers[conn.id] = timers
+
+    def opened(self, conn: 'AmqpConnection') -> None:
+        """The peer's Open arrived: the open timeout no longer applies."""
+        if (timer := self._open_timers.pop(conn.id, None)) is not None:
+            timer.cancel()
 
     def handshake_input(self, conn: 'AmqpConnection', data: bytes) -> bytes:
         """Feed the SASL layer; return what belongs to proton (empty while SASL goes on)."""
@@ -118,6 +127,8 @@ class Guard:
             return b''
         assert handshake.identity is not None
         conn.handshake = None
+        if (timer := self._sasl_timers.pop(conn.id, None)) is not None:
+            timer.cancel()
         self._admit(conn, handshake.identity)
         return step.passthrough
 
@@ -140,8 +151,9 @@ class Guard:
                      identity.mechanism)  # fmt: skip
 
     def connection_lost(self, conn: 'AmqpConnection') -> None:
-        for timer in self._timers.pop(conn.id, ()):
-            timer.cancel()
+        for timers in (self._sasl_timers, self._open_timers):
+            if (timer := timers.pop(conn.id, None)) is not None:
+                timer.cancel()
         if conn.counted and conn.identity is not None:
             conn.counted = False
             self.admitted -= 1
@@ -176,12 +188,14 @@ class Guard:
         return len(failures) >= limit
 
     def _sasl_overdue(self, conn: 'AmqpConnection') -> None:
+        self._sasl_timers.pop(conn.id, None)
         if conn.alive and conn.handshake is not None:
             logger.info('connection %d from %s: SASL not finished in time', conn.id, conn.peer)
             metrics.authentication_failed(conn.handshake.mechanism, 'timeout')
             conn.abort()
 
     def _open_overdue(self, conn: 'AmqpConnection') -> None:
+        self._open_timers.pop(conn.id, None)
         state = lib.pn_connection_state(conn.connection)
         if conn.alive and not state & (lib.PN_REMOTE_ACTIVE | lib.PN_REMOTE_CLOSED):
             logger.info('connection %d from %s: no Open in time', conn.id, conn.peer)

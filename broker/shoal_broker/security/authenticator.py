@@ -8,12 +8,11 @@ same path as a known one, against a mock user: the peer learns nothing about whi
 """
 
 import dataclasses
+import importlib
 import logging
 import os
 from collections.abc import Callable
 from typing import Final
-
-import scramp
 
 from shoal_broker.security.credentials import (
     SCRAM_HASHES,
@@ -105,6 +104,11 @@ class Authenticator:
     def __init__(self, policy: AuthPolicy) -> None:
         self.policy = policy
         self._mocks = MockUsers()
+        if policy.users is not None:
+            # SCRAM is offered only with a users file. scramp (with asn1crypto, ~3 MiB of RSS,
+            # docs/performance.md "Idle memory") is imported then, at start, rather than by the
+            # first SCRAM login on the event loop; a broker without users never imports it.
+            importlib.import_module('scramp')
 
     def mechanisms(self, peer_certificate_name: str | None) -> list[str]:
         """Offered in the order of Qpid JMS's preference (strongest first)."""
@@ -204,6 +208,8 @@ class _Scram(Exchange):
         self.mocks = mocks
         self.user: User | None = None
         self.known = False
+        import scramp  # in sys.modules since the Authenticator was made (a look-up per login)
+
         self.server = scramp.ScramMechanism(mechanism).make_server(self._auth_info)
         self.step: Callable[[bytes], bytes | tuple[Identity, bytes]] = self._first
 
@@ -220,6 +226,8 @@ class _Scram(Exchange):
         return self.step(data)
 
     def _first(self, data: bytes) -> bytes:
+        import scramp
+
         try:
             self.server.set_client_first(data.decode('utf-8'))
             challenge = self.server.get_server_first()
@@ -229,6 +237,8 @@ class _Scram(Exchange):
         return str(challenge).encode()
 
     def _final(self, data: bytes) -> tuple[Identity, bytes]:
+        import scramp
+
         try:
             self.server.set_client_final(data.decode('utf-8'))
             final = self.server.get_server_final()

@@ -66,11 +66,10 @@ that its event loop never waits for one.
 
 import collections
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from shoal_broker.selector.compiler import Evaluate, compile_condition
 from shoal_broker.selector.headers import identifiers
-from shoal_broker.selector.parser import MAX_DEPTH, MAX_LENGTH, MAX_TOKENS, SelectorError, parse
+from shoal_broker.selector.limits import MAX_DEPTH, MAX_LENGTH, MAX_TOKENS, SelectorError
 
 __all__ = [
     'MAX_DEPTH',
@@ -92,7 +91,7 @@ class Selector:
 
     __slots__ = ('_evaluate', 'text')
 
-    def __init__(self, text: str, evaluate: Evaluate) -> None:
+    def __init__(self, text: str, evaluate: Callable[[Mapping[str, object]], object]) -> None:
         self.text = text
         self._evaluate = evaluate
 
@@ -144,6 +143,11 @@ def compile(text: str) -> Selector:
     global _compilations
     with _cache_lock:
         _compilations += 1
+    # lark comes in with the first selector compiled: a broker without selectors never imports
+    # it (limits.py); the cache above answers every text seen before without these look-ups
+    from shoal_broker.selector.compiler import compile_condition
+    from shoal_broker.selector.parser import parse
+
     try:
         tree = parse(text)
         evaluate = _always if tree is None else compile_condition(tree)

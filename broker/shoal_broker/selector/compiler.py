@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from lark import Token, Tree
 
 from shoal_broker.selector import semantics
-from shoal_broker.selector.parser import SelectorError, at, shown
+from shoal_broker.selector.limits import SelectorError, at, shown
 
 Identifiers = Mapping[str, object]
 Evaluate = Callable[[Identifiers], object]
