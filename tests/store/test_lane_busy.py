@@ -4,8 +4,10 @@ for seconds, or replies that arrived while the loop was busy, fail nothing; a fr
 still given up on, with an error that says what happened."""
 
 import asyncio
+import contextlib
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +18,10 @@ import redis.exceptions
 import uvloop
 from lanes import send
 from processes import RedisServer
+from startedstores import started_store
 
+from shoal_broker.routing.storage import NORMAL_BAND, OutgoingMessage
+from shoal_broker.settings import AddressKind
 from shoal_broker.store.calls import reason
 from shoal_broker.store.lane import WRITE_HIGH_WATER, Lane
 
@@ -27,8 +32,9 @@ COMMANDS = 3000
 PADDING = b'p' * 8192
 """3 000 commands of ~8 KiB: ~24 MiB, more than the loopback socket's buffers hold, so the
 lane waits for Redis to read most of it."""
-SPINS = 30_000
-"""Lua loop turns per command: ~0.3 ms of Redis each, ~1 s for the pipeline, several times the
+QUEUES = 3000
+SPINS = 60_000
+"""Lua loop turns per command: ~0.6 ms of Redis each, ~2 s for the pipeline, several times the
 socket timeout."""
 
 
@@ -39,6 +45,30 @@ def own_redis() -> Iterator[RedisServer]:
     yield server
     os.kill(server.process.pid, signal.SIGCONT)
     server.stop()
+
+
+@contextlib.contextmanager
+def starved(server: RedisServer, running: float = 0.01, stopped: float = 0.04) -> Iterator[None]:
+    """Redis given ``running`` seconds of CPU in every ``running + stopped``, as on a machine
+    whose other work leaves it little: slow, never silent for long (at most 60 s of it)."""
+    done = threading.Event()
+
+    def starve() -> None:
+        deadline = time.monotonic() + 60
+        while not done.is_set() and time.monotonic() < deadline:
+            os.kill(server.process.pid, signal.SIGSTOP)
+            time.sleep(stopped)
+            os.kill(server.process.pid, signal.SIGCONT)
+            time.sleep(running)
+
+    thread = threading.Thread(target=starve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(5)
+        os.kill(server.process.pid, signal.SIGCONT)
 
 
 def _stall(seconds: float) -> None:
@@ -69,6 +99,26 @@ async def test_a_pipeline_redis_works_through_for_longer_than_the_socket_timeout
     assert lane.reconnects == 0
     await lane.close()
     await pool.disconnect()
+
+
+async def test_a_cycle_of_thousands_of_publishes_on_a_starved_redis_fails_none(
+    own_redis: RedisServer,
+) -> None:
+    """Row e's burst in small: a cycle of a publish to each of thousands of queues is a pipeline
+    of tens of MB (each publish carries its script's source), which a Redis short of CPU reads
+    for longer than its socket timeout. Every publish is accepted."""
+    async with started_store(f'{own_redis.url}?socket_timeout={SOCKET_TIMEOUT}') as store:
+        names = [f'burst-{uuid.uuid4().hex[:8]}-{i}' for i in range(QUEUES)]
+        await asyncio.gather(
+            *(store.registry.create_address(name, AddressKind.QUEUE) for name in names)
+        )
+        body = OutgoingMessage(band=NORMAL_BAND, header=b'', rest=b'm' * 1024, expiry_ms=0)
+        with starved(own_redis):
+            accepted = await asyncio.gather(
+                *(store.messages.publish(name, AddressKind.QUEUE, body) for name in names)
+            )
+        assert accepted == [True] * QUEUES
+        assert store.cycles.lane.reconnects == 0
 
 
 async def test_a_redis_frozen_while_a_pipeline_is_written_is_given_up_on_with_a_reason(
