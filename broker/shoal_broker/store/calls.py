@@ -39,15 +39,21 @@ SCRIPTS = (
 )  # fmt: skip
 
 
+def reason(exc: BaseException) -> str:
+    """An error's text, or its type's name when it has none: some of redis-py's errors
+    (``MaxConnectionsError``) and a bare ``TimeoutError`` carry no text, and "Redis unreachable: "
+    with nothing after it says nothing of what failed."""
+    return str(exc) or type(exc).__name__
+
+
 async def call(awaitable: Awaitable[Any]) -> Any:
     """Await a Redis call, turning a connection failure into StoreUnavailable."""
     try:
         return await awaitable
     except REDIS_DOWN as exc:
-        # some of redis-py's errors carry no text (MaxConnectionsError, a bare timeout)
-        raise StoreUnavailable(f'Redis unreachable: {exc or type(exc).__name__}') from exc
+        raise StoreUnavailable(f'Redis unreachable: {reason(exc)}') from exc
     except CLUSTER_REFUSALS as exc:  # a failover or a slot on the move, past redis-py's retries
-        raise StoreUnavailable(f'Redis Cluster refused: {exc or type(exc).__name__}') from exc
+        raise StoreUnavailable(f'Redis Cluster refused: {reason(exc)}') from exc
 
 
 async def on_every_primary(client: Any, command: Callable[..., Awaitable[Any]]) -> list[Any]:

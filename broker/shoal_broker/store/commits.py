@@ -55,6 +55,7 @@ from shoal_broker.metrics.registry import duplicates_dropped
 from shoal_broker.routing.storage import DuplicateWindow, Entry, OutgoingMessage, stored_origin
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys, scripts
+from shoal_broker.store.calls import reason
 from shoal_broker.store.commit_nodes import NOTHING_RAN, Batch, ClusterNodes, NodeClients
 from shoal_broker.store.lane import CONNECTION_ERRORS
 
@@ -349,7 +350,7 @@ class CommitLog:
             if not todo:
                 return batch.replies
             if time.monotonic() >= deadline:
-                raise StoreUnavailable(f'Redis unreachable: {batch.refusals[-1]}')
+                raise StoreUnavailable(f'Redis unreachable: {reason(batch.refusals[-1])}')
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
             await self._refresh()
 
@@ -407,7 +408,7 @@ class CommitLog:
                 return await self._on_slot(key, call)
             except (*CONNECTION_ERRORS, *NOTHING_RAN) as exc:
                 if time.monotonic() >= deadline:
-                    raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
+                    raise StoreUnavailable(f'Redis unreachable: {reason(exc)}') from exc
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
             await self._refresh()
 

@@ -436,7 +436,7 @@ class Inspector:
         try:
             return await awaitable
         except _REDIS_DOWN as exc:
-            raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
+            raise StoreUnavailable(f'Redis unreachable: {calls_.reason(exc)}') from exc
         except redis.exceptions.RedisError as exc:
             raise StoreUnavailable(f'Redis refused: {exc}') from exc
 

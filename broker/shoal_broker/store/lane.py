@@ -183,8 +183,7 @@ class Lane:
                 transport.set_protocol(_Receiver(self, conn, transport.get_protocol()))
             writer.write(packed)
             if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                async with asyncio.timeout(conn.socket_timeout):
-                    await writer.drain()
+                await self._drain(conn, writer, transport)
         except CONNECTION_ERRORS as exc:
             self._lost(conn, exc)
             raise
@@ -197,6 +196,36 @@ class Lane:
         if self._watchdog is None and conn.socket_timeout:
             self._watchdog = asyncio.get_running_loop().call_later(
                 conn.socket_timeout, self._check_silence, conn
+            )
+
+    async def _drain(self, conn: Any, writer: Any, transport: Any) -> None:
+        """Wait until the socket has taken what is buffered for Redis. A cycle of thousands of
+        publishes, each with its script's source, is a pipeline of tens of MB, which a healthy
+        Redis reads as it runs it, for seconds on a busy machine: the connection is given up on
+        only when, for a whole socket timeout, Redis has taken none of the buffer and answered
+        nothing. A bound on the whole write failed every pipeline in flight on a Redis that was
+        only busy (docs/redis-modes.md#timeouts-under-a-burst)."""
+        timeout = conn.socket_timeout
+        draining = asyncio.ensure_future(writer.drain())
+        try:
+            left, heard = transport.get_write_buffer_size(), self._heard_at
+            while True:
+                done, _ = await asyncio.wait((draining,), timeout=timeout or None)
+                if done:
+                    draining.result()
+                    break
+                now_left = transport.get_write_buffer_size()
+                if now_left >= left and self._heard_at == heard:
+                    raise redis.exceptions.TimeoutError(
+                        f'Redis took none of {now_left} bytes written to it in {timeout} s'
+                    )
+                left, heard = now_left, self._heard_at
+        finally:
+            if not draining.done():
+                draining.cancel()
+        if conn is not self._conn:  # given up on meanwhile: nothing answers on it now
+            raise redis.exceptions.ConnectionError(
+                'the Redis connection was given up on while a pipeline was written'
             )
 
     async def _fresh_connection(self) -> Any:
@@ -256,7 +285,10 @@ class Lane:
 
     def _check_silence(self, conn: Any) -> None:
         """Give up on a connection that owes replies and has said nothing for its socket
-        timeout (what ``asyncio.timeout`` around each read did before)."""
+        timeout (what ``asyncio.timeout`` around each read did before). A stall of the broker's
+        own loop is not taken for silence: the loop polls its sockets before it runs the timers
+        that fell due meanwhile (asyncio and uvloop alike), so replies that arrived during the
+        stall are read first (tests/store/test_lane_busy.py)."""
         self._watchdog = None
         if not self._sent or conn is not self._conn:
             return
@@ -270,8 +302,8 @@ class Lane:
 
     def _lost(self, conn: Any, error: BaseException) -> None:
         """Stop using ``conn``: every pipeline still owed a reply on it fails with ``error``
-        (replies that came after could be matched with the wrong pipeline), and it goes back to
-        the pool disconnected."""
+        (replies that came after could be matched with the wrong pipeline), what is buffered
+        for it is dropped, and it goes back to the pool disconnected."""
         if conn is not self._conn:
             return
         self._conn = None
@@ -284,6 +316,9 @@ class Lane:
         for _, answer in owed:
             _answer(answer, None, error)
         self._room.set()
+        writer = conn._writer
+        if writer is not None:  # what is still buffered for it is dropped, not written once a
+            writer.transport.abort()  # frozen Redis wakes up (a close waits to write it all)
         task = asyncio.get_running_loop().create_task(self._give_back(conn))
         self._breaking.add(task)
         task.add_done_callback(self._breaking.discard)

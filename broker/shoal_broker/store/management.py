@@ -251,7 +251,7 @@ async def _call(awaitable: Any) -> Any:
     try:
         return await awaitable
     except calls.REDIS_DOWN as exc:
-        raise StoreUnavailable(f'Redis unreachable: {exc}') from exc
+        raise StoreUnavailable(f'Redis unreachable: {calls.reason(exc)}') from exc
     except redis.exceptions.RedisError as exc:
         raise StoreUnavailable(f'Redis refused: {exc}') from exc
 

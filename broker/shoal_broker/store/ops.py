@@ -17,6 +17,7 @@ import redis.exceptions
 
 from shoal_broker.errors import BrokerError, StoreFull, StoreUnavailable, StoreUnconfirmed
 from shoal_broker.routing.storage import ClaimCallback, PublishCallback
+from shoal_broker.store.calls import reason
 from shoal_broker.store.lane import Encoded
 
 logger = logging.getLogger(__name__)
@@ -161,10 +162,11 @@ def refusal(error: Exception) -> BrokerError:
 
 
 def unreachable(ops: list[Op], exc: BaseException) -> None:
-    logger.warning('Redis unreachable: %s', exc)
+    text = reason(exc)
+    logger.warning('Redis unreachable: %s', text)
     for op in ops:
         if not op.done():
-            fail(op, StoreUnavailable(f'Redis unreachable: {exc}'))
+            fail(op, StoreUnavailable(f'Redis unreachable: {text}'))
 
 
 def carried(ops: Iterable[Op], serial: int) -> None:

@@ -42,7 +42,7 @@ from shoal_broker.metrics.registry import duplicates_dropped
 from shoal_broker.routing.storage import Entry, OutgoingMessage, stored_origin
 from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import keys
-from shoal_broker.store.calls import REDIS_DOWN, Scripts
+from shoal_broker.store.calls import REDIS_DOWN, Scripts, reason
 from shoal_broker.store.commit_nodes import NOTHING_RAN
 from shoal_broker.store.commits import SETTLE_PAUSES, SETTLE_SECONDS, CommitLog, plan, spans_slots
 from shoal_broker.store.duplicates import DuplicateWindows
@@ -182,7 +182,7 @@ class Transactions:
         except REDIS_DOWN as exc:
             await pipe.reset()  # type: ignore[no-untyped-call]
             raise StoreUnavailable(
-                f'the commit was not applied: Redis unreachable ({exc})'
+                f'the commit was not applied: Redis unreachable ({reason(exc)})'
             ) from exc
         except NOTHING_RAN as exc:
             await pipe.reset()  # type: ignore[no-untyped-call]

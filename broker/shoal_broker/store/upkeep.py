@@ -18,7 +18,7 @@ from shoal_broker.metrics.registry import PRIVATE_LABEL
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import bodies, keys
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.calls import Scripts, as_text, call, on_every_primary
+from shoal_broker.store.calls import Scripts, as_text, call, on_every_primary, reason
 from shoal_broker.store.commit_nodes import NOTHING_RAN, NodeClients, SingleNode
 from shoal_broker.store.lane import CONNECTION_ERRORS
 from shoal_broker.store.slices import in_slices
@@ -105,7 +105,7 @@ class Upkeep:
         answered = await in_slices(self._nodes, calls) if calls else []
         lost = next((r for r in answered if isinstance(r, CONNECTION_ERRORS)), None)
         if lost is not None:
-            raise StoreUnavailable(f'Redis unreachable: {lost or type(lost).__name__}') from lost
+            raise StoreUnavailable(f'Redis unreachable: {reason(lost)}') from lost
 
     async def _trim_step(self, streams: list[tuple[str, ...]]) -> list[Any]:
         """One trim.lua call per stream, in slices (``slices.in_slices``: pipelines of at most
@@ -127,7 +127,7 @@ class Upkeep:
             with contextlib.suppress(*CONNECTION_ERRORS, redis.exceptions.RedisClusterException):
                 await self._nodes.refresh()
         if lost is not None:
-            raise StoreUnavailable(f'Redis unreachable: {lost or type(lost).__name__}') from lost
+            raise StoreUnavailable(f'Redis unreachable: {reason(lost)}') from lost
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
             await call(self._scripts.load())
         counts: list[Any] = []
