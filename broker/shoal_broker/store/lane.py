@@ -36,6 +36,8 @@ import redis.asyncio
 import redis.exceptions
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 
+from shoal_broker.store.script_heads import with_heads
+
 __all__ = [
     'BULK_HEADS', 'CONNECTION_ERRORS', 'CRLF', 'NOT_ENOUGH_DATA', 'Encoded', 'Lane', 'encode',
     'pack', 'read_into_parser',
@@ -161,7 +163,7 @@ class Lane:
         turn later through a future (at a trickle every message waited for those turns). A
         connection error while writing is raised, not answered. Call ``wait_for_room`` first to
         bound the pipelines in flight."""
-        packed = pack(commands)
+        packed, count, answer = _prepared(commands, answer)
         while self._conn is None:
             fresh = await self._fresh_connection()
             if self._conn is None:
@@ -192,7 +194,7 @@ class Lane:
             self.reconnects += 1
         if not self._sent:
             self._heard_at = asyncio.get_running_loop().time()
-        self._sent.append((len(commands), answer))
+        self._sent.append((count, answer))
         if self._watchdog is None and conn.socket_timeout:
             self._watchdog = asyncio.get_running_loop().call_later(
                 conn.socket_timeout, self._check_silence, conn
@@ -381,3 +383,19 @@ async def read_into_parser(conn: Any, silence_seconds: float | None) -> None:
     if not data:
         raise redis.exceptions.ConnectionError('Redis closed the connection')
     conn._parser._reader.feed(data)
+
+
+def _prepared(commands: Sequence[tuple[Any, ...]], answer: Answer) -> tuple[bytes, int, Answer]:
+    """A pipeline's bytes and how many replies it has, each script that goes by source there
+    more than once loaded at its head (``script_heads.py``), and ``answer`` past the heads."""
+    commands, heads = with_heads(commands)
+    return pack(commands), len(commands), (_after_heads(heads, answer) if heads else answer)
+
+
+def _after_heads(heads: int, answer: Answer) -> Answer:
+    """``answer`` given the replies after the first ``heads`` (``script_heads.py``'s loads)."""
+
+    def answered(replies: list[Any] | None, error: BaseException | None) -> None:
+        answer(None if replies is None else replies[heads:], error)
+
+    return answered

@@ -7,11 +7,13 @@ append entries the same way). The broker's store and the operator's registry bot
 through ``source``.
 """
 
+import functools
 from importlib import resources
 
 INCLUDE = '--! include '
 
 
+@functools.cache  # one string a script: the store finds its own by identity (script_heads.py)
 def source(name: str) -> str:
     text = resources.files('shoal_broker.store').joinpath('lua', f'{name}.lua').read_text()
     return ''.join(
