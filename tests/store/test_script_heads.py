@@ -8,7 +8,7 @@ and a Redis Cluster of three primaries, whose pipelines each get a head of their
 import asyncio
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -20,19 +20,29 @@ from startedstores import started_store
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import scripts
+from shoal_broker.store.calls import SCRIPTS
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.script_heads import with_heads
 
 QUEUES = 60
 
 
+@pytest.fixture(scope='module')
+def own_redis() -> Iterator[RedisServer]:
+    """A server of this module's own: the test makes it forget its scripts."""
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(params=['standalone', 'cluster'])
 async def nodes_and_store(
-    request: pytest.FixtureRequest, plain_redis: RedisServer
+    request: pytest.FixtureRequest, own_redis: RedisServer
 ) -> AsyncIterator[tuple[list[redis.asyncio.Redis], RedisStore]]:
-    """The store and a client of each node that holds queues (each primary of the cluster)."""
+    """The store and a client of each node that holds queues (each primary of the cluster).
+    The session's cluster, which other store tests share, has its scripts loaded again after."""
     if request.param == 'standalone':
-        urls, store_url = [plain_redis.url], plain_redis.url
+        urls, store_url = [own_redis.url], own_redis.url
     else:
         cluster: ClusterGroup = request.getfixturevalue('redis_cluster')
         primaries = cluster.client().get_primaries()
@@ -44,6 +54,8 @@ async def nodes_and_store(
             yield clients, store
     finally:
         for client in clients:
+            for name in SCRIPTS:
+                await client.script_load(scripts.source(name))
             await client.aclose()
 
 
