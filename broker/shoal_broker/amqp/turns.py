@@ -60,8 +60,9 @@ class Turns:
         """``mark_delivering`` for a transfer sent ahead (``Producing._send_ahead``): its bytes
         are written at once, before the store op is built and the producer's turn ends; the
         connection's events wait for the flush as ever. At a trickle the consumer's transfer
-        then leaves ~20-40 µs earlier; under load one claim is in flight per subscription, so
-        this is at most one write more per store cycle (docs/performance.md#trickle)."""
+        then leaves ~25 µs earlier; under load at most two claims are in flight per
+        subscription, so this is at most a write or two more per store cycle
+        (docs/performance.md#trickle)."""
         conn.write_now()
         self.mark_delivering(conn)
 
