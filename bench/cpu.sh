@@ -4,7 +4,8 @@
 # PYTHONPATH), start one private redis-server and one Shoal broker, then run the same bench/load.py
 # row against each tree in turn (A B A B ...), REPS times, and print per tree the median broker
 # CPU µs per message (utime+stime from /proc/PID/stat over the run), Redis CPU µs per message,
-# msg/s, and Redis pipelines/commands per message from the broker's /metrics.
+# msg/s, Redis pipelines per message from the broker's /metrics, and the load's p50 and p99
+# latency (the latency row: ROW="--rate 1000" N=5000).
 #
 # usage: bench/cpu.sh SRC_A [SRC_B ...]        e.g. bench/cpu.sh /tmp/base/broker broker
 # A tree may name the interpreter its broker runs on, SRC@PYTHON (default: $BROKER_PY, see
@@ -73,25 +74,27 @@ for ((rep = 0; rep <= REPS; rep++)); do  # rep 0 warms every broker up and is no
     b1=$(proc_cpu_s "${BPID[j]}"); r1=$(proc_cpu_s "${RPID[j]}")
     p1=$(metric "${HPORT[j]}" shoal_redis_pipeline_seconds_count)
     rate=$(load_field "$WORK/load.jsonl" msgs_per_s)
+    p50=$(load_field "$WORK/load.jsonl" p50_ms); p99=$(load_field "$WORK/load.jsonl" p99_ms)
     ((rep == 0)) && continue
     awk -v j="$j" -v n="$n" -v b="$(echo "$b1 - $b0" | bc)" -v r="$(echo "$r1 - $r0" | bc)" \
-        -v p="$((${p1%.*} - ${p0%.*}))" -v rate="${rate:-0}" \
-        'BEGIN { printf "%d %.1f %.1f %.0f %.3f\n", j, 1e6*b/n, 1e6*r/n, rate, p/n }' \
+        -v p="$((${p1%.*} - ${p0%.*}))" -v rate="${rate:-0}" -v p50="$p50" -v p99="$p99" \
+        'BEGIN { printf "%d %.1f %.1f %.0f %.3f %.3f %.3f\n", j, 1e6*b/n, 1e6*r/n, rate, p/n, p50, p99 }' \
         | tee -a "$RESULTS"
   done
 done
 
 echo
-echo "| tree | broker µs/msg | Redis µs/msg | msg/s | pipelines/msg | source |"
-echo "|---|---|---|---|---|---|"
+echo "| tree | broker µs/msg | Redis µs/msg | msg/s | pipelines/msg | p50 ms | p99 ms | source |"
+echo "|---|---|---|---|---|---|---|---|"
 for ((j = 0; j < ${#SRC[@]}; j++)); do
   "$PY" -c '
 import statistics, sys
 j, src, path = sys.argv[1:4]
 rows = [line.split() for line in open(path) if line.split()[0] == j]
-med = [statistics.median(float(r[c]) for r in rows) for c in range(1, 5)]
-print(f"| {j} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.0f} | {med[3]:.3f} | {src} |")
+med = [statistics.median(float(r[c]) for r in rows) for c in range(1, 7)]
+print(f"| {j} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.0f} | {med[3]:.3f} | {med[4]:.3f} "
+      f"| {med[5]:.3f} | {src} |")
 ' "$j" "${SRC[j]}" "$RESULTS"
 done
-echo "per rep (tree broker-us redis-us msg/s pipelines/msg):"; cat "$RESULTS"
+echo "per rep (tree broker-us redis-us msg/s pipelines/msg p50-ms p99-ms):"; cat "$RESULTS"
 echo "machine after: loadavg=$(cut -d' ' -f1-3 /proc/loadavg)"

@@ -15,7 +15,11 @@ between SIGUSR1 (start: every figure reset) and SIGUSR2 (stop: OUT.json written)
   band, and the callbacks above 1 ms by what they ran (the task's coroutine or the callback);
 - the cyclic garbage collector: collections by generation, their total and longest CPU time;
 - cProfile (``PROBE_PROFILE=FILE``): the broker's functions over the window, CPU time (not wall:
-  time descheduled on a shared machine is not charged), written to FILE (``python -m pstats``).
+  time descheduled on a shared machine is not charged), written to FILE (``python -m pstats``);
+- loop calls (``PROBE_COUNT=1``, uvloop only): every ``call_soon``, ``call_later``, ``call_at``
+  and ``create_task`` made through the loop's Python methods, by what made it, and every timer
+  cancelled (what ``bench/trickle_count.sh`` divides by the messages). ``PROBE_LAG=0`` leaves out
+  the 1 ms sampler, whose own wake-ups would be counted among the broker's.
 
 Why its own: the broker's ``shoal_event_loop_lag_seconds`` samples every 100 ms, too coarse for
 a p99 of a few ms, and a profile of the whole process includes start-up and the throughput rows
@@ -59,6 +63,7 @@ class Probe:
         self._gc_t0 = 0.0
         self.gc_collected = 0
         self.young: Counter[str] = Counter()
+        self.loop_calls: Counter[str] = Counter()
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
@@ -82,6 +87,7 @@ class Probe:
         self.gc_max_ms = 0.0
         self.gc_collected = 0
         self.young.clear()
+        self.loop_calls.clear()
         self.started, self.cpu0 = time.perf_counter(), time.process_time()
         if os.environ.get('PROBE_PROFILE'):
             self.profile = cProfile.Profile(time.process_time)  # CPU, not time descheduled
@@ -120,6 +126,7 @@ class Probe:
             'cyclic_garbage': garbage,
             'callbacks_by_band': dict(self.bands),
             'callback_ms_by_band': {k: round(v, 1) for k, v in self.band_ms.items()},
+            'loop_calls': dict(self.loop_calls.most_common(60)),
             'slow_callbacks': [
                 {'what': what, 'count': n, 'total_ms': round(self.slow_ms[what], 1)}
                 for what, n in self.slow.most_common(40)
@@ -192,6 +199,67 @@ def _cyclic_garbage() -> dict[str, Any]:
     }
 
 
+_COUNTING: list[Probe] = []
+"""The probe whose ``loop_calls`` the counting loop adds to (``PROBE_COUNT=1``)."""
+
+
+def _count(kind: str) -> None:
+    probe = _COUNTING[0]
+    if probe.on:
+        f = sys._getframe(2)
+        probe.loop_calls[
+            f'{kind}: {f.f_code.co_filename.rsplit("/", 2)[-1]}:{f.f_code.co_name}'
+        ] += 1
+
+
+class _CountingTimer:
+    """A timer handle that counts its cancellation (by who cancels)."""
+
+    __slots__ = ('handle',)
+
+    def __init__(self, handle: asyncio.TimerHandle) -> None:
+        self.handle = handle
+
+    def cancel(self) -> None:
+        _count('timer cancelled')
+        self.handle.cancel()
+
+    def cancelled(self) -> bool:
+        return self.handle.cancelled()
+
+    def when(self) -> float:
+        return self.handle.when()
+
+
+def counting_loop(probe: Probe) -> asyncio.AbstractEventLoop:
+    """A uvloop loop whose scheduling methods count their calls by caller while the probe is
+    on. uvloop's own Cython calls bypass these methods; asyncio's C futures and tasks, and every
+    Python caller, go through them."""
+    import uvloop
+
+    _COUNTING.append(probe)
+
+    class CountingLoop(uvloop.Loop):  # type: ignore[misc]
+        def call_soon(self, *args: Any, **kw: Any) -> Any:
+            _count('call_soon')
+            return super().call_soon(*args, **kw)
+
+        def call_later(self, *args: Any, **kw: Any) -> Any:
+            _count('call_later')
+            return _CountingTimer(super().call_later(*args, **kw))
+
+        def call_at(self, *args: Any, **kw: Any) -> Any:
+            _count('call_at')
+            return _CountingTimer(super().call_at(*args, **kw))
+
+        def create_task(self, *args: Any, **kw: Any) -> Any:
+            _count('create_task')
+            return super().create_task(*args, **kw)
+
+    loop: asyncio.AbstractEventLoop = CountingLoop()
+    return loop
+
+
 def _name(handle: asyncio.events.Handle) -> str:
     cb = handle._callback  # type: ignore[attr-defined]
     owner = getattr(cb, '__self__', None)
@@ -213,11 +281,15 @@ def main() -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGUSR1, probe.start)
         loop.add_signal_handler(signal.SIGUSR2, probe.stop)
-        lag = asyncio.create_task(probe.sample_lag())
+        # PROBE_LAG=0: no 1 ms sampler, whose wake-ups would be counted among the broker's own
+        lag = (
+            asyncio.create_task(probe.sample_lag()) if os.environ.get('PROBE_LAG') != '0' else None
+        )
         try:
             return await app.serve(settings)
         finally:
-            lag.cancel()
+            if lag is not None:
+                lag.cancel()
             probe.stop()
 
     if os.environ.get('PROBE_ASYNCIO') == '1':
@@ -225,6 +297,8 @@ def main() -> int:
         return asyncio.run(serve())
     import uvloop
 
+    if os.environ.get('PROBE_COUNT') == '1':
+        return uvloop.run(serve(), loop_factory=lambda: counting_loop(probe))
     return uvloop.run(serve())
 
 

@@ -146,6 +146,33 @@ def test_the_consumer_has_the_message_before_redis_answers_and_the_producer_afte
     conn.close()
 
 
+def test_a_second_message_goes_ahead_while_the_first_claim_is_out_and_a_third_waits(
+    frozen_redis: RedisServer, ahead_broker: BrokerProcess, address: str
+) -> None:
+    """Two claims may be in flight: a message that comes while Redis has not answered the last
+    claim goes ahead too; one more waits for the store (publish and fetch), in order."""
+    conn = connect(ahead_broker.url)
+    rcv = _waiting_consumer(frozen_redis, conn, address)
+    snd = sender(conn, address)
+    with Frozen(frozen_redis):
+        deliveries = [_start_send(conn, snd, 'first')]
+        assert rcv.receive(timeout=5).body == 'first'
+        deliveries.append(_start_send(conn, snd, 'second'))
+        assert rcv.receive(timeout=5).body == 'second'  # Redis cannot have answered the first
+        deliveries.append(_start_send(conn, snd, 'third'))
+        assert nothing_more(rcv, wait=0.5)  # two claims out: this one goes through the store
+    assert rcv.receive(timeout=TIMEOUT).body == 'third'
+    conn.wait(lambda: all(d.settled for d in deliveries), timeout=TIMEOUT, msg='all answered')
+    assert all(d.remote_state == Delivery.ACCEPTED for d in deliveries)
+    for _ in range(3):
+        rcv.accept()
+    flush(conn)
+    wait_for(lambda: _pending(frozen_redis, address) == 0, 5, 'all three acked')
+    assert _added(frozen_redis, address) == 3
+    assert nothing_more(rcv)
+    conn.close()
+
+
 def test_an_accept_before_redis_answers_is_applied_once_it_does(
     frozen_redis: RedisServer, ahead_broker: BrokerProcess, address: str
 ) -> None:

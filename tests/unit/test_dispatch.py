@@ -216,11 +216,12 @@ def _lane(**state: object) -> dispatch.Lane[str, str]:
 
 def test_send_ahead_only_when_nothing_stored_is_unread_and_nothing_is_in_the_way() -> None:
     assert _lane().ahead() == 'consumer'
+    assert _lane(claims=1).ahead() == 'consumer'  # a second claim while the first is out
     for blocker, value in [
         ('sends_ahead', False),
         ('shared', True),  # other replicas' consumers: the store decides who takes it
         ('exhausted', False),  # something stored may be unread: order first
-        ('claims', 1),  # one claim at a time
+        ('claims', 2),  # two claims at a time at most
         ('fetching', True),
         ('parked', [(1.0, Entry('1-0', 0, b'', b'', 0, 0))]),
         ('recovering', True),

@@ -246,6 +246,16 @@ class AmqpConnection(asyncio.Protocol):
             socket.close()  # our Close went out (or the engine gave up): asyncio flushes first
         return False
 
+    def write_now(self) -> None:
+        """Write what the engine has to send now, its events left to the next ``process``:
+        called from another connection's events, whose own walk goes on afterwards. Not while
+        this connection is being processed: its walk writes at its end anyway."""
+        socket = self._socket
+        if self._freed or self._processing or self._paused or socket is None:
+            return
+        while (output := engine.take_output(self.transport)) is not None:
+            socket.write(output)
+
     def _arm_timer(self, when: float) -> None:
         if self._timer is not None and self._timer_deadline <= when:
             return

@@ -86,7 +86,7 @@ class Producing:
         self.by_address = nodes.by_address
         self.resolve = nodes.resolve
         self.mark_dirty = turns.mark_dirty
-        self.mark_delivering = turns.mark_delivering
+        self.deliver_now = turns.deliver_now
         self.top_up = turns.top_up
         self.top_up_later = turns.top_up_later
         self.duplicate_window = store.messages.duplicate_window
@@ -331,7 +331,7 @@ class Producing:
         sub.claims += 1
         self.counters.delivered(address, QUEUE_GROUP, 1)
         consumer.deliveries.count += 1
-        self.mark_delivering(consumer.conn)
+        self.deliver_now(consumer.conn)  # its transfer leaves before the store op is built
         token = (producer, message, address, sub, consumer, ahead)
         self.store.messages.claim_then(address, QUEUE_GROUP, stored, self._on_claimed, token)
 

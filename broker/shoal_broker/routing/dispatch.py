@@ -220,17 +220,17 @@ class Lane(Generic[H, C]):
         """The consumer an at-least-once message published here may be sent to before the store
         has it (``Producing._send_ahead``), or None when it must wait for a fetch: the queue
         sends ahead, no other replica has consumers of it, nothing stored is unread
-        (``_exhausted``), and no claim, fetch, parked entry or recovery is in its way. One claim
-        at a time: under load a fetch batches better, and with claims in flight back to back
-        nothing ever fetched, so nothing batched (1→4 competing fell from ~77k to ~48k msg/s,
-        docs/performance.md#send-ahead); at a trickle the claim is long answered when the next
-        message comes. The rule and the consumer's choice are one call: a second call per message
-        cost ~1 % of the broker's instructions."""
+        (``_exhausted``), and no fetch, parked entry or recovery and at most one other claim is
+        in its way. Not more: with claims back to back nothing ever fetched, so nothing batched
+        (1→4 competing fell from ~77k to ~48k msg/s, docs/performance.md#send-ahead); with two, at
+        a trickle a message that comes while Redis is slow to answer the last claim goes ahead
+        too, not behind a fetch (docs/performance.md#trickle). The rule and the consumer's choice
+        are one call: a second call per message cost ~1 % of the broker's instructions."""
         if (
             self.sends_ahead
             and not self.shared
             and self._exhausted
-            and not self.claims
+            and self.claims < 2
             and not self._fetching
             and not self._parked
             and not self.recovering
