@@ -4,7 +4,8 @@ by name, and replies as text.
 
 A script goes by hash (EVALSHA) where sending it again is harmless; where a forgotten script
 must not reorder or half-apply anything (publish, a commit, a fetch in bulk) the part sends the
-source it keeps here (``Scripts.source``), which Redis caches by its SHA1 all the same.
+source it keeps here (``Scripts.source``), which Redis caches by its SHA1 all the same; a
+pipeline carries each such source once (``script_heads.py``).
 """
 
 from collections.abc import Awaitable, Callable, Sequence
