@@ -102,13 +102,13 @@ async def test_a_killed_connection_fails_what_is_in_flight_and_the_next_pipeline
 
 
 async def test_a_pooled_connection_redis_closed_while_idle_is_not_written_to(
-    redis_server: RedisServer, client: redis.asyncio.Redis
+    plain_redis: RedisServer, client: redis.asyncio.Redis
 ) -> None:
     """An idle connection of the pool that Redis closed (CLIENT KILL, its ``timeout``, a
     restart): its end has been read, so its transport no longer reads, and redis-py's pool hands
     it out unchecked. A pipeline written on it would hear nothing until the socket timeout fails
     it; the lane connects afresh instead."""
-    pool = redis.asyncio.ConnectionPool.from_url(redis_server.url, socket_timeout=1)
+    pool = redis.asyncio.ConnectionPool.from_url(plain_redis.url, socket_timeout=1)
     idle = redis.asyncio.Redis(connection_pool=pool)
     name = f'idle-{uuid.uuid4().hex[:8]}'
     await idle.client_setname(name)  # made, then back in the pool
@@ -128,12 +128,12 @@ async def test_a_pooled_connection_redis_closed_while_idle_is_not_written_to(
 
 
 async def test_the_stores_clients_connect_again_for_a_pooled_connection_redis_closed(
-    redis_server: RedisServer, client: redis.asyncio.Redis
+    plain_redis: RedisServer, client: redis.asyncio.Redis
 ) -> None:
     """The store's pools keep redis-py's check of an idle connection (``store/stale.py``): the
     first command after Redis closed it (a restart, CLIENT KILL) is answered, not failed with
     "Connection closed by server"."""
-    store_client = connect.client(redis_server.url)
+    store_client = connect.client(plain_redis.url)
     name = f'idle-{uuid.uuid4().hex[:8]}'
     await store_client.client_setname(name)
     [victim] = [c for c in await client.client_list() if c['name'] == name]
@@ -158,10 +158,10 @@ async def test_replies_split_over_many_reads_are_put_together_for_their_pipeline
 
 
 async def test_a_connection_silent_past_its_socket_timeout_fails_what_it_owes(
-    redis_server: RedisServer,
+    plain_redis: RedisServer,
 ) -> None:
     key = f'lane-{uuid.uuid4().hex}'
-    pool = redis.asyncio.ConnectionPool.from_url(redis_server.url, socket_timeout=0.5)
+    pool = redis.asyncio.ConnectionPool.from_url(plain_redis.url, socket_timeout=0.5)
     lane = Lane(pool, max_in_flight=4)
     blocked = await send(lane, [('BLPOP', f'{key}-never', 0)])  # Redis answers it never
     behind = await send(lane, [('SET', key, 'after')])
@@ -217,9 +217,9 @@ async def test_a_malformed_reply_fails_what_the_connection_owes_and_it_is_replac
 
 
 async def test_an_address_is_created_with_its_queue_group_in_one_step(
-    redis_server: RedisServer, client: redis.asyncio.Redis
+    plain_redis: RedisServer, client: redis.asyncio.Redis
 ) -> None:
-    stores = [RedisStore.from_url(redis_server.url, f'r{i}') for i in range(2)]
+    stores = [RedisStore.from_url(plain_redis.url, f'r{i}') for i in range(2)]
     for store in stores:
         await store.start()
     name = f'addr-{uuid.uuid4().hex[:10]}'
