@@ -36,6 +36,22 @@ async def store(plain_redis: RedisServer) -> AsyncIterator[RedisStore]:
 
 
 @pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A Redis of the test's own, for a test that counts what a background pass did: the
+    session's brokers run their own upkeep (trims, backlog snapshots) on the session's Redis,
+    and one of their trims would take what the test's was to count."""
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def own_store(own_redis: RedisServer) -> AsyncIterator[RedisStore]:
+    async with started_store(own_redis.url) as s:
+        yield s
+
+
+@pytest.fixture
 async def client(plain_redis: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
     c = redis.asyncio.Redis.from_url(plain_redis.url)
     yield c

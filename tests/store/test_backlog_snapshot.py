@@ -5,12 +5,9 @@ those of the streams: backlog, in flight, the oldest waiting message, the declar
 """
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
 
-import pytest
 import redis.asyncio
 from processes import RedisServer
-from startedstores import started_store
 
 from shoal_broker.routing.storage import QUEUE_GROUP, OutgoingMessage
 from shoal_broker.running.backlog import BacklogSnapshot
@@ -18,20 +15,6 @@ from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys
 from shoal_broker.store.redisstore import RedisStore
 from shoal_broker.store.registry import Registry
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    """A Redis of the test's own: no broker of the session shares a snapshot into it."""
-    server = RedisServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def own_store(own_redis: RedisServer) -> AsyncIterator[RedisStore]:
-    async with started_store(own_redis.url) as s:
-        yield s
 
 
 def message(body: bytes) -> OutgoingMessage:

@@ -39,8 +39,10 @@ LENGTH = BrokerSettings().store.metrics_stream_length
 
 
 @pytest.fixture
-def watch(plain_redis: RedisServer) -> Iterator[PipelineWatch]:
-    proxy = PipelineWatch(plain_redis.port)
+def watch(own_redis: RedisServer) -> Iterator[PipelineWatch]:
+    """In front of a Redis of the test's own: a session broker's trim would take the test's
+    consumed entries before the pass it watches (``own_redis``)."""
+    proxy = PipelineWatch(own_redis.port)
     yield proxy
     proxy.close()
 
@@ -86,7 +88,7 @@ async def _consumed(store: RedisStore, name: str, count: int) -> None:
 
 
 async def test_the_trim_pass_sends_pipelines_of_at_most_a_slice(
-    watched_store: RedisStore, watch: PipelineWatch, plain_redis: RedisServer
+    watched_store: RedisStore, watch: PipelineWatch, own_redis: RedisServer
 ) -> None:
     names = await _addresses(watched_store, 30)  # 300 streams: three slices at least
     await _consumed(watched_store, names[0], 5)
@@ -95,7 +97,7 @@ async def test_the_trim_pass_sends_pipelines_of_at_most_a_slice(
     assert watch.sent[TRIM] > 300
     assert watch.deepest[TRIM] == CALLS_PER_PIPELINE
     assert watch.widest[TRIM] == 1  # one pipeline at a time
-    client = redis.asyncio.Redis.from_url(plain_redis.url)
+    client = redis.asyncio.Redis.from_url(own_redis.url)
     try:
         assert await client.xlen(keys.AddressKeys.of(names[0]).streams[5]) == 0
     finally:
@@ -216,14 +218,14 @@ async def test_metric_records_are_built_a_slice_at_a_time_with_the_loop_turning_
 
 
 async def test_metric_records_are_appended_a_slice_to_a_pipeline(
-    watched_store: RedisStore, watch: PipelineWatch, plain_redis: RedisServer
+    watched_store: RedisStore, watch: PipelineWatch, own_redis: RedisServer
 ) -> None:
     addresses = [f'records-{uuid.uuid4().hex[:8]}-{n}' for n in range(250)]
     broker = _broker_with_tallies(watched_store, addresses)
-    backlog = BacklogSnapshot(plain_redis.url, 10.0)
+    backlog = BacklogSnapshot(own_redis.url, 10.0)
     figures = RecordedFigures(60_000, 10_000)
     replica = f'r-{uuid.uuid4().hex[:6]}'
-    client = redis.asyncio.Redis.from_url(plain_redis.url)
+    client = redis.asyncio.Redis.from_url(own_redis.url)
     last = await client.xrevrange(keys.METRICS, count=1)
     watch.reset()
     try:
