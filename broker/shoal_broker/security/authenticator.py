@@ -11,6 +11,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import types
 from collections.abc import Callable
 from typing import Final
 
@@ -198,6 +199,12 @@ class _Plain(Exchange):
         return Identity(user.name, PLAIN, user.permissions), b''
 
 
+def _scramp() -> types.ModuleType:
+    """scramp, in ``sys.modules`` since an Authenticator with users was made (``__init__``
+    imports it at start): a look-up per call, not an import at module load."""
+    return importlib.import_module('scramp')
+
+
 class _Scram(Exchange):
     """RFC 5802 via ``scramp``: client-first → server-first (challenge); client-final →
     server-final (the outcome's additional data)."""
@@ -208,9 +215,7 @@ class _Scram(Exchange):
         self.mocks = mocks
         self.user: User | None = None
         self.known = False
-        import scramp  # in sys.modules since the Authenticator was made (a look-up per login)
-
-        self.server = scramp.ScramMechanism(mechanism).make_server(self._auth_info)
+        self.server = _scramp().ScramMechanism(mechanism).make_server(self._auth_info)
         self.step: Callable[[bytes], bytes | tuple[Identity, bytes]] = self._first
 
     def _auth_info(self, name: str) -> tuple[bytes, bytes, bytes, int]:
@@ -226,23 +231,19 @@ class _Scram(Exchange):
         return self.step(data)
 
     def _first(self, data: bytes) -> bytes:
-        import scramp
-
         try:
             self.server.set_client_first(data.decode('utf-8'))
             challenge = self.server.get_server_first()
-        except (UnicodeDecodeError, scramp.ScramException) as exc:
+        except (UnicodeDecodeError, _scramp().ScramException) as exc:
             raise AuthenticationFailed(f'bad client-first message: {exc}') from None
         self.step = self._final
         return str(challenge).encode()
 
     def _final(self, data: bytes) -> tuple[Identity, bytes]:
-        import scramp
-
         try:
             self.server.set_client_final(data.decode('utf-8'))
             final = self.server.get_server_final()
-        except (UnicodeDecodeError, scramp.ScramException) as exc:
+        except (UnicodeDecodeError, _scramp().ScramException) as exc:
             raise CredentialsRefused(f'SCRAM proof not accepted: {exc}') from None
         if not self.known or self.user is None:  # unreachable short of guessing the mock
             raise CredentialsRefused('unknown user')

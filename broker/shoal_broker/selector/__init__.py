@@ -66,10 +66,16 @@ that its event loop never waits for one.
 
 import collections
 import threading
-from collections.abc import Callable, Mapping
 
 from shoal_broker.selector.headers import identifiers
-from shoal_broker.selector.limits import MAX_DEPTH, MAX_LENGTH, MAX_TOKENS, SelectorError
+from shoal_broker.selector.limits import (
+    MAX_DEPTH,
+    MAX_LENGTH,
+    MAX_TOKENS,
+    Evaluate,
+    Identifiers,
+    SelectorError,
+)
 
 __all__ = [
     'MAX_DEPTH',
@@ -91,11 +97,11 @@ class Selector:
 
     __slots__ = ('_evaluate', 'text')
 
-    def __init__(self, text: str, evaluate: Callable[[Mapping[str, object]], object]) -> None:
+    def __init__(self, text: str, evaluate: Evaluate) -> None:
         self.text = text
         self._evaluate = evaluate
 
-    def matches(self, identifiers: Mapping[str, object]) -> bool:
+    def matches(self, identifiers: Identifiers) -> bool:
         """True only when the selector is TRUE for these identifiers (FALSE or UNKNOWN: False).
 
         Never raises: the evaluator handles every value type, and should it fail anyway the
@@ -163,5 +169,5 @@ def compile(text: str) -> Selector:
     return outcome
 
 
-def _always(_identifiers: Mapping[str, object]) -> bool:
+def _always(_identifiers: Identifiers) -> bool:
     return True

@@ -18,15 +18,12 @@ any kind and settle mismatches per message (UNKNOWN), as JMS defines them.
 import dataclasses
 import enum
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from lark import Token, Tree
 
 from shoal_broker.selector import semantics
-from shoal_broker.selector.limits import SelectorError, at, shown
-
-Identifiers = Mapping[str, object]
-Evaluate = Callable[[Identifiers], object]
+from shoal_broker.selector.limits import Evaluate, Identifiers, SelectorError, at, shown
 
 _NO_IDENTIFIERS: Identifiers = {}
 

@@ -8,8 +8,15 @@ first selector is compiled (``compile`` in ``__init__.py``).
 """
 
 import re
+from collections.abc import Callable, Mapping
 
 from shoal_broker.errors import InvalidField
+
+Identifiers = Mapping[str, object]
+"""What a selector reads from a message: its headers and properties by name."""
+
+Evaluate = Callable[[Identifiers], object]
+"""A compiled selector (``compiler.compile_condition``): True, False or None (UNKNOWN)."""
 
 MAX_LENGTH = 64 * 1024
 """Longest selector accepted, in UTF-8 bytes."""
