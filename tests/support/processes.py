@@ -16,8 +16,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import redis
+import redis.backoff
+import redis.retry
 
 LOOPBACK = '127.0.0.1'
+
+ONE_ATTEMPT = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+"""A client's retry policy for a watch: one attempt per command. redis-py's default tries a
+refused connection ten times more with a growing pause (~4 s in all), so a watch polling a
+killed Redis blocked through the outage and, the node back by then, saw none."""
 
 LOG_DIR = Path(tempfile.mkdtemp(prefix='shoal-test-logs-'))
 """Every broker's log of this test run, removed when the run ends (tests/conftest.py): one

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from processes import LOOPBACK, QUICK_REPLICATION, free_port, stop, wait_for
+from processes import LOOPBACK, ONE_ATTEMPT, QUICK_REPLICATION, free_port, stop, wait_for
 
 NODE_TIMEOUT_MS = 1000
 """``cluster-node-timeout``: a primary unreachable this long is failing; its replica takes over
@@ -72,9 +72,12 @@ class ClusterNode:
         wait_for(self._pings, 10, f'redis-server {self.port}')
         return process
 
-    def client(self, timeout: float = 2.0) -> redis.Redis:
-        """A plain (not cluster-aware) client of this node."""
-        return redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=timeout)
+    def client(self, timeout: float = 2.0, *, retry: bool = True) -> redis.Redis:
+        """A plain (not cluster-aware) client of this node. ``retry=False``: one attempt per
+        command (``ONE_ATTEMPT``), for a watch that must see a killed node as it happens."""
+        if retry:
+            return redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=timeout)
+        return redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=timeout, retry=ONE_ATTEMPT)
 
     def _pings(self) -> bool:
         client = self.client(0.5)
@@ -142,8 +145,8 @@ class ClusterGroup:
 
     # -- what the cluster looks like ----------------------------------------------------------
 
-    def _ask(self, node: ClusterNode, *command: str) -> object:
-        client = node.client(1.0)
+    def _ask(self, node: ClusterNode, *command: str, retry: bool = True) -> object:
+        client = node.client(1.0, retry=retry)
         try:
             return client.execute_command(*command)
         finally:
@@ -152,9 +155,12 @@ class ClusterGroup:
     def keyslot(self, key: str) -> int:
         return int(self._ask(self.seed, 'CLUSTER', 'KEYSLOT', key))  # type: ignore[call-overload]
 
-    def owner_of_slot(self, slot: int, asking: ClusterNode | None = None) -> int:
-        """The client port of the primary ``asking`` (any live node) says serves ``slot``."""
-        for start, end, primary, *_ in self._slots(asking or self.seed):
+    def owner_of_slot(
+        self, slot: int, asking: ClusterNode | None = None, *, retry: bool = True
+    ) -> int:
+        """The client port of the primary ``asking`` (any live node) says serves ``slot``;
+        ``retry=False``: asked once (``ClusterNode.client``)."""
+        for start, end, primary, *_ in self._slots(asking or self.seed, retry=retry):
             if start <= slot <= end:
                 return int(primary[1])
         raise LookupError(f'slot {slot} is not served')
@@ -176,8 +182,8 @@ class ClusterGroup:
             found.setdefault(self.primary_of(key_of(name)).port, name)
         return list(found.values())
 
-    def _slots(self, node: ClusterNode) -> list[list[object]]:
-        raw = self._ask(node, 'CLUSTER', 'SLOTS')
+    def _slots(self, node: ClusterNode, *, retry: bool = True) -> list[list[object]]:
+        raw = self._ask(node, 'CLUSTER', 'SLOTS', retry=retry)
         slots: list[list[object]] = []
         for entry in raw:  # type: ignore[attr-defined]
             slots.append(list(entry))

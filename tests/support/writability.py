@@ -7,7 +7,8 @@ promoted primary without a replica confirms nothing. The sentinels may also prom
 one kill (a second promotion seconds after the first, whose new primary gets its replica back
 only when the sentinels next reconfigure it, ~10 s later). A bound on each send is therefore
 judged against the outages actually seen: a send must be answered within ``SLACK_MS`` of the
-end of the last outage it overlapped (or of its own start).
+end of the last outage it overlapped (or of its own start). Every poll asks once
+(``processes.ONE_ATTEMPT``): a call that retried a killed node blocked until it was back.
 """
 
 import threading
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable
 
 import redis
-from processes import LOOPBACK
+from processes import LOOPBACK, ONE_ATTEMPT
 from redisclusters import ClusterGroup
 from sentinels import SentinelGroup
 
@@ -114,7 +115,13 @@ def sentinel_writability(group: SentinelGroup) -> Writability:
             return False
         password = group.password or None
         return _has_online_replica(
-            redis.Redis(host=LOOPBACK, port=port, socket_timeout=0.5, password=password)
+            redis.Redis(
+                host=LOOPBACK,
+                port=port,
+                socket_timeout=0.5,
+                password=password,
+                retry=ONE_ATTEMPT,
+            )
         )
 
     return Writability(writable)
@@ -124,8 +131,8 @@ def cluster_writability(group: ClusterGroup, slot: int) -> Writability:
     """Writable: the primary serving ``slot`` has a replica online."""
 
     def writable(watch: Writability) -> bool:
-        port = group.owner_of_slot(slot)
+        port = group.owner_of_slot(slot, retry=False)
         watch.saw(port)
-        return _has_online_replica(group.node(port).client(0.5))
+        return _has_online_replica(group.node(port).client(0.5, retry=False))
 
     return Writability(writable)
