@@ -14,7 +14,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.exceptions
 
-from shoal_broker.store import connect
+from shoal_broker.store import connect, packed
 from shoal_broker.store.calls import CLUSTER_CALLS_IN_FLIGHT
 from shoal_broker.store.lane import CONNECTION_ERRORS
 
@@ -122,11 +122,10 @@ class Batch:
 
     async def _pipeline(self, client: 'redis.asyncio.Redis', chunk: list[int]) -> list[int]:
         async with self._room:
-            pipe = client.pipeline(transaction=False)
-            for i in chunk:
-                pipe.execute_command(*self._commands[i][1])
             try:
-                replies = await pipe.execute(raise_on_error=False)
+                replies = await packed.pipeline(
+                    client, [self._commands[i][1] for i in chunk], raise_on_error=False
+                )
             except (*CONNECTION_ERRORS, *NOTHING_RAN) as exc:
                 self.refusals.append(exc)
                 return chunk

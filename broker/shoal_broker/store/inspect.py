@@ -33,11 +33,11 @@ from shoal_broker.routing.jms_subscriptions import Scope
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import calls as calls_
-from shoal_broker.store import connect, keys, layout, scripts
+from shoal_broker.store import connect, keys, layout, packed, scripts
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _PAGE = 100  # a pipeline holds the loop ~10 ms (performance.md#background-work-in-slices)
-_BACKLOG_PAGE = 25  # redis-py packs ~15 arguments in Python: see performance.md#backlog-pages
+_BACKLOG_PAGE = 25  # a page read and summed in one loop stretch: performance.md#backlog-pages
 _CLUSTER_CONCURRENCY = 32
 """``backlog.lua`` calls in flight at once on a cluster (a pipeline elsewhere)."""
 _BACKLOG_SOURCE = scripts.source('backlog')
@@ -399,10 +399,10 @@ class Inspector:
             try:
                 if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
                     return list(await self._call(asyncio.gather(*(one(n, a) for n, a in calls))))
-                pipe = self._client.pipeline(transaction=False)
-                for numkeys, args in calls:
-                    pipe.evalsha(_BACKLOG_SHA, numkeys, *args)
-                return list(await self._call(pipe.execute()))
+                commands = [('EVALSHA', _BACKLOG_SHA, n, *args) for n, args in calls]
+                return list(
+                    await self._call(packed.pipeline(self._client, commands, raise_on_error=True))
+                )
             except StoreUnavailable as exc:
                 if attempt == 2 or not isinstance(exc.__cause__, redis.exceptions.NoScriptError):
                     raise

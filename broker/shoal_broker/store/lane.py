@@ -21,7 +21,7 @@ is pinned; tests/store/test_lane.py fails first if a release moves them.
 A connection that fails is never written to again, because replies still owed on it could
 otherwise be matched with the wrong pipeline: every pipeline sent on it fails, and the next one
 goes out on a fresh connection. One taken from the pool is looked at first: Redis may have closed
-it while it sat idle (``Lane._fresh_connection``).
+it while it sat idle (``fresh_connection``).
 """
 
 import asyncio
@@ -40,7 +40,7 @@ from shoal_broker.store.script_heads import with_heads
 
 __all__ = [
     'BULK_HEADS', 'CONNECTION_ERRORS', 'CRLF', 'NOT_ENOUGH_DATA', 'Encoded', 'Lane', 'encode',
-    'pack', 'read_into_parser',
+    'fresh_connection', 'pack', 'read_into_parser',
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class Lane:
         bound the pipelines in flight."""
         packed, count, answer = _prepared(commands, answer)
         while self._conn is None:
-            fresh = await self._fresh_connection()
+            fresh = await fresh_connection(self._pool)
             if self._conn is None:
                 self._conn = fresh
             else:  # another sender's got here first (ClusterLanes sends concurrently): one
@@ -229,24 +229,6 @@ class Lane:
             raise redis.exceptions.ConnectionError(
                 'the Redis connection was given up on while a pipeline was written'
             )
-
-    async def _fresh_connection(self) -> Any:
-        """A connection of the pool, connected anew if Redis closed it while it sat idle
-        (CLIENT KILL, the server's ``timeout``, a restart). Such a connection has had its end
-        read, so its transport reads no more: a pipeline written there would hear nothing until
-        the socket timeout (5 s by default) failed it, and the messages in it would be released.
-        redis-py's pool ignores this check while maintenance notifications are configured
-        (``auto``, its default, counts), since its own commands find the end and retry; the
-        lane writes without redis-py, so it looks itself."""
-        conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
-        if conn.is_connected:
-            try:
-                stale = await conn.can_read()  # its end was read, or replies left unread
-            except CONNECTION_ERRORS:
-                stale = True
-            if stale:
-                await conn.disconnect(nowait=True)  # send_then connects it
-        return conn
 
     def _received(self, conn: Any, data: bytes) -> None:
         """Replies arrived on ``conn``: answer every pipeline they complete, in order."""
@@ -373,6 +355,25 @@ def _answer(answer: Answer, replies: list[Any] | None, error: BaseException | No
         answer(replies, error)
     except Exception:  # the reader must go on: its replies are still in step
         logger.exception('handling a Redis reply failed')
+
+
+async def fresh_connection(pool: 'redis.asyncio.ConnectionPool') -> Any:
+    """A connection of ``pool``, connected anew if Redis closed it while it sat idle (CLIENT
+    KILL, the server's ``timeout``, a restart). Such a connection has had its end read, so its
+    transport reads no more: a pipeline written there would hear nothing until the socket
+    timeout (5 s by default) failed it, and the messages in it would be released. redis-py's pool
+    ignores this check while maintenance notifications are configured (``auto``, its default,
+    counts), since its own commands find the end and retry; the lane and ``packed.py`` write
+    without redis-py, so they look themselves."""
+    conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+    if conn.is_connected:
+        try:
+            stale = await conn.can_read()  # its end was read, or replies left unread
+        except CONNECTION_ERRORS:
+            stale = True
+        if stale:
+            await conn.disconnect(nowait=True)  # the caller connects it
+    return conn
 
 
 async def read_into_parser(conn: Any, silence_seconds: float | None) -> None:

@@ -6,7 +6,8 @@ one pipeline per node at a time, so that the event loop serves clients between p
 Each call touches one key's slot and goes to the primary serving it through that node's plain
 client (``commit_nodes.NodeClients``): on standalone and Sentinel the one server, on a cluster one
 client per primary, whose pipelines take scripts where the cluster client's do not. The nodes are
-served side by side, each by its own pipelines one after the other.
+served side by side, each by its own pipelines one after the other, packed and read by hiredis
+(``packed.py``).
 """
 
 import asyncio
@@ -15,6 +16,7 @@ from typing import Any
 
 import redis.asyncio
 
+from shoal_broker.store import packed
 from shoal_broker.store.commit_nodes import NOTHING_RAN, NodeClients
 from shoal_broker.store.lane import CONNECTION_ERRORS
 
@@ -47,11 +49,10 @@ async def in_slices(nodes: NodeClients, calls: Calls) -> list[Any]:
     async def on_node(client: 'redis.asyncio.Redis', mine: list[int]) -> None:
         for start in range(0, len(mine), CALLS_PER_PIPELINE):
             chunk = mine[start : start + CALLS_PER_PIPELINE]
-            pipe = client.pipeline(transaction=False)
-            for i in chunk:
-                pipe.execute_command(*calls[i][1])
             try:
-                answered = await pipe.execute(raise_on_error=False)
+                answered = await packed.pipeline(
+                    client, [calls[i][1] for i in chunk], raise_on_error=False
+                )
             except CONNECTION_ERRORS as exc:
                 for i in mine[start:]:
                     replies[i] = exc

@@ -30,6 +30,9 @@ messages, where one exact trim of a 100 000-entry backlog held it for 25 ms."""
 MAX_TRIM_STEPS = 1000
 """Steps per stream and trim pass; what is left waits for the next pass."""
 
+APPEND_ATTEMPTS = 3
+"""Times a metric record's calls are sent while a slot on the move refuses them."""
+
 
 class Upkeep:
     """Implements ``routing.storage.UpkeepPort``."""
@@ -158,18 +161,35 @@ class Upkeep:
     async def append_records(self, records: Sequence[Mapping[str, str]], max_length: int) -> None:
         """Append metric records to the metrics stream, trimmed to about ``max_length``, and add
         each queue's and named subscription's deliveries to its per-replica total
-        (``AddressKeys.delivered``), in one pipeline: the caller hands them in slices
-        (``reporting.RECORDS_PER_SLICE``, ``running/reporting.py``)."""
-        pipe = self._client.pipeline(transaction=False)
+        (``AddressKeys.delivered``), in one pipeline per node (``slices.in_slices``): the caller
+        hands them in slices (``reporting.RECORDS_PER_SLICE``, ``running/reporting.py``). Calls
+        a slot on the move refused go again on a fresh slot map, at most ``APPEND_ATTEMPTS``
+        times in all; a lost connection, or refusals past that, fail with StoreUnavailable."""
+        calls: list[tuple[str, tuple[Any, ...]]] = []
         for fields in records:
-            entry: dict[Any, Any] = dict(fields)
-            pipe.xadd(keys.METRICS, entry, maxlen=max_length, approximate=True)
+            entry = [part for field in fields.items() for part in field]
+            calls.append(
+                (keys.METRICS, ('XADD', keys.METRICS, 'MAXLEN', '~', max_length, '*', *entry))
+            )
             delivered = int(fields.get('delivered') or 0)
             group = fields.get('subscription', '')
             if delivered and group and group != PRIVATE_LABEL:
                 totals = keys.AddressKeys.of(fields['address']).delivered(group)
-                pipe.hincrby(totals, fields['replica'], delivered)
-        await call(pipe.execute())
+                calls.append((totals, ('HINCRBY', totals, fields['replica'], delivered)))
+        for _ in range(APPEND_ATTEMPTS):
+            replies = await in_slices(self._nodes, calls)
+            lost = next((r for r in replies if isinstance(r, CONNECTION_ERRORS)), None)
+            if lost is not None:
+                raise StoreUnavailable(f'Redis unreachable: {reason(lost)}') from lost
+            for reply in replies:
+                if isinstance(reply, Exception) and not isinstance(reply, NOTHING_RAN):
+                    raise reply
+            calls = [c for c, r in zip(calls, replies, strict=True) if isinstance(r, NOTHING_RAN)]
+            if not calls:
+                return
+            with contextlib.suppress(*CONNECTION_ERRORS, redis.exceptions.RedisClusterException):
+                await self._nodes.refresh()
+        raise StoreUnavailable(f'Redis Cluster refused {len(calls)} metric record calls')
 
     async def share_backlogs(self, snapshot: str, ttl_ms: int) -> None:
         """Leave the backlog snapshot one replica read for all (``keys.BACKLOGS``); it expires
