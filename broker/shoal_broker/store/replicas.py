@@ -229,10 +229,10 @@ class Liveness:
                 client.hscan(keys.ADDRESSES, cursor, count=ADDRESS_BATCH)
             )
             addresses = [as_text(raw) for raw in batch]
-            for address, groups in zip(
-                addresses, await self._leave_addresses(addresses, dead), strict=True
-            ):
-                if await self._return_address_entries(address, groups, dead, report, failed):
+            found = await self._leave_addresses(addresses, dead)
+            dropped = await self._drop_idle_groups(addresses, found, dead)
+            for address, groups, done in zip(addresses, found, dropped, strict=True):
+                if await self._return_address_entries(address, groups, dead, report, failed, done):
                     touched.add(address)
             if not cursor:
                 return touched
@@ -277,6 +277,31 @@ class Liveness:
                 group['lined'] = bool(lined)
         return found
 
+    async def _drop_idle_groups(
+        self, addresses: list[str], found: list[list[tuple[int, dict[str, Any]]]], dead: str
+    ) -> list[dict[str, int]]:
+        """``groups_drop.lua`` for each subscription of ``addresses`` with nothing pending on
+        any band (no entry of ``dead``'s to return first), all in slices per primary, since
+        every address is visited: one call at a time cost ten thousand idle addresses a round
+        trip each. Each address's replies by subscription; a call that failed is left out, for
+        ``_return_address_entries`` to make alone."""
+        private_prefix = f'nd:{dead}:'
+        wanted: list[tuple[int, str]] = []
+        for i, groups in enumerate(found):
+            busy = {as_text(g['name']) for _, g in groups if int(g['pending'])}
+            names = {as_text(g['name']) for _, g in groups} - busy
+            wanted += [(i, n) for n in sorted(names) if not n.startswith(private_prefix)]
+        calls = [
+            (drop_keys(addresses[i], name), (dead, keys.AddressKeys.of(addresses[i]).notify))
+            for i, name in wanted
+        ]
+        replies = await self.store.upkeep.scripts_in_slices('groups_drop', calls)
+        done: list[dict[str, int]] = [{} for _ in addresses]
+        for (i, name), reply in zip(wanted, replies, strict=True):
+            if not isinstance(reply, Exception):
+                done[i][name] = int(reply)
+        return done
+
     async def _unwatch_and_list_bands(self, addresses: list[str], dead: str) -> list[list[int]]:
         """Take ``dead`` out of the watchers of ``addresses``; return each one's bands that may
         hold entries: the default one and those in its levels SET (a band leaves it only once
@@ -302,9 +327,11 @@ class Liveness:
         dead: str,
         report: ReapReport,
         failed: bool,
+        dropped: dict[str, int],
     ) -> bool:
         """Delete the private subscriptions of ``dead`` on ``address`` and return its pending
-        entries of the others (``_leave_addresses`` did the rest)."""
+        entries of the others (``_leave_addresses`` did the rest; ``dropped``: the subscriptions
+        whose message groups ``_drop_idle_groups`` gave up already, with its replies)."""
         client = self.store.client
         k = keys.AddressKeys.of(address)
         moved_any = False
@@ -327,9 +354,12 @@ class Liveness:
             emptied.append((band, name))
         for name in sorted({as_text(g['name']) for _, g in groups} - deleted):
             # after its entries are back: their groups' next owner starts with them
-            dropped = await self.store.evalsha('groups_drop', drop_keys(address, name),
-                                               (dead, k.notify))  # fmt: skip
-            if int(dropped) >= 0:  # what other replicas parked for it meanwhile, claimed for it
+            given_up = dropped.get(name)
+            if given_up is None:
+                given_up = int(await self.store.evalsha(
+                    'groups_drop', drop_keys(address, name), (dead, k.notify)
+                ))  # fmt: skip
+            if given_up >= 0:  # what other replicas parked for it meanwhile, claimed for it
                 for band in {b for b, g in groups if as_text(g['name']) == name}:
                     moved = await self._reclaim(address, band, name, dead, failed)
                     report.entries_returned += moved

@@ -143,6 +143,16 @@ class Upkeep:
                 counts.append(reply)
         return counts
 
+    async def scripts_in_slices(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Script ``name`` once per (keys, arguments) of ``calls``, in slices per primary
+        (``slices.in_slices``): each reply in its place, an error (a refusal, a forgotten
+        script, a lost connection) as its exception object, for the caller to make that call
+        again alone."""
+        commands = [(k[0], self._scripts.command(name, k, args)) for k, args in calls]
+        return await in_slices(self._nodes, commands) if commands else []
+
     async def release_due(self, now_ms: int, limit: int = 500) -> int:
         """Move every due scheduled message into its address's streams; returns how many."""
         moved_total = 0
