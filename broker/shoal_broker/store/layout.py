@@ -34,10 +34,10 @@ LOCK = f'{keys.PREFIX}:layout-lock'
 """STRING with a TTL: one replica is laying out keys written by an older version."""
 LOCK_MS = 60_000
 LOCK_WAIT_SECONDS = 30.0
+"""How long a starting replica waits for another one's laying out before it starts anyway."""
 LAYOUT_PAGE = 500
 """Addresses per ``HSCAN`` page and per pipeline of the look for what an older version wrote,
 which every start makes over every address (``lay_out``)."""
-"""How long a starting replica waits for another one's laying out before it starts anyway."""
 
 
 def new_epoch() -> str:
