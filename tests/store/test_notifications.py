@@ -167,6 +167,38 @@ async def test_a_partial_assert_relists_a_slice_and_the_next_ones_the_rest(
     assert await listed() == 5
 
 
+async def test_a_burst_of_watches_is_listed_in_batches_each_to_its_latest_wish(
+    own_redis: RedisServer, own_store: RedisStore
+) -> None:
+    # an attach burst: 1 200 addresses watched at once, then half of them unwatched and one of
+    # those watched again before Redis heard of any of it
+    client = redis.asyncio.Redis.from_url(own_redis.url)
+    replica = own_store.replica_id
+    addresses = [f'addr-{i:04}' for i in range(1200)]
+    woken: list[str] = []
+    await client.config_resetstat()
+    for address in addresses:
+        own_store.watching.watch(address, woken.append)
+    for address in addresses[::2]:
+        own_store.watching.unwatch(address, woken.append)
+    own_store.watching.watch(addresses[0], woken.append)
+    wanted = {addresses[0], *addresses[1::2]}
+
+    async def listed() -> set[str]:
+        return {a for a in addresses if replica in await _watchers(client, a)}
+
+    await _until(listed, wanted)
+    stats = await client.info('commandstats')
+    # three batches of at most 500: one SSUBSCRIBE and one pipeline each, not two round trips
+    # per address
+    assert stats['cmdstat_ssubscribe']['calls'] <= 3
+    channels = [f'shoal:{{a:{a}}}:notify' for a in addresses[:4]]
+    counts = await client.execute_command('PUBSUB', 'SHARDNUMSUB', *channels)
+    assert counts[1::2] == [1, 1, 0, 1]  # the channels listened to are the listed addresses'
+    assert sorted(set(woken)) == sorted(wanted)  # each looked once on being listed
+    await client.aclose()
+
+
 async def _watchers(client: redis.asyncio.Redis, address: str) -> set[str]:
     return {k.decode() for k in await client.hkeys(f'shoal:{{a:{address}}}:watchers')}
 

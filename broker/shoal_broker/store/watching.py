@@ -13,8 +13,8 @@ serving a watched one (docs/redis-modes.md, "Wake-ups: sharded pub/sub").
 
 import asyncio
 import contextlib
+import itertools
 import logging
-from collections.abc import Coroutine
 from typing import Any
 
 import redis.asyncio
@@ -47,6 +47,12 @@ next watch of the address, or a re-subscribe after a lost channel, tries again. 
 lost connection is one of the ways a cluster settles (the slot's primary died and its replica
 is not promoted yet): nothing else would subscribe the channel again, so it is retried too."""
 
+WATCH_BATCH = 500
+"""Addresses brought in line together: their channels subscribed in one command, their
+listings written in one pipeline. An attach burst of 1 000 consumers on fresh addresses made
+two round trips per address, one address at a time under the lock, and those still ran
+seconds into the traffic that followed (docs/performance.md, "Watches in batches")."""
+
 NOTIFICATION_IDLE_SECONDS = 30.0
 """A notification channel quiet this long is pinged; quiet for twice as long, it is dead."""
 
@@ -70,7 +76,9 @@ class Watching:
         """Where the next partial ``assert_watches`` starts in the watched addresses."""
         self._pubsub: Any = None
         self._task: asyncio.Task[None] | None = None
-        self._pending_tasks: set[asyncio.Future[None]] = set()
+        self._changed: dict[str, None] = {}
+        """Addresses whose watch changed since Redis was last told, oldest first."""
+        self._sync_task: asyncio.Task[None] | None = None
         self.resubscribes = 0
         """Times the notification channel was lost and subscribed again (a metric)."""
 
@@ -87,8 +95,7 @@ class Watching:
         self._task = asyncio.create_task(self._listen(), name='store-notifications')
 
     async def close(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
+        await cancel_and_wait([t for t in (self._task, self._sync_task) if t is not None])
         if self._sharded is not None:
             with contextlib.suppress(*REDIS_DOWN):
                 await self._sharded.aclose()
@@ -99,8 +106,8 @@ class Watching:
     def watch(self, address: str, notify: Notify) -> None:
         watchers = self._watchers.setdefault(address, [])
         watchers.append(notify)
-        if len(watchers) == 1 and self._pubsub is not None:
-            self._background(self._sync_watch(address))
+        if len(watchers) == 1:
+            self._watch_changed(address)
 
     def unwatch(self, address: str, notify: Notify) -> None:
         watchers = self._watchers.get(address, [])
@@ -108,8 +115,7 @@ class Watching:
             watchers.remove(notify)
         if not watchers and address in self._watchers:
             del self._watchers[address]
-            if self._pubsub is not None:
-                self._background(self._sync_watch(address))
+            self._watch_changed(address)
 
     async def announce(self, address: str) -> None:
         """Tell every replica (this one included) that ``address`` has entries to fetch."""
@@ -141,48 +147,68 @@ class Watching:
                 pipe.hset(keys.AddressKeys.of(address).watchers, self._replica_id, 1)
             await call(pipe.execute())
 
-    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._pending_tasks.add(task)
-        task.add_done_callback(self._pending_tasks.discard)
+    def _watch_changed(self, address: str) -> None:
+        if self._pubsub is None:
+            return
+        self._changed[address] = None
+        if self._sync_task is None or self._sync_task.done():
+            self._sync_task = asyncio.create_task(self._sync_watches(), name='store-watches')
 
-    async def _sync_watch(self, address: str) -> None:
-        """Make Redis match whether this replica watches ``address`` now (changes are applied
-        one at a time, each to the latest wish, so a quick unwatch and watch end up watched)."""
-        k = keys.AddressKeys.of(address)
+    async def _sync_watches(self) -> None:
+        """Make Redis match whether this replica watches each changed address, a batch at a
+        time, each to the wish at the time its batch is sent (an address changed again
+        meanwhile goes into a later batch, so a quick unwatch and watch end up watched)."""
         settling = (*CLUSTER_SETTLING, *REDIS_DOWN) if self._sharded else CLUSTER_SETTLING
-        for attempt in range(WATCH_ATTEMPTS):
+        attempt = 0
+        while self._changed:
+            batch = list(itertools.islice(self._changed, WATCH_BATCH))
+            for address in batch:
+                del self._changed[address]
             try:
                 async with self._watch_lock:
                     try:
-                        if address in self._watchers:
-                            await self._channel(k.notify, listen=True)
-                            await self._client.hset(k.watchers, self._replica_id, 1)
-                            # anything published before other replicas could see us: look again
-                            self.notify_local(address)
-                        else:
-                            await self._client.hdel(k.watchers, self._replica_id)
-                            await self._channel(k.notify, listen=False)
+                        await self._apply_watches(batch)
                     except REDIS_DOWN:
                         if self._sharded is not None:
                             raise
                         # one server: the listener's re-subscribe covers it (every watched
                         # address's channel subscribed and listed again)
-                return
+                attempt = 0
             except settling as exc:
-                if attempt == WATCH_ATTEMPTS - 1:
-                    logger.warning('watch of %s not applied while the cluster settles: %s',
-                                   address, exc)  # fmt: skip
-                    return
+                attempt += 1
+                if attempt == WATCH_ATTEMPTS:
+                    logger.warning('watches of %d addresses (%s first) not applied while the '
+                                   'cluster settles: %s', len(batch), batch[0], exc)  # fmt: skip
+                    attempt = 0
+                    continue
+                for address in batch:
+                    self._changed.setdefault(address)
                 await asyncio.sleep(WATCH_RETRY_SECONDS)
 
-    async def _channel(self, channel: str, *, listen: bool) -> None:
+    async def _apply_watches(self, addresses: list[str]) -> None:
+        listen = [a for a in addresses if a in self._watchers]
+        leave = [a for a in addresses if a not in self._watchers]
+        if listen:
+            await self._channels([keys.AddressKeys.of(a).notify for a in listen], listen=True)
+        pipe = self._client.pipeline(transaction=False)
+        for address in listen:
+            pipe.hset(keys.AddressKeys.of(address).watchers, self._replica_id, 1)
+        for address in leave:
+            pipe.hdel(keys.AddressKeys.of(address).watchers, self._replica_id)
+        await pipe.execute()
+        if leave:
+            await self._channels([keys.AddressKeys.of(a).notify for a in leave], listen=False)
+        # anything published before other replicas could see us: look again
+        for address in listen:
+            self.notify_local(address)
+
+    async def _channels(self, channels: list[str], *, listen: bool) -> None:
         if self._sharded is not None:
-            await (self._sharded.subscribe if listen else self._sharded.unsubscribe)(channel)
+            await (self._sharded.subscribe if listen else self._sharded.unsubscribe)(*channels)
         elif listen:
-            await self._pubsub.ssubscribe(channel)
+            await self._pubsub.ssubscribe(*channels)
         else:
-            await self._pubsub.sunsubscribe(channel)
+            await self._pubsub.sunsubscribe(*channels)
 
     async def _listen(self) -> None:
         if self._sharded is not None:
