@@ -157,6 +157,21 @@ async def test_replies_split_over_many_reads_are_put_together_for_their_pipeline
     await lane.close()
 
 
+async def test_many_small_replies_in_one_read_are_each_matched_with_their_pipeline(
+    client: redis.asyncio.Redis,
+) -> None:
+    # hundreds of KiB of replies of 1-3 KiB each arrive together and are read in pieces
+    # (lane.FEED_BYTES): every reply, wherever a piece ends, goes to its own pipeline
+    keys = [f'lane-{uuid.uuid4().hex}-{i}' for i in range(300)]
+    values = [bytes([i % 251]) * (1000 + 7 * i) for i in range(len(keys))]
+    await client.mset(dict(zip(keys, values, strict=True)))
+    lane = Lane(client.connection_pool, max_in_flight=64)
+    pipelines = [await send(lane, [('GET', key), ('STRLEN', key)]) for key in keys]
+    for pipeline, value in zip(pipelines, values, strict=True):
+        assert await pipeline == [value, len(value)]
+    await lane.close()
+
+
 async def test_a_connection_silent_past_its_socket_timeout_fails_what_it_owes(
     plain_redis: RedisServer,
 ) -> None:
