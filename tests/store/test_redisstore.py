@@ -415,6 +415,15 @@ async def test_stranded_entries_come_back_counted_as_possibly_delivered(
     assert [(e.rest, e.delivery_count) for e in again] == [(b'1', 1), (b'2', 1)]
 
 
+async def test_a_recovery_of_a_subscription_deleted_meanwhile_finds_nothing_to_return(
+    store: RedisStore, name: str
+) -> None:
+    """A non-durable subscription's group goes when its last consumer leaves; a fetch that
+    failed just before schedules a recovery, which must end quietly (NOGROUP), not raise."""
+    await queue_then_fetch(store, name, published=2, fetched=2)
+    assert await store.messages.return_stranded(name, 'nd:gone:1', set()) == 0
+
+
 async def test_an_accepted_entry_whose_ack_is_queued_is_held_from_a_recovery(
     store: RedisStore, name: str
 ) -> None:

@@ -317,7 +317,9 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         if entries is None:
             # Redis unavailable, or its reply lost: what it may have handed to us is recovered
             # (returned to the subscription) before fetching again, after a growing pause
-            logger.warning('fetch from %s/%s failed: %s', self.address, self.group, error)
+            # no news once the last consumer left (a non-durable group goes with it: NOGROUP)
+            log = logger.warning if self.consumers else logger.debug
+            log('fetch from %s/%s failed: %s', self.address, self.group, error)
             self.spill()  # the stranded entries come back ahead of them
             self._finish_drains()
             self.retry_delay = next_retry_pause(self.retry_delay)

@@ -15,7 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio
+import redis.exceptions
 
+from shoal_broker.errors import StoreUnavailable
 from shoal_broker.store import keys
 from shoal_broker.store.calls import as_text, call
 
@@ -39,7 +41,12 @@ async def return_stranded(
     found = await call(client.zrangebylex(k.group_parked(group), low, high))
     parked = {as_text(member)[len(prefix) :] for member in found}
     for band, stream in enumerate(k.streams):
-        pending = await call(client.xpending_range(stream, group, '-', '+', 10_000, replica_id))
+        try:
+            pending = await call(client.xpending_range(stream, group, '-', '+', 10_000, replica_id))
+        except redis.exceptions.ResponseError as exc:
+            if not str(exc).startswith('NOGROUP'):
+                raise StoreUnavailable(f'Redis refused: {exc}') from exc
+            continue  # the subscription was deleted, or never read this band: nothing pending
         ids = [
             i for p in pending
             if (band, i := as_text(p['message_id'])) not in held
