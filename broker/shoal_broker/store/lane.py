@@ -57,13 +57,12 @@ node's port taken by another server), which redis-py does not count as a connect
 Answer = Callable[[list[Any] | None, BaseException | None], None]
 """Called with (replies, None) or (None, error) the moment a pipeline's replies are read."""
 
-READ_SIZE = 256 * 1024
 FEED_BYTES = 16 * 1024
 """What the lane hands its hiredis reader at a time, reading the replies in it before the next
 piece. The reader moves what it holds unread to the front of its buffer each time a reply it
 returns leaves a kilobyte read behind, so a 256 KiB read of 1 KiB replies fed whole was copied
 ~100 times over: 2.2 µs a reply against 0.66 µs fed 16 KiB at a time (docs/performance.md,
-"Replies fed in pieces")."""
+"Replies fed in pieces"). ``read_into_parser`` reads that much at most for the same reason."""
 WRITE_HIGH_WATER = 1024 * 1024
 """Bytes buffered for Redis past which ``send_then`` waits for the socket to drain."""
 
@@ -392,7 +391,7 @@ async def read_into_parser(conn: Any, silence_seconds: float | None) -> None:
     """Read what has arrived on redis-py connection ``conn`` into its hiredis reader; raise
     ``TimeoutError`` after ``silence_seconds`` of silence, ``ConnectionError`` at its end."""
     async with asyncio.timeout(silence_seconds):
-        data = await conn._reader.read(READ_SIZE)
+        data = await conn._reader.read(FEED_BYTES)
     if not data:
         raise redis.exceptions.ConnectionError('Redis closed the connection')
     conn._parser._reader.feed(data)
