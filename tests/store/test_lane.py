@@ -172,6 +172,21 @@ async def test_many_small_replies_in_one_read_are_each_matched_with_their_pipeli
     await lane.close()
 
 
+async def test_a_pipeline_answered_while_its_write_drains_gets_its_replies_in_order(
+    client: redis.asyncio.Redis,
+) -> None:
+    # 4 MiB of ECHOs: past WRITE_HIGH_WATER, so the lane waits for the write to drain while
+    # Redis already answers the first of them; those replies are read and held, not left in the
+    # reader, then handed to the pipeline once it is owed them, and the next pipeline its own
+    payloads = [bytes([65 + i % 26]) * 1024 + str(i).encode() for i in range(4096)]
+    lane = Lane(client.connection_pool, max_in_flight=4)
+    big = await send(lane, [('ECHO', p) for p in payloads])
+    small = await send(lane, [('ECHO', 'after')])
+    assert await big == payloads
+    assert await small == [b'after']
+    await lane.close()
+
+
 async def test_a_connection_silent_past_its_socket_timeout_fails_what_it_owes(
     plain_redis: RedisServer,
 ) -> None:

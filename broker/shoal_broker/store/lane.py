@@ -136,7 +136,8 @@ class Lane:
         """(command count, answer) of each pipeline in flight, all on ``_conn``: a connection
         given up on fails what it owed at once (``_lost``)."""
         self._partial: list[Any] = []
-        """The replies read so far of the pipeline first in ``_sent``."""
+        """The replies read and not handed out yet: the first in ``_sent``'s so far, or of a
+        pipeline whose write is still draining."""
         self._room = asyncio.Event()
         self._heard_at = 0.0
         """When the connection was last read from, or sent a pipeline with none owed."""
@@ -194,12 +195,18 @@ class Lane:
         except CONNECTION_ERRORS as exc:
             self._lost(conn, exc)
             raise
+        self._owe(conn, count, answer)
+
+    def _owe(self, conn: Any, count: int, answer: Answer) -> None:
+        """A pipeline written whole on ``conn`` is owed its replies."""
         if self._was_lost:
             self._was_lost = False
             self.reconnects += 1
         if not self._sent:
             self._heard_at = asyncio.get_running_loop().time()
         self._sent.append((count, answer))
+        if self._partial and self._hand_out():  # its replies came while its write drained
+            self._room.set()
         if self._watchdog is None and conn.socket_timeout:
             self._watchdog = asyncio.get_running_loop().call_later(
                 conn.socket_timeout, self._check_silence, conn
@@ -255,25 +262,36 @@ class Lane:
             self._room.set()
 
     def _answer_complete(self, parser: Any) -> bool:
-        """Answer the pipelines whose replies the parser now holds whole; True if any."""
+        """Read every reply the parser holds whole, then answer the pipelines they complete;
+        True if any. Replies are read even when no pipeline written so far is owed them yet:
+        a pipeline past ``WRITE_HIGH_WATER`` is owed its replies only once its write drained,
+        and Redis answers its first commands before that. Left in the parser meanwhile, MBs of
+        replies were moved to the front of its buffer after every reply read later (row b's
+        fan-out spent ~30 % of the broker there: docs/performance.md, "Replies fed in
+        pieces")."""
+        replies = self._partial
+        while (reply := parser.gets()) is not NOT_ENOUGH_DATA:
+            if isinstance(reply, redis.exceptions.ConnectionError):
+                raise reply
+            if isinstance(reply, redis.exceptions.ReadOnlyError):
+                # a primary demoted to a replica (Sentinel failover): what this connection
+                # carries can no longer be written; connect again, which through Sentinel
+                # finds the new primary
+                raise redis.exceptions.ConnectionError('the Redis primary is now a replica')
+            replies.append(reply)
+        return self._hand_out()
+
+    def _hand_out(self) -> bool:
+        """Answer the pipelines owed replies, in order, as far as the replies read go."""
         sent, answered = self._sent, False
-        while sent:
-            count, answer = sent[0]
+        while sent and len(self._partial) >= sent[0][0]:
+            count, answer = sent.popleft()
             replies = self._partial
-            while len(replies) < count:
-                reply = parser.gets()
-                if reply is NOT_ENOUGH_DATA:
-                    return answered
-                if isinstance(reply, redis.exceptions.ConnectionError):
-                    raise reply
-                if isinstance(reply, redis.exceptions.ReadOnlyError):
-                    # a primary demoted to a replica (Sentinel failover): what this connection
-                    # carries can no longer be written; connect again, which through Sentinel
-                    # finds the new primary
-                    raise redis.exceptions.ConnectionError('the Redis primary is now a replica')
-                replies.append(reply)
-            self._partial = []
-            sent.popleft()
+            if len(replies) == count:
+                self._partial = []
+            else:
+                self._partial = replies[count:]
+                del replies[count:]
             _answer(answer, replies, None)
             answered = True
         return answered
