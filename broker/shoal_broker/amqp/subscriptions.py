@@ -317,8 +317,7 @@ class LocalSubscription(dispatch.Lane[Held, ConsumerLink], Line):
         if entries is None:
             # Redis unavailable, or its reply lost: what it may have handed to us is recovered
             # (returned to the subscription) before fetching again, after a growing pause
-            # no news once the last consumer left (a non-durable group goes with it: NOGROUP)
-            log = logger.warning if self.consumers else logger.debug
+            log = logger.warning if self.consumers else logger.debug  # none left: no news
             log('fetch from %s/%s failed: %s', self.address, self.group, error)
             self.spill()  # the stranded entries come back ahead of them
             self._finish_drains()
