@@ -18,25 +18,20 @@ export SHOAL_MAX_AUTO_CREATED_ADDRESSES_PER_USER=1000000 SHOAL_MAX_LINKS_PER_SES
 WORK=$(mktemp -d /tmp/shoal-attach-burst.XXXXXX)
 stop_on_exit
 
-declare -a SRC BPID APORT RPORT
+declare -a SRC BPID AMQP_PORTS REDIS_PORTS
 i=0
 for arg in "$@"; do
-  src=$(cd "$arg" && pwd)
-  build_wire "$src"
-  read -r rport aport hport < <(free_ports 3)
-  mkdir -p "$WORK/$i"
-  start_redis "$rport" "$WORK/$i" --appendonly no
-  PYTHONPATH="$src" start_broker "$aport" "$hport" "$rport" "burst$i" "$WORK/$i/broker.log"
-  SRC[i]=$src; BPID[i]=$BROKER_PID; APORT[i]=$aport; RPORT[i]=$rport
-  echo "tree $i: $src (broker pid $BROKER_PID)"
+  start_tree "$i" "$arg" "burst$i"
+  SRC[i]=$(cd "$arg" && pwd); BPID[i]=$BROKER_PID; AMQP_PORTS[i]=$APORT; REDIS_PORTS[i]=$RPORT
+  echo "tree $i: ${SRC[i]} (broker pid $BROKER_PID)"
   i=$((i + 1))
 done
 echo "machine: nproc=$(nproc) loadavg=$(cut -d' ' -f1-3 /proc/loadavg) LINKS=$LINKS REPS=$REPS"
 
 for ((rep = 1; rep <= REPS; rep++)); do
   for ((j = 0; j < ${#SRC[@]}; j++)); do
-    out=$(timeout -k 10 200 "$PY" "$HERE/attach_burst.py" --port "${APORT[j]}" \
-          --redis-port "${RPORT[j]}" --broker-pid "${BPID[j]}" --replica "burst$j" \
+    out=$(timeout -k 10 200 "$PY" "$HERE/attach_burst.py" --port "${AMQP_PORTS[j]}" \
+          --redis-port "${REDIS_PORTS[j]}" --broker-pid "${BPID[j]}" --replica "burst$j" \
           --links "$LINKS" --run "burst-$rep")
     echo "tree $j round $rep: $out"
     echo "$j $out" >> "$WORK/runs.txt"

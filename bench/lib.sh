@@ -130,6 +130,18 @@ start_broker() {  # start_broker AMQP_PORT HTTP_PORT REDIS_PORT REPLICA LOG: set
   echo "broker on port $1 did not become ready" >&2; return 1
 }
 
+start_tree() {  # start_tree INDEX SRC REPLICA: a redis-server (no persistence) and a broker on a
+  # source tree (a checkout's broker/ directory SRC, first on PYTHONPATH) in WORK/INDEX, on free
+  # ports: sets RPORT APORT HPORT REDIS_PID BROKER_PID
+  local src
+  src=$(cd "$2" && pwd)
+  build_wire "$src"
+  read -r RPORT APORT HPORT < <(free_ports 3)
+  mkdir -p "$WORK/$1"
+  start_redis "$RPORT" "$WORK/$1" --appendonly no
+  PYTHONPATH="$src" start_broker "$APORT" "$HPORT" "$RPORT" "$3" "$WORK/$1/broker.log"
+}
+
 start_stack() {  # start_stack NAME: WORK, stop_on_exit, then a redis-server (no persistence) and
   # one broker (replica id NAME) on free ports: sets RPORT APORT HPORT REDIS_PID BROKER_PID
   WORK=$(mktemp -d "/tmp/shoal-$1.XXXXXX")

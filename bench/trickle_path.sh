@@ -23,21 +23,13 @@ TRACE_SECONDS=${TRACE_SECONDS:-2}
 WORK=$(mktemp -d /tmp/shoal-trickle-path.XXXXXX)
 stop_on_exit
 
-declare -a APORT BPID RPORT
+declare -a AMQP_PORTS BPID REDIS_PORTS
 i=0
 for arg in "$@"; do
+  start_tree "$i" "$arg" "path$i"
   src=$(cd "$arg" && pwd)
-  build_wire "$src"
-  read -r rport aport hport < <(free_ports 3)
-  mkdir -p "$WORK/$i"
-  start_redis "$rport" "$WORK/$i" --appendonly no
-  env PYTHONPATH="$src" SHOAL_LOG_LEVEL=WARNING "$BROKER_PY" -m shoal_broker \
-      --listen "127.0.0.1:$aport" --http "127.0.0.1:$hport" \
-      --redis-url "redis://127.0.0.1:$rport/0" --replica-id "path$i" > "$WORK/$i/broker.log" 2>&1 &
-  BPID[i]=$!; STARTED_PIDS+=("${BPID[i]}"); APORT[i]=$aport; RPORT[i]=$rport
-  for ((t = 0; t < 300; t++)); do
-    curl -sf "http://127.0.0.1:$hport/readyz" > /dev/null 2>&1 && break; sleep 0.1; done
-  timeout -k 10 200 "$PY" "$HERE/load.py" run --port "$aport" -a warmup -n 3000 \
+  BPID[i]=$BROKER_PID; AMQP_PORTS[i]=$APORT; REDIS_PORTS[i]=$RPORT
+  timeout -k 10 200 "$PY" "$HERE/load.py" run --port "$APORT" -a warmup -n 3000 \
       --max-backlog 1000 > /dev/null
   echo "tree $i: $src (broker pid ${BPID[i]})"
   i=$((i + 1))
@@ -76,9 +68,9 @@ PY
 
 for ((r = 1; r <= ROUNDS; r++)); do
   for ((j = 0; j < i; j++)); do
-    redis-cli -p "${RPORT[j]}" config resetstat > /dev/null
+    redis-cli -p "${REDIS_PORTS[j]}" config resetstat > /dev/null
     c0=$(proc_cpu_s "${BPID[j]}")
-    timeout -k 10 200 "$PY" "$HERE/load.py" run --port "${APORT[j]}" -a "r$r" -n "$N" \
+    timeout -k 10 200 "$PY" "$HERE/load.py" run --port "${AMQP_PORTS[j]}" -a "r$r" -n "$N" \
         --rate "$RATE" --json "$WORK/load$j.jsonl" > /dev/null &
     LOAD_PID=$!
     if [[ $TRACE == 1 ]]; then
@@ -88,7 +80,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     fi
     wait "$LOAD_PID"
     c1=$(proc_cpu_s "${BPID[j]}")
-    fetches=$(redis-cli -p "${RPORT[j]}" info commandstats \
+    fetches=$(redis-cli -p "${REDIS_PORTS[j]}" info commandstats \
               | awk -F'[:=,]' '/^cmdstat_evalsha:/ { print $3 }')
     line="round $r tree $j: p50 $(load_field "$WORK/load$j.jsonl" p50_ms) ms"
     line+=" p99 $(load_field "$WORK/load$j.jsonl" p99_ms) ms"
