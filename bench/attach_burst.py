@@ -14,23 +14,17 @@ usage: python bench/attach_burst.py --port P --redis-port R --broker-pid PID --r
 
 import argparse
 import json
-import os
 import time
 from typing import Any
 
 import redis
 from cproton_ffi import lib
 
+from load import cpu_s
 from matrix import Conn, Loop, receiver
 
 CREDIT = 10
 POLL_SECONDS = 0.02
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f'/proc/{pid}/stat') as f:
-        fields = f.read().rsplit(')', 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 
 def calls(client: 'redis.Redis[Any]', command: str) -> int:
@@ -55,7 +49,7 @@ def main() -> None:
     before = {c: calls(client, c) for c in ('ssubscribe', 'hset')}
     conn = Conn(opts.port, opts.run)
     loop = Loop([conn], lambda _delivery: None)
-    cpu0, t0 = cpu_seconds(opts.broker_pid), time.monotonic()
+    cpu0, t0 = cpu_s(opts.broker_pid), time.monotonic()
     for i, address in enumerate(addresses):
         lib.pn_link_flow(receiver(conn, address, f'{opts.run}-r{i}'), CREDIT)
     conn.flush()
@@ -72,7 +66,7 @@ def main() -> None:
         pending = [k for k, listed in zip(pending, pipe.execute(), strict=True) if not listed]
         loop.turn(POLL_SECONDS)
     listed = time.monotonic() - t0
-    cpu = cpu_seconds(opts.broker_pid) - cpu0
+    cpu = cpu_s(opts.broker_pid) - cpu0
     after = {c: calls(client, c) for c in ('ssubscribe', 'hset')}
     conn.close()
     print(json.dumps({

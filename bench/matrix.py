@@ -28,7 +28,6 @@ usage: python bench/matrix.py fanout --port P --subs 100 --held 1000 -n 5000 [--
 import argparse
 import json
 import multiprocessing
-import os
 import queue
 import selectors
 import socket
@@ -42,7 +41,7 @@ from typing import Any
 from cproton_ffi import ffi, lib
 from proton import UNDESCRIBED, Array, Data, symbol
 
-from load import Endpoint
+from load import Endpoint, cpu_s
 
 MARK = b'SHOALMX1'
 STAMP = struct.Struct('<QQ')  # sequence, send time (CLOCK_MONOTONIC ns)
@@ -190,12 +189,6 @@ def rss_kib(pid: int) -> int:
             if line.startswith('VmRSS:'):
                 return int(line.split()[1])
     return 0
-
-
-def cpu_s(pid: int) -> float:
-    with open(f'/proc/{pid}/stat') as stat:
-        fields = stat.read().rsplit(')', 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 
 def redis_memory(port: int) -> int:

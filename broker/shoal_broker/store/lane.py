@@ -266,8 +266,8 @@ class Lane:
         True if any. Replies are read even when no pipeline written so far is owed them yet:
         a pipeline past ``WRITE_HIGH_WATER`` is owed its replies only once its write drained,
         and Redis answers its first commands before that. Left in the parser meanwhile, MBs of
-        replies were moved to the front of its buffer after every reply read later (row b's
-        fan-out spent ~30 % of the broker there: docs/performance.md, "Replies fed in
+        replies were moved to the front of its buffer after every reply read later (a third of
+        the broker's samples in row b's fan-out: docs/performance.md, "Replies fed in
         pieces")."""
         replies = self._partial
         while (reply := parser.gets()) is not NOT_ENOUGH_DATA:
