@@ -1,6 +1,8 @@
 """Pause and resume, subscriptions and connections through the management API, across real
 replicas on one Redis (SHOAL_TEST_STORE picks the store mode)."""
 
+import signal
+import time
 import uuid
 from typing import Any
 
@@ -11,27 +13,50 @@ from processes import BrokerProcess, wait_for
 from proton import Message
 from proton.utils import ConnectionClosed
 
+from shoal_broker.management.operations import APPLY_WAIT_SECONDS
 from shoal_broker.store import keys
 
 
-def _control_taken(store_client: Any, replica: str) -> bool:
-    return store_client.llen(keys.replica_control(replica)) == 0
-
-
 def test_pause_holds_delivery_on_every_replica_until_resumed(
+    broker: BrokerProcess, second_broker: BrokerProcess, address: str
+) -> None:
+    api = Api(broker)
+    conn = connect(second_broker.url)
+    snd = sender(conn, address, Capabilities('queue'))
+    rcv = receiver(conn, address, credit=10)
+    # answered once every replica has applied it: a send right after is held everywhere
+    assert api.post(f'/queues/{quoted(address)}/pause') == {'paused': True, 'unconfirmed': []}
+    assert api.get(f'/queues/{quoted(address)}')['paused'] is True
+    snd.send(Message(body='held', properties={'n': 1}))
+    assert nothing_more(rcv, wait=1.0)
+    assert api.get(f'/queues/{quoted(address)}')['ready'] == 1
+    assert api.post(f'/queues/{quoted(address)}/resume') == {'paused': False, 'unconfirmed': []}
+    assert [m.body for m in receive_all(rcv, 1)] == ['held']
+    conn.close()
+
+
+def test_a_pause_names_the_replica_that_has_not_applied_it(
     broker: BrokerProcess, second_broker: BrokerProcess, store_client: Any, address: str
 ) -> None:
     api = Api(broker)
     conn = connect(second_broker.url)
     snd = sender(conn, address, Capabilities('queue'))
     rcv = receiver(conn, address, credit=10)
-    assert api.post(f'/queues/{quoted(address)}/pause') == {'paused': True}
-    assert api.get(f'/queues/{quoted(address)}')['paused'] is True
-    wait_for(lambda: _control_taken(store_client, second_broker.replica_id), 10, 'refresh')
+    second_broker.process.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        reply = api.post(f'/queues/{quoted(address)}/pause')
+        waited = time.monotonic() - started
+    finally:
+        second_broker.process.send_signal(signal.SIGCONT)
+    assert reply == {'paused': True, 'unconfirmed': [second_broker.replica_id]}
+    assert waited >= APPLY_WAIT_SECONDS
+    # the command waits for it: applied within a look once it runs again
+    control = keys.replica_control(second_broker.replica_id)
+    wait_for(lambda: store_client.llen(control) == 0, 10, 'the refresh carried out')
     snd.send(Message(body='held', properties={'n': 1}))
     assert nothing_more(rcv, wait=1.0)
-    assert api.get(f'/queues/{quoted(address)}')['ready'] == 1
-    assert api.post(f'/queues/{quoted(address)}/resume') == {'paused': False}
+    api.post(f'/queues/{quoted(address)}/resume')
     assert [m.body for m in receive_all(rcv, 1)] == ['held']
     conn.close()
 
@@ -70,9 +95,9 @@ def test_subscription_browse_purge_and_delete(
     assert listed['items'][0]['id'] == sid
     shown = api.get(f'/subscriptions/{quoted(sid)}/messages', selector='n > 0')
     assert [m['body']['text'] for m in shown['messages']] == ['1', '2']
-    assert api.post(f'/subscriptions/{quoted(sid)}/pause') == {'paused': True}
+    assert api.post(f'/subscriptions/{quoted(sid)}/pause')['paused'] is True
     assert api.get(f'/subscriptions/{quoted(sid)}')['paused'] is True
-    assert api.post(f'/subscriptions/{quoted(sid)}/resume') == {'paused': False}
+    assert api.post(f'/subscriptions/{quoted(sid)}/resume')['paused'] is False
     status, refused = api.call('DELETE', f'/subscriptions/{quoted(sid)}')
     assert status == 409, refused  # a consumer is attached
     assert api.post(f'/subscriptions/{quoted(sid)}/purge') == {'purged': 3, 'in_flight': 0}

@@ -1,6 +1,6 @@
 """
-The replica's side of the management API: it lists its client connections in Redis, pops the
-commands any replica's API left for it (close a connection, read the pause flags again), and
+The replica's side of the management API: it lists its client connections in Redis, carries out
+the commands any replica's API left for it (close a connection, read the pause flags again), and
 reads the pause flags with the policies.
 
 Commands travel through a LIST per replica rather than pub/sub: a replica that is busy, or
@@ -67,7 +67,10 @@ class Control:
         ):
             await self.admin.publish_connections(self.replica_id, listed, CONNECTIONS_TTL_SECONDS)
             self._listed, self._listed_at = listed, time.monotonic()
-        for command in await self.admin.take_commands(self.replica_id):
+        # carried out, then removed: the API that sent them waits for an empty list (a pause
+        # answered is in effect here), and a refresh cut off by Redis is done again next time
+        commands = await self.admin.waiting_commands(self.replica_id)
+        for command in commands:
             verb, _, argument = command.partition(' ')
             if verb == 'close':
                 self.close(argument)
@@ -75,6 +78,8 @@ class Control:
                 await self.refresh_pauses()
             else:
                 logger.warning('unknown management command %r', command)
+        if commands:
+            await self.admin.commands_done(self.replica_id, len(commands))
 
     def close(self, connection_id: str) -> None:
         for conn in list(self.broker.connections):

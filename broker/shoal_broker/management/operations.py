@@ -10,6 +10,7 @@ each message at its source, at its target or at both (at-least-once, never lost)
 request run again copies nothing twice and finishes the removal.
 """
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
@@ -36,6 +37,13 @@ MAX_PAGE = 500
 
 TRANSFER_PAGE = 200
 """Messages a move or retry copies per step."""
+
+APPLY_WAIT_SECONDS = 3.0
+"""How long a pause or resume waits for every replica to apply it (each looks for commands every
+second, ``control.CONTROL_INTERVAL_SECONDS``)."""
+
+APPLY_POLL_SECONDS = 0.05
+"""How often the waiting pause looks whether the replicas have carried out its command."""
 
 ORIGINAL_ADDRESS = 'x-opt-shoal-original-address'
 """The annotation a dead-lettered or expired message carries: where a retry sends it."""
@@ -274,13 +282,23 @@ class Operations:
             row['delivered_per_second_per_replica'][replica] = r.delivered / seconds
         return rates
 
-    async def pause(self, entity: str, user: str, *, paused: bool) -> None:
+    async def pause(self, entity: str, user: str, *, paused: bool) -> list[str]:
+        """Set or clear the flag and have every replica apply it at once. Returns the replicas
+        that had not confirmed within ``APPLY_WAIT_SECONDS`` (they read the flags again within
+        5 s); with none, nothing is delivered from a paused entity once this returns."""
         if paused:
             await self.admin.pause(entity, user)
         else:
             await self.admin.resume(entity)
-        for replica in await self.admin.replicas():
+        replicas = await self.admin.replicas()
+        for replica in replicas:
             await self.admin.send_command(replica, 'refresh')
+        deadline = time.monotonic() + APPLY_WAIT_SECONDS
+        while True:  # the replicas confirm through Redis: nothing here to wait on but a poll
+            waiting = await self.admin.unapplied(replicas)
+            if not waiting or time.monotonic() >= deadline:
+                return waiting
+            await asyncio.sleep(APPLY_POLL_SECONDS)
 
     async def connections(self) -> list[dict[str, Any]]:
         listed: list[dict[str, Any]] = []

@@ -309,8 +309,8 @@ class Routes:
         user = request[IDENTITY].name
 
         async def run() -> dict[str, Any]:
-            await self.ops.pause(field, user, paused=paused)
-            return {'paused': paused}
+            unconfirmed = await self.ops.pause(field, user, paused=paused)
+            return {'paused': paused, 'unconfirmed': unconfirmed}
 
         return await self._write(request, 'pause' if paused else 'resume', field, run())
 

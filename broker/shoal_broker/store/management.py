@@ -239,9 +239,19 @@ class StoreAdmin:
         pipe.expire(key, CONTROL_TTL_SECONDS)
         await _call(pipe.execute())
 
-    async def take_commands(self, replica_id: str, most: int = 100) -> list[str]:
-        found = await _call(self._raw.lpop(keys.replica_control(replica_id), most))
-        return [_text(c) for c in found or ()]
+    async def waiting_commands(self, replica_id: str, most: int = 100) -> list[str]:
+        """The oldest commands left for a replica, left in place until ``commands_done``: an
+        empty list then tells the sender they were carried out, not only read."""
+        found = await _call(self._raw.lrange(keys.replica_control(replica_id), 0, most - 1))
+        return [_text(c) for c in found]
+
+    async def commands_done(self, replica_id: str, count: int) -> None:
+        """Forget the ``count`` oldest commands (those pushed meanwhile stay, at the tail)."""
+        await _call(self._raw.ltrim(keys.replica_control(replica_id), count, -1))
+
+    async def unapplied(self, replicas: Sequence[str]) -> list[str]:
+        """The replicas with commands still waiting."""
+        return [r for r in replicas if await _call(self._raw.llen(keys.replica_control(r)))]
 
     async def _run(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         return await _call(self._scripts[name](keys=list(keys_), args=list(args)))
