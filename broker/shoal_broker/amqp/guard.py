@@ -232,8 +232,8 @@ class Guard:
 
     def link_refusal(self, conn: 'AmqpConnection', link: Ptr) -> BrokerError | None:
         limit = self.settings.max_links_per_session
-        if not limit:
-            return None
+        if not limit or len(conn.links) < limit:  # no session can be at the limit: no walk of
+            return None  # the links per attach, which made a burst of attaches quadratic
         session = lib.pn_link_session(link)
         count = sum(1 for ptr in conn.links if lib.pn_link_session(ptr) == session)
         if count < limit:
