@@ -44,6 +44,7 @@ start_rabbitmq
 } | tee "$OUT/machine.txt"
 
 J="$OUT/results.jsonl"
+: > "$J"  # this run's rows only: an OUTDIR used before must not add its runs to the medians
 FAILED=()
 bench() {  # label, then bench/load.py run options
   local label=$1

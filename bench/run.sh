@@ -59,6 +59,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d /tmp/shoal-bench-run.XXXXXX)     # private Redis directory
 J="$OUT/results.jsonl"
+: > "$J"  # this run's rows only: an OUTDIR used before must not add its runs to the medians
 REDIS_PID=""
 BROKER_PID=""
 
