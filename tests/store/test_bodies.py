@@ -200,3 +200,13 @@ async def test_a_body_published_while_its_address_is_deleted_goes_with_it(
 
     await layout.delete_address(client, run, name)
     assert await held(client, name) == (0, 0)
+
+
+def test_recent_bodies_keep_the_newest_within_their_bound() -> None:
+    recent = bodies.RecentBodies(limit=10)
+    for stub_id in 'abc':
+        recent.keep(stub_id, stub_id.encode() * 4)  # 4 bytes each: the third pushes out the first
+    assert [recent.get(s) for s in 'abc'] == [None, b'bbbb', b'cccc']
+    recent.keep('big', b'x' * 11)  # larger than the bound: not kept, nothing pushed out
+    assert recent.get('big') is None
+    assert len(recent) == 2

@@ -14,9 +14,11 @@ HASH per address: Redis keeps a big ``SET``'s argument as it read it, where ``HS
 and deletes the bodies of messages it refuses; a trim returns the index members of the entries
 it removed (``lua/bodies_due.lua``), whose bodies the upkeep deletes. Whoever reads entries (a
 fetch, a claim's read ahead, a browse, the management API) puts the bodies back with one ``MGET``
-more, only when a stub is among them.
+more, only when a stub is among them. A body this replica wrote or read lately is kept in memory
+(``RecentBodies``), and reading it back asks Redis only whether it is still there.
 """
 
+import collections
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -58,10 +60,69 @@ def body_keys(commands: list[tuple[Any, ...]]) -> list[str]:
     return [command[1] for command in commands]
 
 
-def reading(address: str, ids: list[str]) -> tuple[Any, ...]:
-    """The ``MGET`` of the bodies of stub ids ``ids``."""
+RECENT_BODY_BYTES = 32 * 1024 * 1024
+"""Bytes of big bodies a replica keeps after writing or reading them (``RecentBodies``)."""
+
+
+class RecentBodies:
+    """The big bodies this replica wrote (its publishes) or read (another subscription's fetch)
+    lately, by stub id, oldest dropped first past ``limit`` bytes. A body is never changed once
+    written, so one kept here is the one Redis holds while Redis still holds it: a fetch of it
+    then asks only that (``EXISTS``), and the body does not cross from Redis and through the
+    reply parser again (docs/performance.md#recent-bodies)."""
+
+    def __init__(self, limit: int = RECENT_BODY_BYTES) -> None:
+        self.limit = limit
+        self._bodies: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._bytes = 0
+
+    def keep(self, stub_id: str, body: bytes) -> None:
+        if len(body) > self.limit or stub_id in self._bodies:
+            return
+        self._bodies[stub_id] = body
+        self._bytes += len(body)
+        while self._bytes > self.limit:
+            self._bytes -= len(self._bodies.popitem(last=False)[1])
+
+    def get(self, stub_id: str) -> bytes | None:
+        return self._bodies.get(stub_id)
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+
+def reading(
+    address: str, ids: list[str], recent: RecentBodies | None = None
+) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], list[Any]]]:
+    """The commands that put back the bodies of stub ids ``ids`` (one slot: the address's), and
+    what makes their replies the bodies in ``ids`` order (None: gone). A body ``recent`` holds
+    costs an ``EXISTS``; the others one ``MGET``, and are kept in ``recent`` as they come."""
     k = keys.AddressKeys.of(address)
-    return ('MGET', *(k.body(stub_id) for stub_id in ids))
+    known = [recent.get(stub_id) for stub_id in ids] if recent is not None else [None] * len(ids)
+    missing = [stub_id for stub_id, body in zip(ids, known, strict=True) if body is None]
+    commands: list[tuple[Any, ...]] = [
+        ('EXISTS', k.body(stub_id))
+        for stub_id, body in zip(ids, known, strict=True)
+        if body is not None
+    ]
+    if missing:
+        commands.append(('MGET', *(k.body(stub_id) for stub_id in missing)))
+
+    def bodies(replies: list[Any]) -> list[Any]:
+        checked, read = iter(replies), iter(replies[-1] if missing else ())
+        found: list[Any] = []
+        for stub_id, body in zip(ids, known, strict=True):
+            if body is None:
+                body = next(read)
+                if body is not None and recent is not None:
+                    body = bytes(body)
+                    recent.keep(stub_id, body)
+            elif not next(checked):  # deleted with its entry meanwhile
+                body = None
+            found.append(body)
+        return found
+
+    return commands, bodies
 
 
 def due_keys(index: str, members: list[Any]) -> list[str]:
@@ -139,11 +200,12 @@ def resolving(
     queue: Queue,
     callback: Callable[[Any, BrokerError | None], None],
     entries_of: Callable[[Any], list[Entry]] = lambda result: list(result or ()),
+    recent: RecentBodies | None = None,
 ) -> Callable[[Any, BrokerError | None], None]:
     """``callback`` of a store op whose result holds entries (``entries_of``): called at once
-    when none is a stub, else once an ``MGET`` queued with ``queue`` (``Cycles.queue``) put
-    their bodies back. An entry whose body is gone was deleted meanwhile (a move, a trim after a
-    purge) and is left out."""
+    when none is a stub, else once the reads ``reading`` makes, queued with ``queue``
+    (``Cycles.queue``), put their bodies back. An entry whose body is gone was deleted meanwhile
+    (a move, a trim after a purge) and is left out."""
 
     def answered(result: Any, error: BrokerError | None) -> None:
         entries = entries_of(result) if error is None else []
@@ -151,15 +213,16 @@ def resolving(
         if not ids:
             callback(result, error)
             return
+        commands, bodies = reading(address, ids, recent)
 
         def finish(replies: list[Any]) -> Any:
-            gone = {id(entries[i]) for i in fill(entries, replies[0])}
+            gone = {id(entries[i]) for i in fill(entries, bodies(replies))}
             for held in (result, entries):
                 if gone and isinstance(held, list):
                     held[:] = [entry for entry in held if id(entry) not in gone]
             return result
 
-        future = queue([reading(address, ids)], finish)
+        future = queue(commands, finish)
         future.add_done_callback(lambda f: _answer(f, callback))
 
     return answered
@@ -175,21 +238,25 @@ def _answer(future: Any, callback: Callable[[Any, BrokerError | None], None]) ->
         callback(future.result(), None)
 
 
-async def put_back(address: str, queue: Queue, entries: list[Any]) -> list[Any]:
+async def put_back(
+    address: str, queue: Queue, entries: list[Any], recent: RecentBodies | None = None
+) -> list[Any]:
     """``entries`` with their bodies back (``resolving``, awaited): those whose body is gone
     are left out."""
     ids = stubbed(entries)
     if not ids:
         return entries
-    found = await queue([reading(address, ids)], lambda r: r[0])
-    gone = set(fill(entries, found))
+    commands, bodies = reading(address, ids, recent)
+    gone = set(fill(entries, await queue(commands, bodies)))
     return [entry for i, entry in enumerate(entries) if i not in gone]
 
 
-async def fetched_with_bodies(address: str, queue: Queue, fetched: Awaitable[Fetched]) -> Fetched:
+async def fetched_with_bodies(
+    address: str, queue: Queue, fetched: Awaitable[Fetched], recent: RecentBodies | None = None
+) -> Fetched:
     """A fetch's entries (``Messages.fetch``), with their bodies back."""
     found = await fetched
-    found[:] = await put_back(address, queue, found)
+    found[:] = await put_back(address, queue, found, recent)
     return found
 
 

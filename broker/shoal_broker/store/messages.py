@@ -31,17 +31,10 @@ from shoal_broker.routing.storage import (
     stored_origin,
 )
 from shoal_broker.settings import AddressKind, Durability
+from shoal_broker.store import bodies as big_bodies
 from shoal_broker.store import keys
 from shoal_broker.store.acks import Acks
 from shoal_broker.store.backlogs import BacklogLimits
-from shoal_broker.store.bodies import (
-    body_command,
-    fetched_with_bodies,
-    new_stub,
-    page_with_bodies,
-    resolving,
-    script_replies,
-)
 from shoal_broker.store.calls import Scripts
 from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.confirming import Confirming
@@ -100,6 +93,7 @@ class Messages(Releasing):
         self._client = client
         self.big_body_bytes = big_body_bytes or sys.maxsize
         """Rests this long or longer are stored beside the publish script (``bodies.py``)."""
+        self.recent_bodies = big_bodies.RecentBodies()
         self.duplicates = duplicates or DuplicateWindows()
         self.last_values = LastValues()
         self.transactions = Transactions(
@@ -196,8 +190,9 @@ class Messages(Releasing):
         self, address: str, message: OutgoingMessage, commands: list[tuple[Any, ...]]
     ) -> OutgoingMessage:
         """``message`` with a stub for its rest, whose body ``commands`` gain (``bodies.py``)."""
-        stub, stub_id = new_stub()
-        commands.append(body_command(address, stub_id, message.rest))
+        stub, stub_id = big_bodies.new_stub()
+        commands.append(big_bodies.body_command(address, stub_id, message.rest))
+        self.recent_bodies.keep(stub_id, message.rest)
         return dataclasses.replace(message, rest=stub)
 
     def _queue_publish(
@@ -219,7 +214,7 @@ class Messages(Releasing):
             self._open_publishes.pop(key, None)
 
         def finish(replies: list[Any]) -> bool:
-            reply = script_replies(replies)[0]
+            reply = big_bodies.script_replies(replies)[0]
             self._refused(address, reply)
             return bool(reply)
 
@@ -340,7 +335,7 @@ class Messages(Releasing):
         args = list(self._encoded(message))
 
         def finish(replies: list[Any]) -> tuple[list[str], list[Entry]]:
-            head = script_replies(replies)[0]
+            head = big_bodies.script_replies(replies)[0]
             if head == -1:
                 self._kinds.pop(address, None)
                 raise AddressNotFound(f'{address!r} no longer exists')
@@ -349,8 +344,9 @@ class Messages(Releasing):
 
         answer = self._open_publishes[key] = Tokens(callback, token, args)
         answer.commands = bodies
-        # the entries read ahead may be big ones' stubs (bodies.py)
-        callback_ = resolving(address, self._queue, answer, lambda result: result and result[1])
+        callback_ = big_bodies.resolving(  # the entries read ahead may be big ones' stubs
+            address, self._queue, answer, lambda result: result and result[1], self.recent_bodies
+        )
         self._enqueue(Op(bodies, finish, None, None, False, key, args, callback_))
         self._wake()
 
@@ -375,7 +371,10 @@ class Messages(Releasing):
         self, address: str, group: str, count: int, consumers: int = 0, credit: int = 0
     ) -> Awaitable[Fetched]:
         fetch = self._fetch_op(address, group, count, consumers, credit or count)
-        return asyncio.ensure_future(fetched_with_bodies(address, self._queue, self._queue(*fetch)))
+        found = big_bodies.fetched_with_bodies(
+            address, self._queue, self._queue(*fetch), self.recent_bodies
+        )
+        return asyncio.ensure_future(found)
 
     def fetch_then(
         self,
@@ -390,7 +389,9 @@ class Messages(Releasing):
         commands, finish = self._fetch_op(address, group, count, consumers, credit or count, active)
         op = Op(commands, finish, None, confirmed=True, fetches=(address, group))
         durable = self.acks.durable  # replicated: delivered once a replica has the claims
-        callback = resolving(address, self._queue, callback)  # big ones' bodies (bodies.py)
+        callback = big_bodies.resolving(
+            address, self._queue, callback, recent=self.recent_bodies
+        )  # bodies.py
         op.callback = self.confirming.answer(op, address, callback) if durable else callback
         self._cycles.enqueue_fetch(op)
 
@@ -476,7 +477,7 @@ class Messages(Releasing):
             return browse_page(cursor, replies, count)
 
         return asyncio.ensure_future(
-            page_with_bodies(address, self._queue, self._queue(commands, finish))
+            big_bodies.page_with_bodies(address, self._queue, self._queue(commands, finish))
         )
 
     async def commit(
