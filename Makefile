@@ -41,7 +41,9 @@ SENTINEL_CORE += tests/amqp/test_priority_levels.py
 SENTINEL_CORE += tests/amqp/test_message_groups.py
 SENTINEL_CORE += tests/store/test_shared_fetch_lua.py
 SENTINEL_CORE += tests/store/test_sharing_fast_path.py
-SENTINEL_CORE += tests/amqp/test_big_bodies.py
+SENTINEL_CORE += tests/amqp/test_big_bodies.py tests/amqp/test_recent_bodies.py
+# a pause answered once every replica applied it (about 10 s)
+SENTINEL_CORE += tests/management/test_control.py
 SENTINEL_CORE += tests/amqp/test_redelivery_order.py::test_an_outcome_read_in_one_turn_with_a_drain_reaches_the_store_before_its_fetch
 # what an idle broker imports, in each store mode's client (about 8 s)
 SENTINEL_CORE += tests/amqp/test_idle_imports.py
