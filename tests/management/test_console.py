@@ -7,6 +7,7 @@ elsewhere, no error logged and a message's markup shown as text. A screenshot of
 kept.
 """
 
+import signal
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -306,3 +307,23 @@ def test_move_by_selector_and_pause_from_the_console(
     kept = receive_all(receiver(conn, address, credit=4), 4)
     assert sorted(m.properties['n'] for m in kept) == [0, 1, 2, 3]
     conn.close()
+
+
+def test_the_console_names_a_replica_that_has_not_applied_a_pause(
+    replicas: Any, console: Console, address: str
+) -> None:
+    a, b = replicas
+    _fill(a, address, 1)
+    console.open(f'#/queue/{quoted(address)}')
+    console.wait_text('#pause', 'Pause delivery')
+    b.process.send_signal(signal.SIGSTOP)  # alive, but not looking at its commands
+    try:
+        console.click('#pause')
+        said = console.wait_text('#notice', 'not yet applied')
+    finally:
+        b.process.send_signal(signal.SIGCONT)
+    assert b.replica_id in said
+    assert a.replica_id not in said
+    console.wait_text('#pause', 'Resume delivery')
+    console.shot('queue-pause-unconfirmed')
+    _api(a).post(f'/queues/{quoted(address)}/resume')

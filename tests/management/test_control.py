@@ -61,6 +61,25 @@ def test_a_pause_names_the_replica_that_has_not_applied_it(
     conn.close()
 
 
+def test_a_pause_does_not_wait_for_a_replica_whose_lease_lapsed(
+    broker: BrokerProcess, second_broker: BrokerProcess, store_client: Any, address: str
+) -> None:
+    """A replica killed stays registered until a live one reaps it: the pause is not held up
+    by it, nor reported as waiting on it."""
+    conn = connect(broker.url)
+    sender(conn, address, Capabilities('queue'))  # the queue exists
+    conn.close()
+    gone = f'gone-{uuid.uuid4().hex[:8]}'
+    store_client.sadd(keys.REPLICAS, gone)  # registered, no lease: as one just killed
+    try:
+        assert Api(broker).post(f'/queues/{quoted(address)}/pause') == {
+            'paused': True, 'unconfirmed': [],
+        }  # fmt: skip
+    finally:
+        store_client.srem(keys.REPLICAS, gone)
+    Api(broker).post(f'/queues/{quoted(address)}/resume')
+
+
 def test_a_pause_outlives_a_restart(start_broker: Any, address: str) -> None:
     first = start_broker()
     api = Api(first)

@@ -283,16 +283,17 @@ class Operations:
         return rates
 
     async def pause(self, entity: str, user: str, *, paused: bool) -> list[str]:
-        """Set or clear the flag and have every replica apply it at once. Returns the replicas
-        that had not confirmed within ``APPLY_WAIT_SECONDS`` (they read the flags again within
-        5 s); with none, nothing is delivered from a paused entity once this returns."""
+        """Set or clear the flag and have every replica apply it at once. Returns the live
+        replicas that had not confirmed within ``APPLY_WAIT_SECONDS`` (they read the flags again
+        within 5 s); with none, nothing is delivered from a paused entity once this returns. A
+        replica whose lease has lapsed is not waited for: it is dead, and reaped soon."""
         if paused:
             await self.admin.pause(entity, user)
         else:
             await self.admin.resume(entity)
-        replicas = await self.admin.replicas()
-        for replica in replicas:
+        for replica in await self.admin.replicas():
             await self.admin.send_command(replica, 'refresh')
+        replicas = await self.admin.live_replicas()
         deadline = time.monotonic() + APPLY_WAIT_SECONDS
         while True:  # the replicas confirm through Redis: nothing here to wait on but a poll
             waiting = await self.admin.unapplied(replicas)

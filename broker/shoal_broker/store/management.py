@@ -223,6 +223,18 @@ class StoreAdmin:
     async def replicas(self) -> list[str]:
         return sorted(_text(r) for r in await _call(self._raw.smembers(keys.REPLICAS)))
 
+    async def live_replicas(self) -> list[str]:
+        """The registered replicas whose lease holds (``ReplicaKeys.lease``, or the older
+        layout's): one killed stays registered until a live replica reaps it, a few seconds
+        after its lease lapsed."""
+        live = []
+        for replica in await self.replicas():
+            for lease in (keys.ReplicaKeys.of(replica).lease, keys.lease(replica)):
+                if await _call(self._raw.exists(lease)):  # one key a call: each on its own slot
+                    live.append(replica)
+                    break
+        return live
+
     async def publish_connections(self, replica_id: str, listed: str, ttl_seconds: int) -> None:
         key = keys.replica_connections(replica_id)
         await _call(self._raw.set(key, listed, ex=ttl_seconds))

@@ -45,8 +45,12 @@ export async function render(main, kind, name) {
 
   async function togglePause() {
     const paused = !row.paused;
-    await api.post(`${base}/${paused ? 'pause' : 'resume'}`);
-    notice(`${name}: delivery ${paused ? 'paused' : 'resumed'} on every replica`);
+    const done = await api.post(`${base}/${paused ? 'pause' : 'resume'}`);
+    const waiting = done.unconfirmed || [];
+    const verb = paused ? 'paused' : 'resumed';
+    notice(waiting.length
+      ? `${name}: delivery ${verb}; not yet applied by ${waiting.join(', ')} (within 5 s)`
+      : `${name}: delivery ${verb} on every replica`, waiting.length ? 'warn' : 'info');
     await refresh();
   }
 
