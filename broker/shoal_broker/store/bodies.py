@@ -115,7 +115,6 @@ def reading(
             if body is None:
                 body = next(read)
                 if body is not None and recent is not None:
-                    body = bytes(body)
                     recent.keep(stub_id, body)
             elif not next(checked):  # deleted with its entry meanwhile
                 body = None

@@ -25,6 +25,7 @@ import redis.exceptions
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.store import bodies, calls, connect, keys, scripts
 from shoal_broker.store.registry import Registry
+from shoal_broker.store.replicas import registered_leases
 
 PAGE_SCAN_BOUND = 10_000
 """Entries one ``manage_page.lua`` call looks at, at most: bounds how long it holds Redis."""
@@ -224,16 +225,10 @@ class StoreAdmin:
         return sorted(_text(r) for r in await _call(self._raw.smembers(keys.REPLICAS)))
 
     async def live_replicas(self) -> list[str]:
-        """The registered replicas whose lease holds (``ReplicaKeys.lease``, or the older
-        layout's): one killed stays registered until a live replica reaps it, a few seconds
-        after its lease lapsed."""
-        live = []
-        for replica in await self.replicas():
-            for lease in (keys.ReplicaKeys.of(replica).lease, keys.lease(replica)):
-                if await _call(self._raw.exists(lease)):  # one key a call: each on its own slot
-                    live.append(replica)
-                    break
-        return live
+        """The registered replicas whose lease holds: one killed stays registered until a live
+        replica reaps it, a few seconds after its lease lapsed."""
+        leases = await _call(registered_leases(self._raw))
+        return [replica for replica, held in leases.items() if held]
 
     async def publish_connections(self, replica_id: str, listed: str, ttl_seconds: int) -> None:
         key = keys.replica_connections(replica_id)

@@ -36,6 +36,20 @@ ADDRESS_BATCH = 500
 REAPING_LOCK_MS = 60_000
 
 
+async def registered_leases(client: Any) -> dict[str, bool]:
+    """Registered replica -> whether its lease exists (either key: an older replica of a rolling
+    upgrade holds only ``keys.lease``). Redis's own errors pass through: callers wrap them."""
+    members = sorted(as_text(m) for m in await client.smembers(keys.REPLICAS))
+    if not members:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for replica in members:
+        pipe.exists(keys.ReplicaKeys.of(replica).lease)
+        pipe.exists(keys.lease(replica))
+    alive = await pipe.execute()
+    return {r: bool(alive[2 * i] or alive[2 * i + 1]) for i, r in enumerate(members)}
+
+
 @dataclasses.dataclass
 class ReapReport:
     replica: str
@@ -172,18 +186,8 @@ class Liveness:
         return not live or self.replica_id < min(live)
 
     async def _leases(self) -> dict[str, bool]:
-        """Registered replica -> whether its lease exists (either key: an older replica of a
-        rolling upgrade holds only ``keys.lease``)."""
-        client = self.store.client
-        members = sorted(as_text(m) for m in await self.store.call(client.smembers(keys.REPLICAS)))
-        if not members:
-            return {}
-        pipe = client.pipeline(transaction=False)
-        for replica in members:
-            pipe.exists(keys.ReplicaKeys.of(replica).lease)
-            pipe.exists(keys.lease(replica))
-        alive = await self.store.call(pipe.execute())
-        return {r: bool(alive[2 * i] or alive[2 * i + 1]) for i, r in enumerate(members)}
+        leases: dict[str, bool] = await self.store.call(registered_leases(self.store.client))
+        return leases
 
     async def reap(self, dead: str, *, locked: bool = True) -> ReapReport | None:
         """Clean up after ``dead``; None when another replica is already doing it."""
