@@ -70,14 +70,17 @@ class Control:
         # carried out, then removed: the API that sent them waits for an empty list (a pause
         # answered is in effect here), and a refresh cut off by Redis is done again next time
         commands = await self.admin.waiting_commands(self.replica_id)
+        refresh = False
         for command in commands:
             verb, _, argument = command.partition(' ')
             if verb == 'close':
                 self.close(argument)
             elif verb == 'refresh':
-                await self.refresh_pauses()
+                refresh = True  # one read of the flags answers every refresh waiting
             else:
                 logger.warning('unknown management command %r', command)
+        if refresh:
+            await self.refresh_pauses()
         if commands:
             await self.admin.commands_done(self.replica_id, len(commands))
 
