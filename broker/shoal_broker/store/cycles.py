@@ -110,6 +110,7 @@ class Cycles:
         self._cycle_number = 0
         self._retry: list[Op] = []
         """Ops to send again, in order, once the scripts are loaded (Redis had forgotten them)."""
+        self._reloading = False
         self._sending: list[Op] = []
         """Ops taken from the queue whose pipeline is being written."""
         self._lazy_wakeup: asyncio.TimerHandle | None = None
@@ -364,6 +365,7 @@ class Cycles:
 
     def _settle_units(self, units: list[Unit], replies: list[Any]) -> None:
         retry: list[Op] = []
+        reload = False
         pos = 0
         for commands, members in units:
             mine = replies[pos : pos + len(commands)]
@@ -373,16 +375,19 @@ class Cycles:
             if error is None:
                 for op in members:
                     settle(op, mine)
-            elif any(is_noscript(r) for r in mine):
+            elif any(is_noscript(r) for r in mine) and commands[-1][0] != 'XREADGROUP':
                 retry += members
-            else:
+            else:  # a fetch in bulk refused NOSCRIPT too: its plain read ran and claimed what it
+                # read, and sent again it would read on; it fails, and its subscription's recovery
+                # returns those entries (stranded.py)
+                reload = reload or is_noscript(error)
                 for op in members:
                     if not op.done():
                         fail(op, refusal(error))
-        if retry:
-            if not self._retry:
-                self.background(self._reload_then_retry())
-            self._retry += retry  # cycles are answered in order, so the retries stay in order
+        if (retry or reload) and not self._reloading:
+            self._reloading = True
+            self.background(self._reload_then_retry())
+        self._retry += retry  # cycles are answered in order, so the retries stay in order
 
     async def _reload_then_retry(self) -> None:
         """Redis forgot the scripts (restarted or flushed): load them, then send those ops again
@@ -392,10 +397,10 @@ class Cycles:
         try:
             await self._scripts.load()
         except REDIS_DOWN as exc:
-            retry, self._retry = self._retry, []
+            retry, self._retry, self._reloading = self._retry, [], False
             unreachable(retry, exc)
             return
-        retry, self._retry = self._retry, []
+        retry, self._retry, self._reloading = self._retry, [], False
         self.queued[:0] = retry
         self.queued_fetches.update((op.fetches, op) for op in reversed(retry) if op.fetches)
         self.wakeup.set()

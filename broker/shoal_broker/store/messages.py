@@ -410,12 +410,12 @@ class Messages(Releasing):
             commands = [gated_fetch(self._script, address, group, self._replica_id, count, active)]
         elif subscription in self._bulk_fetches and subscription not in self._shared:
             # fetch.lua takes returned entries and other bands; the default one is read directly.
-            # The script goes as source: if Redis had forgotten it, a retry would send the
-            # XREADGROUP again, stranding what the first one claimed.
+            # By hash: by source its 27 KB cost Redis ~73 µs a fetch. Refused NOSCRIPT, the fetch
+            # fails and its recovery returns what the read claimed (cycles._settle_units).
             args = fetch_args(group, self._replica_id, count, consumers=consumers, credit=credit,
                               notify=k.notify, read_default=False)  # fmt: skip
             commands = [
-                fetch_command(('EVAL', self._scripts.source['fetch']), address, group, args),
+                fetch_command(('EVALSHA', self._scripts.sha['fetch']), address, group, args),
                 ('XREADGROUP', 'GROUP', group, self._replica_id, 'COUNT', count,
                  'STREAMS', k.streams[NORMAL_BAND], '>'),
             ]  # fmt: skip

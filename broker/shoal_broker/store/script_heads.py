@@ -27,8 +27,8 @@ from shoal_broker.store import scripts
 
 BY_SOURCE = ('publish', 'publish_limited', 'publish_unique', 'publish_last', 'publish_claim',
              'notify')  # fmt: skip
-"""The scripts the store sends by source (calls.py); fetch's bulk read is left alone: a fetch
-sent again reads again (messages.py)."""
+"""The scripts the store sends by source (calls.py). A fetch goes by hash, its read in bulk too
+(messages.py)."""
 
 _HASHES: dict[str, str] = {
     scripts.source(name): hashlib.sha1(scripts.source(name).encode()).hexdigest()
