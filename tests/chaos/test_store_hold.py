@@ -17,6 +17,7 @@ from loadclient import ChaosConsumer, ChaosProducer, ChaosRun
 from proton import Described, Message, ulong
 from proton.utils import BlockingConnection
 from redisclusters import ClusterGroup
+from sentinels import ConfirmingWatch
 from txnclient import ACCEPTED, Controller, send_in
 
 from shoal_broker.store import keys
@@ -197,6 +198,7 @@ def test_a_synchronous_producer_through_a_sentinel_failover_sees_no_send_fail(cl
     queue = f'hold-{uuid.uuid4().hex[:8]}'
     count = 1_500
     run = synchronous_load(b.url, queue, count, timeout=120)
+    watch = ConfirmingWatch(group)
     try:
         assert run.wait(lambda r: len(r.accepted) >= 200, timeout=60), run.log
         old = group.primary_port()
@@ -210,13 +212,19 @@ def test_a_synchronous_producer_through_a_sentinel_failover_sees_no_send_fail(cl
         time.sleep(0.5)
     finally:
         run.stop()
+        watch.stop()
     slowest = max(run.answer_seconds)
+    # on a busy machine the sentinels may fail over once more, to the restarted server, and the
+    # primary then has no replica until they have turned the other one into its replica: sends
+    # wait meanwhile (replicated), so the bound counts from the last time a replica was back
+    confirming_at = max(linked_at, watch.confirming_since or linked_at)
     cluster.report(
         f'sentinel failover (replicated) under a synchronous producer: {len(run.accepted)} of '
         f'{count} accepted, {run.released} released, {len(run.rejected)} rejected, '
         f'{len(run.in_doubt)} in doubt, {_twice(run)} delivered twice; promoted '
         f'{promoted_at - killed_at:.2f} s and linked {linked_at - killed_at:.2f} s after the '
-        f'kill; slowest send {slowest:.2f} s'
+        f'kill; primaries {watch.primaries}, the last confirming '
+        f'{confirming_at - killed_at:.2f} s after the kill; slowest send {slowest:.2f} s'
     )
     assert run.released == 0
     assert not run.rejected
@@ -224,7 +232,7 @@ def test_a_synchronous_producer_through_a_sentinel_failover_sees_no_send_fail(cl
     assert run.accepted == set(range(count))
     assert not run.missing()
     # answered soon after a replica confirms again
-    assert slowest < linked_at - killed_at + 5, _diagnosis(run, b)
+    assert slowest < confirming_at - killed_at + 5, _diagnosis(run, b)
     assert b.process.poll() is None
 
 
