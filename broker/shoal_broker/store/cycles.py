@@ -380,7 +380,7 @@ class Cycles:
             else:  # a fetch in bulk refused NOSCRIPT too: its plain read ran and claimed what it
                 # read, and sent again it would read on; it fails, and its subscription's recovery
                 # returns those entries (stranded.py)
-                reload = reload or is_noscript(error)
+                reload = reload or any(is_noscript(r) for r in mine)
                 for op in members:
                     if not op.done():
                         fail(op, refusal(error))
