@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -168,27 +167,6 @@ class SentinelGroup:
             time.sleep(0.02)
         raise TimeoutError(f'no failover from {old} within {timeout}s')
 
-    def confirming(self) -> bool:
-        """Whether the primary the sentinels name has a replica online: one that can confirm
-        writes (``WAIT``)."""
-        port = self.primary_port()
-        if port is None:
-            return False
-        client = redis.Redis(
-            host=LOOPBACK, port=port, socket_timeout=1, password=self.password or None
-        )
-        try:
-            info = client.info('replication')
-        except redis.exceptions.RedisError:
-            return False
-        finally:
-            client.close()
-        return info.get('role') == 'master' and any(
-            isinstance(value, dict) and value.get('state') == 'online'
-            for key, value in info.items()
-            if key.startswith('slave')
-        )
-
     def stop(self) -> None:
         for _, process in self.sentinels:
             stop(process)
@@ -197,33 +175,3 @@ class SentinelGroup:
                 s.process.send_signal(signal.SIGCONT)
             s.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class ConfirmingWatch:
-    """Polls a group in a thread: when, last, its primary came to have a replica that confirms
-    writes again, and how many primaries it has had. The sentinels may fail over more than once
-    (one that misses a busy primary's pings for ``down_after_ms`` takes it for down): a bound on
-    how soon the held sends complete counts from the last of those moments."""
-
-    def __init__(self, group: SentinelGroup, poll: float = 0.05) -> None:
-        self._group, self._poll = group, poll
-        self.confirming_since = time.monotonic() if group.confirming() else None
-        self.primaries = [group.primary_port()]
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        was = self.confirming_since is not None
-        while not self._stopped.wait(self._poll):
-            now = self._group.confirming()
-            if now and not was:
-                self.confirming_since = time.monotonic()
-            was = now
-            port = self._group.primary_port()
-            if port is not None and port != self.primaries[-1]:
-                self.primaries.append(port)
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=5)
