@@ -375,12 +375,14 @@ class Cycles:
             if error is None:
                 for op in members:
                     settle(op, mine)
-            elif any(is_noscript(r) for r in mine) and commands[-1][0] != 'XREADGROUP':
+                continue
+            forgot = any(is_noscript(r) for r in mine)
+            if forgot and commands[-1][0] != 'XREADGROUP':
                 retry += members
             else:  # a fetch in bulk refused NOSCRIPT too: its plain read ran and claimed what it
                 # read, and sent again it would read on; it fails, and its subscription's recovery
                 # returns those entries (stranded.py)
-                reload = reload or any(is_noscript(r) for r in mine)
+                reload = reload or forgot
                 for op in members:
                     if not op.done():
                         fail(op, refusal(error))

@@ -389,9 +389,8 @@ class Messages(Releasing):
         commands, finish = self._fetch_op(address, group, count, consumers, credit or count, active)
         op = Op(commands, finish, None, confirmed=True, fetches=(address, group))
         durable = self.acks.durable  # replicated: delivered once a replica has the claims
-        callback = big_bodies.resolving(
-            address, self._queue, callback, recent=self.recent_bodies
-        )  # bodies.py
+        # big ones' bodies, those this replica holds checked only (bodies.py)
+        callback = big_bodies.resolving(address, self._queue, callback, recent=self.recent_bodies)
         op.callback = self.confirming.answer(op, address, callback) if durable else callback
         self._cycles.enqueue_fetch(op)
 
