@@ -110,7 +110,9 @@ class Cycles:
         self._cycle_number = 0
         self._retry: list[Op] = []
         """Ops to send again, in order, once the scripts are loaded (Redis had forgotten them)."""
-        self._reloading = False
+        self.reloading = False
+        """The scripts are being loaded again: a fetch goes as one script call meanwhile, not in
+        bulk (``Messages._fetch_op``), so that a NOSCRIPT sends it again after the load."""
         self._sending: list[Op] = []
         """Ops taken from the queue whose pipeline is being written."""
         self._lazy_wakeup: asyncio.TimerHandle | None = None
@@ -129,12 +131,12 @@ class Cycles:
         self._task = asyncio.create_task(self._run(), name='store-cycles')
 
     async def close(self) -> None:
-        """Stop sending; fail every op not answered yet."""
+        """Stop sending, and the background work (a reload of the scripts, whose client would
+        otherwise open connections again after it closed); fail every op not answered yet."""
         self.closed = True
         if self._lazy_wakeup is not None:
             self._lazy_wakeup.cancel()
-        if self._task is not None:
-            await cancel_and_wait([self._task])
+        await cancel_and_wait([*([self._task] if self._task else []), *self._pending_tasks])
         await self.lane.close()
         if self.lanes is not None:
             await self.lanes.close()
@@ -386,8 +388,8 @@ class Cycles:
                 for op in members:
                     if not op.done():
                         fail(op, refusal(error))
-        if (retry or reload) and not self._reloading:
-            self._reloading = True
+        if (retry or reload) and not self.reloading:
+            self.reloading = True
             self.background(self._reload_then_retry())
         self._retry += retry  # cycles are answered in order, so the retries stay in order
 
@@ -399,10 +401,10 @@ class Cycles:
         try:
             await self._scripts.load()
         except REDIS_DOWN as exc:
-            retry, self._retry, self._reloading = self._retry, [], False
+            retry, self._retry, self.reloading = self._retry, [], False
             unreachable(retry, exc)
             return
-        retry, self._retry, self._reloading = self._retry, [], False
+        retry, self._retry, self.reloading = self._retry, [], False
         self.queued[:0] = retry
         self.queued_fetches.update((op.fetches, op) for op in reversed(retry) if op.fetches)
         self.wakeup.set()

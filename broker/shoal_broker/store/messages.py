@@ -405,9 +405,10 @@ class Messages(Releasing):
         share."""
         k = keys.AddressKeys.of(address)
         subscription = (address, group)
+        bulk = subscription in self._bulk_fetches and subscription not in self._shared
         if active:  # exclusive: fetch.lua gates it on the line (routing/exclusive.py)
             commands = [gated_fetch(self._script, address, group, self._replica_id, count, active)]
-        elif subscription in self._bulk_fetches and subscription not in self._shared:
+        elif bulk and not self._cycles.reloading:  # reloading: one call, sent again after
             # fetch.lua takes returned entries and other bands; the default one is read directly.
             # By hash: by source its 27 KB cost Redis ~73 µs a fetch. Refused NOSCRIPT, the fetch
             # fails and its recovery returns what the read claimed (cycles._settle_units).
