@@ -41,6 +41,8 @@ SENTINEL_CORE += tests/amqp/test_priority_levels.py
 SENTINEL_CORE += tests/amqp/test_message_groups.py
 SENTINEL_CORE += tests/store/test_shared_fetch_lua.py
 SENTINEL_CORE += tests/store/test_sharing_fast_path.py
+# the backlog walk's look at an address it found empty (about 4 s)
+SENTINEL_CORE += tests/store/test_backlog_probe.py
 SENTINEL_CORE += tests/amqp/test_big_bodies.py tests/amqp/test_recent_bodies.py
 # a pause answered once every replica applied it (about 10 s)
 SENTINEL_CORE += tests/management/test_control.py

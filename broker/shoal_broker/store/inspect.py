@@ -15,9 +15,7 @@ reported as part of what is ``ready``, never added to the backlog a second time.
 stream or group counts as zero.
 """
 
-import asyncio
 import dataclasses
-import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
@@ -25,7 +23,6 @@ from typing import Any, Self
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.exceptions
-from redis.client import NEVER_DECODE
 
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.exclusive import consumer_of
@@ -33,15 +30,11 @@ from shoal_broker.routing.jms_subscriptions import Scope
 from shoal_broker.routing.storage import QUEUE_GROUP
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import calls as calls_
-from shoal_broker.store import connect, keys, layout, packed, scripts
+from shoal_broker.store import connect, keys, layout
+from shoal_broker.store.backlog_reads import BacklogReads, GroupBacklog
 
 _REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _PAGE = 100  # a pipeline holds the loop ~10 ms (performance.md#background-work-in-slices)
-_BACKLOG_PAGE = 25  # a page read and summed in one loop stretch: performance.md#backlog-pages
-_CLUSTER_CONCURRENCY = 32
-"""``backlog.lua`` calls in flight at once on a cluster (a pipeline elsewhere)."""
-_BACKLOG_SOURCE = scripts.source('backlog')
-_BACKLOG_SHA = hashlib.sha1(_BACKLOG_SOURCE.encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,45 +42,6 @@ class AddressInfo:
     name: str
     kind: str
     """``queue`` or ``topic`` (anything else is reported as stored)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GroupBacklog:
-    """What one consumer group still has to consume, summed over the priority bands."""
-
-    lag: int = 0
-    """Entries no replica has been handed yet."""
-    pending: int = 0
-    """Entries handed to a replica and not acknowledged (in flight or returned)."""
-    returned: int = 0
-    """Pending entries released back for redelivery (the returned-entries ZSET)."""
-    oldest_ms: int | None = None
-    """Stream time (enqueue, ms since the epoch) of the oldest message not consumed yet; None
-    when there is none."""
-    waiting: int = 0
-    """Returned entries waiting out a redelivery delay (``routing/redelivery.py``)."""
-
-    @property
-    def backlog(self) -> int:
-        """Every message the group has not consumed yet."""
-        return self.lag + self.pending
-
-    @property
-    def ready(self) -> int:
-        """Messages a consumer could be handed now."""
-        return self.lag + max(min(self.returned, self.pending) - self.waiting, 0)
-
-    @property
-    def in_flight(self) -> int:
-        """Messages out at a consumer, awaiting its outcome."""
-        return max(self.pending - self.returned, 0)
-
-    def __add__(self, other: 'GroupBacklog') -> 'GroupBacklog':
-        known = [ms for ms in (self.oldest_ms, other.oldest_ms) if ms is not None]
-        return GroupBacklog(
-            self.lag + other.lag, self.pending + other.pending, self.returned + other.returned,
-            min(known) if known else None, self.waiting + other.waiting,
-        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,6 +113,8 @@ class Inspector:
 
     def __init__(self, client: 'redis.asyncio.Redis') -> None:
         self._client = client
+        self._reads = BacklogReads(client, self._call)
+        self._backlogs = self._reads.read
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 5.0) -> Self:
@@ -337,101 +293,6 @@ class Inspector:
             found.append(ClientInfo(client_id, replica, connection))
         return found
 
-    async def _backlogs(
-        self, groups: list[tuple[str, str]], settled: set[str] | None = None
-    ) -> list[GroupBacklog]:
-        """Backlog of each (address, group): a read-only ``backlog.lua`` call per address (by
-        ``_BACKLOG_PAGE``; concurrent calls on a cluster), plus a walk where Redis cannot tell the
-        lag. Adds to ``settled`` the streams with nothing to trim: empty, or unread by a group."""
-        by_address: dict[str, list[str]] = {}
-        for address, group in groups:
-            by_address.setdefault(address, []).append(group)
-        addresses = list(by_address)
-        found: dict[tuple[str, str], GroupBacklog] = {}
-        for first in range(0, len(addresses), _BACKLOG_PAGE):
-            page = addresses[first : first + _BACKLOG_PAGE]
-            replies = await self._backlog_calls([(a, by_address[a]) for a in page])
-            for address, reply in zip(page, replies, strict=True):
-                for group, row in zip(by_address[address], reply, strict=True):
-                    found[(address, group)] = await self._read(address, group, row, settled)
-        return [found[g] for g in groups]
-
-    async def _read(
-        self, address: str, group: str, row: list[Any], settled: set[str] | None
-    ) -> GroupBacklog:  # one group's backlog from its backlog.lua reply
-        streams = keys.AddressKeys.of(address).streams  # the reply: returned, waiting, then per
-        # band holding entries: band, lag, pending, oldest, length; a band left out is empty
-        total = GroupBacklog(returned=int(row[0]), waiting=int(row[1]))
-        held = set()
-        for at in range(2, len(row), 5):
-            band, lag, pending, oldest, length = row[at : at + 5]
-            stream = streams[int(band)]
-            held.add(stream)
-            lag = int(lag)
-            if settled is not None and lag == int(length):
-                settled.add(stream)
-            if lag < 0:  # Redis cannot tell (deleted entries in range): count them
-                lag = await self._lag_of(stream, group)
-            total += GroupBacklog(
-                lag=lag, pending=int(pending), oldest_ms=_entry_ms(oldest or None)
-            )
-        if settled is not None:
-            settled.update(s for s in streams if s not in held)
-        return total
-
-    async def _backlog_calls(self, page: list[tuple[str, list[str]]]) -> list[Any]:
-        """``backlog.lua``'s reply for each (address, its groups), loading the script when
-        Redis does not know it (a restart, a failover, a new cluster node)."""
-        calls: list[tuple[int, list[str]]] = []  # (number of keys, keys and arguments)
-        for address, names in page:
-            k = keys.AddressKeys.of(address)
-            returned = [k.returned(n) for n in names]
-            calls.append(
-                (len(k.streams) + 1 + len(names), [*k.streams, k.levels, *returned, *names])
-            )
-        room = asyncio.Semaphore(_CLUSTER_CONCURRENCY)
-
-        async def one(numkeys: int, args: list[str]) -> Any:
-            async with room:
-                return await self._client.evalsha(_BACKLOG_SHA, numkeys, *args)
-
-        for attempt in (1, 2):
-            try:
-                if isinstance(self._client, redis.asyncio.cluster.RedisCluster):
-                    return list(await self._call(asyncio.gather(*(one(n, a) for n, a in calls))))
-                commands = [('EVALSHA', _BACKLOG_SHA, n, *args) for n, args in calls]
-                return list(
-                    await self._call(packed.pipeline(self._client, commands, raise_on_error=True))
-                )
-            except StoreUnavailable as exc:
-                if attempt == 2 or not isinstance(exc.__cause__, redis.exceptions.NoScriptError):
-                    raise
-                await calls_.on_every_primary(
-                    self._client,
-                    lambda c, **to: c.execute_command('SCRIPT', 'LOAD', _BACKLOG_SOURCE, **to),
-                )
-        raise AssertionError('unreachable')
-
-    async def _lag_of(self, stream: str, group: str) -> int:
-        for info in await self._call(self._client.xinfo_groups(stream)):
-            if _text(info.get('name')) == group:
-                return await self._count_after(stream, _text(info.get('last-delivered-id')))
-        return 0
-
-    async def _count_after(self, stream: str, last_id: str) -> int:
-        counted = 0
-        start = f'({last_id}'
-        # the entries hold binary messages: read as bytes, whatever the client decodes
-        command: Callable[..., Awaitable[Any]] = self._client.execute_command
-        while True:
-            batch = await self._call(command(
-                'XRANGE', stream, start, '+', 'COUNT', _PAGE, **{NEVER_DECODE: True}
-            ))  # fmt: skip
-            counted += len(batch)
-            if len(batch) < _PAGE:
-                return counted
-            start = f'({_text(batch[-1][0])}'
-
     async def _call(self, awaitable: Awaitable[Any]) -> Any:
         try:
             return await awaitable
@@ -485,11 +346,6 @@ def _in_line(line: list[str]) -> dict[str, int]:
         replica = entry.split('/', 1)[0]
         per_replica[replica] = per_replica.get(replica, 0) + 1
     return dict(sorted(per_replica.items()))
-
-
-def _entry_ms(entry_id: Any) -> int | None:
-    """The milliseconds part of a stream entry id (``<ms>-<seq>``)."""
-    return None if entry_id is None else int(_text(entry_id).partition('-')[0])
 
 
 def _count(reply: Any) -> int:

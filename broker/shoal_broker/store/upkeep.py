@@ -67,6 +67,8 @@ class Upkeep:
         while True:
             cursor, batch = await call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
             found = [keys.AddressKeys.of(as_text(a)) for a in batch]
+            # an address the walk found empty, body index included, has nothing to trim
+            found = [k for k in found if k.body_index not in skip or _unsettled(k.streams, skip)]
             indexed = await self._indexed(found)
             streams: list[tuple[str, ...]] = [
                 (s, k.levels, k.body_index)  # the index: store/bodies.py
@@ -234,3 +236,7 @@ class Upkeep:
         """Replace the per-address caps (address -> (limit, overflow)) that override
         ``limit_backlog`` for those addresses: declared queues' ``retention.maxMessages``."""
         self._backlogs.set_per_address(limits)
+
+
+def _unsettled(streams: tuple[str, ...], skip: Set[str]) -> bool:
+    return any(stream not in skip for stream in streams)
