@@ -21,7 +21,6 @@ from types import TracebackType
 from typing import Any, Self
 
 import redis.asyncio
-import redis.asyncio.cluster
 import redis.exceptions
 
 from shoal_broker.errors import StoreUnavailable
@@ -113,8 +112,8 @@ class Inspector:
 
     def __init__(self, client: 'redis.asyncio.Redis') -> None:
         self._client = client
-        self._reads = BacklogReads(client, self._call)
-        self._backlogs = self._reads.read
+        # what it found empty it remembers for as long as this view lives (a backlog snapshot's)
+        self._backlogs = BacklogReads(client, self._call).read
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 5.0) -> Self:
