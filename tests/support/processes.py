@@ -44,7 +44,19 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-_LISTEN_PORTS = range(10000, min(_ephemeral_low(), 32768))
+def _worker_share(ports: range) -> range:
+    """This pytest-xdist worker's share of ``ports`` (every ``count``-th one from its index): the
+    workers are processes of their own, and two that picked the same free port before either
+    server bound it started two servers on it (a broker's readiness probe once read another
+    worker's broker's AMQP header)."""
+    worker = os.environ.get('PYTEST_XDIST_WORKER', '')
+    count = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1') or 1)
+    if not worker.startswith('gw') or count < 2:
+        return ports
+    return ports[int(worker[2:]) % count :: count]
+
+
+_LISTEN_PORTS = _worker_share(range(10000, min(_ephemeral_low(), 32768)))
 """Where servers of a test listen: below the kernel's ephemeral range. A port from ``bind(0)``
 is in that range, which every outgoing connection draws its source port from, so between the
 test choosing it and the server binding it (or a killed server restarting on it) a client's
