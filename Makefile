@@ -82,8 +82,9 @@ system-deps: .stamp-system
 	@touch $@
 
 venv: $(VENV)/.installed
-# Installing also compiles the broker's C hot path (scripts/hatch_build.py), hence its sources.
+# Installing also compiles the broker's C (scripts/hatch_build.py), hence its sources.
 $(VENV)/.installed: pyproject.toml .stamp-system broker/shoal_broker/amqp/_wire.c broker/shoal_broker/amqp/_wire.h \
+		broker/shoal_broker/routing/_entry.c \
 		broker/shoal_broker/amqp/outcome_codes.py scripts/build_wire.py scripts/hatch_build.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -94,15 +94,23 @@ machine_share() {  # machine_share BEFORE AFTER (two cpu_ticks outputs): the bus
     printf "%.1f %.1f\n", 100 * (y[1] - x[1]) / t, 100 * (y[2] - x[2]) / t }'
 }
 
-build_wire() {  # build_wire BROKER_SOURCE_ROOT [PYTHON]: compile a source tree's C hot path if it
-  # has one and it is missing or older than its source (a tree copied with `git archive` has none)
-  local src=$1 py=${2:-$BROKER_PY} so
+build_wire() {  # build_wire BROKER_SOURCE_ROOT [PYTHON]: compile a source tree's C (the hot path,
+  # and routing/_entry.c where the tree has it) if it is missing or older than its source (a
+  # tree copied with `git archive` has none)
+  local src=$1 py=${2:-$BROKER_PY} so fresh=0
   [[ -f $src/shoal_broker/amqp/_wire.c ]] || return 0
   for so in "$src"/shoal_broker/amqp/_wire.*.so; do
     [[ -f $so && $so -nt $src/shoal_broker/amqp/_wire.c ]] || continue
     [[ ! -f $src/shoal_broker/amqp/outcome_codes.py || $so -nt $src/shoal_broker/amqp/outcome_codes.py ]] \
-        && return 0
+        && fresh=1
   done
+  if [[ $fresh == 1 && -f $src/shoal_broker/routing/_entry.c ]]; then
+    fresh=0
+    for so in "$src"/shoal_broker/routing/_entry.*.so; do
+      [[ -f $so && $so -nt $src/shoal_broker/routing/_entry.c ]] && fresh=1
+    done
+  fi
+  [[ $fresh == 1 ]] && return 0
   "$py" "$ROOT/scripts/build_wire.py" "$src" > /dev/null
 }
 

@@ -1,5 +1,7 @@
 """
-Compile ``broker/shoal_broker/amqp/_wire.c`` into the extension ``shoal_broker.amqp._wire``.
+Compile the broker's C: ``broker/shoal_broker/amqp/_wire.c`` into the extension
+``shoal_broker.amqp._wire``, and ``broker/shoal_broker/routing/_entry.c`` (``Entry`` as a type the
+garbage collector does not track) into ``shoal_broker.routing._entry``.
 
 cffi in API mode: the C source is compiled with the declarations of ``_wire.h`` beside it, which
 are all Python sees, and with ``_wire_outcomes.h``, written here from the outcome table in
@@ -18,6 +20,7 @@ from pathlib import Path
 import cffi
 
 MODULE = 'shoal_broker.amqp._wire'
+ENTRY_MODULE = 'shoal_broker.routing._entry'
 OUTCOMES_HEADER = '_wire_outcomes.h'
 
 
@@ -35,8 +38,38 @@ def outcomes_header(package: Path) -> str | None:
     return text
 
 
-def build(source_root: Path) -> Path:
-    """Build the extension next to its C source under ``source_root``; return its path."""
+def build(source_root: Path) -> list[Path]:
+    """Build the extensions next to their C sources under ``source_root``; return their paths."""
+    entry = build_entry(source_root)
+    return [build_wire(source_root), *([entry] if entry is not None else [])]
+
+
+def build_entry(source_root: Path) -> Path | None:
+    """Build ``routing/_entry.c`` (a plain CPython extension) next to its source; None for a tree
+    from before it had one."""
+    package = source_root / 'shoal_broker' / 'routing'
+    source = package / '_entry.c'
+    if not source.exists():
+        return None
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+
+    extension = Extension(ENTRY_MODULE, [str(source)], extra_compile_args=['-O2', '-Wall'])
+    with tempfile.TemporaryDirectory(prefix='shoal-entry-') as tmp:
+        command = build_ext(Distribution({'ext_modules': [extension]}))
+        command.build_temp = command.build_lib = tmp
+        command.ensure_finalized()
+        command.run()
+        built = Path(command.get_ext_fullpath(ENTRY_MODULE))
+        for stale in package.glob('_entry.*.so'):
+            stale.unlink()
+        target = package / built.name
+        shutil.copyfile(built, target)
+    return target
+
+
+def build_wire(source_root: Path) -> Path:
+    """Build ``amqp/_wire.c`` next to its source; return its path."""
     package = source_root / 'shoal_broker' / 'amqp'
     ffi = cffi.FFI()
     ffi.cdef((package / '_wire.h').read_text())
@@ -61,4 +94,4 @@ def build(source_root: Path) -> Path:
 
 if __name__ == '__main__':
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent.parent / 'broker'
-    sys.stdout.write(f'{build(root.resolve())}\n')
+    sys.stdout.write(''.join(f'{path}\n' for path in build(root.resolve())))

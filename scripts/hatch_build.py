@@ -1,5 +1,5 @@
 """
-hatchling build hook: compiles the broker's C hot path (scripts/build_wire.py) into every wheel,
+hatchling build hook: compiles the broker's C (scripts/build_wire.py) into every wheel,
 the editable one of ``make`` included, which then finds it in the source tree.
 """
 
@@ -21,8 +21,10 @@ class WireBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         assert spec.loader is not None
         builder = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(builder)
-        built = builder.build(Path(self.root) / 'broker')
+        broker = Path(self.root) / 'broker'
+        built = builder.build(broker)
         build_data['pure_python'] = False
         build_data['infer_tag'] = True
         if version != 'editable':
-            build_data['force_include'][str(built)] = f'shoal_broker/amqp/{built.name}'
+            for path in built:
+                build_data['force_include'][str(path)] = str(path.relative_to(broker))

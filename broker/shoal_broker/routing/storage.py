@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 from shoal_broker.errors import BrokerError
+from shoal_broker.routing._entry import Entry as Entry  # C: see routing/_entry.c
 from shoal_broker.routing.jms_subscriptions import SubscriptionKey, SubscriptionSpec
 from shoal_broker.settings import AddressKind
 
@@ -74,27 +75,6 @@ class DuplicateWindow:
     seconds: int
     id_property: str = ''
     """Application property holding the id; empty: the AMQP message-id."""
-
-
-@dataclasses.dataclass(slots=True)  # not frozen: built once per message
-class Entry:
-    """A stored message handed to one replica for delivery to one subscription."""
-
-    id: str
-    """Stream entry id, unique within its band."""
-    band: int
-    header: bytes
-    rest: bytes
-    expiry_ms: int
-    delivery_count: int
-    """Earlier delivery attempts that ended in a failure (AMQP header delivery-count)."""
-    origin: str = ''
-    group: str = ''
-    """The message group (properties.group-id); '': ungrouped."""
-
-    @property
-    def key(self) -> tuple[int, str]:
-        return (self.band, self.id)
 
 
 class Fetched(list[Entry]):
