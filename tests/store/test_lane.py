@@ -2,6 +2,7 @@
 connection, applied and answered in the order written; a failed connection is never reused."""
 
 import asyncio
+import gc
 import uuid
 from typing import Any
 
@@ -264,3 +265,44 @@ async def test_an_address_is_created_with_its_queue_group_in_one_step(
             assert [g['name'] for g in groups] == [b'queue']
     for store in stores:
         await store.close()
+
+
+async def test_no_collection_runs_while_replies_are_handed_out(client: redis.asyncio.Redis) -> None:
+    """The cyclic collector waits while a reply is parsed and answered (``Lane._received``), so
+    the reply's lists are gone by the time it looks; it runs again afterwards, also after an
+    answer that raised."""
+    lane = Lane(client.connection_pool, max_in_flight=2)
+    started: list[int] = []
+    during: list[tuple[bool, int]] = []
+    answered = asyncio.Event()
+
+    def count(phase: str, info: dict[str, Any]) -> None:
+        if phase == 'start':
+            started.append(info['generation'])
+
+    def answer(replies: list[Any] | None, error: BaseException | None) -> None:
+        before = len(started)
+        young = [[i] for i in range(3 * gc.get_threshold()[0])]  # past the young threshold
+        during.append((gc.isenabled(), len(started) - before))
+        del young
+        answered.set()
+        if len(during) == 2:
+            raise RuntimeError('an answer that fails')
+
+    assert gc.isenabled()
+    gc.callbacks.append(count)
+    try:
+        for sent in (1, 2):
+            answered.clear()
+            await lane.send_then([('PING',)], answer)
+            await asyncio.wait_for(answered.wait(), 10)
+            assert len(during) == sent
+            assert gc.isenabled()
+        assert during == [(False, 0), (False, 0)]
+        before = len(started)
+        young = [[i] for i in range(3 * gc.get_threshold()[0])]
+        assert len(started) > before  # collecting again
+        del young
+    finally:
+        gc.callbacks.remove(count)
+        await lane.close()

@@ -26,6 +26,7 @@ it while it sat idle (``fresh_connection``).
 
 import asyncio
 import collections
+import gc
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -249,6 +250,11 @@ class Lane:
             return  # a connection given up on: what it owed was answered with an error
         self._heard_at = asyncio.get_running_loop().time()  # silence is between reads, as before
         answered = False
+        # no young collection while replies are parsed and answered: it would examine every
+        # list of the replies in hand (two per stream entry read), all garbage a moment later
+        # (docs/performance.md, "Entries the collector does not track")
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             for offset in range(0, len(data), FEED_BYTES):
                 if conn is not self._conn:
@@ -258,6 +264,9 @@ class Lane:
         except Exception as exc:  # a broken reply or stream: what follows cannot be matched
             self._lost(conn, exc)
             return
+        finally:
+            if collecting:
+                gc.enable()
         if answered:
             self._room.set()
 
