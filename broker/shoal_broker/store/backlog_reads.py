@@ -7,9 +7,9 @@ An address the last read found empty is looked at first with two plain commands 
 default band; ``EXISTS`` of its levels SET, its groups' returned ZSETs and its big messages' body
 index), and read with the script only if they find something: the script cost Redis several
 times what the two commands cost, and the walk's wall time. An address found empty so, bodies
-included, has its body index among the ``settled`` keys too, which lets the trim pass leave the
-address alone (``Upkeep.trim``) rather than ask for that index every pass
-(docs/performance.md#idle-queues).
+included, is among the ``settled`` keys by its tag (``keys.address_tag``), which lets the trim
+pass leave the whole address alone (``Upkeep.trim``) rather than ask for its body index every
+pass, without making its keys (docs/performance.md#idle-queues).
 """
 
 import asyncio
@@ -111,10 +111,8 @@ class BacklogReads:
             for address in still_empty:
                 for group in by_address[address]:
                     found[(address, group)] = _NOTHING
-                if settled is not None:
-                    k = keys.AddressKeys.of(address)
-                    settled.update(k.streams)
-                    settled.add(k.body_index)
+                if settled is not None:  # the whole address: see Upkeep.trim
+                    settled.add(keys.address_tag(address))
             for address, reply in zip(full, replies, strict=True):
                 self._remember(address, reply)
                 for group, row in zip(by_address[address], reply, strict=True):

@@ -115,6 +115,12 @@ __all__ = [
 ]  # fmt: skip
 
 
+def address_tag(address: str) -> str:
+    """The prefix of every key of ``address`` (``AddressKeys.tag``), made without the rest of
+    its keys; itself never a key."""
+    return f'{PREFIX}:{{a:{address}}}'
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AddressKeys:
     streams: tuple[str, ...]
@@ -131,7 +137,7 @@ class AddressKeys:
     def of(cls, address: str) -> 'AddressKeys':
         """The keys of an address, made once for the most recent addresses: every store op
         asks, and ten stream names cost ~7 µs to build."""
-        tag = f'{PREFIX}:{{a:{address}}}'
+        tag = address_tag(address)
         return cls(
             streams=tuple(f'{tag}:p:{band}' for band in range(BANDS)),
             groups=f'{tag}:groups',

@@ -61,14 +61,19 @@ class Upkeep:
         for long; a stream is trimmed again while its last step removed something. ``skip``:
         streams known to hold nothing to trim (an idle cluster's are most of them), unless their
         address holds big messages' bodies (``store/bodies.py``): an entry deleted inside a
-        stream (a move) leaves its body for the trim, even when that empties the stream."""
+        stream (a move) leaves its body for the trim, even when that empties the stream. An
+        address whose tag (``keys.address_tag``) is in ``skip`` was found empty, bodies
+        included: it is passed over before its keys are made (past ``ADDRESS_KEYS_CACHED``
+        addresses, making every address's keys each pass evicted the ones the messages use)."""
         removed = 0
         cursor: int = 0
         while True:
             cursor, batch = await call(self._client.hscan(keys.ADDRESSES, cursor, count=200))
-            found = [keys.AddressKeys.of(as_text(a)) for a in batch]
-            # an address the walk found empty, body index included, has nothing to trim
-            found = [k for k in found if k.body_index not in skip or _unsettled(k.streams, skip)]
+            found = [
+                keys.AddressKeys.of(address)
+                for address in map(as_text, batch)
+                if keys.address_tag(address) not in skip
+            ]
             indexed = await self._indexed(found)
             streams: list[tuple[str, ...]] = [
                 (s, k.levels, k.body_index)  # the index: store/bodies.py
@@ -236,7 +241,3 @@ class Upkeep:
         """Replace the per-address caps (address -> (limit, overflow)) that override
         ``limit_backlog`` for those addresses: declared queues' ``retention.maxMessages``."""
         self._backlogs.set_per_address(limits)
-
-
-def _unsettled(streams: tuple[str, ...], skip: Set[str]) -> bool:
-    return any(stream not in skip for stream in streams)
