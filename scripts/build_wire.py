@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 import cffi
+from setuptools import Distribution, Extension
+from setuptools.command.build_ext import build_ext
 
 MODULE = 'shoal_broker.amqp._wire'
 ENTRY_MODULE = 'shoal_broker.routing._entry'
@@ -51,9 +53,6 @@ def build_entry(source_root: Path) -> Path | None:
     source = package / '_entry.c'
     if not source.exists():
         return None
-    from setuptools import Distribution, Extension
-    from setuptools.command.build_ext import build_ext
-
     extension = Extension(ENTRY_MODULE, [str(source)], extra_compile_args=['-O2', '-Wall'])
     with tempfile.TemporaryDirectory(prefix='shoal-entry-') as tmp:
         command = build_ext(Distribution({'ext_modules': [extension]}))

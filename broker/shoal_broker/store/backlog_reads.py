@@ -24,6 +24,7 @@ import redis.exceptions
 from redis.client import NEVER_DECODE
 
 from shoal_broker.errors import StoreUnavailable
+from shoal_broker.routing.storage import NORMAL_BAND
 from shoal_broker.store import calls as calls_
 from shoal_broker.store import keys, packed, scripts
 from shoal_broker.store.calls import as_text
@@ -96,8 +97,8 @@ class BacklogReads:
         self, groups: list[tuple[str, str]], settled: set[str] | None = None
     ) -> list[GroupBacklog]:
         """Backlog of each (address, group), by ``BACKLOG_PAGE`` addresses (concurrent calls on
-        a cluster). Adds to ``settled`` the streams with nothing to trim: empty, or unread by a
-        group."""
+        a cluster). Adds to ``settled`` the streams with nothing to trim (empty, or unread by a
+        group), and the tag of each address found empty whole (``Upkeep.trim``)."""
         by_address: dict[str, list[str]] = {}
         for address, group in groups:
             by_address.setdefault(address, []).append(group)
@@ -142,7 +143,10 @@ class BacklogReads:
         for address in addresses:
             k = keys.AddressKeys.of(address)
             returned = [k.returned(group) for group in by_address[address]]
-            commands += [('XLEN', k.streams[5]), ('EXISTS', k.levels, k.body_index, *returned)]
+            commands += [
+                ('XLEN', k.streams[NORMAL_BAND]),
+                ('EXISTS', k.levels, k.body_index, *returned),
+            ]
         replies = await self._pipeline(commands)
         empty = {
             address
