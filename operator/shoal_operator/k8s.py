@@ -40,8 +40,20 @@ patch by itself only adds and changes keys, so a dropped setting would live on).
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f'HTTP {status}: {message}')
+        super().__init__(f'HTTP {status}: {message}' if status else message)
         self.status = status
+
+
+class ApiUnreachable(ApiError):
+    """A request the API server did not answer: the connection failed or broke, or the answer
+    took longer than the session's timeout. It is as transient as a 5xx, so it is an
+    ``ApiError``: handlers retry it at the operator's retry delay rather than at kopf's default
+    backoff for unexpected errors (60 s), and an observation pass skips the object rather than
+    ending the pass."""
+
+    def __init__(self, method: str, url: str, cause: BaseException) -> None:
+        detail = str(cause) or 'no detail'
+        super().__init__(0, f'{method} {url}: no answer ({type(cause).__name__}: {detail})')
 
 
 class KindNotServed(ApiError):
@@ -176,13 +188,16 @@ class Kube:
         if body is not None:
             kwargs['json'] = body
             kwargs['headers'] = {'Content-Type': content_type}
-        async with self._session.request(method, self._server + url, **kwargs) as response:
-            if response.status == 404:
-                return None
-            if response.status >= 400:
-                raise ApiError(response.status, (await response.text())[:500])
-            answer: dict[str, Any] = await response.json(content_type=None)
-            return answer
+        try:
+            async with self._session.request(method, self._server + url, **kwargs) as response:
+                if response.status == 404:
+                    return None
+                if response.status >= 400:
+                    raise ApiError(response.status, (await response.text())[:500])
+                answer: dict[str, Any] = await response.json(content_type=None)
+                return answer
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise ApiUnreachable(method, url, exc) from exc
 
 
 def _removing_stale_data(current: Mapping[str, Any], manifest: Mapping[str, Any]
