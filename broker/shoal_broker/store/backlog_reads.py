@@ -9,7 +9,9 @@ index), and read with the script only if they find something: the script cost Re
 times what the two commands cost, and the walk's wall time. An address found empty so, bodies
 included, is among the ``settled`` keys by its tag (``keys.address_tag``), which lets the trim
 pass leave the whole address alone (``Upkeep.trim``) rather than ask for its body index every
-pass, without making its keys (docs/performance.md#idle-queues).
+pass, without making its keys; the probe itself names only the keys it asks about
+(``keys.probed_keys``), so a walk over thousands of idle addresses leaves the cached keys of
+those in use alone (docs/performance.md#idle-queues).
 """
 
 import asyncio
@@ -141,12 +143,8 @@ class BacklogReads:
             return set()
         commands: list[tuple[Any, ...]] = []
         for address in addresses:
-            k = keys.AddressKeys.of(address)
-            returned = [k.returned(group) for group in by_address[address]]
-            commands += [
-                ('XLEN', k.streams[NORMAL_BAND]),
-                ('EXISTS', k.levels, k.body_index, *returned),
-            ]
+            stream, others = keys.probed_keys(address, NORMAL_BAND, by_address[address])
+            commands += [('XLEN', stream), ('EXISTS', *others)]
         replies = await self._pipeline(commands)
         empty = {
             address

@@ -121,6 +121,33 @@ def address_tag(address: str) -> str:
     return f'{PREFIX}:{{a:{address}}}'
 
 
+def probed_keys(address: str, band: int, groups: list[str]) -> tuple[str, list[str]]:
+    """The STREAM of ``address``'s ``band`` (the default one), and the keys whose existence says
+    the address holds more than that band (its levels SET, body index and ``groups``' returned
+    ZSETs), as ``AddressKeys`` names them but made from the tag alone: the backlog walk probes
+    every idle address, and going through ``AddressKeys.of`` would evict the cached keys of the
+    addresses in use once more than ``ADDRESS_KEYS_CACHED`` are idle."""
+    tag = address_tag(address)
+    others = [_levels(tag), _body_index(tag), *(_returned(tag, group) for group in groups)]
+    return _stream(tag, band), others
+
+
+def _stream(tag: str, band: int) -> str:
+    return f'{tag}:p:{band}'
+
+
+def _levels(tag: str) -> str:
+    return f'{tag}:levels'
+
+
+def _body_index(tag: str) -> str:
+    return f'{tag}:bodies'
+
+
+def _returned(tag: str, group: str) -> str:
+    return f'{tag}:ret:{group}'
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AddressKeys:
     streams: tuple[str, ...]
@@ -139,7 +166,7 @@ class AddressKeys:
         asks, and ten stream names cost ~7 µs to build."""
         tag = address_tag(address)
         return cls(
-            streams=tuple(f'{tag}:p:{band}' for band in range(BANDS)),
+            streams=tuple(_stream(tag, band) for band in range(BANDS)),
             groups=f'{tag}:groups',
             notify=f'{tag}:notify',
             tag=tag,
@@ -154,14 +181,14 @@ class AddressKeys:
     def body_index(self) -> str:
         """ZSET of the big messages' entries, ``'<band>|<padded id>|<stub id>'`` (score 0): a
         trim finds the bodies of the entries it removed there (``lua/bodies_due.lua``)."""
-        return f'{self.tag}:bodies'
+        return _body_index(self.tag)
 
     @property
     def levels(self) -> str:
         """SET of the bands other than the default one (priority 4) that were written and not
         trimmed empty since: the bands a fetch reads besides the default one (``fetch.lua``),
         so an address used at one priority costs no read per empty band."""
-        return f'{self.tag}:levels'
+        return _levels(self.tag)
 
     @property
     def two_bands(self) -> tuple[str, str]:
@@ -187,7 +214,7 @@ class AddressKeys:
 
     def returned(self, group: str) -> str:
         """ZSET (all scores 0, ordered by member) ``<band>|<padded id>`` of returned entries."""
-        return f'{self.tag}:ret:{group}'
+        return _returned(self.tag, group)
 
     def shares(self, group: str) -> str:
         """HASH replica id -> its record in the sharing of the group between replicas
