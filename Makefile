@@ -84,7 +84,8 @@ system-deps: .stamp-system
 venv: $(VENV)/.installed
 # Installing also compiles the broker's C (scripts/hatch_build.py), hence its sources.
 $(VENV)/.installed: pyproject.toml .stamp-system broker/shoal_broker/amqp/_wire.c broker/shoal_broker/amqp/_wire.h \
-		broker/shoal_broker/routing/_entry.c \
+		broker/shoal_broker/routing/_entry.c broker/shoal_broker/routing/_entry_api.h \
+		broker/shoal_broker/store/_replies.c \
 		broker/shoal_broker/amqp/outcome_codes.py scripts/build_wire.py scripts/hatch_build.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -98,7 +99,7 @@ tests/rhea/node_modules/.installed: tests/rhea/package.json tests/rhea/package-l
 
 # Every decoder of peer input under atheris/libFuzzer, FUZZ_RUNS inputs each (fuzz/run.py).
 FUZZ_RUNS ?= 100000
-FUZZ_TARGETS := sasl sections selector frames
+FUZZ_TARGETS := sasl sections selector frames replies
 fuzz: venv
 	mkdir -p .fuzz/crashes
 	set -e; for target in $(FUZZ_TARGETS); do \

@@ -95,21 +95,22 @@ machine_share() {  # machine_share BEFORE AFTER (two cpu_ticks outputs): the bus
 }
 
 build_wire() {  # build_wire BROKER_SOURCE_ROOT [PYTHON]: compile a source tree's C (the hot path,
-  # and routing/_entry.c where the tree has it) if it is missing or older than its source (a
-  # tree copied with `git archive` has none)
-  local src=$1 py=${2:-$BROKER_PY} so fresh=0
+  # and routing/_entry.c and store/_replies.c where the tree has them) if it is missing or older
+  # than its source (a tree copied with `git archive` has none)
+  local src=$1 py=${2:-$BROKER_PY} so fresh=0 c
   [[ -f $src/shoal_broker/amqp/_wire.c ]] || return 0
   for so in "$src"/shoal_broker/amqp/_wire.*.so; do
     [[ -f $so && $so -nt $src/shoal_broker/amqp/_wire.c ]] || continue
     [[ ! -f $src/shoal_broker/amqp/outcome_codes.py || $so -nt $src/shoal_broker/amqp/outcome_codes.py ]] \
         && fresh=1
   done
-  if [[ $fresh == 1 && -f $src/shoal_broker/routing/_entry.c ]]; then
+  for c in routing/_entry.c routing/_entry_api.h store/_replies.c; do
+    [[ $fresh == 1 && -f $src/shoal_broker/$c ]] || continue
     fresh=0
-    for so in "$src"/shoal_broker/routing/_entry.*.so; do
-      [[ -f $so && $so -nt $src/shoal_broker/routing/_entry.c ]] && fresh=1
+    for so in "$src"/shoal_broker/"${c%%/*}"/_*.so; do
+      [[ $so == */_wire.* || ! -f $so || ! $so -nt $src/shoal_broker/$c ]] || fresh=1
     done
-  fi
+  done
   [[ $fresh == 1 ]] && return 0
   "$py" "$ROOT/scripts/build_wire.py" "$src" > /dev/null
 }

@@ -3,7 +3,8 @@ What each fuzz target feeds its input to, and what counts as a failure.
 
 Every decoder that reads peer bytes is here: the SASL layer (header, frames, each mechanism's
 exchange), the message-section walk (routing view, selector view, coordinator body), JMS
-selector text, and proton's own AMQP frame decoder as the broker configures it. A target fails
+selector text, proton's own AMQP frame decoder as the broker configures it, and the store
+lane's reading of what answers on Redis's port (``store/reply_reader.py`` and its C). A target fails
 on any exception its decoder does not document (the harness lets those propagate) and on a hang
 (libFuzzer's ``-timeout``); proton failing is a crash of the process.
 """
@@ -12,15 +13,22 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import hiredis
+import redis.exceptions
 from framesample import client_frames
 
 from shoal_broker import selector as selectors
 from shoal_broker.amqp import codec, engine, sasl
 from shoal_broker.amqp.engine import ffi, lib
+from shoal_broker.routing.storage import NORMAL_BAND
 from shoal_broker.security.authenticator import Authenticator, AuthPolicy, UsersSource
 from shoal_broker.security.credentials import make_user, write_user
 from shoal_broker.security.permissions import Permissions
 from shoal_broker.selector.parser import SelectorError
+from shoal_broker.store import _replies
+from shoal_broker.store.lane import NOT_ENOUGH_DATA
+from shoal_broker.store.replies import new_entries
+from shoal_broker.store.reply_reader import ReplyReader
 
 FUZZ_PASSWORD = 'fuzz-secret'
 
@@ -156,9 +164,47 @@ def amqp_frames(data: bytes) -> None:
         lib.pn_collector_free(collector)
 
 
+REPLY_ERRORS = (redis.exceptions.InvalidResponse, TypeError, ValueError)
+"""What reading a stream that is not Redis's replies may raise (the lane then gives the
+connection up): the scanner's and hiredis's protocol errors, and hiredis's TypeError and
+ValueError for a map with an unhashable key or a number it cannot read."""
+
+
+def _hiredis() -> hiredis.Reader:
+    return hiredis.Reader(protocolError=redis.exceptions.InvalidResponse,
+                          replyError=redis.exceptions.ResponseError,
+                          notEnoughData=NOT_ENOUGH_DATA)  # fmt: skip
+
+
+def redis_replies(data: bytes) -> None:
+    """What the store lane reads: byte 0's bits say which of the replies answer a plain read of
+    new entries, and where the rest is split into two reads. The reader hands on replies or
+    raises one of ``REPLY_ERRORS``; the entries the C makes of a whole reply are those
+    ``new_entries`` makes of hiredis's reading of it."""
+    if not data:
+        return
+    stream = data[1:]
+    found = _replies.entries(stream, 0, len(stream), NORMAL_BAND)
+    if type(found) is tuple:
+        parser = _hiredis()
+        parser.feed(stream, 0, found[1])
+        assert new_entries(parser.gets()) == found[0], 'the C and hiredis read entries apart'
+    reader, parser, replies = ReplyReader(), _hiredis(), []
+    reader.written(64, [i for i in range(64) if data[0] >> (i % 8) & 1])
+    split = data[0] % (len(stream) + 1)
+    try:
+        for piece in (stream[:split], stream[split:]):
+            pos = 0
+            while pos < len(piece):
+                pos = reader.read(parser, piece, pos, len(piece), replies)
+    except REPLY_ERRORS:
+        return
+
+
 HARNESSES: dict[str, Callable[[bytes], None]] = {
     'sasl': sasl_layer,
     'sections': message_sections,
     'selector': selector_text,
     'frames': amqp_frames,
+    'replies': redis_replies,
 }

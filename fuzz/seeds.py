@@ -62,11 +62,39 @@ def frame_seeds() -> list[bytes]:
     return [bytes([0]), bytes([1]), bytes([0x41, 0x80]), bytes([0x81]) + b'\x00' * 3]
 
 
+def reply_seeds() -> list[bytes]:
+    """Byte 0 (which replies read entries, where the stream splits), then replies as Redis 7
+    sends them: a plain read of new entries in RESP3 and RESP2, nulls, errors, nested
+    aggregates."""
+
+    def bulk(value: bytes) -> bytes:
+        return b'$%d\r\n%s\r\n' % (len(value), value)
+
+    entry = (
+        b'*2\r\n'
+        + bulk(b'1700000000000-0')
+        + b'*8\r\n'
+        + b''.join(
+            bulk(v)
+            for v in (b'h', b'\x00Sp', b'r', b'\x00Sw\xa1\x02hi', b'x', b'17', b'c', b'conn')
+        )
+    )
+    entries = bulk(b'shoal:{a:q}:p:5') + b'*2\r\n' + entry + entry
+    return [
+        b'\x01%1\r\n' + entries + b'+OK\r\n',
+        b'\x03*1\r\n*2\r\n' + entries + b'_\r\n',
+        b'\x05_\r\n:1\r\n*-1\r\n',
+        b'\x00-NOGROUP No such key\r\n*3\r\n$-1\r\n%1\r\n+k\r\n~1\r\n:7\r\n#t\r\n',
+        b'\x02>2\r\n+a\r\n,1.5\r\n|1\r\n+a\r\n+b\r\n(12345678901234567890\r\n',
+    ]
+
+
 SEEDS = {
     'sasl': sasl_seeds,
     'sections': section_seeds,
     'selector': selector_seeds,
     'frames': frame_seeds,
+    'replies': reply_seeds,
 }
 
 

@@ -1,7 +1,9 @@
 """
 Compile the broker's C: ``broker/shoal_broker/amqp/_wire.c`` into the extension
-``shoal_broker.amqp._wire``, and ``broker/shoal_broker/routing/_entry.c`` (``Entry`` as a type the
-garbage collector does not track) into ``shoal_broker.routing._entry``.
+``shoal_broker.amqp._wire``, ``broker/shoal_broker/routing/_entry.c`` (``Entry`` as a type the
+garbage collector does not track) into ``shoal_broker.routing._entry``, and
+``broker/shoal_broker/store/_replies.c`` (the store lane's replies read in C, which makes entries
+through ``routing/_entry_api.h``) into ``shoal_broker.store._replies``.
 
 cffi in API mode: the C source is compiled with the declarations of ``_wire.h`` beside it, which
 are all Python sees, and with ``_wire_outcomes.h``, written here from the outcome table in
@@ -22,7 +24,9 @@ from setuptools import Distribution, Extension
 from setuptools.command.build_ext import build_ext
 
 MODULE = 'shoal_broker.amqp._wire'
-ENTRY_MODULE = 'shoal_broker.routing._entry'
+EXTENSIONS = (('routing', '_entry'), ('store', '_replies'))
+"""Plain CPython extensions, (package, module), in the order they are built: ``_replies``
+includes ``routing/_entry_api.h`` and imports ``_entry`` when it loads."""
 OUTCOMES_HEADER = '_wire_outcomes.h'
 
 
@@ -42,25 +46,29 @@ def outcomes_header(package: Path) -> str | None:
 
 def build(source_root: Path) -> list[Path]:
     """Build the extensions next to their C sources under ``source_root``; return their paths."""
-    entry = build_entry(source_root)
-    return [build_wire(source_root), *([entry] if entry is not None else [])]
+    built = [build_extension(source_root, package, name) for package, name in EXTENSIONS]
+    return [build_wire(source_root), *(path for path in built if path is not None)]
 
 
-def build_entry(source_root: Path) -> Path | None:
-    """Build ``routing/_entry.c`` (a plain CPython extension) next to its source; None for a tree
-    from before it had one."""
-    package = source_root / 'shoal_broker' / 'routing'
-    source = package / '_entry.c'
+def build_extension(source_root: Path, package_name: str, name: str) -> Path | None:
+    """Build ``<package_name>/<name>.c`` (a plain CPython extension) next to its source; None
+    for a tree from before it had one."""
+    package = source_root / 'shoal_broker' / package_name
+    source = package / f'{name}.c'
     if not source.exists():
         return None
-    extension = Extension(ENTRY_MODULE, [str(source)], extra_compile_args=['-O2', '-Wall'])
-    with tempfile.TemporaryDirectory(prefix='shoal-entry-') as tmp:
+    module = f'shoal_broker.{package_name}.{name}'
+    extension = Extension(
+        module, [str(source)], include_dirs=[str(source_root / 'shoal_broker' / 'routing')],
+        extra_compile_args=['-O2', '-Wall'],
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix=f'shoal-{name.strip("_")}-') as tmp:
         command = build_ext(Distribution({'ext_modules': [extension]}))
         command.build_temp = command.build_lib = tmp
         command.ensure_finalized()
         command.run()
-        built = Path(command.get_ext_fullpath(ENTRY_MODULE))
-        for stale in package.glob('_entry.*.so'):
+        built = Path(command.get_ext_fullpath(module))
+        for stale in package.glob(f'{name}.*.so'):
             stale.unlink()
         target = package / built.name
         shutil.copyfile(built, target)

@@ -13,7 +13,7 @@ from shoal_broker.amqp import codec, sasl
 from shoal_broker.security.authenticator import Authenticator, AuthPolicy
 
 FUZZ = Path(__file__).resolve().parents[2] / 'fuzz'
-TARGETS = ['sasl', 'sections', 'selector', 'frames']
+TARGETS = ['sasl', 'sections', 'selector', 'frames', 'replies']
 
 BAD_CHAR_MESSAGE = (
     b'\x00\x53\x73\xc0\x08\x03\x40\x40\x73\x7f\xff\xff\xff'  # properties: to = char 0x7fffffff

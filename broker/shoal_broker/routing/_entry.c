@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <structmember.h>
 
+#include "_entry_api.h"
+
 enum { ID, BAND, HEADER, REST, EXPIRY_MS, DELIVERY_COUNT, ORIGIN, GROUP, FIELDS };
 enum kind { TEXT, NUMBER, BYTES };
 
@@ -35,6 +37,8 @@ typedef struct {
     PyObject_HEAD
     PyObject *fields[FIELDS];
 } Entry;
+
+_Static_assert(FIELDS == SHOAL_ENTRY_FIELDS, "_entry_api.h names the fields in this order");
 
 static PyObject *empty_text; /* the default of origin and group */
 
@@ -259,6 +263,21 @@ static PyTypeObject EntryType = {
     .tp_methods = entry_methods,
 };
 
+static PyObject *entry_steal(PyObject *fields[FIELDS])
+{
+    Entry *self = (Entry *)EntryType.tp_alloc(&EntryType, 0);
+    if (self == NULL) {
+        for (int i = 0; i < FIELDS; i++)
+            Py_DECREF(fields[i]);
+        return NULL;
+    }
+    for (int i = 0; i < FIELDS; i++)
+        self->fields[i] = fields[i];
+    return (PyObject *)self;
+}
+
+static ShoalEntryAPI api = {&EntryType, entry_steal};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "shoal_broker.routing._entry",
@@ -278,6 +297,12 @@ PyMODINIT_FUNC PyInit__entry(void)
     Py_INCREF(&EntryType);
     if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) {
         Py_DECREF(&EntryType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(&api, SHOAL_ENTRY_API, NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "API", capsule) < 0) {
+        Py_XDECREF(capsule);
         Py_DECREF(m);
         return NULL;
     }

@@ -14,7 +14,8 @@ broker's CPU under load (docs/performance.md#store-lane), and its per-command wr
 timer for ``wait_for``) and per-reply read (an ``asyncio.timeout``) were a third of the store
 path at 1 000 msg/s, where every message travels in pipelines of its own. Replies are read by a
 protocol of the lane's own put on the connection's transport (``_Receiver``): a reader task woken
-through redis-py's stream cost each message one more event-loop turn at a trickle. This reaches
+through redis-py's stream cost each message one more event-loop turn at a trickle; what the
+bytes it reads hold is ``reply_reader.ReplyReader``'s to find. This reaches
 into redis-py's connection (``_writer``, ``_parser``, its stream protocol), which is why redis
 is pinned; tests/store/test_lane.py fails first if a release moves them.
 
@@ -37,11 +38,12 @@ import redis.asyncio
 import redis.exceptions
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
 
+from shoal_broker.store.reply_reader import READ_ENTRIES, ReplyReader, entry_reads
 from shoal_broker.store.script_heads import with_heads
 
 __all__ = [
-    'BULK_HEADS', 'CONNECTION_ERRORS', 'CRLF', 'NOT_ENOUGH_DATA', 'Encoded', 'Lane', 'encode',
-    'fresh_connection', 'pack', 'read_into_parser',
+    'BULK_HEADS', 'CONNECTION_ERRORS', 'CRLF', 'NOT_ENOUGH_DATA', 'READ_ENTRIES', 'Encoded',
+    'Lane', 'encode', 'fresh_connection', 'pack', 'read_into_parser',
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -139,6 +141,8 @@ class Lane:
         self._partial: list[Any] = []
         """The replies read and not handed out yet: the first in ``_sent``'s so far, or of a
         pipeline whose write is still draining."""
+        self._reader = ReplyReader()
+        """What the replies on ``_conn`` are, one by one."""
         self._room = asyncio.Event()
         self._heard_at = 0.0
         """When the connection was last read from, or sent a pipeline with none owed."""
@@ -170,7 +174,7 @@ class Lane:
         turn later through a future (at a trickle every message waited for those turns). A
         connection error while writing is raised, not answered. Call ``wait_for_room`` first to
         bound the pipelines in flight."""
-        packed, count, answer = _prepared(commands, answer)
+        packed, count, answer, reads = _prepared(commands, answer)
         while self._conn is None:
             fresh = await fresh_connection(self._pool)
             if self._conn is None:
@@ -191,6 +195,7 @@ class Lane:
             if not isinstance(transport.get_protocol(), _Receiver):
                 transport.set_protocol(_Receiver(self, conn, transport.get_protocol()))
             writer.write(packed)
+            self._reader.written(count, reads)  # replies are read in a later loop turn
             if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 await self._drain(conn, writer, transport)
         except CONNECTION_ERRORS as exc:
@@ -249,18 +254,13 @@ class Lane:
         if conn is not self._conn or parser is None:
             return  # a connection given up on: what it owed was answered with an error
         self._heard_at = asyncio.get_running_loop().time()  # silence is between reads, as before
-        answered = False
         # no young collection while replies are parsed and answered: it would examine every
-        # list of the replies in hand (two per stream entry read), all garbage a moment later
-        # (docs/performance.md, "Entries the collector does not track")
+        # list of the replies in hand, all garbage a moment later (docs/performance.md,
+        # "Entries the collector does not track")
         collecting = gc.isenabled()
         gc.disable()
         try:
-            for offset in range(0, len(data), FEED_BYTES):
-                if conn is not self._conn:
-                    return  # an answer gave the connection up: its replies were failed
-                parser.feed(data, offset, min(FEED_BYTES, len(data) - offset))
-                answered = self._answer_complete(parser) or answered
+            answered = self._read(conn, parser, data)
         except Exception as exc:  # a broken reply or stream: what follows cannot be matched
             self._lost(conn, exc)
             return
@@ -270,25 +270,20 @@ class Lane:
         if answered:
             self._room.set()
 
-    def _answer_complete(self, parser: Any) -> bool:
-        """Read every reply the parser holds whole, then answer the pipelines they complete;
-        True if any. Replies are read even when no pipeline written so far is owed them yet:
-        a pipeline past ``WRITE_HIGH_WATER`` is owed its replies only once its write drained,
-        and Redis answers its first commands before that. Left in the parser meanwhile, MBs of
-        replies were moved to the front of its buffer after every reply read later (a third of
-        the broker's samples in row b's fan-out: docs/performance.md, "Replies fed in
-        pieces")."""
-        replies = self._partial
-        while (reply := parser.gets()) is not NOT_ENOUGH_DATA:
-            if isinstance(reply, redis.exceptions.ConnectionError):
-                raise reply
-            if isinstance(reply, redis.exceptions.ReadOnlyError):
-                # a primary demoted to a replica (Sentinel failover): what this connection
-                # carries can no longer be written; connect again, which through Sentinel
-                # finds the new primary
-                raise redis.exceptions.ConnectionError('the Redis primary is now a replica')
-            replies.append(reply)
-        return self._hand_out()
+    def _read(self, conn: Any, parser: Any, data: bytes) -> bool:
+        """Read the replies in ``data``, answering the pipelines they complete after each
+        ``FEED_BYTES`` of it; True if any was. Replies are read even when no pipeline written so
+        far is owed them yet: a pipeline past ``WRITE_HIGH_WATER`` is owed its replies only once
+        its write drained, and Redis answers its first commands before that. Left in the parser
+        meanwhile, MBs of replies were moved to the front of its buffer after every reply read
+        later (docs/performance.md, "Replies fed in pieces")."""
+        answered, pos, size = False, 0, len(data)
+        while pos < size:
+            if conn is not self._conn:
+                return answered  # an answer gave the connection up: its replies were failed
+            pos = self._reader.read(parser, data, pos, min(size, pos + FEED_BYTES), self._partial)
+            answered = self._hand_out() or answered
+        return answered
 
     def _hand_out(self) -> bool:
         """Answer the pipelines owed replies, in order, as far as the replies read go."""
@@ -331,6 +326,7 @@ class Lane:
         self._conn = None
         self._was_lost = True
         self._partial = []
+        self._reader = ReplyReader()
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
@@ -424,11 +420,16 @@ async def read_into_parser(conn: Any, silence_seconds: float | None) -> None:
     conn._parser._reader.feed(data)
 
 
-def _prepared(commands: Sequence[tuple[Any, ...]], answer: Answer) -> tuple[bytes, int, Answer]:
+def _prepared(
+    commands: Sequence[tuple[Any, ...]], answer: Answer
+) -> tuple[bytes, int, Answer, list[int]]:
     """A pipeline's bytes and how many replies it has, each script that goes by source there
-    more than once loaded at its head (``script_heads.py``), and ``answer`` past the heads."""
+    more than once loaded at its head (``script_heads.py``), ``answer`` past the heads, and the
+    positions of its ``READ_ENTRIES`` commands."""
     commands, heads = with_heads(commands)
-    return pack(commands), len(commands), (_after_heads(heads, answer) if heads else answer)
+    reads = entry_reads(commands)
+    answered = _after_heads(heads, answer) if heads else answer
+    return pack(commands), len(commands), answered, reads
 
 
 def _after_heads(heads: int, answer: Answer) -> Answer:

@@ -42,7 +42,7 @@ from shoal_broker.store.cycles import Cycles
 from shoal_broker.store.duplicates import DuplicateWindows
 from shoal_broker.store.fetch_command import fetch_args, fetch_command
 from shoal_broker.store.groups import drop_command, forget_command
-from shoal_broker.store.lane import BULK_HEADS, CRLF, encode
+from shoal_broker.store.lane import BULK_HEADS, CRLF, READ_ENTRIES, encode
 from shoal_broker.store.last_values import LastValues, count_checked, last_op
 from shoal_broker.store.lines import STANDBY, gated_fetch, standby
 from shoal_broker.store.ops import Op, Tokens, no_result
@@ -416,7 +416,7 @@ class Messages(Releasing):
                               notify=k.notify, read_default=False)  # fmt: skip
             commands = [
                 fetch_command(('EVALSHA', self._scripts.sha['fetch']), address, group, args),
-                ('XREADGROUP', 'GROUP', group, self._replica_id, 'COUNT', count,
+                (READ_ENTRIES, 'GROUP', group, self._replica_id, 'COUNT', count,
                  'STREAMS', k.streams[NORMAL_BAND], '>'),
             ]  # fmt: skip
         else:

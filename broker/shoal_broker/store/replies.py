@@ -34,9 +34,11 @@ def new_entries(reply: Any) -> list[Entry]:
     """Entries from a plain XREADGROUP of the priority-4 band: fields in append_entries.lua's order,
     header and rest first, then expiry, origin and message group when present. The reply is a
     map under RESP3 (the store's connections) and a list of (stream, entries) pairs under
-    RESP2."""
+    RESP2, or the entries themselves where the lane made them (``lane.READ_ENTRIES``)."""
     if not reply:
         return []
+    if type(reply) is list and type(reply[0]) is Entry:
+        return reply
     found: list[Entry] = []
     read = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
     append = found.append
