@@ -85,7 +85,7 @@ venv: $(VENV)/.installed
 # Installing also compiles the broker's C (scripts/hatch_build.py), hence its sources.
 $(VENV)/.installed: pyproject.toml .stamp-system broker/shoal_broker/amqp/_wire.c broker/shoal_broker/amqp/_wire.h \
 		broker/shoal_broker/routing/_entry.c broker/shoal_broker/routing/_entry_api.h \
-		broker/shoal_broker/store/_replies.c \
+		broker/shoal_broker/store/_replies.c broker/shoal_broker/metrics/_latency.c \
 		broker/shoal_broker/amqp/outcome_codes.py scripts/build_wire.py scripts/hatch_build.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -95,8 +95,8 @@ machine_share() {  # machine_share BEFORE AFTER (two cpu_ticks outputs): the bus
 }
 
 build_wire() {  # build_wire BROKER_SOURCE_ROOT [PYTHON]: compile a source tree's C (the hot path,
-  # and routing/_entry.c and store/_replies.c where the tree has them) if it is missing or older
-  # than its source (a tree copied with `git archive` has none)
+  # and the plain extensions, routing/_entry.c and those beside it, where the tree has them) if it
+  # is missing or older than its source (a tree copied with `git archive` has none)
   local src=$1 py=${2:-$BROKER_PY} so fresh=0 c
   [[ -f $src/shoal_broker/amqp/_wire.c ]] || return 0
   for so in "$src"/shoal_broker/amqp/_wire.*.so; do
@@ -104,7 +104,7 @@ build_wire() {  # build_wire BROKER_SOURCE_ROOT [PYTHON]: compile a source tree'
     [[ ! -f $src/shoal_broker/amqp/outcome_codes.py || $so -nt $src/shoal_broker/amqp/outcome_codes.py ]] \
         && fresh=1
   done
-  for c in routing/_entry.c routing/_entry_api.h store/_replies.c; do
+  for c in routing/_entry.c routing/_entry_api.h store/_replies.c metrics/_latency.c; do
     [[ $fresh == 1 && -f $src/shoal_broker/$c ]] || continue
     fresh=0
     for so in "$src"/shoal_broker/"${c%%/*}"/_*.so; do

@@ -3,7 +3,9 @@ Compile the broker's C: ``broker/shoal_broker/amqp/_wire.c`` into the extension
 ``shoal_broker.amqp._wire``, ``broker/shoal_broker/routing/_entry.c`` (``Entry`` as a type the
 garbage collector does not track) into ``shoal_broker.routing._entry``, and
 ``broker/shoal_broker/store/_replies.c`` (the store lane's replies read in C, which makes entries
-through ``routing/_entry_api.h``) into ``shoal_broker.store._replies``.
+through ``routing/_entry_api.h``) into ``shoal_broker.store._replies``, and
+``broker/shoal_broker/metrics/_latency.c`` (accepted deliveries counted into the latency
+histogram and sketch) into ``shoal_broker.metrics._latency``.
 
 cffi in API mode: the C source is compiled with the declarations of ``_wire.h`` beside it, which
 are all Python sees, and with ``_wire_outcomes.h``, written here from the outcome table in
@@ -24,9 +26,9 @@ from setuptools import Distribution, Extension
 from setuptools.command.build_ext import build_ext
 
 MODULE = 'shoal_broker.amqp._wire'
-EXTENSIONS = (('routing', '_entry'), ('store', '_replies'))
-"""Plain CPython extensions, (package, module), in the order they are built: ``_replies``
-includes ``routing/_entry_api.h`` and imports ``_entry`` when it loads."""
+EXTENSIONS = (('routing', '_entry'), ('store', '_replies'), ('metrics', '_latency'))
+"""Plain CPython extensions, (package, module), in the order they are built: ``_replies`` and
+``_latency`` include ``routing/_entry_api.h`` and import ``_entry`` when they load."""
 OUTCOMES_HEADER = '_wire_outcomes.h'
 
 

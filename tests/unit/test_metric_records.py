@@ -10,6 +10,7 @@ import pytest
 from shoal_broker.metrics import records, registry
 from shoal_broker.metrics.records import AnalyticsSummary, Anomaly, MetricRecord
 from shoal_broker.metrics.registry import Counters
+from shoal_broker.routing.storage import Entry
 
 
 def _record(**counts: int) -> MetricRecord:
@@ -127,9 +128,11 @@ LATENCIES = [0.0, 0.0004, 0.0005, 0.0007, 0.001, 0.003, 0.005, 0.02, 0.05, 0.3, 
 def test_an_accepted_delivery_counts_in_the_record_bucket_its_latency_falls_in(
     seconds: float,
 ) -> None:
-    # Counters.accepted_all inlines records.sketch_index
+    # Counters.accepted_all counts in C what records.sketch_index says; entries appended at 0 ms
+    # (ids 0-1, 0-2) accepted at `seconds` are `seconds` old
     counters = Counters()
-    counters.accepted_all('records-test', 'queue', [seconds, seconds])
+    entries = [Entry(f'0-{i}', 5, b'h', b'r', 0, 0) for i in (1, 2)]
+    counters.accepted_all('records-test', 'queue', entries, seconds)
     tallies, latencies = counters.take()
     assert tallies[('records-test', 'queue')]['accepted'] == 2
     assert latencies[('records-test', 'queue')] == {records.sketch_index(seconds): 2}

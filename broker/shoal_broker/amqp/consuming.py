@@ -145,10 +145,7 @@ class Consuming:
         """Entries ``consumer`` accepted: counted with their latencies, acked without waiting."""
         if self.spans is not None:
             self.spans.settled(entries, 'accepted')
-        now = time.time()
-        # seconds since each entry was appended: stream ids start with their time in ms
-        ages = [now - int(entry.id.partition('-')[0] or 0) / 1000 for entry in entries]
-        self.counters.accepted_all(consumer.address, consumer.group, ages)
+        self.counters.accepted_all(consumer.address, consumer.group, entries, time.time())
         self.store.messages.ack_nowait(consumer.address, consumer.group, entries)
 
     def disposition(self, consumer: ConsumerLink, delivery: Ptr) -> None:

@@ -12,17 +12,16 @@ of a queue whose consumer attached and rejected between two scrapes is still see
 Seeding happens when an entity appears, never per message.
 """
 
-import bisect
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from prometheus_client.core import REGISTRY, CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from shoal_broker.metrics import records
+from shoal_broker.metrics import _latency, records
 from shoal_broker.metrics.labels import folded, subscription_label
 from shoal_broker.metrics.links import link_deliveries_family
+from shoal_broker.routing.storage import Entry
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                    10, 30, 60, 300, 900, 3600)  # fmt: skip
@@ -96,9 +95,12 @@ _COUNTS: dict[tuple[str, ...], int] = {}
 _LATENCIES: dict[tuple[str, str], list[float]] = {}
 """(address, subscription label) -> per-bucket counts (``DELIVERY_LATENCY_BUCKETS`` and +Inf),
 then the sum of seconds."""
-_SKETCH_MIN = records.SKETCH_MIN_SECONDS
-_SKETCH_MIN_INDEX = records.SKETCH_MIN_INDEX
-_SKETCH_MULTIPLIER = records.SKETCH_MULTIPLIER
+_latency.configure(
+    DELIVERY_LATENCY_BUCKETS,
+    records.SKETCH_MULTIPLIER,
+    records.SKETCH_MIN_SECONDS,
+    records.SKETCH_MIN_INDEX,
+)
 
 
 class Counters:
@@ -182,36 +184,27 @@ class Counters:
     def redelivery_delayed(self, address: str, group: str) -> None:
         _count(('redelivery_delayed', address, subscription_label(group)))
 
-    def accepted_all(self, address: str, group: str, ages: Sequence[float]) -> None:
-        """Accepted deliveries of one subscription, each the given seconds after its enqueue: the
-        settled count, the Prometheus histogram (one bisection) and the records' sketch (one
-        logarithm: ``records.sketch_index`` inlined), the lookups once for them all (this runs
-        for every message: per message, two calls were ~2.5 µs)."""
+    def accepted_all(self, address: str, group: str, entries: list[Entry], now: float) -> None:
+        """Accepted deliveries of one subscription, each ``now`` less its enqueue (its stream
+        id's time) after it: the settled count, and, in C (``_latency.record``), the Prometheus
+        histogram (one bisection) and the records' sketch (``records.sketch_index``), the
+        lookups once for them all. This runs for every message: per message, two calls were
+        ~2.5 µs, and the loop in Python 0.45-1.25 µs an entry
+        (docs/performance.md#latencies-counted-in-c)."""
         label = 'private' if group.startswith('nd:') else group  # subscription_label
         key = ('settled', address, label, 'accepted')
-        _COUNTS[key] = _COUNTS.get(key, 0) + len(ages)
+        _COUNTS[key] = _COUNTS.get(key, 0) + len(entries)
         tally = self.tallies.get((address, label))
         if tally is None:
             tally = self._new_tally(address, group)
-        tally['accepted'] += len(ages)
+        tally['accepted'] += len(entries)
         histogram = _LATENCIES.get((address, label))
         if histogram is None:
             histogram = _LATENCIES[(address, label)] = [0.0] * (len(DELIVERY_LATENCY_BUCKETS) + 2)
         sketch = self.latencies.get((address, label))
         if sketch is None:
             sketch = self.latencies[(address, label)] = {}
-        bounds, log, ceil = DELIVERY_LATENCY_BUCKETS, math.log, math.ceil
-        for seconds in ages:
-            if seconds < 0:  # a clock that stepped back
-                seconds = 0.0
-            histogram[bisect.bisect_left(bounds, seconds)] += 1
-            histogram[-1] += seconds
-            index = (
-                ceil(log(seconds) * _SKETCH_MULTIPLIER)
-                if seconds > _SKETCH_MIN
-                else _SKETCH_MIN_INDEX
-            )
-            sketch[index] = sketch.get(index, 0) + 1
+        _latency.record(entries, now, histogram, sketch)
 
 
 OUTCOMES = ('accepted', 'released', 'modified', 'rejected')

@@ -33,10 +33,7 @@ static const enum kind kinds[FIELDS] = {
 };
 #define REQUIRED 6 /* origin and group may be left out: '' */
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *fields[FIELDS];
-} Entry;
+typedef ShoalEntryObject Entry;
 
 _Static_assert(FIELDS == SHOAL_ENTRY_FIELDS, "_entry_api.h names the fields in this order");
 

@@ -1,6 +1,7 @@
 /* What routing/_entry.c offers other extensions of the broker, through a capsule: making an
  * Entry from field values that already have their exact types, without the checks and the
- * argument parsing of a call to the type (store/_replies.c makes one per entry it reads).
+ * argument parsing of a call to the type (store/_replies.c makes one per entry it reads), and
+ * reading its fields once its type is checked (metrics/_latency.c reads each accepted id).
  *
  *     ShoalEntryAPI *api = PyCapsule_Import(SHOAL_ENTRY_API, 0);
  *     PyObject *fields[SHOAL_ENTRY_FIELDS] = {id, band, header, rest, expiry_ms,
@@ -14,6 +15,12 @@
 
 #define SHOAL_ENTRY_API "shoal_broker.routing._entry.API"
 #define SHOAL_ENTRY_FIELDS 8 /* id, band, header, rest, expiry_ms, delivery_count, origin, group */
+
+/* An Entry's layout: its fields in the order above, readable by whoever checked the type. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fields[SHOAL_ENTRY_FIELDS];
+} ShoalEntryObject;
 
 typedef struct {
     PyTypeObject *type;
