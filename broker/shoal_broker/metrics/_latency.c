@@ -191,13 +191,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__latency(void)
 {
-    /* PyCapsule_Import reaches the capsule through the package's attributes: load it first */
-    PyObject *entry_module = PyImport_ImportModule("shoal_broker.routing._entry");
-    if (entry_module == NULL)
-        return NULL;
-    Py_DECREF(entry_module);
-    entry_api = (ShoalEntryAPI *)PyCapsule_Import(SHOAL_ENTRY_API, 0);
-    if (entry_api == NULL)
+    if ((entry_api = shoal_entry_api_import()) == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

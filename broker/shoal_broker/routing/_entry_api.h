@@ -3,7 +3,7 @@
  * argument parsing of a call to the type (store/_replies.c makes one per entry it reads), and
  * reading its fields once its type is checked (metrics/_latency.c reads each accepted id).
  *
- *     ShoalEntryAPI *api = PyCapsule_Import(SHOAL_ENTRY_API, 0);
+ *     ShoalEntryAPI *api = shoal_entry_api_import();
  *     PyObject *fields[SHOAL_ENTRY_FIELDS] = {id, band, header, rest, expiry_ms,
  *                                            delivery_count, origin, group};
  *     PyObject *entry = api->steal(fields);
@@ -29,5 +29,17 @@ typedef struct {
      * when the allocation fails, and then it has released them. */
     PyObject *(*steal)(PyObject *fields[SHOAL_ENTRY_FIELDS]);
 } ShoalEntryAPI;
+
+/* The API, for a module's init: NULL with the exception set if it cannot be had. Imports
+ * routing._entry first, since PyCapsule_Import reaches the capsule through the package's
+ * attributes. */
+static inline ShoalEntryAPI *shoal_entry_api_import(void)
+{
+    PyObject *module = PyImport_ImportModule("shoal_broker.routing._entry");
+    if (module == NULL)
+        return NULL;
+    Py_DECREF(module);
+    return (ShoalEntryAPI *)PyCapsule_Import(SHOAL_ENTRY_API, 0);
+}
 
 #endif

@@ -10,8 +10,9 @@
  * in C"). Here an entry costs its Entry, its id and the two byte strings, none of them tracked by
  * the collector. Every other reply still goes through the connection's hiredis reader, which
  * redis-py set up with its own error classes: the lane feeds it one reply at a time, as far as
- * the Scanner says the reply goes, so that the lane always knows which reply comes next. A reply
- * that is not the shape read here, or not all there yet, goes to hiredis as well.
+ * the Scanner says the reply goes, so that the lane always knows which reply comes next. An
+ * entries reply not all there yet is gathered until it is (store/reply_reader.py); one of another
+ * shape goes to hiredis as well.
  *
  * Built with the broker's C hot path (scripts/build_wire.py).
  */
@@ -565,13 +566,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__replies(void)
 {
-    /* PyCapsule_Import reaches the capsule through the package's attributes: load it first */
-    PyObject *entry_module = PyImport_ImportModule("shoal_broker.routing._entry");
-    if (entry_module == NULL)
-        return NULL;
-    Py_DECREF(entry_module);
-    entry_api = (ShoalEntryAPI *)PyCapsule_Import(SHOAL_ENTRY_API, 0);
-    if (entry_api == NULL)
+    if ((entry_api = shoal_entry_api_import()) == NULL)
         return NULL;
     if ((empty_text = PyUnicode_FromStringAndSize(NULL, 0)) == NULL)
         return NULL;
