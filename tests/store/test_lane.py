@@ -15,7 +15,16 @@ from processes import RedisServer
 
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import connect, keys
-from shoal_broker.store.lane import BULK_HEADS, CACHED_BULK_HEADS, CRLF, Encoded, Lane, encode, pack
+from shoal_broker.store.lane import (
+    BULK_HEADS,
+    CACHED_BULK_HEADS,
+    CRLF,
+    Encoded,
+    Lane,
+    encode,
+    pack,
+    pieces,
+)
 from shoal_broker.store.redisstore import RedisStore
 
 
@@ -52,6 +61,33 @@ async def test_encoded_arguments_reach_redis_as_the_values_they_encode(
     replies = await send(lane, [('RPUSH', key, b'first', Encoded([encode(*values)], 4))])
     assert await replies == [5]
     assert await client.lrange(key, 0, -1) == [b'first', *values]
+    await lane.close()
+
+
+def test_a_pipeline_with_parts_apart_keeps_them_as_they_are() -> None:
+    body = b'b' * (1 << 20)
+    apart = Encoded([BULK_HEADS[len(body)], body, CRLF], 1, apart=True)
+    commands = [('SET', 'k', apart), ('RPUSH', 'l', Encoded([encode(b'v')], 1)), ('GET', 'k')]
+    parts, is_apart = pieces(commands)
+    assert is_apart
+    assert any(part is body for part in parts)  # the body itself, not a copy of it
+    assert (
+        b''.join(parts)
+        == pack(commands)
+        == pack([('SET', 'k', body), ('RPUSH', 'l', b'v'), ('GET', 'k')])
+    )
+    assert pieces(commands[1:])[1] is False
+
+
+async def test_a_pipeline_written_in_pieces_reaches_redis_whole(
+    client: redis.asyncio.Redis,
+) -> None:
+    key = f'lane-{uuid.uuid4().hex}'
+    lane = Lane(client.connection_pool, max_in_flight=2)
+    body = bytes(range(256)) * 4096
+    apart = Encoded([BULK_HEADS[len(body)], body, CRLF], 1, apart=True)
+    replies = await (await send(lane, [('SET', key, apart), ('STRLEN', key), ('GET', key)]))
+    assert replies == [b'OK', len(body), body]
     await lane.close()
 
 

@@ -9,8 +9,8 @@
  * only moves bytes, reads flags and hands over the next event.
  *
  * proton's functions are not linked: python-qpid-proton's cffi module holds them (it exports
- * every pn_* symbol, but is loaded privately), so amqp/engine.py hands their addresses to
- * shoal_bind() once, from that module's own cffi library.
+ * every pn_* symbol, but is loaded privately), so amqp/engine.py looks their addresses up by
+ * name in that loaded library and hands them to shoal_bind() once.
  *
  * Built by scripts/build_wire.py (cffi, API mode) when the package is installed.
  */
@@ -41,8 +41,9 @@ static void (*pn_delivery_update)(void *delivery, uint64_t state);
 static ssize_t (*pn_transport_capacity)(void *transport);
 static ssize_t (*pn_transport_push)(void *transport, const char *bytes, size_t n);
 static ssize_t (*pn_transport_pending)(void *transport);
-static ssize_t (*pn_transport_peek)(void *transport, char *bytes, size_t n);
-static void (*pn_transport_pop)(void *transport, size_t n);
+static const char *(*pn_transport_head)(void *transport);
+static char *(*pn_transport_tail)(void *transport);
+static int (*pn_transport_process)(void *transport, size_t n);
 static void *(*pn_collector_peek)(void *collector);
 static bool (*pn_collector_pop)(void *collector);
 static int (*pn_event_type)(void *event);
@@ -50,7 +51,7 @@ static void *(*pn_event_delivery)(void *event);
 static void *(*pn_delivery_link)(void *delivery);
 static bool (*pn_link_is_sender)(void *link);
 
-#define FUNCTIONS 26
+#define FUNCTIONS 27
 static int delivery_event; /* PN_DELIVERY's value in proton's pn_event_type_t */
 
 static void init_layout(void);
@@ -78,14 +79,15 @@ int shoal_bind(void *const *f, size_t count, int delivery)
     pn_transport_capacity = f[15];
     pn_transport_push = f[16];
     pn_transport_pending = f[17];
-    pn_transport_peek = f[18];
-    pn_transport_pop = f[19];
-    pn_collector_peek = f[20];
-    pn_collector_pop = f[21];
-    pn_event_type = f[22];
-    pn_event_delivery = f[23];
-    pn_delivery_link = f[24];
-    pn_link_is_sender = f[25];
+    pn_transport_head = f[18];
+    pn_collector_peek = f[19];
+    pn_collector_pop = f[20];
+    pn_event_type = f[21];
+    pn_event_delivery = f[22];
+    pn_delivery_link = f[23];
+    pn_link_is_sender = f[24];
+    pn_transport_tail = f[25];
+    pn_transport_process = f[26];
     delivery_event = delivery;
     init_layout();
     return 0;
@@ -166,17 +168,36 @@ size_t shoal_push(void *transport, const char *data, size_t size)
     return offset;
 }
 
-/* Up to ``cap`` bytes of the engine's output moved into ``out``: how many, 0 when it has none,
- * or pn_transport_pending's negative answer once the output side has closed. */
-ssize_t shoal_take_output(void *transport, char *out, size_t cap)
+/* Where the engine takes input in place: how many bytes it has room for (pn_transport_capacity's
+ * answer, negative once its input side has closed) and, when it has room, where (``*tail``,
+ * valid until the transport is next used). A read into it is then shoal_input_read's. */
+ssize_t shoal_input(void *transport, char **tail)
+{
+    ssize_t capacity = pn_transport_capacity(transport);
+    if (capacity > 0)
+        *tail = pn_transport_tail(transport);
+    return capacity;
+}
+
+/* ``size`` bytes read into the engine's tail (shoal_input) handed to it. */
+void shoal_input_read(void *transport, size_t size)
+{
+    pn_transport_process(transport, size);
+}
+
+/* The engine's output, in place: how many bytes it has (pn_transport_pending's answer: 0 when
+ * none, negative once the output side has closed) and, when it has some, where they start
+ * (``*head``, valid until the transport is next used). The caller copies them out once and pops
+ * them all: pn_transport_pop moves what it leaves to the front of the buffer, which a big
+ * transfer taken 256 KiB at a time paid at every piece. proton grows the buffer, doubling, each
+ * time it is asked for output while full (a pop of everything asks), so a run of big transfers
+ * soon leaves a frame at a time. */
+ssize_t shoal_output(void *transport, const char **head)
 {
     ssize_t pending = pn_transport_pending(transport);
-    if (pending <= 0)
-        return pending;
-    size_t n = (size_t)pending < cap ? (size_t)pending : cap;
-    pn_transport_peek(transport, out, n);
-    pn_transport_pop(transport, n);
-    return (ssize_t)n;
+    if (pending > 0)
+        *head = pn_transport_head(transport);
+    return pending;
 }
 
 /* -- out ---------------------------------------------------------------------------------- */

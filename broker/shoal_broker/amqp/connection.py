@@ -1,8 +1,10 @@
 """
 One TCP connection: bytes between an asyncio transport and a proton engine transport.
 
-asyncio owns the socket; proton owns the AMQP state machine. ``data_received`` pushes bytes into
-proton (in slices: ``pn_transport_push`` takes at most ``capacity()``; amqp/_wire.c), ``process``
+asyncio owns the socket; proton owns the AMQP state machine. A read goes straight into proton's
+input buffer when it has room for a big frame, and otherwise into a buffer shared by every
+connection, pushed into proton in slices (``pn_transport_push`` takes at most ``capacity()``;
+amqp/_wire.c, amqp/engine.py's ``read_room``); ``process``
 dispatches the engine's events to the node it serves (``Node``: the broker's switchboard), and
 ``flush`` ticks (heartbeats, idle timeout) and
 then writes out everything proton has produced (in chunks, so it loops).
@@ -16,7 +18,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from shoal_broker.amqp import engine
 from shoal_broker.amqp.engine import Ptr, ffi, lib, wire
@@ -109,7 +111,7 @@ class Node(Protocol):
     def dispatch(self, conn: 'AmqpConnection', kind: int, event: Ptr) -> None: ...
 
 
-class AmqpConnection(asyncio.Protocol):
+class AmqpConnection(asyncio.BufferedProtocol):
     """The engine-side state of one peer connection."""
 
     def __init__(self, broker: Node) -> None:
@@ -133,6 +135,8 @@ class AmqpConnection(asyncio.Protocol):
         """Kept: Python 3.11's get_running_loop() makes a getpid() system call, per flush."""
         self._processing = False
         self._freed = False
+        self._read_in_place = False
+        """Whether the read under way goes straight into the engine (``get_buffer``)."""
         self.input_ended = False
         self.hang_up_when_flushed = False
         """The peer hung up (EOF or a dropped socket), as opposed to the engine refusing input."""
@@ -161,15 +165,26 @@ class AmqpConnection(asyncio.Protocol):
         self.broker.connection_opened(self)
         self.process()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> Any:
+        room = None
+        if not self._freed and self.handshake is None:
+            room = engine.read_room(self.transport)
+        self._read_in_place = room is not None
+        return engine.READ_BUFFER if room is None else room
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._freed:
             return
-        if self.handshake is not None:
-            data = self.broker.guard.handshake_input(self, data)
+        if self._read_in_place:
+            wire.shoal_input_read(self.transport, nbytes)
+        elif self.handshake is not None:
+            data = self.broker.guard.handshake_input(self, engine.READ_BUFFER[0:nbytes])
             if not data:
                 return
-        # in slices of the engine's capacity; it takes less once its tail closed (error or close)
-        wire.shoal_push(self.transport, data, len(data))
+            # in slices of the engine's capacity; it takes less once its tail closed
+            wire.shoal_push(self.transport, data, len(data))
+        else:
+            engine.push_read(self.transport, nbytes)
         self.process()
 
     def eof_received(self) -> bool | None:

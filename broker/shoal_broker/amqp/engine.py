@@ -15,9 +15,11 @@ functions without a cffi crossing per call; it is handed their addresses here, o
 one minor version and importing this module on another version fails loudly.
 """
 
+import ctypes
 from typing import Any, Final
 
 import cproton
+import cproton_ffi
 import proton
 from cproton_ffi import ffi, lib
 
@@ -41,12 +43,21 @@ WIRE_FUNCTIONS: Final = (  # the order of shoal_bind() in amqp/_wire.c
     'pn_delivery_pending', 'pn_delivery_partial', 'pn_delivery_aborted', 'pn_delivery_settled',
     'pn_delivery_updated', 'pn_delivery_remote_state', 'pn_delivery_remote',
     'pn_disposition_is_failed', 'pn_disposition_is_undeliverable', 'pn_delivery_update',
-    'pn_transport_capacity', 'pn_transport_push', 'pn_transport_pending', 'pn_transport_peek',
-    'pn_transport_pop', 'pn_collector_peek', 'pn_collector_pop', 'pn_event_type',
-    'pn_event_delivery', 'pn_delivery_link', 'pn_link_is_sender',
+    'pn_transport_capacity', 'pn_transport_push', 'pn_transport_pending', 'pn_transport_head',
+    'pn_collector_peek', 'pn_collector_pop', 'pn_event_type',
+    'pn_event_delivery', 'pn_delivery_link', 'pn_link_is_sender', 'pn_transport_tail',
+    'pn_transport_process',
 )  # fmt: skip
+_proton_library = ctypes.CDLL(cproton_ffi.__file__)
+"""The binding's module, loaded already: opening its path again returns the same library, whose
+every ``pn_*`` symbol is exported, including those its cffi declarations leave out
+(``pn_transport_head``)."""
 _addresses = _wire.ffi.new(
-    'void *[]', [_wire.ffi.cast('void *', ffi.addressof(lib, name)) for name in WIRE_FUNCTIONS]
+    'void *[]',
+    [
+        _wire.ffi.cast('void *', ctypes.cast(getattr(_proton_library, name), ctypes.c_void_p).value)
+        for name in WIRE_FUNCTIONS
+    ],
 )
 wire: Any = _wire.lib
 """The C calls of amqp/_wire.c; proton pointers from ``lib`` pass as they are."""
@@ -102,16 +113,46 @@ def receive(link: Ptr, delivery: Ptr, size: int) -> tuple[Any | None, list[int] 
     return _buffer(memory, size), offsets, settled, transactional
 
 
-OUTPUT_CHUNK_BYTES: Final = 256 * 1024
-_output = _wire.ffi.new('char[]', OUTPUT_CHUNK_BYTES)
-_output_view = _wire.ffi.buffer(_output)
+READ_BUFFER_BYTES: Final = 256 * 1024
+_read_buffer = _wire.ffi.new('char[]', READ_BUFFER_BYTES)
+READ_BUFFER: Final = _wire.ffi.buffer(_read_buffer)
+"""Where a connection's read goes when not into its engine (``read_room``): every connection's
+loop shares it, since a read is handed over before any other runs (``push_read``)."""
+DIRECT_READ_BYTES: Final = 64 * 1024
+"""A read goes straight into the engine's input buffer when it has room for this many bytes:
+once a frame bigger than that is on its way, proton has grown the buffer to hold it, and a big
+message no longer crosses a buffer of ours and the event loop's ``bytes`` first. Below it, one
+read of up to ``READ_BUFFER_BYTES`` into the shared buffer, then pushed in, beats many small
+reads (proton starts with 8 KiB of room)."""
+_tail = _wire.ffi.new('char *[1]')
+
+
+def read_room(transport: Ptr) -> Any | None:
+    """The engine's own input buffer as a writable buffer, when it has room for
+    ``DIRECT_READ_BYTES`` or more; None otherwise (read into ``READ_BUFFER``, then
+    ``push_read``). Bytes read into it are handed over with ``wire.shoal_input_read``."""
+    room = wire.shoal_input(transport, _tail)
+    return _buffer(_tail[0], room) if room >= DIRECT_READ_BYTES else None
+
+
+def push_read(transport: Ptr, size: int) -> None:
+    """The first ``size`` bytes of ``READ_BUFFER`` into the engine (in slices of its room)."""
+    wire.shoal_push(transport, _read_buffer, size)
+
+
+_output_head = _wire.ffi.new('const char *[1]')
+_pop = lib.pn_transport_pop
 
 
 def take_output(transport: Ptr) -> bytes | None:
-    """The next chunk of what the engine has to write, moved out of it; None when there is none
-    (or its output side has closed: ``pn_transport_pending`` then says which)."""
-    size = wire.shoal_take_output(transport, _output, OUTPUT_CHUNK_BYTES)
-    return _output_view[0:size] if size > 0 else None
+    """All the engine has to write, moved out of it in one copy; None when there is none (or its
+    output side has closed: ``pn_transport_pending`` then says which)."""
+    size = wire.shoal_output(transport, _output_head)
+    if size <= 0:
+        return None
+    output: bytes = _unpack(_output_head[0], size)
+    _pop(transport, size)
+    return output
 
 
 def scan(message: bytes) -> list[int] | None:

@@ -78,11 +78,13 @@ class Encoded:
     are published (``BULK_HEADS``): hiredis took ~2.4 µs to pack one message's four arguments
     and this takes ~0.25 µs (docs/performance.md#encoded-arguments)."""
 
-    __slots__ = ('count', 'parts')
+    __slots__ = ('apart', 'count', 'parts')
 
-    def __init__(self, parts: list[bytes], count: int) -> None:
+    def __init__(self, parts: list[bytes], count: int, apart: bool = False) -> None:
         self.parts = parts
         self.count = count
+        self.apart = apart
+        """Whether the parts are big enough to go to the socket as they are (``pieces``)."""
 
 
 class _BulkHeads(dict[int, bytes]):
@@ -115,7 +117,16 @@ def pack(commands: Iterable[tuple[Any, ...]]) -> bytes:
     packer this replaced cost ~13 µs against ~5 µs for the few small commands of a pipeline at a
     trickle. It spends ~0.6 µs on each argument, though, which a publish pays four times per
     message: that is what ``Encoded`` is for."""
+    return b''.join(pieces(commands)[0])
+
+
+def pieces(commands: Iterable[tuple[Any, ...]]) -> tuple[list[bytes], bool]:
+    """``pack``'s bytes in pieces, and whether any ``Encoded`` among them is ``apart``: such a
+    pipeline goes to the socket in its pieces (``writelines``, which the event loop writes with
+    one ``writev``), so a big body is not copied once more into one ``bytes``
+    (docs/performance.md#big-bodies)."""
     parts: list[bytes] = []
+    apart = False
     for command in commands:
         last = command[-1] if command else None
         if type(last) is Encoded:
@@ -123,9 +134,10 @@ def pack(commands: Iterable[tuple[Any, ...]]) -> bytes:
             # the array's length counts the encoded arguments too: *<n> replaced, the rest kept
             parts.append(b'*%d' % (len(command) - 1 + last.count) + head[head.index(CRLF) :])
             parts += last.parts
+            apart = apart or last.apart
         else:
             parts.append(hiredis.pack_command(command))
-    return b''.join(parts)
+    return parts, apart
 
 
 class Lane:
@@ -194,7 +206,10 @@ class Lane:
                 self.serial = next(_SERIALS)
             if not isinstance(transport.get_protocol(), _Receiver):
                 transport.set_protocol(_Receiver(self, conn, transport.get_protocol()))
-            writer.write(packed)
+            if type(packed) is bytes:
+                writer.write(packed)
+            else:
+                writer.writelines(packed)
             self._reader.written(count, reads)  # replies are read in a later loop turn
             if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 await self._drain(conn, writer, transport)
@@ -422,14 +437,15 @@ async def read_into_parser(conn: Any, silence_seconds: float | None) -> None:
 
 def _prepared(
     commands: Sequence[tuple[Any, ...]], answer: Answer
-) -> tuple[bytes, int, Answer, list[int]]:
-    """A pipeline's bytes and how many replies it has, each script that goes by source there
-    more than once loaded at its head (``script_heads.py``), ``answer`` past the heads, and the
-    positions of its ``READ_ENTRIES`` commands."""
+) -> tuple[bytes | list[bytes], int, Answer, list[int]]:
+    """A pipeline's bytes (in pieces when ``pieces`` says so) and how many replies it has, each
+    script that goes by source there more than once loaded at its head (``script_heads.py``),
+    ``answer`` past the heads, and the positions of its ``READ_ENTRIES`` commands."""
     commands, heads = with_heads(commands)
     reads = entry_reads(commands)
     answered = _after_heads(heads, answer) if heads else answer
-    return pack(commands), len(commands), answered, reads
+    parts, apart = pieces(commands)
+    return parts if apart else b''.join(parts), len(commands), answered, reads
 
 
 def _after_heads(heads: int, answer: Answer) -> Answer:
