@@ -27,6 +27,37 @@ from sentinels import SentinelGroup
 STORE_MODE = os.environ.get('SHOAL_TEST_STORE', 'standalone')
 
 
+FAILURE_LOG_LINES = 60
+"""Lines of each broker log a failed test's report ends with."""
+FAILURE_LOGS = 4
+"""At most this many logs, those written last."""
+_SETUP_STARTED = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report ends with the last lines of the broker logs written since its setup
+    began: a failure seen once in CI is then read from what the brokers said, not guessed at."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if call.when == 'setup':
+        item.stash[_SETUP_STARTED] = call.start
+    if not report.failed or call.when == 'teardown':
+        return
+    since = item.stash.get(_SETUP_STARTED, call.start)
+    written = []
+    for path in LOG_DIR.glob('shoal-broker-*.log'):
+        try:
+            modified = path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if modified >= since:
+            written.append((modified, path))
+    for _, path in sorted(written)[-FAILURE_LOGS:]:
+        lines = path.read_text(errors='replace').splitlines()[-FAILURE_LOG_LINES:]
+        report.sections.append((f'broker log {path.name}, last lines', '\n'.join(lines)))
+
+
 @pytest.fixture(scope='session', autouse=True)
 def broker_logs() -> Iterator[None]:
     """The brokers' logs live as long as the test run."""
