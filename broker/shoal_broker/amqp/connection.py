@@ -7,7 +7,7 @@ connection, pushed into proton in slices (``pn_transport_push`` takes at most ``
 amqp/_wire.c, amqp/engine.py's ``read_room``); ``process``
 dispatches the engine's events to the node it serves (``Node``: the broker's switchboard), and
 ``flush`` ticks (heartbeats, idle timeout) and
-then writes out everything proton has produced (in chunks, so it loops).
+then writes out everything proton has produced (all it has at once, until it has no more).
 See reference/engine-spike.md §4 for the pitfalls this code is shaped by.
 
 No exception escapes: a handler failure closes this connection with ``amqp:internal-error`` and

@@ -124,7 +124,7 @@ def pieces(commands: Iterable[tuple[Any, ...]]) -> tuple[list[bytes], bool]:
     """``pack``'s bytes in pieces, and whether any ``Encoded`` among them is ``apart``: such a
     pipeline goes to the socket in its pieces (``writelines``, which the event loop writes with
     one ``writev``), so a big body is not copied once more into one ``bytes``
-    (docs/performance.md#big-bodies)."""
+    (docs/performance.md#bytes-in-place)."""
     parts: list[bytes] = []
     apart = False
     for command in commands:
