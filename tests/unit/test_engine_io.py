@@ -20,9 +20,9 @@ OLD_PIECE = 256 * 1024
 class Side:
     """One engine: a connection bound to a transport (no collector: the tests read its state)."""
 
-    def __init__(self, *, server: bool) -> None:
+    def __init__(self, *, server: bool, max_frame: int = 2 * BIG) -> None:
         self.transport = Transport(Transport.SERVER if server else Transport.CLIENT)
-        self.transport.max_frame_size = 2 * BIG
+        self.transport.max_frame_size = max_frame
         self.connection = Connection()
         self.transport.bind(self.connection)
 
@@ -58,9 +58,10 @@ def pump(a: Side, b: Side, move: Move, until: Callable[[], bool]) -> None:
     raise AssertionError('the engines stopped before the condition held')
 
 
-def opened_pair(move: Move) -> tuple[Side, Side, Any, Any]:
-    """A client sending on one link and a server receiving on it with credit for one message."""
-    client, server = Side(server=False), Side(server=True)
+def opened_pair(move: Move, server_frame: int = 2 * BIG) -> tuple[Side, Side, Any, Any]:
+    """A client sending on one link and a server receiving on it with credit for one message,
+    taking frames of up to ``server_frame`` bytes."""
+    client, server = Side(server=False), Side(server=True, max_frame=server_frame)
     client.connection.open()
     session = client.connection.session()
     session.open()
@@ -101,6 +102,21 @@ def test_output_leaves_whole_as_the_engine_has_it_and_none_is_left() -> None:
     # of that buffer, not of 256 KiB with the rest moved up after each
     assert len(pieces[1]) <= 2
     assert min(pieces[1]) > OLD_PIECE
+
+
+def test_a_long_run_of_output_leaves_in_pieces_of_at_most_the_bound() -> None:
+    # a peer that takes frames of any size, as one that sets no max-frame-size does
+    client, server, sender, receiver = opened_pair(by_proton, server_frame=64 * BIG)
+    receiver.flow(3)
+    pump(client, server, by_proton, lambda: sender.credit == 4)
+    for n in range(4):  # 8 MiB waiting at once, each message one frame
+        send_big(sender, bytes([n]) * (2 * BIG))
+    sizes = []
+    while (output := engine.take_output(client.ptr)) is not None:
+        sizes.append(len(output))
+    assert sum(sizes) > 8 * BIG
+    assert max(sizes) == engine.OUTPUT_MOST_BYTES
+    assert client.transport.pending() == 0
 
 
 def test_a_little_output_is_taken_as_it_is() -> None:

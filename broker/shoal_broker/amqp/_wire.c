@@ -185,19 +185,22 @@ void shoal_input_read(void *transport, size_t size)
     pn_transport_process(transport, size);
 }
 
-/* The engine's output, in place: how many bytes it has (pn_transport_pending's answer: 0 when
- * none, negative once the output side has closed) and, when it has some, where they start
- * (``*head``, valid until the transport is next used). The caller copies them out once and pops
- * them all: pn_transport_pop moves what it leaves to the front of the buffer, which a big
- * transfer taken 256 KiB at a time paid at every piece. proton grows the buffer, doubling, each
- * time it is asked for output while full (a pop of everything asks), so a run of big transfers
- * soon leaves a frame at a time. */
-ssize_t shoal_output(void *transport, const char **head)
+/* The engine's output, in place: how many bytes to take, at most ``cap`` (pn_transport_pending's
+ * answer: 0 when none, negative once the output side has closed) and, when there are some, where
+ * they start (``*head``, valid until the transport is next used). The caller copies them out
+ * once and pops them: pn_transport_pop moves what it leaves to the front of the buffer, which a
+ * big transfer taken 256 KiB at a time paid at every piece.
+ *
+ * proton grows the buffer, doubling, each time output is asked for while it is full, and a pop
+ * that empties it asks: so a run of big transfers soon leaves a frame at a time, and the buffer
+ * holds at most twice ``cap`` (a take below the cap empties it; one at the cap does not). */
+ssize_t shoal_output(void *transport, const char **head, size_t cap)
 {
     ssize_t pending = pn_transport_pending(transport);
-    if (pending > 0)
-        *head = pn_transport_head(transport);
-    return pending;
+    if (pending <= 0)
+        return pending;
+    *head = pn_transport_head(transport);
+    return (size_t)pending < cap ? pending : (ssize_t)cap;
 }
 
 /* -- out ---------------------------------------------------------------------------------- */

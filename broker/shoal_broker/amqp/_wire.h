@@ -7,7 +7,7 @@ int shoal_next_event(void *collector, int pop_first, void **out, void **accepted
 size_t shoal_push(void *transport, const char *data, size_t size);
 ssize_t shoal_input(void *transport, char **tail);
 void shoal_input_read(void *transport, size_t size);
-ssize_t shoal_output(void *transport, const char **head);
+ssize_t shoal_output(void *transport, const char **head, size_t cap);
 void *shoal_send(void *link, uint64_t tag, const char *header, size_t header_size,
                  const char *rest, size_t rest_size, int settle);
 void shoal_settle_with(void *delivery, uint64_t state);

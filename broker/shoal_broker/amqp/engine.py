@@ -140,14 +140,20 @@ def push_read(transport: Ptr, size: int) -> None:
     wire.shoal_push(transport, _read_buffer, size)
 
 
+OUTPUT_MOST_BYTES: Final = 4 * 1024 * 1024
+"""The most ``take_output`` takes at once. proton's output buffer then holds at most twice this
+(amqp/_wire.c's ``shoal_output``): a connection with that much to write (a consumer far behind,
+whose peer sets no max-frame-size) keeps no more than 8 MiB of it there, beside the frames it
+encoded, where 256 KiB pieces kept it at 512 KiB."""
 _output_head = _wire.ffi.new('const char *[1]')
 _pop = lib.pn_transport_pop
 
 
 def take_output(transport: Ptr) -> bytes | None:
-    """All the engine has to write, moved out of it in one copy; None when there is none (or its
-    output side has closed: ``pn_transport_pending`` then says which)."""
-    size = wire.shoal_output(transport, _output_head)
+    """What the engine has to write, up to ``OUTPUT_MOST_BYTES``, moved out of it in one copy;
+    None when there is none (or its output side has closed: ``pn_transport_pending`` then says
+    which)."""
+    size = wire.shoal_output(transport, _output_head, OUTPUT_MOST_BYTES)
     if size <= 0:
         return None
     output: bytes = _unpack(_output_head[0], size)
