@@ -236,3 +236,54 @@ def test_a_transaction_sends_a_big_message_whole_and_acks_a_stored_one(
     assert taken(receiver(conn, target, credit=1), 1) == [sent]
     conn.close()
     no_bodies_left(store_client, address, target)
+
+
+@pytest.fixture
+def untrimmed(start_broker: Callable[..., BrokerProcess]) -> list[BrokerProcess]:
+    """Two replicas whose trim pass does not come round while a test runs."""
+    env = {'SHOAL_TRIM_INTERVAL_SECONDS': '3600'}
+    return [start_broker(env=env, replica_id=f'big-{i}-{uuid.uuid4().hex[:6]}') for i in range(2)]
+
+
+def test_consumed_bodies_go_as_they_are_accepted_not_at_the_trim_pass(
+    untrimmed: list[BrokerProcess], store_client: Any, address: str
+) -> None:
+    """Sent through one replica, consumed on the other: the bodies of the messages accepted go
+    with their acks (store/body_trims.py), those still queued stay, and every message arrives
+    whole once."""
+    producing, consuming = (connect(b.url) for b in untrimmed)
+    payloads = [body(256 * 1024) for _ in range(6)]
+    send_all(producing, address, payloads)
+    assert bodies_held(store_client, address) == 6
+    first = receiver(consuming, address, credit=4)
+    got = taken(first, 4)
+    wait_for(lambda: bodies_held(store_client, address) == 2, 15, 'the accepted ones to go')
+    time.sleep(0.5)
+    assert bodies_held(store_client, address) == 2  # the two not consumed stay
+    first.close()
+    got += taken(receiver(consuming, address, credit=2), 2)
+    assert got == payloads
+    wait_for(lambda: bodies_held(store_client, address) == 0, 15, 'the rest to go')
+    producing.close()
+    consuming.close()
+
+
+def test_a_body_stays_while_another_subscription_still_needs_it(
+    untrimmed: list[BrokerProcess], store_client: Any, address: str
+) -> None:
+    """A topic's two subscriptions on two replicas: one accepting every message deletes no body
+    the other has not consumed; once it has, they go."""
+    conns = [connect(b.url) for b in untrimmed]
+    fast = receiver(conns[0], address, TOPIC, credit=10)
+    slow = receiver(conns[1], address, TOPIC, credit=1)
+    payloads = [body(64 * 1024) for _ in range(4)]
+    send_all(conns[0], address, payloads, TOPIC)
+    assert taken(fast, 4) == payloads
+    time.sleep(1.0)  # the fast one's acks answered and its trims run
+    assert bodies_held(store_client, address) == 4
+    assert taken(slow, 1) == payloads[:1]
+    slow.flow(3)
+    assert taken(slow, 3) == payloads[1:]
+    wait_for(lambda: bodies_held(store_client, address) == 0, 15, 'the bodies to go')
+    for c in conns:
+        c.close()

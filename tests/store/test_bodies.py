@@ -205,8 +205,10 @@ async def test_a_body_published_while_its_address_is_deleted_goes_with_it(
 def test_recent_bodies_keep_the_newest_within_their_bound() -> None:
     recent = bodies.RecentBodies(limit=10)
     for stub_id in 'abc':
-        recent.keep(stub_id, stub_id.encode() * 4)  # 4 bytes each: the third pushes out the first
+        recent.keep(
+            stub_id, stub_id.encode() * 4, 'a'
+        )  # 4 bytes each: the third pushes out the first
     assert [recent.get(s) for s in 'abc'] == [None, b'bbbb', b'cccc']
-    recent.keep('big', b'x' * 11)  # larger than the bound: not kept, nothing pushed out
+    recent.keep('big', b'x' * 11, 'a')  # larger than the bound: not kept, nothing pushed out
     assert recent.get('big') is None
     assert len(recent) == 2

@@ -28,7 +28,7 @@ entry comes back with one more attempt (delivery-count >= 1, JMSRedelivered true
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from shoal_broker.errors import BrokerError
@@ -63,6 +63,8 @@ class Acks:
         ``id(op)``."""
         self.given_up = 0
         """Acks given up unconfirmed past ``confirm_seconds`` (a measure for tests)."""
+        self.consumed: Callable[[str, int], None] | None = None
+        """Told (address, band) once acks of them are answered (``body_trims.py``)."""
 
     def ack_nowait(self, address: str, group: str, entries: Iterable[Entry]) -> None:
         """Queue an ack of ``entries`` in this cycle's op of their address, band and group."""
@@ -99,7 +101,7 @@ class Acks:
         # an entry its consumer has accepted, to be delivered again
         self._settling.setdefault((key[1], key[3]), {})[id(op)] = op
         if not self.durable:
-            op.callback = lambda _, error: self._forget((key[1], key[3]), op)
+            op.callback = lambda _, error: self._done((key[1], key[3]), op, error)
             return op
         loop = self._cycles.loop or asyncio.get_running_loop()
         first = loop.time() if started is None else started
@@ -113,7 +115,7 @@ class Acks:
         assert op.batch is not None
         subscription = (op.batch[1], op.batch[3])
         if error is None:
-            self._forget(subscription, op)
+            self._done(subscription, op, None)
             return
         loop = self._cycles.loop or asyncio.get_running_loop()
         waited = loop.time() - started
@@ -142,6 +144,13 @@ class Acks:
             return
         self._enqueue(self._op(op.batch, list(op.batch_args), started))
         self._cycles.wakeup.set()
+
+    def _done(self, subscription: tuple[str, str], op: Op, error: BrokerError | None) -> None:
+        """An ack op answered: forgotten, and its band told of when it applied."""
+        band = op.batch[2] if op.batch else None
+        self._forget(subscription, op)
+        if error is None and self.consumed is not None and band is not None:
+            self.consumed(subscription[0], band)
 
     def _forget(self, subscription: tuple[str, str], op: Op) -> None:
         # the op's callback closes over the op: a cycle that reference counting cannot free,

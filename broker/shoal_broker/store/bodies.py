@@ -76,8 +76,11 @@ class RecentBodies:
         self.limit = limit
         self._bodies: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         self._bytes = 0
+        self.addresses: set[str] = set()
+        """The addresses whose big bodies this replica wrote or read (``body_trims.py``)."""
 
-    def keep(self, stub_id: str, body: bytes) -> None:
+    def keep(self, stub_id: str, body: bytes, address: str) -> None:
+        self.addresses.add(address)
         if len(body) > self.limit or stub_id in self._bodies:
             return
         self._bodies[stub_id] = body
@@ -116,7 +119,7 @@ def reading(
             if body is None:
                 body = next(read)
                 if body is not None and recent is not None:
-                    recent.keep(stub_id, body)
+                    recent.keep(stub_id, body, address)
             elif not next(checked):  # deleted with its entry meanwhile
                 body = None
             found.append(body)

@@ -192,7 +192,7 @@ class Messages(Releasing):
         """``message`` with a stub for its rest, whose body ``commands`` gain (``bodies.py``)."""
         stub, stub_id = big_bodies.new_stub()
         commands.append(big_bodies.body_command(address, stub_id, message.rest))
-        self.recent_bodies.keep(stub_id, message.rest)
+        self.recent_bodies.keep(stub_id, message.rest, address)
         return dataclasses.replace(message, rest=stub)
 
     def _queue_publish(

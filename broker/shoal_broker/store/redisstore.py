@@ -24,6 +24,7 @@ from shoal_broker.settings import AddressKind, Durability
 from shoal_broker.store import connect, keys, layout
 from shoal_broker.store.addresses import AddressRegistry
 from shoal_broker.store.backlogs import BacklogLimits
+from shoal_broker.store.body_trims import BodyTrims
 from shoal_broker.store.calls import REDIS_DOWN, Scripts, as_text, call, on_every_primary
 from shoal_broker.store.commit_nodes import ClusterNodes
 from shoal_broker.store.commits import CommitLog
@@ -90,6 +91,10 @@ class RedisStore:
             client, self._scripts, backlogs, address_kind=self.registry.address_kind,
             announce=self.watching.announce, nodes=nodes,
         )  # fmt: skip
+        self.body_trims = BodyTrims(
+            self.upkeep, self.messages.recent_bodies, self.cycles.background
+        )
+        self.messages.acks.consumed = self.body_trims.consumed
 
     @classmethod
     def from_url(
