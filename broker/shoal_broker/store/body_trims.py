@@ -8,14 +8,16 @@ Redis 0.93 s of system CPU deleted 500 at a time, 0.32 s deleted as they went, a
 MiB against 30 (docs/performance.md#bodies-freed-as-consumed).
 
 So once a cycle's acks of an address whose big bodies this replica wrote or read
-(``RecentBodies.addresses``) are answered, the acked band's stream is trimmed (``Upkeep.
-trim_streams``: trim.lua, which removes only what every subscription has consumed, then the
-bodies it names). One trim at a time per stream; acks answered meanwhile start one more after
-it. Any replica may trim any stream: trim.lua is one atomic step, and a body or index member
-named twice is deleted twice, harmlessly. A trim that fails is left to the trim pass, which
-still deletes whatever this does not (addresses no replica here consumes, a replica that died).
+(``RecentBodies.addresses``) are answered, the acked band's stream is trimmed
+(``Upkeep.trim_streams``: trim.lua, which removes only what every subscription has consumed,
+then the bodies it names). One trim at a time per stream; acks answered meanwhile start one
+more ``TRIM_GAP_SECONDS`` after it. Any replica may trim any stream: trim.lua is one atomic
+step, and a body or index member named twice is deleted twice, harmlessly. A trim that fails
+is left to the trim pass, which still deletes whatever this does not (addresses no replica
+here consumes, a replica that died).
 """
 
+import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -27,6 +29,11 @@ from shoal_broker.store.calls import REDIS_DOWN
 from shoal_broker.store.upkeep import Upkeep
 
 logger = logging.getLogger(__name__)
+
+TRIM_GAP_SECONDS = 0.05
+"""A stream acked again while it was trimmed is trimmed again this long after: acks come every
+cycle, and a trim is two round trips and a few hundred µs of the broker's CPU, so at most ~20
+trims a second a stream, each deleting what that time consumed."""
 
 
 class BodyTrims:
@@ -74,6 +81,7 @@ class BodyTrims:
                     return
                 if stream not in self._again:
                     return
+                await asyncio.sleep(TRIM_GAP_SECONDS)
         finally:
             self._trimming.discard(stream)
             self._again.discard(stream)
