@@ -5,6 +5,7 @@ order they were published among small ones, and dropped with their entries (a tr
 publish, a backlog limit's overflow): no body is left behind.
 """
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -200,6 +201,50 @@ async def test_a_body_published_while_its_address_is_deleted_goes_with_it(
 
     await layout.delete_address(client, run, name)
     assert await held(client, name) == (0, 0)
+
+
+async def eventually(check: Any, what: str, seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f'{what} not within {seconds} s')
+
+
+async def test_acks_trim_away_the_bodies_consumed_and_stop_once_none_is_held(
+    big: RedisStore, client: redis.asyncio.Redis, name: str
+) -> None:
+    """``store/body_trims.py``: the acks of a queue whose big bodies pass here trim its stream
+    (no trim pass runs in this test); once it holds none, acks of small ones trim nothing."""
+    await big.registry.create_address(name, AddressKind.QUEUE)
+    trims = big.body_trims
+    rests = [big_rest(b'a'), big_rest(b'b'), b'\x00Sw\xa1\x01c']
+    for rest in rests:
+        assert await big.messages.publish(name, AddressKind.QUEUE, msg(rest)) is True
+    assert name in big.messages.recent_bodies.addresses
+    fetched = await big.messages.fetch(name, QUEUE_GROUP, 1)
+    big.messages.ack_nowait(name, QUEUE_GROUP, fetched[:1])
+
+    async def one_left() -> bool:
+        return await held(client, name) == (1, 1)
+
+    await eventually(one_left, 'the first body to go with its ack')
+    big.messages.ack_nowait(name, QUEUE_GROUP, await big.messages.fetch(name, QUEUE_GROUP, 10))
+
+    async def none_left() -> bool:
+        return await held(client, name) == (0, 0) and (
+            name not in big.messages.recent_bodies.addresses
+        )
+
+    await eventually(none_left, 'the last body to go and the address to leave the set')
+    before = trims.trims
+    assert await big.messages.publish(name, AddressKind.QUEUE, msg(b'\x00Sw\xa1\x01d')) is True
+    big.messages.ack_nowait(name, QUEUE_GROUP, await big.messages.fetch(name, QUEUE_GROUP, 10))
+    await big.flush()
+    await asyncio.sleep(0.2)
+    assert trims.trims == before  # small ones only: no trim after their acks
+    assert await big.messages.publish(name, AddressKind.QUEUE, msg(big_rest(b'e'))) is True
+    assert name in big.messages.recent_bodies.addresses
 
 
 def test_recent_bodies_keep_the_newest_within_their_bound() -> None:

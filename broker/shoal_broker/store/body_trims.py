@@ -14,7 +14,9 @@ then the bodies it names). One trim at a time per stream; acks answered meanwhil
 more ``TRIM_GAP_SECONDS`` after it. Any replica may trim any stream: trim.lua is one atomic
 step, and a body or index member named twice is deleted twice, harmlessly. A trim that fails
 is left to the trim pass, which still deletes whatever this does not (addresses no replica
-here consumes, a replica that died).
+here consumes, a replica that died). An address found holding no body after its trim leaves
+``RecentBodies.addresses`` until a big message passes this replica again, so an address that
+once carried one does not trim after every ack from then on.
 """
 
 import asyncio
@@ -66,9 +68,10 @@ class BodyTrims:
             self._again.add(stream)
             return
         self._trimming.add(stream)
-        self._background(self._trim((stream, k.levels, k.body_index)))
+        self._background(self._trim(address, k, band))
 
-    async def _trim(self, keys_: tuple[str, ...]) -> None:
+    async def _trim(self, address: str, k: keys.AddressKeys, band: int) -> None:
+        keys_ = (k.streams[band], k.levels, k.body_index)
         stream = keys_[0]
         try:
             while True:
@@ -76,6 +79,9 @@ class BodyTrims:
                 self.trims += 1
                 try:
                     await self._upkeep.trim_streams([keys_])
+                    if not (await self._upkeep.indexed([k]))[0]:
+                        # none left: its acks trim nothing until a big one passes here again
+                        self._addresses.discard(address)
                 except (StoreUnavailable, *REDIS_DOWN) as exc:
                     logger.debug('trim of %s after its acks left to the trim pass: %s', stream, exc)
                     return
