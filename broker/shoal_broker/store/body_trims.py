@@ -24,6 +24,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import redis.exceptions
+
 from shoal_broker.errors import StoreUnavailable
 from shoal_broker.store import keys
 from shoal_broker.store.bodies import RecentBodies
@@ -82,7 +84,7 @@ class BodyTrims:
                     if not (await self._upkeep.indexed([k]))[0]:
                         # none left: its acks trim nothing until a big one passes here again
                         self._addresses.discard(address)
-                except (StoreUnavailable, *REDIS_DOWN) as exc:
+                except (StoreUnavailable, redis.exceptions.RedisError, *REDIS_DOWN) as exc:
                     logger.debug('trim of %s after its acks left to the trim pass: %s', stream, exc)
                     return
                 if stream not in self._again:
