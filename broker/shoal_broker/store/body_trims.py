@@ -8,36 +8,35 @@ Redis 0.93 s of system CPU deleted 500 at a time, 0.32 s deleted as they went, a
 MiB against 30 (docs/performance.md#bodies-freed-as-consumed).
 
 So once a cycle's acks of an address whose big bodies this replica wrote or read
-(``RecentBodies.addresses``) are answered, the acked band's stream is trimmed
-(``Upkeep.trim_streams``: trim.lua, which removes only what every subscription has consumed,
-then the bodies it names). One trim at a time per stream; acks answered meanwhile start one
-more ``TRIM_GAP_SECONDS`` after it. Any replica may trim any stream: trim.lua is one atomic
-step, and a body or index member named twice is deleted twice, harmlessly. A trim that fails
-is left to the trim pass, which still deletes whatever this does not (addresses no replica
-here consumes, a replica that died). An address found holding no body after its trim leaves
+(``RecentBodies.addresses``) are answered, the acked band's stream is trimmed: trim.lua, which
+removes only what every subscription has consumed, rides the next cycle's pipeline, and the
+bodies it names and their index members ride the one after, ahead of the next call (as the
+trim pass deletes them, ``Upkeep._bodies_deleted``: a member never leaves before its body).
+One trim at a time per stream; acks answered meanwhile start one more ``TRIM_GAP_SECONDS``
+after it. Any replica may trim any stream: trim.lua is one atomic step, and a body or index
+member named twice is deleted twice, harmlessly. A trim that fails is left to the trim pass,
+which still deletes whatever this does not (addresses no replica here consumes, a replica
+that died). An address found holding no body after its trim leaves
 ``RecentBodies.addresses`` until a big message passes this replica again, so an address that
 once carried one does not trim after every ack from then on.
 """
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-import redis.exceptions
-
-from shoal_broker.errors import StoreUnavailable
-from shoal_broker.store import keys
+from shoal_broker.errors import BrokerError
+from shoal_broker.store import bodies, keys
 from shoal_broker.store.bodies import RecentBodies
 from shoal_broker.store.calls import REDIS_DOWN
-from shoal_broker.store.upkeep import Upkeep
+from shoal_broker.store.upkeep import MAX_TRIM_STEPS, TRIM_STEP_ENTRIES
 
 logger = logging.getLogger(__name__)
 
 TRIM_GAP_SECONDS = 0.05
 """A stream acked again while it was trimmed is trimmed again this long after: acks come every
-cycle, and a trim is two round trips and a few hundred µs of the broker's CPU, so at most ~20
-trims a second a stream, each deleting what that time consumed."""
+cycle, so at most ~20 trims a second a stream, each deleting what that time consumed."""
 
 
 class BodyTrims:
@@ -45,11 +44,14 @@ class BodyTrims:
 
     def __init__(
         self,
-        upkeep: Upkeep,
+        queue: Callable[..., Awaitable[Any]],
+        command: Callable[[str, Sequence[str], Sequence[Any]], tuple[Any, ...]],
         recent: RecentBodies,
         background: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
-        self._upkeep = upkeep
+        """``queue``: ``Cycles.queue``; ``command``: ``Scripts.command``."""
+        self._queue = queue
+        self._command = command
         self._addresses = recent.addresses
         self._background = background
         self._trimming: set[str] = set()
@@ -73,18 +75,14 @@ class BodyTrims:
         self._background(self._trim(address, k, band))
 
     async def _trim(self, address: str, k: keys.AddressKeys, band: int) -> None:
-        keys_ = (k.streams[band], k.levels, k.body_index)
-        stream = keys_[0]
+        stream = k.streams[band]
         try:
             while True:
                 self._again.discard(stream)
                 self.trims += 1
                 try:
-                    await self._upkeep.trim_streams([keys_])
-                    if not (await self._upkeep.indexed([k]))[0]:
-                        # none left: its acks trim nothing until a big one passes here again
-                        self._addresses.discard(address)
-                except (StoreUnavailable, redis.exceptions.RedisError, *REDIS_DOWN) as exc:
+                    await self._trim_once(address, k, stream)
+                except (BrokerError, *REDIS_DOWN) as exc:
                     logger.debug('trim of %s after its acks left to the trim pass: %s', stream, exc)
                     return
                 if stream not in self._again:
@@ -93,3 +91,33 @@ class BodyTrims:
         finally:
             self._trimming.discard(stream)
             self._again.discard(stream)
+
+    async def _trim_once(self, address: str, k: keys.AddressKeys, stream: str) -> None:
+        """trim.lua until it removes nothing (a call removes whole stream nodes, or else the
+        rest exactly), each call after the first carrying the deletion of the bodies and index
+        members the one before named; the index's ``EXISTS`` last in each."""
+        trim = self._command('trim', (stream, k.levels, k.body_index), (TRIM_STEP_ENTRIES,))
+        exists = ('EXISTS', k.body_index)
+        commands: list[tuple[Any, ...]] = [trim, exists]
+        held = 1
+        for _ in range(MAX_TRIM_STEPS):
+            replies = await self._queue(commands, _all)
+            reply, held = replies[-2], replies[-1]
+            if not isinstance(reply, list):  # no body due: done once nothing was removed
+                if not int(reply):
+                    break
+                commands = [trim, exists]
+                continue
+            members = reply[1:]
+            commands = [
+                ('UNLINK', *bodies.due_keys(k.body_index, members)),
+                ('ZREM', k.body_index, *members),
+                trim,
+                exists,
+            ]
+        if not held:  # none left: its acks trim nothing until a big one passes here again
+            self._addresses.discard(address)
+
+
+def _all(replies: list[Any]) -> list[Any]:
+    return replies

@@ -92,7 +92,10 @@ class RedisStore:
             announce=self.watching.announce, nodes=nodes,
         )  # fmt: skip
         self.body_trims = BodyTrims(
-            self.upkeep, self.messages.recent_bodies, self.cycles.background
+            self.cycles.queue,
+            self._scripts.command,
+            self.messages.recent_bodies,
+            self.cycles.background,
         )
         self.messages.acks.consumed = self.body_trims.consumed
 

@@ -74,7 +74,7 @@ class Upkeep:
                 for address in map(as_text, batch)
                 if keys.address_tag(address) not in skip
             ]
-            indexed = await self.indexed(found)
+            indexed = await self._indexed(found)
             streams: list[tuple[str, ...]] = [
                 (s, k.levels, k.body_index)  # the index: store/bodies.py
                 for k, bodies_held in zip(found, indexed, strict=True)
@@ -101,7 +101,7 @@ class Upkeep:
             streams = [s for s, count in zip(streams, counts, strict=True) if count]
         return removed
 
-    async def indexed(self, found: list[keys.AddressKeys]) -> list[bool]:
+    async def _indexed(self, found: list[keys.AddressKeys]) -> list[bool]:
         """Whether each address holds big messages' bodies: ``EXISTS`` of its index, in slices
         per primary. One whose primary does not answer counts as holding some: its trims then
         fail the pass, once the other primaries' streams are trimmed (``_trim_step``)."""
