@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 
 TRIM_GAP_SECONDS = 0.05
 """A stream acked again while it was trimmed is trimmed again this long after: acks come every
-cycle, so at most ~20 trims a second a stream, each deleting what that time consumed."""
+cycle, so at most ~20 trims start on a stream a second, each going on while its calls remove
+something."""
 
 
 class BodyTrims:
