@@ -81,25 +81,16 @@ class Upkeep:
                 for s in k.streams
                 if bodies_held or s not in skip
             ]
-            removed += await self.trim_streams(streams)
+            for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
+                if not streams:
+                    break
+                replies = await self._trim_step(streams)
+                await self._bodies_deleted(streams, replies)
+                counts = [int(r[0]) if isinstance(r, list) else int(r) for r in replies]
+                removed += sum(counts)
+                streams = [s for s, count in zip(streams, counts, strict=True) if count]
             if not cursor:
                 return removed
-
-    async def trim_streams(self, streams: list[tuple[str, ...]]) -> int:
-        """Trim ``streams`` ((stream, levels SET, body index) of an address: trim.lua's KEYS)
-        and delete the bodies the trims name, a step at a time while a step removed something,
-        at most MAX_TRIM_STEPS (a stream consumed as fast as it grows waits for the next
-        pass). Returns the entries removed."""
-        removed = 0
-        for _ in range(MAX_TRIM_STEPS):
-            if not streams:
-                break
-            replies = await self._trim_step(streams)
-            await self._bodies_deleted(streams, replies)
-            counts = [int(r[0]) if isinstance(r, list) else int(r) for r in replies]
-            removed += sum(counts)
-            streams = [s for s, count in zip(streams, counts, strict=True) if count]
-        return removed
 
     async def _indexed(self, found: list[keys.AddressKeys]) -> list[bool]:
         """Whether each address holds big messages' bodies: ``EXISTS`` of its index, in slices
