@@ -168,7 +168,9 @@ class Linking:
         if left is not None:
             # JMS consumer.close() waits for this answer and may unsubscribe right after, from
             # any replica: answer once the consumer is unregistered cluster-wide, or that
-            # unsubscribe would still find it and be refused with resource-locked.
+            # unsubscribe would still find it and be refused with resource-locked. A plain
+            # topic subscriber's answer waits for its subscription to go, so nothing published
+            # after close() returns is stored for it.
             self.spawn(self._answer_detach_after(conn, link, closed, left))
             return
         self._answer_detach(link, closed)
@@ -208,7 +210,7 @@ class Linking:
     def link_gone(
         self, state: LinkState, *, unsubscribing: bool = False
     ) -> 'asyncio.Future[None] | None':
-        """Forget a link; for a named subscription's consumer, the unregistering under way."""
+        """Forget a link; for a subscription's consumer, the unregistering under way."""
         state.alive = False
         left = None
         if isinstance(state, ConsumerLink):
@@ -242,7 +244,7 @@ class Linking:
             self.spawn(self.consuming.leave_line(sub.address, sub.group, consumer.line, returned))
         left = None
         if consumer.owned_group:
-            self.spawn(self._drop_subscription(consumer.address, consumer.group))
+            left = self.spawn(self._drop_subscription(consumer.address, consumer.group))
         elif consumer.named is not None and not unsubscribing:
             left = self.spawn(self._leave(consumer.named, consumer.consumer_key, returned))
         if sub is not None and not sub.consumers:
