@@ -13,6 +13,7 @@ import redis.asyncio
 import redis.exceptions
 from processes import RedisServer
 
+from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.storage import OutgoingMessage
 from shoal_broker.settings import AddressKind
 from shoal_broker.store.notifications import NotificationReader
@@ -165,6 +166,18 @@ async def test_a_partial_assert_relists_a_slice_and_the_next_ones_the_rest(
     assert await listed() == 4
     await store.watching.assert_watches(2)  # wraps round to the first ones
     assert await listed() == 5
+
+
+async def test_a_renewal_with_redis_gone_says_so(
+    own_redis: RedisServer, own_store: RedisStore
+) -> None:
+    address = f'addr-{uuid.uuid4().hex[:10]}'
+    await own_store.registry.create_address(address, AddressKind.QUEUE)
+    own_store.watching.watch(address, lambda _: None)
+    await own_store.watching.assert_watches(2)
+    own_redis.stop()
+    with pytest.raises(StoreUnavailable, match='watchers not listed'):
+        await own_store.watching.assert_watches(2)
 
 
 async def test_a_burst_of_watches_is_listed_in_batches_each_to_its_latest_wish(

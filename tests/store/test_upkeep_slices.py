@@ -181,6 +181,25 @@ async def test_on_a_cluster_metric_records_are_appended_a_slice_to_a_pipeline(
     assert max(watch.widest[APPEND] for watch in watches) == 1
 
 
+async def test_on_a_cluster_watches_are_listed_again_on_each_primary(
+    cluster_store: RedisStore, watched: tuple[ClusterGroup, list[PipelineWatch]]
+) -> None:
+    names = await _on_every_primary(cluster_store, 3)
+    for name in names:
+        cluster_store.watching.watch(name, lambda _: None)
+    client = watched[0].client()
+    listings = [keys.AddressKeys.of(name).watchers for name in names]
+    try:
+        await cluster_store.watching.assert_watches()
+        for key in listings:
+            client.delete(key)  # e.g. a primary that restarted empty
+        await cluster_store.watching.assert_watches()  # each HSET on its own primary
+        replica = cluster_store.replica_id
+        assert [client.hexists(key, replica) for key in listings] == [True] * len(names)
+    finally:
+        client.close()
+
+
 def _broker_with_tallies(store: RedisStore, addresses: list[str]) -> Broker:
     broker = Broker(BrokerSettings(), store, 'test')
     for address in addresses:

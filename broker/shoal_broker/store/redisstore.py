@@ -72,7 +72,7 @@ class RedisStore:
         self._scripts = Scripts(client)
         backlogs = BacklogLimits()
         kinds: dict[str, AddressKind] = {}
-        self.watching = Watching(client, replica_id, sharded)
+        self.watching = Watching(client, replica_id, sharded, nodes)
         self.cycles = Cycles(
             client, self._scripts, replica_id, backlogs, self.watching.notify_local,
             durability, replication_timeout_ms, lanes,

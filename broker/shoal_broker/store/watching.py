@@ -24,8 +24,10 @@ from shoal_broker.errors import StoreUnavailable
 from shoal_broker.routing.storage import Notify
 from shoal_broker.stopping import cancel_and_wait
 from shoal_broker.store import keys
-from shoal_broker.store.calls import REDIS_DOWN, call
+from shoal_broker.store.calls import REDIS_DOWN, call, reason
+from shoal_broker.store.commit_nodes import NodeClients, SingleNode
 from shoal_broker.store.notifications import NotificationReader, ShardedNotifications
+from shoal_broker.store.slices import in_slices
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +67,11 @@ class Watching:
         client: 'redis.asyncio.Redis',
         replica_id: str,
         sharded: ShardedNotifications | None = None,
+        nodes: NodeClients | None = None,
     ) -> None:
         self._client = client
+        self._nodes = nodes or SingleNode(client)
+        """The primaries' plain clients the periodic re-listing goes out on, packed."""
         self._sharded = sharded
         """On Redis Cluster: the channels, each on its primary (``_pubsub`` is not used)."""
         self._replica_id = replica_id
@@ -133,7 +138,9 @@ class Watching:
         other replicas' publishes. With ``limit``, only that many, taking up where the last
         call stopped: each lease renewal re-lists a slice (one HSET per address every ~1.7 s
         was a Redis write load growing with the addresses a replica watches), and a re-subscribe
-        after a lost connection re-lists them all."""
+        after a lost connection re-lists them all. The HSETs go packed by hiredis, a pipeline per
+        primary (``slices.in_slices``): redis-py packing and reading 256 of them held the loop
+        ~2.6 ms at every renewal (docs/performance.md, "Watches in batches")."""
         async with self._watch_lock:
             addresses = list(self._watchers)
             if not addresses:
@@ -142,10 +149,12 @@ class Watching:
                 start = self._watch_cursor % len(addresses)
                 addresses = (addresses[start:] + addresses[:start])[:limit]
                 self._watch_cursor = start + limit
-            pipe = self._client.pipeline(transaction=False)
-            for address in addresses:
-                pipe.hset(keys.AddressKeys.of(address).watchers, self._replica_id, 1)
-            await call(pipe.execute())
+            watchers = [keys.AddressKeys.of(address).watchers for address in addresses]
+            calls = [(key, ('HSET', key, self._replica_id, 1)) for key in watchers]
+            replies = await in_slices(self._nodes, calls)
+            failed = next((r for r in replies if isinstance(r, Exception)), None)
+            if failed is not None:
+                raise StoreUnavailable(f'watchers not listed: {reason(failed)}') from failed
 
     def _watch_changed(self, address: str) -> None:
         if self._pubsub is None:
