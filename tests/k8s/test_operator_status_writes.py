@@ -178,7 +178,5 @@ async def test_passes_at_rest_read_no_shared_object_per_resource_and_write_nothi
     await cluster.observer_passes(2)
     writes = [r for r in requests(cluster)[before:] if r[0] != 'GET']
     q3 = ('PATCH', '/apis/shoal.dev/v1alpha1/namespaces/default/queues/q3/status')
-    # the message, then at most its age crossing a step (10 s) on a slow machine
-    assert writes[:1] == [q3]
     assert set(writes) == {q3}
-    assert len(writes) <= 2
+    assert len(writes) <= 2  # the message, then its age crossing a step (10 s) on a slow machine

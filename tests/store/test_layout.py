@@ -73,7 +73,8 @@ async def test_the_older_layout_is_laid_out_and_its_set_goes_once_no_older_repli
     await client.sadd(keys.SUBSCRIPTIONS, subscription)
     await client.sadd(keys.REPLICAS, older_replica)
     try:
-        assert await store.lay_out()
+        # the session's brokers lay out too while SUBSCRIPTIONS exists (dead_replicas): wait
+        assert await store.lay_out(wait=True)
         meta = keys.AddressKeys.of(address).meta
         assert await client.hget(meta, 'kind') == b'queue'
         entry = await client.hget(keys.ADDRESSES, address)
@@ -84,7 +85,7 @@ async def test_the_older_layout_is_laid_out_and_its_set_goes_once_no_older_repli
         assert await client.hget(keys.SUBSCRIPTION_INDEX, subscription) == epoch
         assert await client.exists(keys.SUBSCRIPTIONS), 'an older replica still writes it'
         await client.srem(keys.REPLICAS, older_replica)
-        assert await store.lay_out()
+        assert await store.lay_out(wait=True)
         assert not await client.exists(keys.SUBSCRIPTIONS)
         assert await client.hget(definition, 'epoch') == epoch  # idempotent
         await client.set(layout.LOCK, 'another replica')
@@ -110,12 +111,12 @@ async def test_two_band_streams_are_left_as_they_are_when_a_priority_stream_was_
         await client.xgroup_create(older, QUEUE_GROUP, '0', mkstream=True)
         await client.xadd(older, {'h': b'', 'r': b'older'})
         await client.xadd(k.streams[5], {'h': b'', 'r': b'newer'})
-        assert await store.lay_out()
+        assert await store.lay_out(wait=True)
         assert await client.xlen(older) == 1
         assert [fields[b'r'] for _, fields in await client.xrange(k.streams[5])] == [b'newer']
         await client.delete(k.streams[5])  # never written: the next start moves it forward
         await store.registry.create_address(address, AddressKind.QUEUE)  # its group again
-        assert await store.lay_out()
+        assert await store.lay_out(wait=True)
         assert not await client.exists(older)
         fetched = await store.messages.fetch(address, QUEUE_GROUP, 10)
         assert [(e.band, e.rest) for e in fetched] == [(5, b'older')]
@@ -144,7 +145,7 @@ async def test_a_last_value_queues_references_follow_their_entries_into_the_prio
         gone = f'0|{1:015d}-{0:010d}'
         await client.hset(k.last_values, mapping={'device-1': ref, 'device-2': gone})
         await client.zadd(k.last_value_order, {f'{ref}|device-1': 0, f'{gone}|device-2': 0})
-        assert await store.lay_out()
+        assert await store.lay_out(wait=True)
         moved = f'2{ref[1:]}'  # priority 7's band
         assert await client.hgetall(k.last_values) == {b'device-1': moved.encode()}
         assert await client.zrange(k.last_value_order, 0, -1) == [f'{moved}|device-1'.encode()]

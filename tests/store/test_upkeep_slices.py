@@ -2,7 +2,8 @@
 pass and the metric records go to Redis in pipelines of at most ``CALLS_PER_PIPELINE`` calls
 (``RECORDS_PER_SLICE`` records), one pipeline at a time per node, on a standalone Redis and on
 a cluster, and the records are built a slice at a time, the loop serving other tasks between
-slices. Pipelines are watched through a proxy in front of each node (``pipelinewatch``)."""
+slices; on a cluster the watchers' re-listing reaches each address's own primary. Pipelines are
+watched through a proxy in front of each node (``pipelinewatch``)."""
 
 import asyncio
 import hashlib

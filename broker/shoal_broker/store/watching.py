@@ -139,8 +139,8 @@ class Watching:
         call stopped: each lease renewal re-lists a slice (one HSET per address every ~1.7 s
         was a Redis write load growing with the addresses a replica watches), and a re-subscribe
         after a lost connection re-lists them all. The HSETs go packed by hiredis, a pipeline per
-        primary (``slices.in_slices``): redis-py packing and reading 256 of them held the loop
-        ~2.6 ms at every renewal (docs/performance.md, "Watches in batches")."""
+        primary (``slices.in_slices``): redis-py packing and reading 256 of them cost the loop
+        4-5 ms of CPU at every renewal (docs/performance.md, "Watches in batches")."""
         async with self._watch_lock:
             addresses = list(self._watchers)
             if not addresses:
