@@ -6,6 +6,7 @@ the full series: a left-out interval held the backlog still, it is neither zero 
 
 from pathlib import Path
 
+import pytest
 from pyspark.sql import SparkSession
 
 from shoal_analytics.analyze import analyze
@@ -13,6 +14,8 @@ from shoal_analytics.lake import Lake
 from shoal_analytics.params import AnalysisParams
 from shoal_analytics.rows import RAW_DDL, raw_row
 from shoal_broker.metrics.records import MetricRecord
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # two analyses; may start the JVM
 
 INTERVAL_MS = 10_000
 INTERVALS = 60
