@@ -153,7 +153,9 @@ class Watching:
             calls = [(key, ('HSET', key, self._replica_id, 1)) for key in watchers]
             replies = await in_slices(self._nodes, calls)
             failed = next((r for r in replies if isinstance(r, Exception)), None)
-            if failed is not None:
+            if failed is not None:  # a slot on the move or a primary lost: the next renewal
+                with contextlib.suppress(*REDIS_DOWN, *CLUSTER_SETTLING):  # asks the map again
+                    await self._nodes.refresh()
                 raise StoreUnavailable(f'watchers not listed: {reason(failed)}') from failed
 
     def _watch_changed(self, address: str) -> None:
