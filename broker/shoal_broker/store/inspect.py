@@ -141,18 +141,28 @@ class Inspector:
             pass
 
     async def addresses(self) -> list[AddressInfo]:
-        registry: dict[str, str] = {}
+        kinds = await self._kinds()
+        return [AddressInfo(name, kinds[name]) for name in sorted(kinds)]
+
+    async def queue_names(self) -> list[str]:
+        """Every queue's name, in order."""
+        kinds = await self._kinds()
+        return sorted(name for name, kind in kinds.items() if kind == AddressKind.QUEUE)
+
+    async def _kinds(self) -> dict[str, str]:
+        """Every address's name -> kind, each page decoded as it comes: a background walk over
+        thousands of addresses would otherwise decode them all in one stretch of the loop."""
+        kinds: dict[str, str] = {}
         cursor = 0
         while True:
             cursor, batch = await self._call(
                 self._client.hscan(keys.ADDRESSES, cursor, count=_PAGE)
             )
-            registry.update(batch)
+            # the index's value is ``<kind>:<epoch>`` (store/layout.py); it may list an address
+            # a crash left half-created: the CLI shows it until the name is created and deleted
+            kinds.update((_text(n), layout.kind_of(v)) for n, v in batch.items())
             if not cursor:
-                break
-        # the index's value is ``<kind>:<epoch>`` (store/layout.py); it may list an address a
-        # crash left half-created: the CLI shows it until the name is created and deleted again
-        return [AddressInfo(_text(n), layout.kind_of(registry[n])) for n in sorted(registry)]
+                return kinds
 
     async def declared_owners(self) -> dict[str, str]:
         """``PROVISIONED``: a declared queue's or subscription's field -> ``namespace/name`` of
@@ -163,7 +173,7 @@ class Inspector:
     async def queues(self, names: list[str] | None = None) -> list[QueueInfo]:
         """Every queue, or the ``names`` given (queues known to exist: a page of a listing)."""
         if names is None:
-            names = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
+            names = await self.queue_names()
         groups = [(name, QUEUE_GROUP) for name in names]
         found = await self._backlogs(groups)
         per_replica = await self._per_replica(groups)
@@ -211,7 +221,7 @@ class Inspector:
         private subscription (its id): what the broker's gauges need, without the per-replica
         detail ``queues`` and ``subscriptions`` add for the CLI. Adds to ``settled`` the streams
         that had nothing to trim when read (none of their entries is consumed by every group)."""
-        queues = [a.name for a in await self.addresses() if a.kind == AddressKind.QUEUE]
+        queues = await self.queue_names()
         ids = await self._call(layout.subscription_ids(self._client))
         pipe = self._client.pipeline(transaction=False)
         for subscription_id in ids:
