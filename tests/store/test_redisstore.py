@@ -332,9 +332,9 @@ async def test_trimming_removes_only_what_every_subscription_is_done_with(
 async def test_a_big_consumed_backlog_is_trimmed_in_bounded_steps(
     own_store: RedisStore, own_redis: RedisServer, name: str
 ) -> None:
-    """One trim.lua call removes at most its limit (whole stream nodes); ``trim`` calls again
-    until everything consumed is gone. On a Redis of the test's own, where no session broker
-    trims between the step and the pass (``own_redis``)."""
+    """One trim.lua call removes at most its limit (whole stream nodes) and says the limit
+    stopped it; ``trim`` calls again until everything consumed is gone. On a Redis of the
+    test's own, where no session broker trims between the step and the pass (``own_redis``)."""
     store, redis_server = own_store, own_redis
     count = 2 * TRIM_STEP_ENTRIES + 500
     await store.registry.create_address(name, AddressKind.QUEUE)
@@ -353,13 +353,16 @@ async def test_a_big_consumed_backlog_is_trimmed_in_bounded_steps(
     client = redis.asyncio.Redis.from_url(redis_server.url)
     try:
         levels = keys.AddressKeys.of(name).levels
-        one_step = int(
-            await client.eval(scripts.source('trim'), 2, stream, levels, TRIM_STEP_ENTRIES)
+        one_step, more = await client.eval(
+            scripts.source('trim'), 2, stream, levels, TRIM_STEP_ENTRIES
         )
         assert 0 < one_step <= TRIM_STEP_ENTRIES
+        assert more == 1
         assert await client.xlen(stream) == count - one_step
         assert await store.upkeep.trim() == count - one_step
         assert await client.xlen(stream) == 0
+        trimmed = await client.eval(scripts.source('trim'), 2, stream, levels, TRIM_STEP_ENTRIES)
+        assert trimmed == [0, 0]
     finally:
         await client.aclose()
 

@@ -94,9 +94,9 @@ class BodyTrims:
             self._again.discard(stream)
 
     async def _trim_once(self, address: str, k: keys.AddressKeys, stream: str) -> None:
-        """trim.lua until it removes nothing (a call removes whole stream nodes, or else the
-        rest exactly), each call after the first carrying the deletion of the bodies and index
-        members the one before named; the index's ``EXISTS`` last in each."""
+        """trim.lua until the stream is trimmed (a call removes whole stream nodes up to its
+        limit, then the rest exactly), each call after the first carrying the deletion of the
+        bodies and index members the one before named; the index's ``EXISTS`` last in each."""
         trim = self._command('trim', (stream, k.levels, k.body_index), (TRIM_STEP_ENTRIES,))
         exists = ('EXISTS', k.body_index)
         commands: list[tuple[Any, ...]] = [trim, exists]
@@ -104,12 +104,12 @@ class BodyTrims:
         for _ in range(MAX_TRIM_STEPS):
             replies = await self._queue(commands, _all)
             reply, held = replies[-2], replies[-1]
-            if not isinstance(reply, list):  # no body due: done once nothing was removed
-                if not int(reply):
+            members = reply[2:]
+            if not members:  # no body due: done unless the limit stopped the call
+                if not int(reply[1]):
                     break
                 commands = [trim, exists]
                 continue
-            members = reply[1:]
             commands = [
                 ('UNLINK', *bodies.due_keys(k.body_index, members)),
                 ('ZREM', k.body_index, *members),

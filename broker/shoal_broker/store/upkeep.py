@@ -58,7 +58,7 @@ class Upkeep:
     async def trim(self, skip: Set[str] = frozenset()) -> int:
         """Trim every address's streams below what its subscriptions still need, in steps of at
         most TRIM_STEP_ENTRIES entries per script call (trim.lua), so that no call holds Redis
-        for long; a stream is trimmed again while its last step removed something. ``skip``:
+        for long; a stream is trimmed again while its last step stopped at that limit. ``skip``:
         streams known to hold nothing to trim (an idle cluster's are most of them), unless their
         address holds big messages' bodies (``store/bodies.py``): an entry deleted inside a
         stream (a move) leaves its body for the trim, even when that empties the stream. An
@@ -86,9 +86,8 @@ class Upkeep:
                     break
                 replies = await self._trim_step(streams)
                 await self._bodies_deleted(streams, replies)
-                counts = [int(r[0]) if isinstance(r, list) else int(r) for r in replies]
-                removed += sum(counts)
-                streams = [s for s, count in zip(streams, counts, strict=True) if count]
+                removed += sum(int(r[0]) for r in replies)
+                streams = [s for s, r in zip(streams, replies, strict=True) if int(r[1])]
             if not cursor:
                 return removed
 
@@ -108,8 +107,8 @@ class Upkeep:
         leaves before its body."""
         calls: list[tuple[str, tuple[Any, ...]]] = []
         for stream, reply in zip(streams, replies, strict=True):
-            if isinstance(reply, list):
-                index, members = stream[2], reply[1:]
+            if len(reply) > 2:
+                index, members = stream[2], reply[2:]
                 calls.append((index, ('UNLINK', *bodies.due_keys(index, members))))
                 calls.append((index, ('ZREM', index, *members)))
         answered = await in_slices(self._nodes, calls) if calls else []
@@ -123,9 +122,9 @@ class Upkeep:
         running it (a slot on the move, a forgotten script) removed nothing: its stream waits
         for the next pass, on a fresh slot map and with the scripts loaded again. A primary
         lost fails the pass (``StoreUnavailable``) once the others are done, the map asked
-        again for the next one. Each reply is trim.lua's (a count, or a count and the index
-        members of big messages' bodies to delete: ``_bodies_deleted``); 0 for a call that did
-        not run."""
+        again for the next one. Each reply is trim.lua's (a count, whether the step limit
+        stopped it, then the index members of big messages' bodies to delete:
+        ``_bodies_deleted``); ``[0, 0]`` for a call that did not run."""
         calls = [
             (stream[0], self._scripts.command('trim', stream, (TRIM_STEP_ENTRIES,)))
             for stream in streams
@@ -140,15 +139,15 @@ class Upkeep:
             raise StoreUnavailable(f'Redis unreachable: {reason(lost)}') from lost
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
             await call(self._scripts.load())
-        counts: list[Any] = []
+        answered: list[Any] = []
         for reply in replies:
             if isinstance(reply, (*NOTHING_RAN, redis.exceptions.NoScriptError)):
-                counts.append(0)
+                answered.append([0, 0])
             elif isinstance(reply, Exception):
                 raise reply
             else:
-                counts.append(reply)
-        return counts
+                answered.append(reply)
+        return answered
 
     async def scripts_in_slices(
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
