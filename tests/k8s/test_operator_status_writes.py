@@ -153,7 +153,9 @@ async def test_passes_at_rest_read_no_shared_object_per_resource_and_write_nothi
                     return False
         return True
 
-    await cluster.eventually(sampled, 'every resource sampled')
+    # 24 resources reconciled, then sampled: past the default 30 s once, with the suite's three
+    # workers on two vCPUs
+    await cluster.eventually(sampled, 'every resource sampled', limit=60)
     await cluster.observer_passes(2)
     before = len(requests(cluster))
     passes = 3
