@@ -91,13 +91,12 @@ class MetricRecord:
         unknown = set(counts) - set(COUNTS)
         if unknown:
             raise ValueError(f'unknown counts {sorted(unknown)}')
-        record = cls(
+        tallied: dict[str, Any] = dict(counts)
+        return cls(
             ts_ms=ts_ms, interval_ms=interval_ms, replica=replica, address=address,
             subscription=subscription, consumers=consumers, backlog=backlog,
-            latency_sketch=tuple(sorted(latency.items())) if latency else (),
+            latency_sketch=tuple(sorted(latency.items())) if latency else (), **tallied,
         )  # fmt: skip
-        changes: dict[str, Any] = dict(counts)
-        return dataclasses.replace(record, **changes)
 
     def to_fields(self) -> dict[str, str]:
         """Stream entry fields (all strings)."""
@@ -105,16 +104,16 @@ class MetricRecord:
         if self.latency_buckets:  # a record read from an older replica, written back as it was
             version = 1 if len(self.latency_buckets) == len(LATENCY_BOUNDS_V1) + 1 else 2
         fields = {'v': str(version)}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name == 'latency_sketch':
+        for name in _FIELD_NAMES:  # a replica writes thousands an interval: no fields() each
+            value = getattr(self, name)
+            if name == 'latency_sketch':
                 if version == SCHEMA_VERSION:  # compact: "index:count ..."
-                    fields[field.name] = ' '.join(f'{i}:{n}' for i, n in value)
-            elif field.name == 'latency_buckets':
+                    fields[name] = ' '.join(f'{i}:{n}' for i, n in value)
+            elif name == 'latency_buckets':
                 if version != SCHEMA_VERSION:
-                    fields[field.name] = json.dumps(list(value))
+                    fields[name] = json.dumps(list(value))
             else:
-                fields[field.name] = str(value)
+                fields[name] = str(value)
         return fields
 
     @classmethod
@@ -144,6 +143,9 @@ class MetricRecord:
             else:
                 values[field.name] = raw
         return cls(**values)  # type: ignore[arg-type]  # each field's type is checked above
+
+
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(MetricRecord))
 
 
 def _parse_sketch(raw: str) -> tuple[tuple[int, int], ...]:
