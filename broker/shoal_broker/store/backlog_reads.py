@@ -118,8 +118,12 @@ class BacklogReads:
                     settled.add(keys.address_tag(address))
             for address, reply in zip(full, replies, strict=True):
                 self._remember(address, reply)
+                streams = keys.AddressKeys.of(address).streams
                 for group, row in zip(by_address[address], reply, strict=True):
-                    found[(address, group)] = await self._group(address, group, row, settled)
+                    backlog, uncounted = _group(streams, row, settled)
+                    for stream in uncounted:  # Redis cannot tell the lag: count the entries
+                        backlog += GroupBacklog(lag=await self._lag_of(stream, group))
+                    found[(address, group)] = backlog
         return [found[g] for g in groups]
 
     def _remember(self, address: str, reply: list[Any]) -> None:
@@ -161,33 +165,6 @@ class BacklogReads:
                 pipe.execute_command(*command)
             return list(await self._call(pipe.execute()))
         return list(await self._call(packed.pipeline(self._client, commands, raise_on_error=True)))
-
-    async def _group(
-        self, address: str, group: str, row: list[Any], settled: set[str] | None
-    ) -> GroupBacklog:  # one group's backlog from its backlog.lua reply
-        streams = keys.AddressKeys.of(address).streams  # the reply: returned, waiting, then per
-        # band holding entries: band, lag, pending, oldest, length; a band left out is empty
-        total = GroupBacklog(returned=int(row[0]), waiting=int(row[1]))
-        if len(row) == 2:  # no band holds entries
-            if settled is not None:
-                settled.update(streams)
-            return total
-        held = set()
-        for at in range(2, len(row), 5):
-            band, lag, pending, oldest, length = row[at : at + 5]
-            stream = streams[int(band)]
-            held.add(stream)
-            lag = int(lag)
-            if settled is not None and lag == int(length):
-                settled.add(stream)
-            if lag < 0:  # Redis cannot tell (deleted entries in range): count them
-                lag = await self._lag_of(stream, group)
-            total += GroupBacklog(
-                lag=lag, pending=int(pending), oldest_ms=_entry_ms(oldest or None)
-            )
-        if settled is not None:
-            settled.update(s for s in streams if s not in held)
-        return total
 
     async def _backlog_calls(self, page: list[tuple[str, list[str]]]) -> list[Any]:
         """``backlog.lua``'s reply for each (address, its groups), loading the script when
@@ -241,6 +218,42 @@ class BacklogReads:
             if len(batch) < PAGE:
                 return counted
             start = f'({as_text(batch[-1][0])}'
+
+
+def _group(
+    streams: tuple[str, ...], row: list[Any], settled: set[str] | None
+) -> tuple[GroupBacklog, list[str]]:
+    """One group's backlog from its ``backlog.lua`` reply, and the streams whose lag Redis
+    could not tell (deleted entries in range), for the caller to count. The reply: returned,
+    waiting, then per band holding entries: band, lag, pending, oldest, length; a band left out
+    is empty. A walk reads every group of every address, so this sums plain ints and makes
+    one ``GroupBacklog`` (docs/performance.md#backlog-pages)."""
+    if len(row) == 2:  # no band holds entries
+        if settled is not None:
+            settled.update(streams)
+        return GroupBacklog(returned=int(row[0]), waiting=int(row[1])), []
+    lag_sum = pending_sum = 0
+    oldest: int | None = None
+    held: list[str] = []
+    uncounted: list[str] = []
+    for at in range(2, len(row), 5):
+        band, lag, pending, first, length = row[at : at + 5]
+        stream = streams[int(band)]
+        held.append(stream)
+        lag = int(lag)
+        if settled is not None and lag == int(length):
+            settled.add(stream)  # unread by this group: nothing to trim, whatever the others
+        if lag < 0:
+            uncounted.append(stream)
+        else:
+            lag_sum += lag
+        pending_sum += int(pending)
+        ms = _entry_ms(first or None)
+        if ms is not None and (oldest is None or ms < oldest):
+            oldest = ms
+    if settled is not None:
+        settled.update(set(streams).difference(held))
+    return GroupBacklog(lag_sum, pending_sum, int(row[0]), oldest, int(row[1])), uncounted
 
 
 def _entry_ms(entry_id: Any) -> int | None:
