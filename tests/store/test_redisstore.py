@@ -367,6 +367,30 @@ async def test_a_big_consumed_backlog_is_trimmed_in_bounded_steps(
         await client.aclose()
 
 
+async def test_a_consumed_part_short_of_the_limit_is_trimmed_in_one_call(
+    own_store: RedisStore, own_redis: RedisServer, name: str
+) -> None:
+    """Whole nodes, then the less-than-a-node rest exactly, in the same call, which says the
+    stream is trimmed: not one call for the nodes, one for the rest, and one finding nothing."""
+    count, consumed = 350, 250  # nodes of 100 small entries: two whole, then half of one
+    await own_store.registry.create_address(name, AddressKind.QUEUE)
+    await asyncio.gather(
+        *(own_store.messages.publish(name, AddressKind.QUEUE, msg(b'%d' % i)) for i in range(count))
+    )
+    fetched = await own_store.messages.fetch(name, QUEUE_GROUP, consumed)
+    await asyncio.gather(*(own_store.messages.ack(name, QUEUE_GROUP, entry) for entry in fetched))
+    k = keys.AddressKeys.of(name)
+    client = redis.asyncio.Redis.from_url(own_redis.url)
+    try:
+        trimmed = await client.eval(
+            scripts.source('trim'), 2, k.streams[5], k.levels, TRIM_STEP_ENTRIES
+        )
+        assert trimmed == [consumed, 0]
+        assert await client.xlen(k.streams[5]) == count - consumed
+    finally:
+        await client.aclose()
+
+
 async def test_scripts_are_reloaded_after_redis_forgets_them(
     store: RedisStore, redis_server: RedisServer, name: str
 ) -> None:
