@@ -128,15 +128,16 @@ async def test_on_a_cluster_the_trim_pass_sends_one_slice_at_a_time_to_each_prim
     cluster, watches = watched
     names = await _on_every_primary(cluster_store, 20)  # 200 streams on each primary at least
     await _consumed(cluster_store, names[0], 5)
-    for watch in watches:
-        watch.reset()
-    assert await cluster_store.upkeep.trim() == 5
-    assert sum(watch.sent[TRIM] for watch in watches) == 10 * len(names)  # one call a stream
-    for watch in watches:
-        assert watch.deepest[TRIM] == CALLS_PER_PIPELINE, watch.deepest
-        assert watch.widest[TRIM] == 1, watch.widest
     client = cluster.client()
     try:
+        addresses = client.hlen(keys.ADDRESSES)  # the module's other tests may have made some
+        for watch in watches:
+            watch.reset()
+        assert await cluster_store.upkeep.trim() == 5
+        assert sum(watch.sent[TRIM] for watch in watches) == 10 * addresses  # one call a stream
+        for watch in watches:
+            assert watch.deepest[TRIM] == CALLS_PER_PIPELINE, watch.deepest
+            assert watch.widest[TRIM] == 1, watch.widest
         assert client.xlen(keys.AddressKeys.of(names[0]).streams[5]) == 0
     finally:
         client.close()
