@@ -58,6 +58,10 @@ SETTLED_SECONDS = 30.0
 CUT_SECONDS = 7.0
 """How long the record's primary refuses the broker: longer than the broker's settle time (5 s)
 for the record's deletion."""
+CLOSED_SECONDS = 20.0
+"""Bound on the broker closing the connection of a discharge it cannot answer: ~7 s alone (the
+replication timeout, then the settle time), past 10 s once beside the suite's three workers on
+two vCPUs."""
 
 
 def _on_other_slots(stem: str) -> tuple[str, str, str]:
@@ -148,7 +152,7 @@ def _move_in_doubt(
     break_commit()
     answered = None
     with pytest.raises(ConnectionException):
-        answered = control.discharge(txn, fail=False)
+        answered = control.discharge(txn, fail=False, timeout=CLOSED_SECONDS)
     assert answered is None, f'the discharge was answered: {answered.remote_state}'
     conn.close()
 

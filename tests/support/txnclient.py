@@ -32,12 +32,12 @@ class Controller:
         self.sender = conn.create_sender(None, name=name, options=[CoordinatorTarget()])
         self.link = self.sender.link
 
-    def _request(self, body: Any) -> Any:
+    def _request(self, body: Any, timeout: float = TIMEOUT) -> Any:
         self.conn.wait(lambda: self.link.credit > 0, timeout=TIMEOUT, msg='coordinator credit')
         delivery = self.link.delivery(uuid.uuid4().hex)
         self.link.send(Message(body=body).encode())
         self.link.advance()
-        self.conn.wait(lambda: delivery.settled, timeout=TIMEOUT, msg='coordinator reply')
+        self.conn.wait(lambda: delivery.settled, timeout=timeout, msg='coordinator reply')
         return delivery
 
     def declare(self) -> bytes:
@@ -45,9 +45,9 @@ class Controller:
         assert delivery.remote_state == DECLARED, delivery.remote_state
         return bytes(delivery.remote.data[0])
 
-    def discharge(self, txn: bytes, *, fail: bool) -> Any:
+    def discharge(self, txn: bytes, *, fail: bool, timeout: float = TIMEOUT) -> Any:
         """Returns the settled delivery (remote_state ACCEPTED or REJECTED with a condition)."""
-        return self._request(Described(ulong(0x32), [txn, fail]))
+        return self._request(Described(ulong(0x32), [txn, fail]), timeout)
 
 
 def send_in(conn: BlockingConnection, snd: BlockingSender, txn: bytes, body: Any) -> Any:
