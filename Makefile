@@ -21,7 +21,8 @@ run: venv
 # fixtures stay in one worker. The suite waits more than it computes (brokers, failovers, Spark
 # JVMs starting): on 2 vCPUs the main run took 10:48 with 3 workers against 17:46 with 2, its
 # tests' summed time no longer (1 861 s against 2 060 s); with 4 workers it took 14:20 against 14:30
-# with 3 on a slower VM, the longest files setting the wall. TEST_WORKERS=0 runs it in one process.
+# with 3 on a slower VM, where the run is CPU-bound: its 2 745 test-seconds spread evenly over the
+# three workers (the longest file 124 s). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: venv node-deps lint
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
