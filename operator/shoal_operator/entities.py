@@ -232,11 +232,12 @@ async def _repair(runtime: Runtime, kind: str, body: Mapping[str, Any]) -> bool:
 
 
 def limit_conditions(body: Mapping[str, Any], at_limit: bool) -> list[Any] | None:
-    """The conditions with ``ConsumersAtLimit`` set, or None when it already says so (or the
-    resource is paused: its conditions are left as the pause left them)."""
+    """The conditions with ``ConsumersAtLimit`` set, or None when it already says so, when the
+    resource is paused (its conditions are left as the pause left them), or when kopf's handler
+    has yet to write the conditions for what ``body`` says (``_handled``)."""
     entity = SharedSubscription.from_body(body)
     previous = (body.get('status') or {}).get('conditions') or []
-    if entity.meta.paused:
+    if entity.meta.paused or not _handled(body, entity.meta.paused):
         return None
     if any(c.get('type') == 'ConsumersAtLimit' and c.get('status') == str(at_limit)
            for c in previous):  # fmt: skip
@@ -247,3 +248,21 @@ def limit_conditions(body: Mapping[str, Any], at_limit: bool) -> list[Any] | Non
         previous=previous, now=now(),
     )  # fmt: skip
     return conditions.merged(previous, [updated])
+
+
+def _handled(body: Mapping[str, Any], paused: bool) -> bool:
+    """Whether the conditions in ``body`` are the handler's answer to its spec and pause.
+
+    The conditions list is replaced whole by a merge patch, so a list read before the handler's
+    patch and written after it would undo the handler's write (a resume left saying
+    ``ReconcilePaused``, with no later handler run to mend it). A spec change shows as a
+    generation the status has not observed; a pause or resume, which moves no generation, as a
+    ``ReconcilePaused`` condition that disagrees with the annotation."""
+    meta = body.get('metadata') or {}
+    found = body.get('status') or {}
+    if found.get('observedGeneration') != meta.get('generation', found.get('observedGeneration')):
+        return False
+    for condition in found.get('conditions') or []:
+        if condition.get('type') == 'ReconcilePaused':
+            return bool(condition.get('status') == str(paused))
+    return False

@@ -28,7 +28,10 @@ async def run(runtime: Runtime, stop: asyncio.Event) -> None:
             try:
                 await observe_all(runtime)
             except Exception:  # one bad pass must not end the loop
-                logger.exception('observation pass failed')
+                if runtime.kube is None:  # logged out during the pass: the operator is stopping
+                    logger.debug('observation pass cut short by the logout', exc_info=True)
+                else:
+                    logger.exception('observation pass failed')
         try:
             await asyncio.wait_for(stop.wait(), runtime.settings.observe_seconds)
         except TimeoutError:

@@ -10,7 +10,7 @@ import pytest
 from shoal_broker.routing.jms_subscriptions import Scope
 from shoal_broker.routing.policies import EntityPolicy
 from shoal_broker.store.declarations import EntityState, RedisInfo
-from shoal_operator import conditions, provisioning, status
+from shoal_operator import conditions, entities, provisioning, status
 from shoal_operator.models import BrokerCluster, DeletionPolicy, InvalidSpec, SharedSubscription
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
@@ -83,6 +83,34 @@ def test_a_paused_entity_says_so_and_stays_ready() -> None:
                     provisioned=None, paused=True, observe_only=False))  # fmt: skip
     assert conds['ReconcilePaused']['status'] == 'True'
     assert (conds['Ready']['status'], conds['Ready']['reason']) == ('True', 'ReconcilePaused')
+
+
+def test_the_limit_condition_waits_for_the_handler_to_answer_a_resume_or_a_spec_change() -> None:
+    """The observer's ``ConsumersAtLimit`` write replaces the conditions list whole, so it is
+    made only from a list the handler has brought up to date; otherwise a list read before the
+    handler's write could land after it and undo it (a resumed subscription left paused)."""
+
+    def sub(paused_condition: bool, paused: bool, generation: int = 2) -> dict[str, Any]:
+        previous = status.entity_conditions(generation=2, previous=[], now=T0, problem=None,
+                                            provisioned=None, paused=paused_condition,
+                                            observe_only=False)  # fmt: skip
+        annotations = {'shoal.dev/paused': 'true'} if paused else {}
+        return {'metadata': {'name': 's', 'namespace': 'default', 'generation': generation,
+                             'annotations': annotations},
+                'spec': {'clusterRef': {'name': 'shoal'}, 'topic': 't', 'subscriptionName': 's',
+                         'maxConsumers': 2},
+                'status': {'observedGeneration': 2, 'conditions': previous}}  # fmt: skip
+
+    written = entities.limit_conditions(sub(paused_condition=False, paused=False), False)
+    assert written is not None
+    assert by_type(written)['ConsumersAtLimit']['status'] == 'False'
+    assert by_type(written)['ReconcilePaused']['status'] == 'False'
+    # resumed, the handler's write not in yet: nothing written
+    assert entities.limit_conditions(sub(paused_condition=True, paused=False), False) is None
+    # paused: the pause's conditions stay
+    assert entities.limit_conditions(sub(paused_condition=True, paused=True), False) is None
+    # a spec change the handler has not observed
+    assert entities.limit_conditions(sub(False, paused=False, generation=3), False) is None
 
 
 def cluster(**spec: Any) -> BrokerCluster:
