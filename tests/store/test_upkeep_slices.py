@@ -79,10 +79,11 @@ async def _on_every_primary(store: RedisStore, each: int) -> list[str]:
     return names
 
 
-async def _consumed(store: RedisStore, name: str, count: int) -> None:
-    """``count`` messages on queue ``name``, fetched and acknowledged: for trim to remove."""
+async def _consumed(store: RedisStore, name: str, count: int, band: int = NORMAL_BAND) -> None:
+    """``count`` messages on queue ``name``'s ``band``, fetched and acknowledged: for trim to
+    remove."""
     for i in range(count):
-        message = OutgoingMessage(NORMAL_BAND, b'', b'%d' % i, 0)
+        message = OutgoingMessage(band, b'', b'%d' % i, 0)
         await store.messages.publish(name, AddressKind.QUEUE, message)
     for entry in await store.messages.fetch(name, QUEUE_GROUP, count):
         await store.messages.ack(name, QUEUE_GROUP, entry)
@@ -91,18 +92,28 @@ async def _consumed(store: RedisStore, name: str, count: int) -> None:
 async def test_the_trim_pass_sends_pipelines_of_at_most_a_slice(
     watched_store: RedisStore, watch: PipelineWatch, own_redis: RedisServer
 ) -> None:
-    names = await _addresses(watched_store, 30)  # 300 streams: three slices at least
+    names = await _addresses(watched_store, 250)  # 250 default bands: three slices
     await _consumed(watched_store, names[0], 5)
+    await _consumed(watched_store, names[1], 4, band=2)
     watch.reset()
-    assert await watched_store.upkeep.trim() == 5
-    assert watch.sent[TRIM] == 300  # one call a stream: a small consumed part goes in one
+    assert await watched_store.upkeep.trim() == 9
+    # one call a stream that can hold entries (a small consumed part goes in one): each
+    # address's default band, and the one band written at another priority (its levels SET);
+    # the 2 250 bands never written are not asked about
+    assert watch.sent[TRIM] == 251
     assert watch.deepest[TRIM] == CALLS_PER_PIPELINE
     assert watch.widest[TRIM] == 1  # one pipeline at a time
     client = redis.asyncio.Redis.from_url(own_redis.url)
     try:
         assert await client.xlen(keys.AddressKeys.of(names[0]).streams[5]) == 0
+        assert await client.xlen(keys.AddressKeys.of(names[1]).streams[2]) == 0
+        # trimmed empty, the band left the levels SET: the next pass leaves it alone
+        assert await client.smembers(keys.AddressKeys.of(names[1]).levels) == set()
     finally:
         await client.aclose()
+    watch.reset()
+    assert await watched_store.upkeep.trim() == 0
+    assert watch.sent[TRIM] == 250
 
 
 @pytest.fixture(scope='module')
@@ -126,7 +137,8 @@ async def test_on_a_cluster_the_trim_pass_sends_one_slice_at_a_time_to_each_prim
     """Not 16 calls in flight on a node (as before the slices): pipelines of at most
     ``CALLS_PER_PIPELINE`` trim.lua calls on each primary's own connection, one at a time."""
     cluster, watches = watched
-    names = await _on_every_primary(cluster_store, 20)  # 200 streams on each primary at least
+    # a default band each, 100 on each primary at least
+    names = await _on_every_primary(cluster_store, CALLS_PER_PIPELINE)
     await _consumed(cluster_store, names[0], 5)
     client = cluster.client()
     try:
@@ -134,7 +146,8 @@ async def test_on_a_cluster_the_trim_pass_sends_one_slice_at_a_time_to_each_prim
         for watch in watches:
             watch.reset()
         assert await cluster_store.upkeep.trim() == 5
-        assert sum(watch.sent[TRIM] for watch in watches) == 10 * addresses  # one call a stream
+        # one call an address: no address of the module has written another band
+        assert sum(watch.sent[TRIM] for watch in watches) == addresses
         for watch in watches:
             assert watch.deepest[TRIM] == CALLS_PER_PIPELINE, watch.deepest
             assert watch.widest[TRIM] == 1, watch.widest
@@ -149,7 +162,7 @@ async def test_a_primary_out_of_reach_fails_the_trim_pass_after_the_others_are_t
         store = RedisStore.from_url(cluster_url(watches), 'trimming')
         await store.start()
         try:
-            await _on_every_primary(store, 20)
+            await _on_every_primary(store, CALLS_PER_PIPELINE)
             # the walk reads the index of addresses: its primary stays in reach (the slot map
             # names the proxies' ports)
             index_port = cluster.owner_of_slot(cluster.keyslot(keys.ADDRESSES))

@@ -15,6 +15,7 @@ import redis.exceptions
 
 from shoal_broker.errors import StoreCommandDenied, StoreUnavailable
 from shoal_broker.metrics.registry import PRIVATE_LABEL
+from shoal_broker.routing.storage import NORMAL_BAND
 from shoal_broker.settings import AddressKind
 from shoal_broker.store import bodies, keys
 from shoal_broker.store.backlogs import BacklogLimits
@@ -64,7 +65,12 @@ class Upkeep:
         stream (a move) leaves its body for the trim, even when that empties the stream. An
         address whose tag (``keys.address_tag``) is in ``skip`` was found empty, bodies
         included: it is passed over before its keys are made (past ``ADDRESS_KEYS_CACHED``
-        addresses, making every address's keys each pass evicted the ones the messages use)."""
+        addresses, making every address's keys each pass evicted the ones the messages use).
+        Of the other bands than the default one, only those in the address's levels SET can hold
+        entries (a band joins it when written and leaves it only once trimmed empty): where
+        ``skip`` does not already pass them over (no walk yet, on a replica that just started or
+        took the pass over), the SET is read with the body index, and the bands outside it are
+        not trimmed (docs/performance.md#trimming)."""
         removed = 0
         cursor: int = 0
         while True:
@@ -74,12 +80,14 @@ class Upkeep:
                 for address in map(as_text, batch)
                 if keys.address_tag(address) not in skip
             ]
-            indexed = await self._indexed(found)
+            unskipped = [[b for b, s in enumerate(k.streams) if s not in skip] for k in found]
+            indexed, levels = await self._held(found, unskipped)
+            for i, written in levels.items():
+                unskipped[i] = [b for b in unskipped[i] if b == NORMAL_BAND or b in written]
             streams: list[tuple[str, ...]] = [
-                (s, k.levels, k.body_index)  # the index: store/bodies.py
-                for k, bodies_held in zip(found, indexed, strict=True)
-                for s in k.streams
-                if bodies_held or s not in skip
+                (k.streams[b], k.levels, k.body_index)  # the index: store/bodies.py
+                for k, bodies_held, bands in zip(found, indexed, unskipped, strict=True)
+                for b in (range(len(k.streams)) if bodies_held else bands)
             ]
             for _ in range(MAX_TRIM_STEPS):  # a stream consumed as fast as it grows: next pass
                 if not streams:
@@ -91,12 +99,26 @@ class Upkeep:
             if not cursor:
                 return removed
 
-    async def _indexed(self, found: list[keys.AddressKeys]) -> list[bool]:
-        """Whether each address holds big messages' bodies: ``EXISTS`` of its index, in slices
-        per primary. One whose primary does not answer counts as holding some: its trims then
-        fail the pass, once the other primaries' streams are trimmed (``_trim_step``)."""
+    async def _held(
+        self, found: list[keys.AddressKeys], unskipped: list[list[int]]
+    ) -> tuple[list[bool], dict[int, frozenset[int]]]:
+        """Whether each address holds big messages' bodies (``EXISTS`` of its index), and, by
+        position, the bands of the levels SET (``SMEMBERS``) of each address whose ``unskipped``
+        bands (those the trim would not skip) include another one than the default band and
+        whose SET was read, in slices per primary. One whose primary does not answer counts as
+        holding bodies: its trims then fail the pass, once the other primaries' streams are
+        trimmed (``_trim_step``)."""
+        asked = [i for i, bands in enumerate(unskipped) if len(bands) > (NORMAL_BAND in bands)]
         calls = [(k.body_index, ('EXISTS', k.body_index)) for k in found]
-        return [isinstance(r, Exception) or bool(r) for r in await in_slices(self._nodes, calls)]
+        calls += [(found[i].levels, ('SMEMBERS', found[i].levels)) for i in asked]
+        replies = await in_slices(self._nodes, calls)
+        indexed = [isinstance(r, Exception) or bool(r) for r in replies[: len(found)]]
+        levels = {
+            i: frozenset(int(as_text(band)) for band in listed)
+            for i, listed in zip(asked, replies[len(found) :], strict=True)
+            if not isinstance(listed, Exception)
+        }
+        return indexed, levels
 
     async def _bodies_deleted(self, streams: list[tuple[str, ...]], replies: list[Any]) -> None:
         """Delete the bodies of the big messages trim.lua calls named, then their index members
