@@ -42,7 +42,7 @@ SENTINEL_CORE += tests/amqp/test_exclusive.py::test_a_killed_replicas_active_con
 SENTINEL_CORE += tests/amqp/test_priority_levels.py
 SENTINEL_CORE += tests/amqp/test_message_groups.py
 SENTINEL_CORE += tests/store/test_shared_fetch_lua.py
-SENTINEL_CORE += tests/store/test_sharing_fast_path.py
+SENTINEL_CORE += tests/store/test_sharing_fast_path.py tests/store/test_lone_fetch.py
 # the backlog walk's look at an address it found empty (about 4 s)
 SENTINEL_CORE += tests/store/test_backlog_probe.py
 SENTINEL_CORE += tests/amqp/test_big_bodies.py tests/amqp/test_recent_bodies.py
