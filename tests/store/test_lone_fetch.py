@@ -1,14 +1,19 @@
 """The short way through ``lua/fetch.lua`` (docs/performance.md#bulk-fetch): a replica fetching
-alone for a subscription read in bulk, with nothing returned, no other band in use and no message
-group, gets its answer from four plain reads, and anything that would give the script something
-to do takes it the whole way. Each case below hands out what the short way would not."""
+alone (or for a group only it reads) for a subscription read in bulk, with nothing returned, no
+other band in use and no message group, gets its answer from four plain reads, and anything that
+would give the script something to do takes it the whole way: each case below hands out what the
+short way would not. And the broker's rule for when a subscription's fetches go in bulk."""
 
+import asyncio
 import contextlib
 import uuid
 from typing import Any
 
 from fetchscript import CommandsOn
+from startedstores import started_store
 
+from shoal_broker.routing.storage import NORMAL_BAND, QUEUE_GROUP, Entry, OutgoingMessage
+from shoal_broker.settings import AddressKind
 from shoal_broker.store import keys, scripts
 from shoal_broker.store.fetch_command import fetch_call
 
@@ -106,3 +111,58 @@ def test_a_replica_new_to_the_sharing_writes_its_record(store_client: Any) -> No
     client.eval(scripts.source('fetch'), len(script_keys), *script_keys, *args)  # b alone
     _fetch(client, address)
     assert client.hexists(k.shares(GROUP), 'a')  # the record b's fetches will see
+
+
+def _script_reads(commands: list[str]) -> set[str]:
+    """The commands ``fetch.lua`` ran that tell its two ways apart: the whole script lists the
+    levels SET (``SMEMBERS``); the four reads begin with the returned entries' ``ZCARD``."""
+    return {c.split(' ')[0] for c in commands} & {'SMEMBERS', 'ZCARD'}
+
+
+async def test_fetches_of_two_new_entries_or_more_go_in_bulk_until_one_hands_out_another(
+    store_url: str, store_client: Any
+) -> None:
+    """The broker's side (``Messages._judge_bulk``): a fetch that hands out two new priority-4
+    entries or more, and nothing else, makes the next fetches of its subscription go in bulk
+    (the script's four reads, the band read beside it); a fetch that hands out a returned entry
+    ends that, and so does one that comes back with a single entry when it asked for more (at a
+    trickle one script call costs the broker less than the pair)."""
+    name = f'lone-{uuid.uuid4().hex[:8]}'
+    k = keys.AddressKeys.of(name)
+    async with started_store(store_url) as store:
+        await store.registry.create_address(name, AddressKind.QUEUE)
+
+        async def publish(*bodies: bytes) -> None:
+            for body in bodies:
+                message = OutgoingMessage(NORMAL_BAND, b'', body, 0)
+                await store.messages.publish(name, AddressKind.QUEUE, message)
+
+        with contextlib.closing(CommandsOn(store_client, k.streams[5])) as seen:
+
+            async def fetched(count: int) -> tuple[list[bytes], set[str], list[Entry]]:
+                seen.since_last()
+                entries = list(await store.messages.fetch(name, QUEUE_GROUP, count))
+                return [e.rest for e in entries], _script_reads(seen.since_last()), entries
+
+            await publish(b'0', b'1', b'2', b'3')
+            assert (await fetched(2))[:2] == ([b'0', b'1'], {'SMEMBERS'})  # the whole script
+            bodies, ran, [one] = await fetched(1)
+            assert (bodies, ran) == ([b'2'], {'ZCARD'})  # in bulk; full, it says nothing
+            await store.messages.release(name, QUEUE_GROUP, one, delivery_failed=False)
+            # the four reads find it returned and go on: it goes out, and what the plain read
+            # beside took goes back behind it
+            assert (await fetched(5))[:2] == ([b'2'], {'ZCARD', 'SMEMBERS'})
+            for _ in range(100):  # the give-back runs in the background
+                bodies, ran, _ = await fetched(5)
+                if bodies:
+                    break
+                await asyncio.sleep(0.05)
+            assert (bodies, ran) == ([b'3'], {'SMEMBERS'})  # no longer in bulk
+            await publish(b'4')
+            assert (await fetched(5))[:2] == ([b'4'], {'SMEMBERS'})  # one: still not
+            await publish(b'5', b'6')
+            assert (await fetched(5))[:2] == ([b'5', b'6'], {'SMEMBERS'})
+            await publish(b'7')
+            assert (await fetched(5))[:2] == ([b'7'], {'ZCARD'})  # in bulk, and short
+            await publish(b'8')
+            assert (await fetched(5))[:2] == ([b'8'], {'SMEMBERS'})

@@ -52,7 +52,14 @@ async def test_a_queue_hands_out_each_entry_once_returned_ones_first(
     assert [e.rest for e in first] == [b'a', b'b']
     await store.messages.release(name, QUEUE_GROUP, first[1], delivery_failed=True)
     await store.messages.release(name, QUEUE_GROUP, first[0], delivery_failed=False)
-    again = await store.messages.fetch(name, QUEUE_GROUP, 10)
+    # the first fetch went in bulk for the next ones: this one's plain read took c beside the
+    # returned a and b, and gave it back behind them for a later fetch (Messages._fetch_op)
+    again: list[Entry] = []
+    for _ in range(100):
+        again += await store.messages.fetch(name, QUEUE_GROUP, 10)
+        if len(again) >= 3:
+            break
+        await asyncio.sleep(0.02)
     assert [(e.rest, e.delivery_count) for e in again] == [(b'a', 0), (b'b', 1), (b'c', 0)]
     for entry in again:
         await store.messages.ack(name, QUEUE_GROUP, entry)

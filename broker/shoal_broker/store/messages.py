@@ -53,15 +53,17 @@ from shoal_broker.store.transactions import Transactions
 
 logger = logging.getLogger(__name__)
 
-BULK_FETCH_ENTRIES = 16
+BULK_FETCH_ENTRIES = 2
 """A fetch this big, with nothing but new priority-4 entries in it, makes the next fetches of
-its subscription read that band directly (``_fetch_op``), until one finds returned or other
-bands' entries or comes back short and smaller. An empty fetch says nothing (under load it
-finds the stream just drained), nor does a full small one (it was asked for little: credit)."""
+its subscription go in bulk (``_fetch_op``), until one hands out anything else or comes back
+short and smaller. An empty fetch says nothing (under load it finds the stream just drained),
+nor does a full small one (it was asked for little: credit). A fetch of one entry at a trickle
+stays one script call: the pair costs the broker more there than it saves Redis
+(docs/performance.md#bulk-fetch)."""
 
 MAX_BULK_FETCHES = 10_000
-"""Bound on the subscriptions remembered as fetching in bulk (each is dropped by its next small
-fetch; one deleted mid-burst would otherwise stay)."""
+"""Bound on the subscriptions remembered as fetching in bulk (``_fetch_op``): the set is cleared
+when it fills, so subscriptions deleted meanwhile do not keep the new ones out."""
 
 
 MAX_CACHED_TAILS = 4096
@@ -398,11 +400,11 @@ class Messages(Releasing):
         self, address: str, group: str, count: int, consumers: int, credit: int, active: str = ''
     ) -> tuple[list[tuple[Any, ...]], Callable[[list[Any]], Fetched]]:
         """The commands of one fetch and what makes entries of their replies. A subscription
-        fetching in bulk (BULK_FETCH_ENTRIES) has its priority-4 band read by a plain XREADGROUP:
-        handed back through Lua, an entry costs Redis ~3 µs more
-        (docs/performance.md#bulk-fetch). At a trickle one EVALSHA stays cheaper. A subscription
-        other replicas serve too is never read in bulk: only the script knows this replica's
-        share."""
+        fetching in bulk has its priority-4 band read by a plain XREADGROUP beside the script:
+        handed back through Lua, an entry costs Redis ~3 µs more, and the script alone answers
+        such a fetch from four reads (docs/performance.md#bulk-fetch); when, ``_judge_bulk``. A
+        subscription other replicas serve too is never read in bulk: only the script knows this
+        replica's share."""
         k = keys.AddressKeys.of(address)
         subscription = (address, group)
         bulk = subscription in self._bulk_fetches and subscription not in self._shared
@@ -446,13 +448,23 @@ class Messages(Releasing):
                     # fetch handed out newer entries first
                     releases = [self.release(address, group, e, delivery_failed=False) for e in new]
                     self._cycles.background(self._give_back(address, group, new, releases))
-            if head[0] or 0 < len(entries) < min(count, BULK_FETCH_ENTRIES):
-                self._bulk_fetches.discard(subscription)
-            elif len(entries) >= BULK_FETCH_ENTRIES and len(self._bulk_fetches) < MAX_BULK_FETCHES:
-                self._bulk_fetches.add(subscription)
+            self._judge_bulk(subscription, bool(head[0]), len(entries), count, bulk)
             return entries
 
         return commands, finish
+
+    def _judge_bulk(
+        self, subscription: tuple[str, str], other: bool, handed: int, count: int, bulk: bool
+    ) -> None:
+        """Whether the next fetches of ``subscription`` go in bulk (``BULK_FETCH_ENTRIES``): not
+        after a fetch that handed out anything but new priority-4 entries (``other``) or came
+        back short and smaller; yes after one that handed out that many new ones."""
+        if other or 0 < handed < min(count, BULK_FETCH_ENTRIES):
+            self._bulk_fetches.discard(subscription)
+        elif handed >= BULK_FETCH_ENTRIES and not bulk:
+            if len(self._bulk_fetches) >= MAX_BULK_FETCHES:
+                self._bulk_fetches.clear()
+            self._bulk_fetches.add(subscription)
 
     def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
         counted = keys.entry_field(entry.band, entry.id) if entry.delivery_count else None

@@ -46,14 +46,15 @@
 if ARGV[8] then
   local first = redis.call('ZRANGE', KEYS[18], 0, 0)[1] or ''
   if first ~= ARGV[8] then return {0, -2, first} end
-elseif ARGV[4] == '0' and ARGV[5] ~= '0'
+elseif ARGV[4] == '0'
     and redis.call('ZCARD', KEYS[11]) == 0 and redis.call('EXISTS', KEYS[14], KEYS[15]) == 0
-    and redis.call('HLEN', KEYS[13]) == 1 and redis.call('HEXISTS', KEYS[13], ARGV[2]) == 1 then
+    and (ARGV[5] == '0' or (redis.call('HLEN', KEYS[13]) == 1
+                            and redis.call('HEXISTS', KEYS[13], ARGV[2]) == 1)) then
   -- The common case, answered before anything below is defined: the caller reads band 5 in
-  -- bulk, no entry was returned, no other band is in use, no message group was seen, and this
-  -- replica alone keeps a record in the sharing, its own. All below would find nothing to hand
-  -- out and write nothing; a call costs Redis about half of what the whole script costs
-  -- (docs/performance.md#bulk-fetch).
+  -- bulk, no entry was returned, no other band is in use, no message group was seen, and the
+  -- group is this replica's alone (ARGV[5] '0') or this replica alone keeps a record in the
+  -- sharing, its own. All below would find nothing to hand out and write nothing; a call costs
+  -- Redis about half of what the whole script costs (docs/performance.md#bulk-fetch).
   return {0, -1, 0}
 end
 local want = tonumber(ARGV[3])
