@@ -448,7 +448,8 @@ class Messages(Releasing):
                     # fetch handed out newer entries first
                     releases = [self.release(address, group, e, delivery_failed=False) for e in new]
                     self._cycles.background(self._give_back(address, group, new, releases))
-            self._judge_bulk(subscription, bool(head[0]), len(entries), count, bulk)
+            other = bool(head[0]) or entries.shared  # a shared one: only the script knows
+            self._judge_bulk(subscription, other, len(entries), count, bulk)
             return entries
 
         return commands, finish
@@ -457,8 +458,9 @@ class Messages(Releasing):
         self, subscription: tuple[str, str], other: bool, handed: int, count: int, bulk: bool
     ) -> None:
         """Whether the next fetches of ``subscription`` go in bulk (``BULK_FETCH_ENTRIES``): not
-        after a fetch that handed out anything but new priority-4 entries (``other``) or came
-        back short and smaller; yes after one that handed out that many new ones."""
+        after a fetch that handed out anything but new priority-4 entries or was shared with
+        other replicas (``other``), or came back short and smaller; yes after one that handed
+        out that many new ones."""
         if other or 0 < handed < min(count, BULK_FETCH_ENTRIES):
             self._bulk_fetches.discard(subscription)
         elif handed >= BULK_FETCH_ENTRIES and not bulk:
