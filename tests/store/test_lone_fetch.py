@@ -1,8 +1,9 @@
 """The short way through ``lua/fetch.lua`` (docs/performance.md#bulk-fetch): a replica fetching
 alone (or for a group only it reads) for a subscription read in bulk, with nothing returned, no
-other band in use and no message group, gets its answer from four plain reads, and anything that
-would give the script something to do takes it the whole way: each case below hands out what the
-short way would not. And the broker's rule for when a subscription's fetches go in bulk."""
+other band in use and no message group, gets its answer from four plain reads at most, and
+anything that would give the script something to do takes it the whole way: each case below
+hands out what the short way would not. And the broker's rule for when a subscription's fetches
+go in bulk."""
 
 import asyncio
 import contextlib

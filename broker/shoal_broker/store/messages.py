@@ -402,7 +402,7 @@ class Messages(Releasing):
         """The commands of one fetch and what makes entries of their replies. A subscription
         fetching in bulk has its priority-4 band read by a plain XREADGROUP beside the script:
         handed back through Lua, an entry costs Redis ~3 µs more, and the script alone answers
-        such a fetch from four reads (docs/performance.md#bulk-fetch); ``_judge_bulk`` decides
+        such a fetch from a few reads (docs/performance.md#bulk-fetch); ``_judge_bulk`` decides
         when. A subscription other replicas serve too is never read in bulk: only the script
         knows this replica's share."""
         k = keys.AddressKeys.of(address)
