@@ -123,7 +123,7 @@ def _script_reads(commands: list[str]) -> set[str]:
 async def test_fetches_of_two_new_entries_or_more_go_in_bulk_until_one_hands_out_another(
     store_url: str, store_client: Any
 ) -> None:
-    """The broker's side (``Messages._judge_bulk``): a fetch that hands out two new priority-4
+    """The broker's side (``BulkFetches.judge``): a fetch that hands out two new priority-4
     entries or more, and nothing else, makes the next fetches of its subscription go in bulk
     (the script's four reads, the band read beside it); a fetch that hands out a returned entry
     ends that, and so does one that comes back with a single entry when it asked for more (at a

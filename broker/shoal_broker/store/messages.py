@@ -35,6 +35,7 @@ from shoal_broker.store import bodies as big_bodies
 from shoal_broker.store import keys
 from shoal_broker.store.acks import Acks
 from shoal_broker.store.backlogs import BacklogLimits
+from shoal_broker.store.bulk_fetches import BulkFetches
 from shoal_broker.store.calls import Scripts
 from shoal_broker.store.commits import CommitLog
 from shoal_broker.store.confirming import Confirming
@@ -52,19 +53,6 @@ from shoal_broker.store.stranded import return_stranded
 from shoal_broker.store.transactions import Transactions
 
 logger = logging.getLogger(__name__)
-
-BULK_FETCH_ENTRIES = 2
-"""A fetch this big, with nothing but new priority-4 entries in it, makes the next fetches of
-its subscription go in bulk (``_fetch_op``), until one hands out anything else or comes back
-short and smaller. An empty fetch says nothing (under load it finds the stream just drained),
-nor does a full small one (it was asked for little: credit). A fetch of one entry at a trickle
-stays one script call: the pair costs the broker more there than it saves Redis
-(docs/performance.md#bulk-fetch)."""
-
-MAX_BULK_FETCHES = 10_000
-"""Bound on the subscriptions remembered as fetching in bulk (``_fetch_op``): the set is cleared
-when it fills, so subscriptions deleted meanwhile do not keep the new ones out."""
-
 
 MAX_CACHED_TAILS = 4096
 """Encoded (no expiry, origin) pairs kept (``Messages._encoded``): one per producing
@@ -121,10 +109,7 @@ class Messages(Releasing):
         self._script = scripts.command
         self._tails: dict[str, bytes] = {}
         """The encoded expiry and origin of messages without an expiry, by origin."""
-        self._bulk_fetches: set[tuple[str, str]] = set()
-        """(address, group) whose last fetch was big and found only new priority-4 entries."""
-        self._shared: set[tuple[str, str]] = set()
-        """(address, group) whose last fetch found other replicas serving it too."""
+        self._bulk_fetches = BulkFetches()
         self.acks = Acks(cycles, durable=durability is Durability.REPLICATED)
         self.ack_nowait = self.acks.ack_nowait
         self.confirming = Confirming(cycles)
@@ -287,7 +272,7 @@ class Messages(Releasing):
         self._open_op(key, args, finish, future, callback, token)
 
     def leave_sharing(self, address: str, group: str) -> Awaitable[None]:
-        self._shared.discard((address, group))
+        self._bulk_fetches.shared((address, group), False)
         shares = keys.AddressKeys.of(address).shares(group)
         return self._queue([('HDEL', shares, self._replica_id)], no_result)
 
@@ -402,12 +387,11 @@ class Messages(Releasing):
         """The commands of one fetch and what makes entries of their replies. A subscription
         fetching in bulk has its priority-4 band read by a plain XREADGROUP beside the script:
         handed back through Lua, an entry costs Redis ~3 µs more, and the script alone answers
-        such a fetch from a few reads (docs/performance.md#bulk-fetch); ``_judge_bulk`` decides
-        when. A subscription other replicas serve too is never read in bulk: only the script
-        knows this replica's share."""
+        such a fetch from a few reads (docs/performance.md#bulk-fetch); ``BulkFetches`` decides
+        when."""
         k = keys.AddressKeys.of(address)
         subscription = (address, group)
-        bulk = subscription in self._bulk_fetches and subscription not in self._shared
+        bulk = self._bulk_fetches.in_bulk(subscription)
         if active:  # exclusive: fetch.lua gates it on the line (routing/exclusive.py)
             commands = [gated_fetch(self._script, address, group, self._replica_id, count, active)]
         elif bulk and not self._cycles.reloading:  # reloading: one call, sent again after
@@ -432,11 +416,7 @@ class Messages(Releasing):
             if active and int(head[1]) == STANDBY:  # another consumer is first in line
                 return standby(head, self._replica_id)
             entries = Fetched(entries_of(head, 3), int(head[1]), int(head[2]))
-            if entries.shared:
-                if len(self._shared) < MAX_BULK_FETCHES:
-                    self._shared.add(subscription)
-            else:
-                self._shared.discard(subscription)
+            self._bulk_fetches.shared(subscription, entries.shared)
             if len(replies) > 1:
                 new = new_entries(replies[1])
                 if not head[0] and not any(entry.group for entry in new):
@@ -449,24 +429,10 @@ class Messages(Releasing):
                     releases = [self.release(address, group, e, delivery_failed=False) for e in new]
                     self._cycles.background(self._give_back(address, group, new, releases))
             other = bool(head[0]) or entries.shared  # a shared one: only the script knows
-            self._judge_bulk(subscription, other, len(entries), count, bulk)
+            self._bulk_fetches.judge(subscription, other, len(entries), count, bulk)
             return entries
 
         return commands, finish
-
-    def _judge_bulk(
-        self, subscription: tuple[str, str], other: bool, handed: int, count: int, bulk: bool
-    ) -> None:
-        """Whether the next fetches of ``subscription`` go in bulk (``BULK_FETCH_ENTRIES``): not
-        after a fetch that handed out anything but new priority-4 entries or was shared with
-        other replicas (``other``), or came back short and smaller; yes after one that handed
-        out that many new ones."""
-        if other or 0 < handed < min(count, BULK_FETCH_ENTRIES):
-            self._bulk_fetches.discard(subscription)
-        elif handed >= BULK_FETCH_ENTRIES and not bulk:
-            if len(self._bulk_fetches) >= MAX_BULK_FETCHES:
-                self._bulk_fetches.clear()
-            self._bulk_fetches.add(subscription)
 
     def ack(self, address: str, group: str, entry: Entry) -> Awaitable[None]:
         counted = keys.entry_field(entry.band, entry.id) if entry.delivery_count else None
