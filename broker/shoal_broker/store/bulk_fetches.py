@@ -14,30 +14,23 @@ one (it was asked for little: credit). A fetch of one entry at a trickle stays o
 the pair costs the broker more there than it saves Redis."""
 
 MAX_BULK_FETCHES = 10_000
-"""Bound on the subscriptions remembered in either set: a full set is cleared, so subscriptions
-deleted meanwhile do not keep the new ones out."""
+"""Bound on the subscriptions remembered as fetching in bulk: a full set is cleared, so
+subscriptions deleted meanwhile do not keep the new ones out."""
 
 Subscription = tuple[str, str]
 """(address, group)."""
 
 
 class BulkFetches:
-    """The subscriptions fetching in bulk, and those other replicas serve too (never in bulk:
-    only the script knows this replica's share)."""
+    """The subscriptions fetching in bulk. One other replicas serve too is never among them
+    (only the script knows this replica's share): a fetch the sharing rule answered takes it out
+    (``judge``'s ``other``)."""
 
     def __init__(self) -> None:
         self._bulk: set[Subscription] = set()
-        self._shared: set[Subscription] = set()
 
     def in_bulk(self, subscription: Subscription) -> bool:
-        return subscription in self._bulk and subscription not in self._shared
-
-    def shared(self, subscription: Subscription, shared: bool) -> None:
-        """Whether ``subscription``'s last fetch found other replicas serving it too."""
-        if shared:
-            _add(self._shared, subscription)
-        else:
-            self._shared.discard(subscription)
+        return subscription in self._bulk
 
     def judge(
         self, subscription: Subscription, other: bool, handed: int, count: int, bulk: bool
@@ -49,10 +42,6 @@ class BulkFetches:
         if other or 0 < handed < min(count, BULK_FETCH_ENTRIES):
             self._bulk.discard(subscription)
         elif handed >= BULK_FETCH_ENTRIES and not bulk:
-            _add(self._bulk, subscription)
-
-
-def _add(remembered: set[Subscription], subscription: Subscription) -> None:
-    if len(remembered) >= MAX_BULK_FETCHES:
-        remembered.clear()
-    remembered.add(subscription)
+            if len(self._bulk) >= MAX_BULK_FETCHES:
+                self._bulk.clear()
+            self._bulk.add(subscription)

@@ -272,7 +272,6 @@ class Messages(Releasing):
         self._open_op(key, args, finish, future, callback, token)
 
     def leave_sharing(self, address: str, group: str) -> Awaitable[None]:
-        self._bulk_fetches.shared((address, group), False)
         shares = keys.AddressKeys.of(address).shares(group)
         return self._queue([('HDEL', shares, self._replica_id)], no_result)
 
@@ -416,7 +415,6 @@ class Messages(Releasing):
             if active and int(head[1]) == STANDBY:  # another consumer is first in line
                 return standby(head, self._replica_id)
             entries = Fetched(entries_of(head, 3), int(head[1]), int(head[2]))
-            self._bulk_fetches.shared(subscription, entries.shared)
             if len(replies) > 1:
                 new = new_entries(replies[1])
                 if not head[0] and not any(entry.group for entry in new):
